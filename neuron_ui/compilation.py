@@ -1,0 +1,220 @@
+"""Compile strategies (eager, regional, full) and honest cache accounting.
+
+What a request compiled is read from real signals: dynamo's graph counter, inductor's and AOTAutograd's
+cache hit/miss counters, and new files in the NEFF cache folder; never assumed from our own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# What happened to the compile cache during one request.
+COMPILED = "compiled"  # compiled from scratch
+DISK_HIT = "disk_hit"  # traced again, but the persistent cache supplied the compiled artifacts
+MEMORY_HIT = "memory_hit"  # this process already had the graph
+EAGER = "eager"  # no compilation in this mode
+
+# Rough first-compile times when nothing has been measured yet with this compile key, in seconds.
+DEFAULT_COMPILE_SECONDS = {"neuron": 600.0, "inductor": 60.0}
+DEFAULT_OTHER_BACKEND_SECONDS = 10.0
+
+Backend = str | Callable
+
+
+def compile_transformer(transformer: torch.nn.Module, mode: str, backend: Backend) -> None:
+    """Compile the transformer in place; the text encoder stays eager (it reads intermediate hidden states)."""
+    if mode == "regional":
+        transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
+    elif mode == "full":
+        transformer.compile(backend=backend, fullgraph=True, dynamic=False)
+    elif mode != "eager":
+        raise ValueError(f"compile mode {mode!r} is not one of eager, regional, full")
+
+
+def raise_recompile_limit(graphs: int) -> None:
+    """Let every preset compile: past dynamo's limit (8 per code object) fullgraph calls fail outright."""
+    import torch._dynamo.config as dynamo_config
+
+    needed = graphs + 8  # headroom for the odd guard failure we did not foresee
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, needed)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * needed)
+
+
+def backend_name(backend: Backend) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+
+
+@dataclass(frozen=True)
+class CompileCounters:
+    """A snapshot of the compile signals; the difference of two tells what happened in between."""
+
+    graphs: int
+    cache_hits: int
+    cache_misses: int
+    neff_files: int
+
+    def __sub__(self, other: "CompileCounters") -> "CompileCounters":
+        return CompileCounters(*(a - b for a, b in zip(asdict(self).values(), asdict(other).values())))
+
+
+def count_files(folder: Path | None) -> int:
+    if folder is None or not folder.is_dir():
+        return 0
+    return sum(len(files) for _, _, files in os.walk(folder))
+
+
+def read_counters(neff_dir: Path | None = None) -> CompileCounters:
+    from torch._dynamo.utils import counters
+
+    return CompileCounters(
+        graphs=counters["stats"]["unique_graphs"],
+        cache_hits=counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
+        cache_misses=counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"],
+        neff_files=count_files(neff_dir),
+    )
+
+
+def classify_event(delta: CompileCounters, mode: str, backend: Backend) -> str:
+    """Name the cache event from what the counters saw."""
+    if delta.graphs == 0 and delta.neff_files == 0:
+        return EAGER if mode == "eager" else MEMORY_HIT
+    if backend == "neuron":
+        # Dynamo always re-traces in a new process; only new NEFFs mean the Neuron compiler ran.
+        return COMPILED if delta.neff_files > 0 else DISK_HIT
+    if delta.cache_misses == 0 and delta.cache_hits > 0:
+        return DISK_HIT
+    return COMPILED  # misses, or a backend with no persistent cache (eager, aot_eager): traced afresh
+
+
+@dataclass(frozen=True)
+class CompileKey:
+    """Everything that changes a compiled graph; a cache compiled under one key is never taken for another."""
+
+    model: str
+    mode: str
+    backend: str
+    dtype: str
+    torch: str
+    diffusers: str
+    tp_degree: int = 1
+
+    @classmethod
+    def current(cls, model: str, mode: str, backend: Backend, dtype: str, tp_degree: int = 1) -> "CompileKey":
+        import diffusers
+
+        return cls(model, mode, backend_name(backend), dtype, torch.__version__, diffusers.__version__, tp_degree)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class ShapeRecord:
+    """One resolution compiled under one key, as remembered on disk."""
+
+    resolution: str
+    tokens: int
+    seconds: float  # the latest compile, cold or from the disk cache
+    cold_seconds: float | None  # the latest compile from scratch
+    event: str
+    date: str
+
+
+class CacheManifest:
+    """manifest.json in the cache folder: per compile key, the shapes compiled and what they cost.
+
+    Written atomically (temp file + rename) after a compilation succeeds, so a process killed mid-compile
+    leaves the shape cold rather than falsely ready. An unwritable folder disables persistence, loudly.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self.error: str | None = None
+        self._data = self._read()
+        self._check_writable()
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            if isinstance(data, dict) and isinstance(data.get("entries"), dict):
+                return data
+            logger.warning("ignoring %s: not a neuron-ui manifest", self.path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as error:
+            logger.warning("ignoring unreadable manifest %s: %s", self.path, error)
+        return {"version": 1, "entries": {}}
+
+    def _check_writable(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
+                pass
+        except OSError as error:
+            self.error = f"cache folder {self.path.parent} is not writable ({error.strerror or error}); serving without persistence"
+            logger.warning(self.error)
+
+    @property
+    def persistent(self) -> bool:
+        return self.error is None
+
+    def shapes(self, key: CompileKey) -> dict[str, ShapeRecord]:
+        with self._lock:
+            entry = self._data["entries"].get(key.digest, {})
+            return {res: ShapeRecord(**rec) for res, rec in entry.get("shapes", {}).items()}
+
+    def record(self, key: CompileKey, resolution: str, tokens: int, seconds: float, event: str) -> None:
+        with self._lock:
+            entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
+            previous = entry["shapes"].get(resolution, {})
+            entry["shapes"][resolution] = asdict(
+                ShapeRecord(
+                    resolution=resolution,
+                    tokens=tokens,
+                    seconds=round(seconds, 3),
+                    cold_seconds=round(seconds, 3) if event == COMPILED else previous.get("cold_seconds"),
+                    event=event,
+                    date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                )
+            )
+            self._write()
+
+    def _write(self) -> None:
+        if not self.persistent:
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".manifest-", suffix=".tmp")
+            with os.fdopen(fd, "w") as handle:
+                json.dump(self._data, handle, indent=1, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except OSError as error:
+            self.error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"
+            logger.warning(self.error)
+
+
+def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, backend: Backend) -> float:
+    """About how long `resolution` will take to compile here, from what this key has measured before."""
+    if resolution in records:
+        return records[resolution].seconds
+    cold = [r.cold_seconds for r in records.values() if r.cold_seconds]
+    if cold:
+        return statistics.median(cold)
+    return DEFAULT_COMPILE_SECONDS.get(backend_name(backend), DEFAULT_OTHER_BACKEND_SECONDS)

@@ -1,0 +1,106 @@
+"""Pick neuron / cuda / cpu, and point the compile caches at a persistent folder before torch loads.
+
+torch loads torch_neuronx at import (device backend autoload), and torch_neuronx reads
+TORCH_NEURONX_NEFF_CACHE_DIR then; so `configure_cache_env` must run before the first `import torch`.
+This module imports torch only inside functions for that reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class CachePaths:
+    """Where each compiler keeps what it compiled, all inside the persistent cache folder."""
+
+    root: Path
+    neff: Path
+    inductor: Path
+    manifest: Path
+
+
+def configure_cache_env(cache_dir: Path, environ: os._Environ | dict = os.environ) -> CachePaths:
+    """Set the cache env vars inside cache_dir (a user's own TORCH_NEURONX_NEFF_CACHE_DIR wins)."""
+    root = Path(cache_dir).expanduser().resolve()
+    environ.setdefault(NEFF_CACHE_ENV, str(root / "neff"))
+    environ[INDUCTOR_CACHE_ENV] = str(root / "inductor")
+    paths = CachePaths(
+        root=root,
+        neff=Path(environ[NEFF_CACHE_ENV]),
+        inductor=Path(environ[INDUCTOR_CACHE_ENV]),
+        manifest=root / "manifest.json",
+    )
+    for folder in (paths.root, paths.neff, paths.inductor):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # the app still serves, without persistence; the engine says so
+            logger.warning("cannot create cache folder %s: %s", folder, error)
+    return paths
+
+
+def load_neuron_backend() -> bool:
+    """Import torch_neuronx when present; needed when TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns autoload off."""
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return False
+    importlib.import_module("torch_neuronx")
+    return True
+
+
+def neuron_available() -> bool:
+    import torch
+
+    if not load_neuron_backend():
+        return False
+    neuron = getattr(torch, "neuron", None)
+    return bool(neuron is not None and neuron.is_available())
+
+
+def detect_device(requested: str = "auto") -> str:
+    """auto: Neuron when torch_neuronx is present and a NeuronCore is visible, then CUDA, then CPU."""
+    import torch
+
+    if requested == "neuron" and not neuron_available():
+        raise RuntimeError("--device neuron: torch_neuronx is not installed or no NeuronCore is visible")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is visible")
+    if requested != "auto":
+        return requested
+    if neuron_available():
+        return "neuron"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how this process runs the model: device, dtype name and compile backend."""
+
+    device: str
+    dtype: str
+    backend: str
+
+    @classmethod
+    def detect(cls, device: str = "auto", dtype: str = "auto", backend: str | None = None) -> "Runtime":
+        chosen = detect_device(device)
+        return cls(chosen, default_dtype(chosen) if dtype == "auto" else dtype, backend or default_compile_backend(chosen))
+
+
+def default_dtype(device: str) -> str:
+    """bf16 where the hardware is built for it; fp32 on CPU (measured faster under inductor, see README)."""
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def default_compile_backend(device: str) -> str:
+    return "neuron" if device == "neuron" else "inductor"

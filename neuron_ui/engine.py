@@ -1,0 +1,311 @@
+"""The pipeline singleton: one per process, compiled lazily per static shape, safe to call from many threads.
+
+Knows nothing of Gradio. One pipeline run on the device at a time (a lock); the first request for a
+shape compiles it while the others wait, so concurrent first requests compile exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from . import compilation
+from .compilation import Backend, CacheManifest, CompileKey, backend_name, classify_event, read_counters
+from .device import CachePaths, Runtime
+from .loading import LoadedModel, choose_model, load_model
+from .resolutions import Resolution
+from .schema import (
+    COLD,
+    COMPILING,
+    FAILED,
+    READY,
+    EngineStatus,
+    GenerateRequest,
+    GenerateResult,
+    ProgressFn,
+    ProgressUpdate,
+    ShapeStatus,
+    ValidRequest,
+    validate_guidance,
+    validate_prompt,
+    validate_resolution,
+    validate_seed,
+    validate_steps,
+)
+from .settings import Settings
+
+logger = logging.getLogger(__name__)
+
+WARMUP_PROMPT = "warm-up"
+
+
+class EngineError(RuntimeError):
+    """A request failed on the server side; the message is safe to show to the user."""
+
+
+@dataclass
+class _GraphState:
+    """The transformer graph for one token count; presets with the same count share it."""
+
+    state: str
+    compiled_by: Resolution
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class _ShapeStats:
+    hits: int = 0
+    last_latency: float | None = None
+
+
+def _ignore(update: ProgressUpdate) -> None:
+    pass
+
+
+class Engine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        presets: tuple[Resolution, ...],
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        compile_mode: str = "regional",
+        backend: Backend = "inductor",
+        cache: CachePaths | None = None,
+        manifest: CacheManifest | None = None,
+    ):
+        self.loaded = loaded
+        self.presets = presets
+        self.device = device
+        self.dtype = dtype
+        self.compile_mode = compile_mode
+        self.backend = backend
+        self.cache = cache
+        self.pipe = loaded.pipe.to(device)
+        self.pipe.set_progress_bar_config(disable=True)
+        self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
+        self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."))
+        if manifest is None:
+            manifest = CacheManifest(cache.manifest if cache else Path(".neuron-ui-manifest.json"))
+        self.manifest = manifest
+        self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
+        self._device_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._graphs: dict[int, _GraphState] = {}
+        self._stats = {preset: _ShapeStats() for preset in presets}
+        compilation.raise_recompile_limit(len({p.tokens for p in presets}))
+        compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cache: CachePaths) -> "Engine":
+        """Detect the device, load the model, and set up compilation as the settings say."""
+        runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
+        loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype))
+        logger.info("serving %s on %s in %s, compile %s/%s", loaded.name, runtime.device, runtime.dtype,
+                    settings.compile, runtime.backend)
+        return cls(
+            loaded,
+            presets=settings.resolutions,
+            device=runtime.device,
+            dtype=getattr(torch, runtime.dtype),
+            compile_mode=settings.compile,
+            backend=runtime.backend,
+            cache=cache,
+        )
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def validate(self, request: GenerateRequest) -> ValidRequest:
+        """Fill defaults and check every field; ValueError names what is allowed."""
+        return ValidRequest(
+            prompt=validate_prompt(request.prompt),
+            resolution=validate_resolution(request.resolution, self.presets),
+            steps=self.default_steps if request.steps is None else validate_steps(request.steps),
+            seed=secrets.randbelow(2**32) if request.seed is None else validate_seed(request.seed),
+            guidance=self.default_guidance if request.guidance is None else validate_guidance(request.guidance),
+        )
+
+    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
+        """Make one image, compiling its shape first if this process has not."""
+        valid = self.validate(request)
+        report = progress or _ignore
+        if self._device_lock.locked():
+            report(ProgressUpdate("waiting", "waiting for the device: another image is being made"))
+        with self._device_lock:
+            start = time.perf_counter()
+            before = read_counters(self._neff_dir)
+            compile_seconds = self._ensure_compiled(valid.resolution, report)
+            run_start = time.perf_counter()
+            try:
+                image = self._run(valid, report)
+            except Exception as error:
+                logger.exception("generation failed at %s", valid.resolution)
+                raise EngineError(f"generation failed at {valid.resolution}: {_short(error)}") from error
+            end = time.perf_counter()
+            event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
+        result = GenerateResult(
+            image=image,
+            prompt=valid.prompt,
+            resolution=str(valid.resolution),
+            steps=valid.steps,
+            seed=valid.seed,
+            guidance=valid.guidance,
+            model=self.loaded.name,
+            cache_event=event,
+            compile_seconds=round(compile_seconds, 3),
+            run_seconds=round(end - run_start, 3),
+            total_seconds=round(end - start, 3),
+        )
+        with self._state_lock:
+            stats = self._stats[valid.resolution]
+            stats.hits += event == compilation.MEMORY_HIT
+            stats.last_latency = result.total_seconds
+        logger.info("generated %s: %s, %.2f s", result.resolution, event, result.total_seconds)
+        return result
+
+    def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
+        """Compile one preset without making an image, so a size is ready before anyone asks for it."""
+        preset = validate_resolution(resolution, self.presets)
+        with self._device_lock:
+            self._ensure_compiled(preset, progress or _ignore)
+        return self.status().shape(str(preset))
+
+    # -- compilation ------------------------------------------------------------------------------
+
+    def _ensure_compiled(self, preset: Resolution, report: ProgressFn) -> float:
+        """Compile the graph for this preset's token count unless this process has it; seconds spent."""
+        if self.compile_mode == "eager":
+            return 0.0
+        with self._state_lock:
+            graph = self._graphs.get(preset.tokens)
+            if graph is not None and graph.state == READY:
+                return 0.0
+            estimate = self._estimate(preset)
+            self._graphs[preset.tokens] = _GraphState(COMPILING, compiled_by=preset)
+        verb = "loading" if self._disk_records(preset) else "compiling"
+        report(ProgressUpdate("compiling", f"{verb} {preset} for the first time (about {estimate:.0f} s)"))
+        logger.info("%s %s (%d tokens), about %.0f s", verb, preset, preset.tokens, estimate)
+        before = read_counters(self._neff_dir)
+        start = time.perf_counter()
+        try:
+            self._call_pipeline(WARMUP_PROMPT, preset, steps=1, seed=0, guidance=self.default_guidance)
+        except Exception as error:
+            reason = _short(error)
+            logger.exception("compiling %s failed", preset)
+            with self._state_lock:
+                self._graphs[preset.tokens] = _GraphState(FAILED, compiled_by=preset, error=reason)
+            raise EngineError(f"compiling {preset} failed: {reason}. Try again, or pick another size.") from error
+        seconds = time.perf_counter() - start
+        event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
+        with self._state_lock:
+            self._graphs[preset.tokens] = _GraphState(READY, compiled_by=preset, seconds=seconds)
+        self.manifest.record(self.key, str(preset), preset.tokens, seconds, event)
+        logger.info("compiled %s: %s in %.1f s", preset, event, seconds)
+        return seconds
+
+    def _disk_records(self, preset: Resolution) -> list[compilation.ShapeRecord]:
+        """What the persistent cache holds for this preset's graph (its own record first)."""
+        records = self.manifest.shapes(self.key)
+        same_graph = [r for r in records.values() if r.tokens == preset.tokens]
+        return sorted(same_graph, key=lambda r: r.resolution != str(preset))
+
+    def _estimate(self, preset: Resolution) -> float:
+        disk = self._disk_records(preset)
+        if disk:
+            return disk[0].seconds
+        return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(preset), self.backend)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _run(self, valid: ValidRequest, report: ProgressFn) -> Image.Image:
+        def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+            done = step + 1
+            report(ProgressUpdate("denoising", f"step {done}/{valid.steps}", done / valid.steps))
+            if done == valid.steps:
+                report(ProgressUpdate("decoding", "decoding the image", 1.0))
+            return {}
+
+        return self._call_pipeline(
+            valid.prompt, valid.resolution, valid.steps, valid.seed, valid.guidance, callback=on_step_end
+        )
+
+    def _call_pipeline(self, prompt: str, preset: Resolution, steps: int, seed: int, guidance: float,
+                       callback=None) -> Image.Image:
+        # The generator lives on the CPU, as diffusers does for Neuron: same seed, same noise everywhere.
+        generator = torch.Generator("cpu").manual_seed(seed)
+        output = self.pipe(
+            prompt=prompt,
+            height=preset.height,
+            width=preset.width,
+            num_inference_steps=steps,
+            guidance_scale=guidance,
+            generator=generator,
+            callback_on_step_end=callback,
+        )
+        return output.images[0]
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def status(self) -> EngineStatus:
+        """A snapshot for the UI's status table and the /status API; never waits for the device."""
+        shapes = []
+        with self._state_lock:
+            for preset in self.presets:
+                stats = self._stats[preset]
+                disk = self._disk_records(preset)
+                shape = ShapeStatus(
+                    resolution=str(preset),
+                    aspect=preset.aspect,
+                    tokens=preset.tokens,
+                    state=COLD,
+                    on_disk=bool(disk),
+                    hits=stats.hits,
+                    last_latency=stats.last_latency,
+                )
+                graph = self._graphs.get(preset.tokens)
+                if self.compile_mode == "eager":
+                    shape.state = READY
+                elif graph is not None:
+                    shape.state = graph.state
+                    shape.error = graph.error
+                    if graph.compiled_by == preset:
+                        shape.compile_seconds = graph.seconds
+                    else:
+                        shape.shares_graph_with = str(graph.compiled_by)
+                if shape.state != READY:
+                    shape.estimate_seconds = round(self._estimate(preset), 1)
+                    if disk and shape.compile_seconds is None:
+                        shape.compile_seconds = disk[0].seconds
+                shapes.append(shape)
+        return EngineStatus(
+            model=self.loaded.name,
+            device=self.device,
+            dtype=str(self.dtype).removeprefix("torch."),
+            compile_mode=self.compile_mode,
+            compile_backend=backend_name(self.backend),
+            is_tiny=self.loaded.is_tiny,
+            fallback_reason=self.loaded.fallback_reason,
+            distilled=self.loaded.distilled,
+            default_steps=self.default_steps,
+            default_guidance=self.default_guidance,
+            cache_dir=str(self.cache.root) if self.cache else "",
+            persistent_cache=self.manifest.persistent,
+            cache_error=self.manifest.error,
+            busy=self._device_lock.locked(),
+            shapes=shapes,
+        )
+
+
+def _short(error: BaseException) -> str:
+    """The first line of an error, without a stack trace or anything after it."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"{type(error).__name__}: {text}"[:300]

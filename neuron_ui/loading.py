@@ -1,0 +1,181 @@
+"""Load a Flux2KleinPipeline from a hub id or a folder, or build the offline tiny model in code."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+TINY = "tiny"
+AUTO = "auto"
+HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
+
+# Qwen3's chat template, reduced to what Flux2KleinPipeline renders: one user turn, thinking off.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+@dataclass
+class LoadedModel:
+    """A pipeline and what the UI should say about where it came from."""
+
+    pipe: Flux2KleinPipeline
+    name: str
+    is_tiny: bool
+    fallback_reason: str | None = None
+
+    @property
+    def distilled(self) -> bool:
+        return bool(self.pipe.config.get("is_distilled", False))
+
+
+def build_tiny_tokenizer() -> Qwen2TokenizerFast:
+    """A byte-level tokenizer made locally: every UTF-8 byte is a token, plus Qwen's special tokens."""
+    vocab = {char: index for index, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+        model_max_length=512,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_pipeline(dtype: torch.dtype = torch.float32, seed: int = 0) -> Flux2KleinPipeline:
+    """Random weights, real diffusers classes, klein's layout in miniature; the same seed builds the same model.
+
+    Six transformer blocks of two classes make regional compilation meaningful; the text encoder has 28
+    layers so the pipeline's default hidden-state layers (9, 18, 27) exist; the VAE downsamples 8x like
+    the real one, so resolutions and token counts match klein's.
+    """
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(seed)
+    text_encoder = Qwen3ForCausalLM(
+        Qwen3Config(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=28,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            vocab_size=len(tokenizer),
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    transformer = Flux2Transformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=2,
+        num_single_layers=4,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=48,  # 3 stacked text-encoder layers of 16
+        timestep_guidance_channels=32,
+        axes_dims_rope=(4, 4, 4, 4),
+        guidance_embeds=False,
+    )
+    vae = AutoencoderKLFlux2(
+        block_out_channels=(8, 8, 16, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        mid_block_add_attention=False,  # attention over 128x128 latents would dominate a tiny model
+        sample_size=64,
+    )
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        is_distilled=True,
+    )
+    return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
+
+
+def find_local_snapshot(repo_id: str) -> str | None:
+    """The folder of a complete copy in the local Hugging Face cache, without touching the network."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id, local_files_only=True)
+    except Exception:  # not cached (or partially): the caller decides what to do next
+        return None
+
+
+def hub_answers(repo_id: str, timeout: float) -> bool:
+    """Ask the Hub whether repo_id exists, giving up after `timeout` seconds whatever the network does."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    from huggingface_hub import HfApi
+
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            endpoint = os.environ.get("HF_ENDPOINT")
+            HfApi(endpoint=endpoint).model_info(repo_id, timeout=timeout)
+            answer.append(True)
+        except Exception as error:
+            logger.info("the Hub did not answer for %s: %s", repo_id, error)
+
+    thread = threading.Thread(target=probe, daemon=True, name="hub-probe")
+    thread.start()
+    thread.join(timeout)  # a hard bound: DNS and proxies can ignore the request timeout
+    return bool(answer)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What `--model` resolved to: where to load from, the name that keys compile caches, and why."""
+
+    source: str  # TINY, a hub repo id or a local folder
+    name: str
+    fallback_reason: str | None = None
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.source == TINY
+
+
+def choose_model(model: str, hub_timeout: float = 5.0) -> ModelChoice:
+    """Decide what `--model` means on this machine, without loading anything."""
+    if model != AUTO:
+        return ModelChoice(model, model)
+    if Path(HUB_MODEL_ID).is_dir():
+        return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
+    local = find_local_snapshot(HUB_MODEL_ID)
+    if local:
+        return ModelChoice(local, HUB_MODEL_ID)
+    if hub_answers(HUB_MODEL_ID, hub_timeout):
+        return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
+    reason = f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within {hub_timeout:g} s"
+    logger.warning("%s: serving the tiny random-weight model instead (images are noise)", reason)
+    return ModelChoice(TINY, TINY, reason)
+
+
+def load_model(choice: ModelChoice, dtype: torch.dtype, **from_pretrained_kwargs) -> LoadedModel:
+    """Load on the CPU; the engine moves the pipeline to its device."""
+    if choice.is_tiny:
+        return LoadedModel(build_tiny_pipeline(dtype), name=TINY, is_tiny=True, fallback_reason=choice.fallback_reason)
+    logger.info("loading %s in %s", choice.source, dtype)
+    pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **from_pretrained_kwargs)
+    return LoadedModel(pipe, name=choice.name, is_tiny=False)

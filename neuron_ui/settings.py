@@ -1,0 +1,121 @@
+"""One settings dataclass whose fields are the CLI flags; NEURON_UI_* and GRADIO_* env vars are read here only.
+
+No torch here: settings decide where the compile caches live, and that must happen before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .resolutions import DEFAULT_RESOLUTIONS, Resolution, parse_resolutions
+
+DEVICES = ("auto", "neuron", "cuda", "cpu")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+COMPILE_MODES = ("eager", "regional", "full")
+DEFAULT_MODEL = "auto"
+
+
+def default_cache_dir(environ: os._Environ | dict = os.environ) -> Path:
+    """/data/neuron-ui on Spaces persistent storage when /data is writable, else ~/.cache/neuron-ui."""
+    data = Path("/data")
+    if data.is_dir() and os.access(data, os.W_OK):
+        return data / "neuron-ui"
+    home = Path(environ.get("HOME") or Path.home())
+    return home / ".cache" / "neuron-ui"
+
+
+@dataclass
+class Settings:
+    """Everything that configures one neuron-ui process."""
+
+    model: str = DEFAULT_MODEL
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: str = "regional"
+    compile_backend: str | None = None
+    resolutions: tuple[Resolution, ...] = DEFAULT_RESOLUTIONS
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    hub_timeout: float = 5.0
+    host: str = "127.0.0.1"
+    port: int = 7860
+    share: bool = False
+    max_queue: int = 16
+    auth: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.max_queue < 1:
+            raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
+        self.cache_dir = Path(self.cache_dir).expanduser()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The app's flags; `python -m neuron_ui generate` reuses the model and engine ones."""
+    parser = argparse.ArgumentParser(description="neuron-ui: FLUX.2-klein on Trainium, CUDA or CPU")
+    add_engine_arguments(parser)
+    parser.add_argument("--host", help="interface to bind (env GRADIO_SERVER_NAME; default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (env GRADIO_SERVER_PORT; default 7860)")
+    parser.add_argument("--share", action="store_true", help="open a public Gradio share link")
+    parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
+    return parser
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="'auto', 'tiny', a Hugging Face repo id or a local folder (env NEURON_UI_MODEL)")
+    parser.add_argument("--device", choices=DEVICES, help="env NEURON_UI_DEVICE; default auto")
+    parser.add_argument("--dtype", choices=DTYPES, help="env NEURON_UI_DTYPE; default auto (bf16 on accelerators)")
+    parser.add_argument("--compile", choices=COMPILE_MODES, help="env NEURON_UI_COMPILE; default regional")
+    parser.add_argument("--compile-backend", help="torch.compile backend (default: neuron on Neuron, else inductor)")
+    parser.add_argument("--resolutions", help="comma-separated WIDTHxHEIGHT presets (env NEURON_UI_RESOLUTIONS)")
+    parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
+    parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
+
+
+def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
+    """Flags win over env vars, env vars over defaults."""
+
+    def pick(flag: object, env: str) -> object:
+        return flag if flag not in (None, False) else environ.get(env)
+
+    values: dict[str, object] = {}
+    for name, env in (
+        ("model", "NEURON_UI_MODEL"),
+        ("device", "NEURON_UI_DEVICE"),
+        ("dtype", "NEURON_UI_DTYPE"),
+        ("compile", "NEURON_UI_COMPILE"),
+        ("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
+        ("cache_dir", "NEURON_UI_CACHE_DIR"),
+        ("host", "GRADIO_SERVER_NAME"),
+    ):
+        value = pick(getattr(args, name, None), env)
+        if value:
+            values[name] = value
+    resolutions = pick(getattr(args, "resolutions", None), "NEURON_UI_RESOLUTIONS")
+    if resolutions:
+        values["resolutions"] = parse_resolutions(resolutions)
+    for name, env, kind in (
+        ("port", "GRADIO_SERVER_PORT", int),
+        ("max_queue", "NEURON_UI_MAX_QUEUE", int),
+        ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
+    ):
+        value = pick(getattr(args, name, None), env)
+        if value is not None:
+            try:
+                values[name] = kind(value)
+            except ValueError:
+                raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
+    if getattr(args, "share", False):
+        values["share"] = True
+    auth = environ.get("NEURON_UI_AUTH")
+    if auth:
+        user, sep, password = auth.partition(":")
+        if not sep or not user or not password:
+            raise ValueError("NEURON_UI_AUTH must be 'user:password'")
+        values["auth"] = (user, password)
+    return Settings(**values)

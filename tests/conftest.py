@@ -1,0 +1,46 @@
+"""Shared fixtures: the tiny model, engines on cheap backends, and an offline environment."""
+
+import os
+
+# Before anything imports gradio or huggingface_hub: stay offline and exit cleanly.
+for _name, _value in {
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_OFFLINE": "1",
+    "DO_NOT_TRACK": "1",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from neuron_ui.compilation import CacheManifest  # noqa: E402
+from neuron_ui.device import configure_cache_env  # noqa: E402
+from neuron_ui.engine import Engine  # noqa: E402
+from neuron_ui.loading import LoadedModel, build_tiny_pipeline  # noqa: E402
+from neuron_ui.resolutions import parse_resolutions  # noqa: E402
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+SMALL_PRESETS = "256x256,384x256,256x384,512x512"
+
+
+@pytest.fixture
+def make_engine(tmp_path):
+    """Build engines on the tiny model; dynamo is reset so no engine reuses another's graphs."""
+
+    def make(presets: str = SMALL_PRESETS, compile_mode: str = "regional", backend="eager", cache_dir=None):
+        torch._dynamo.reset()
+        cache = configure_cache_env(cache_dir or tmp_path / "cache", environ={})
+        loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
+        return Engine(
+            loaded,
+            presets=parse_resolutions(presets),
+            compile_mode=compile_mode,
+            backend=backend,
+            cache=cache,
+            manifest=CacheManifest(cache.manifest),
+        )
+
+    yield make
+    torch._dynamo.reset()
