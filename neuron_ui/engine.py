@@ -307,5 +307,6 @@ class Engine:
 
 def _short(error: BaseException) -> str:
     """The first line of an error, without a stack trace or anything after it."""
+    error = getattr(error, "inner_exception", None) or error  # dynamo wraps the compiler's own error
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"{type(error).__name__}: {text}"[:300]

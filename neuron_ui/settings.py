@@ -18,9 +18,8 @@ COMPILE_MODES = ("eager", "regional", "full")
 DEFAULT_MODEL = "auto"
 
 
-def default_cache_dir(environ: os._Environ | dict = os.environ) -> Path:
+def default_cache_dir(environ: os._Environ | dict = os.environ, data: Path = Path("/data")) -> Path:
     """/data/neuron-ui on Spaces persistent storage when /data is writable, else ~/.cache/neuron-ui."""
-    data = Path("/data")
     if data.is_dir() and os.access(data, os.W_OK):
         return data / "neuron-ui"
     home = Path(environ.get("HOME") or Path.home())

@@ -1,0 +1,217 @@
+"""The engine on the tiny model with torch.compile's cheap "eager" backend: dynamo traces and counts graphs
+for real, without inductor's C++ build (tests/test_inductor.py covers inductor)."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from neuron_ui.compilation import CacheManifest, read_counters
+from neuron_ui.engine import EngineError
+from neuron_ui.schema import GenerateRequest
+
+
+def gen(engine, resolution="256x256", prompt="a lighthouse", **kw):
+    return engine.generate(GenerateRequest(prompt, resolution, **{"seed": 7, **kw}))
+
+
+def test_first_request_compiles_then_memory_hit_without_new_graphs(make_engine):
+    engine = make_engine()
+    first = gen(engine)
+    assert first.cache_event == "compiled" and first.compile_seconds > 0
+    assert first.image.size == (256, 256)
+    before = read_counters()
+    again = gen(engine)
+    assert again.cache_event == "memory_hit" and again.compile_seconds == 0
+    assert read_counters().graphs == before.graphs
+    shape = engine.status().shape("256x256")
+    assert shape.state == "ready" and shape.hits == 1 and shape.last_latency == again.total_seconds
+
+
+def test_prompt_seed_and_steps_never_recompile(make_engine):
+    engine = make_engine()
+    gen(engine)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for kw in ({"prompt": "another prompt entirely"}, {"seed": 123}, {"steps": 2}, {"steps": 7}):
+            assert gen(engine, **kw).cache_event == "memory_hit"
+
+
+def test_same_seed_same_image(make_engine):
+    engine = make_engine()
+    a, b, c = gen(engine, seed=5), gen(engine, seed=5), gen(engine, seed=6)
+    assert np.array_equal(np.asarray(a.image), np.asarray(b.image))
+    assert not np.array_equal(np.asarray(a.image), np.asarray(c.image))
+    assert gen(engine, seed=None).seed in range(2**32)
+
+
+def test_concurrent_first_requests_compile_exactly_once(make_engine):
+    engine = make_engine()
+    solo = make_engine()
+    before = read_counters()
+    gen(solo)
+    graphs_for_one_compile = read_counters().graphs - before.graphs
+
+    engine = make_engine()
+    before = read_counters()
+    results, errors = [], []
+
+    def worker(seed):
+        try:
+            results.append(gen(engine, seed=seed))
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 4
+    assert sorted(r.cache_event for r in results) == ["compiled", "memory_hit", "memory_hit", "memory_hit"]
+    assert read_counters().graphs - before.graphs == graphs_for_one_compile
+
+
+@pytest.mark.parametrize("mode", ["regional", "full"])
+def test_more_than_eight_shapes_all_run_compiled(make_engine, mode):
+    """dynamo stops compiling a code object after 8 graphs; the engine raises the limit for every preset."""
+    presets = [f"256x{256 + 16 * i}" for i in range(10)]  # 10 different token counts
+    engine = make_engine(presets=",".join(presets), compile_mode=mode)
+    for preset in presets:
+        before = read_counters().graphs
+        result = gen(engine, resolution=preset, steps=1)
+        assert result.cache_event == "compiled", preset
+        assert read_counters().graphs > before, f"{preset} ran without a compiled graph"
+
+
+def test_presets_with_the_same_token_count_share_one_graph(make_engine):
+    engine = make_engine()
+    assert gen(engine, "384x256").cache_event == "compiled"
+    before = read_counters().graphs
+    shared = gen(engine, "256x384")
+    assert shared.cache_event == "memory_hit" and shared.compile_seconds == 0
+    assert read_counters().graphs == before
+    status = engine.status()
+    assert status.shape("256x384").shares_graph_with == "384x256"
+    assert status.shape("256x384").state == "ready"
+    assert status.shape("384x256").shares_graph_with is None
+
+
+def failing_backend_for(tokens):
+    """A torch.compile backend that fails for graphs over `tokens` image tokens, like a compiler crash."""
+
+    def backend(gm, example_inputs):
+        if any(isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[1] == tokens for x in example_inputs):
+            raise RuntimeError(f"injected compiler failure at {tokens} tokens")
+        return gm.forward
+
+    return backend
+
+
+def test_a_failing_compilation_marks_that_shape_failed_and_others_keep_working(make_engine):
+    engine = make_engine(backend=failing_backend_for(16 * 16))
+    with pytest.raises(EngineError, match="compiling 256x256 failed: .*injected compiler failure"):
+        gen(engine, "256x256")
+    status = engine.status().shape("256x256")
+    assert status.state == "failed" and "injected compiler failure" in status.error
+    assert gen(engine, "512x512").cache_event == "compiled"
+    assert engine.status().shape("512x512").state == "ready"
+    with pytest.raises(EngineError):  # retried, not cached as failed forever: it fails again for real
+        gen(engine, "256x256")
+
+
+def test_an_error_during_generation_releases_the_engine(make_engine, monkeypatch):
+    engine = make_engine()
+    gen(engine)
+    real_call = type(engine.pipe).__call__
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(type(engine.pipe), "__call__", out_of_memory)
+    with pytest.raises(EngineError, match="generation failed at 256x256: OutOfMemoryError"):
+        gen(engine)
+    monkeypatch.setattr(type(engine.pipe), "__call__", real_call)
+    assert gen(engine).cache_event == "memory_hit"
+    assert not engine.status().busy
+
+
+def test_progress_reports_compiling_steps_and_decoding(make_engine):
+    engine = make_engine()
+    updates = []
+    engine.generate(GenerateRequest("a fox", "256x256", steps=3, seed=1), progress=updates.append)
+    stages = [u.stage for u in updates]
+    assert stages == ["compiling", "denoising", "denoising", "denoising", "decoding"]
+    assert "compiling 256x256 for the first time (about" in updates[0].message
+    assert [u.fraction for u in updates[1:4]] == pytest.approx([1 / 3, 2 / 3, 1.0])
+
+
+def test_waiting_is_reported_while_another_request_runs(make_engine):
+    engine = make_engine()
+    gen(engine)
+    updates = []
+    with engine._device_lock:  # another user's image is on the device
+        waiter = threading.Thread(target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append))
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert engine.status().busy
+    waiter.join(timeout=60)
+    assert updates[0].stage == "waiting"
+
+
+def test_eager_mode_compiles_nothing(make_engine):
+    engine = make_engine(compile_mode="eager")
+    before = read_counters().graphs
+    assert gen(engine).cache_event == "eager"
+    assert read_counters().graphs == before
+    assert all(s.state == "ready" for s in engine.status().shapes)
+
+
+def test_status_after_restart_reports_cached_shapes_with_their_compile_time(make_engine, tmp_path):
+    engine = make_engine(cache_dir=tmp_path / "shared")
+    compiled = gen(engine, "384x256")
+    restarted = make_engine(cache_dir=tmp_path / "shared")
+    status = restarted.status()
+    assert status.persistent_cache and status.is_tiny and status.default_steps == 4
+    cached = status.shape("384x256")
+    assert cached.state == "cold" and cached.on_disk
+    assert cached.compile_seconds == pytest.approx(compiled.compile_seconds, abs=0.01)
+    assert status.shape("256x384").on_disk  # same token count, same graph on disk
+    cold = status.shape("512x512")
+    assert not cold.on_disk and cold.estimate_seconds == pytest.approx(compiled.compile_seconds, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("prompt", "   ", "prompt is empty"),
+        ("prompt", "x" * 2001, "limit is 2000"),
+        ("prompt", 42, "prompt must be text"),
+        ("resolution", "1024x1024", "not a preset; allowed: 256x256, 384x256, 256x384, 512x512"),
+        ("resolution", "1024x1023", "allowed: 256x256"),
+        ("resolution", "big", "allowed: 256x256"),
+        ("steps", 0, "steps must be a whole number from 1 to 100"),
+        ("steps", 2.5, "steps must be a whole number"),
+        ("steps", "four", "steps must be a whole number"),
+        ("seed", -1, "seed must be a whole number from 0 to 4294967295"),
+        ("seed", 2**64, "seed must be"),
+        ("seed", float("nan"), "seed must be"),
+        ("guidance", float("inf"), "guidance must be a number from 0 to 20"),
+    ],
+)
+def test_bad_requests_name_the_allowed_values(make_engine, field, value, fragment):
+    engine = make_engine()
+    request = GenerateRequest("a cat", "256x256", seed=1)
+    setattr(request, field, value)
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
+        engine.generate(request)
+
+
+def test_an_unusable_cache_folder_serves_without_persistence(make_engine, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")  # fails for root too, unlike chmod
+    engine = make_engine(cache_dir=blocker / "cache")
+    assert gen(engine).cache_event == "compiled"
+    status = engine.status()
+    assert not status.persistent_cache and "serving without persistence" in status.cache_error
+    assert str(blocker) in status.cache_dir
