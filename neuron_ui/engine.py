@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from PIL import Image
@@ -21,6 +22,7 @@ from .compilation import Backend, CacheManifest, CompileKey, backend_name, class
 from .device import CachePaths, Runtime
 from .loading import LoadedModel, choose_model, load_model
 from .resolutions import Resolution
+from .scheduler import DeviceQueue
 from .schema import (
     COLD,
     COMPILING,
@@ -70,6 +72,37 @@ def _ignore(update: ProgressUpdate) -> None:
     pass
 
 
+@dataclass(frozen=True)
+class PipelineCall:
+    """One pipeline run as plain values: what tensor-parallel followers receive to run in lockstep."""
+
+    prompt: str
+    width: int
+    height: int
+    steps: int
+    seed: int
+    guidance: float
+
+
+def run_pipeline(pipe, call: PipelineCall, callback=None) -> Image.Image:
+    """The plain diffusers call, as the upstream guide makes it."""
+    # The generator lives on the CPU, as diffusers does for Neuron: same seed, same noise everywhere.
+    generator = torch.Generator("cpu").manual_seed(call.seed)
+    output = pipe(
+        prompt=call.prompt,
+        height=call.height,
+        width=call.width,
+        num_inference_steps=call.steps,
+        guidance_scale=call.guidance,
+        generator=generator,
+        callback_on_step_end=callback,
+    )
+    return output.images[0]
+
+
+Runner = Callable[..., Image.Image]  # (pipe, PipelineCall, callback) -> image; see run_pipeline
+
+
 class Engine:
     def __init__(
         self,
@@ -82,6 +115,7 @@ class Engine:
         backend: Backend = "inductor",
         cache: CachePaths | None = None,
         manifest: CacheManifest | None = None,
+        runner: Runner = run_pipeline,
     ):
         self.loaded = loaded
         self.presets = presets
@@ -90,6 +124,7 @@ class Engine:
         self.compile_mode = compile_mode
         self.backend = backend
         self.cache = cache
+        self.runner = runner
         self.pipe = loaded.pipe.to(device)
         self.pipe.set_progress_bar_config(disable=True)
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
@@ -98,8 +133,10 @@ class Engine:
             manifest = CacheManifest(cache.manifest if cache else Path(".neuron-ui-manifest.json"))
         self.manifest = manifest
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
-        self._device_lock = threading.Lock()
+        self._device = DeviceQueue()
         self._state_lock = threading.Lock()
+        self._warmup_queue: list[Resolution] = []
+        self._warmup_thread: threading.Thread | None = None
         self._graphs: dict[int, _GraphState] = {}
         self._stats = {preset: _ShapeStats() for preset in presets}
         compilation.raise_recompile_limit(len({p.tokens for p in presets}))
@@ -138,9 +175,9 @@ class Engine:
         """Make one image, compiling its shape first if this process has not."""
         valid = self.validate(request)
         report = progress or _ignore
-        if self._device_lock.locked():
-            report(ProgressUpdate("waiting", "waiting for the device: another image is being made"))
-        with self._device_lock:
+        if self._device.busy or self._device.waiting:
+            report(ProgressUpdate("waiting", "waiting in queue: another request is on the device"))
+        with self._device.user():
             start = time.perf_counter()
             before = read_counters(self._neff_dir)
             compile_seconds = self._ensure_compiled(valid.resolution, report)
@@ -175,9 +212,40 @@ class Engine:
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
         """Compile one preset without making an image, so a size is ready before anyone asks for it."""
         preset = validate_resolution(resolution, self.presets)
-        with self._device_lock:
+        with self._device.user():
             self._ensure_compiled(preset, progress or _ignore)
         return self.status().shape(str(preset))
+
+    def start_warmup(self, resolutions: list[str]) -> None:
+        """Compile these presets in the background; any user request goes first."""
+        presets = [validate_resolution(r, self.presets) for r in resolutions]
+        with self._state_lock:
+            self._warmup_queue.extend(p for p in presets if p not in self._warmup_queue)
+            if self._warmup_thread is None or not self._warmup_thread.is_alive():
+                self._warmup_thread = threading.Thread(target=self._warmup_loop, name="warmup", daemon=True)
+                self._warmup_thread.start()
+
+    def wait_for_warmup(self, timeout: float | None = None) -> bool:
+        """True once the warm-up list is done (for tests and for scripts that want a warm server)."""
+        thread = self._warmup_thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
+    def _warmup_loop(self) -> None:
+        while True:
+            with self._device.background():
+                with self._state_lock:
+                    if not self._warmup_queue:
+                        return
+                    preset = self._warmup_queue[0]
+                try:
+                    self._ensure_compiled(preset, _ignore)
+                except EngineError:
+                    pass  # recorded as failed in the status; the next preset still warms up
+                finally:
+                    with self._state_lock:
+                        self._warmup_queue.remove(preset)
 
     # -- compilation ------------------------------------------------------------------------------
 
@@ -240,18 +308,8 @@ class Engine:
 
     def _call_pipeline(self, prompt: str, preset: Resolution, steps: int, seed: int, guidance: float,
                        callback=None) -> Image.Image:
-        # The generator lives on the CPU, as diffusers does for Neuron: same seed, same noise everywhere.
-        generator = torch.Generator("cpu").manual_seed(seed)
-        output = self.pipe(
-            prompt=prompt,
-            height=preset.height,
-            width=preset.width,
-            num_inference_steps=steps,
-            guidance_scale=guidance,
-            generator=generator,
-            callback_on_step_end=callback,
-        )
-        return output.images[0]
+        call = PipelineCall(prompt, preset.width, preset.height, steps, seed, guidance)
+        return self.runner(self.pipe, call, callback)
 
     # -- status -----------------------------------------------------------------------------------
 
@@ -259,6 +317,7 @@ class Engine:
         """A snapshot for the UI's status table and the /status API; never waits for the device."""
         shapes = []
         with self._state_lock:
+            warmup = list(self._warmup_queue)
             for preset in self.presets:
                 stats = self._stats[preset]
                 disk = self._disk_records(preset)
@@ -268,6 +327,7 @@ class Engine:
                     tokens=preset.tokens,
                     state=COLD,
                     on_disk=bool(disk),
+                    warmup_queued=preset in warmup,
                     hits=stats.hits,
                     last_latency=stats.last_latency,
                 )
@@ -300,7 +360,10 @@ class Engine:
             cache_dir=str(self.cache.root) if self.cache else "",
             persistent_cache=self.manifest.persistent,
             cache_error=self.manifest.error,
-            busy=self._device_lock.locked(),
+            busy=self._device.busy,
+            queue_depth=self._device.waiting,
+            warmup_queue=[str(p) for p in warmup],
+            warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),
             shapes=shapes,
         )
 

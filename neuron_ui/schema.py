@@ -154,6 +154,7 @@ class ShapeStatus:
     tokens: int
     state: str
     on_disk: bool = False
+    warmup_queued: bool = False
     shares_graph_with: str | None = None
     compile_seconds: float | None = None
     estimate_seconds: float | None = None
@@ -178,6 +179,9 @@ class EngineStatus:
     persistent_cache: bool
     cache_error: str | None
     busy: bool
+    queue_depth: int = 0
+    warmup_queue: list[str] = field(default_factory=list)
+    warmup_seconds_left: float = 0.0  # about how long the rest of the warm-up list should take
     shapes: list[ShapeStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

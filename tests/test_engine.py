@@ -2,6 +2,7 @@
 for real, without inductor's C++ build (tests/test_inductor.py covers inductor)."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -150,7 +151,7 @@ def test_waiting_is_reported_while_another_request_runs(make_engine):
     engine = make_engine()
     gen(engine)
     updates = []
-    with engine._device_lock:  # another user's image is on the device
+    with engine._device.user():  # another user's image is on the device
         waiter = threading.Thread(target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append))
         waiter.start()
         waiter.join(timeout=0.5)
@@ -215,3 +216,52 @@ def test_an_unusable_cache_folder_serves_without_persistence(make_engine, tmp_pa
     status = engine.status()
     assert not status.persistent_cache and "serving without persistence" in status.cache_error
     assert str(blocker) in status.cache_dir
+
+
+def slow_backend(gm, example_inputs):
+    """A backend that takes a while, so a warm-up compilation is still running when a user arrives."""
+    time.sleep(0.4)
+    return gm.forward
+
+
+WARMUP_PRESETS = "256x256,256x272,256x288,256x304,512x512"
+
+
+def wait_until(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def ready(engine, presets):
+    return [p for p in presets if engine.status().shape(p).state == "ready"]
+
+
+def test_warmup_runs_in_the_background_and_reports_progress(make_engine):
+    engine = make_engine(presets=WARMUP_PRESETS, backend=slow_backend)
+    engine.start_warmup(["256x256", "256x272"])
+    wait_until(lambda: engine.status().shape("256x256").state == "compiling")
+    status = engine.status()
+    assert status.warmup_queue == ["256x256", "256x272"]
+    assert status.shape("256x272").warmup_queued and status.warmup_seconds_left > 0
+    assert engine.wait_for_warmup(timeout=120)
+    status = engine.status()
+    assert status.warmup_queue == [] and ready(engine, ["256x256", "256x272"]) == ["256x256", "256x272"]
+    assert gen(engine, "256x272").cache_event == "memory_hit"
+
+
+def test_a_user_waits_for_at_most_the_compilation_in_progress(make_engine):
+    listed = ["256x256", "256x272", "256x288", "256x304"]
+    engine = make_engine(presets=WARMUP_PRESETS, backend=slow_backend)
+    engine.start_warmup(listed)
+    wait_until(lambda: engine.status().shape("256x256").state == "compiling")
+    result = gen(engine, "512x512", steps=1)  # not on the warm-up list
+    assert result.cache_event == "compiled"
+    assert len(ready(engine, listed)) <= 1, "the user waited for more than the compilation in progress"
+    # A size still queued for warm-up that a user asks for is compiled now, not at its turn.
+    result = gen(engine, "256x304", steps=1)
+    assert result.cache_event == "compiled"
+    assert "256x288" not in ready(engine, listed)
+    assert engine.wait_for_warmup(timeout=120)
+    assert ready(engine, listed) == listed
