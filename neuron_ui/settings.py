@@ -43,6 +43,8 @@ class Settings:
     share: bool = False
     max_queue: int = 16
     auth: tuple[str, str] | None = None
+    warmup: tuple[Resolution, ...] = ()
+    cache_bundle: Path | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -52,6 +54,9 @@ class Settings:
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
         self.cache_dir = Path(self.cache_dir).expanduser()
+        missing = [str(r) for r in self.warmup if r not in self.resolutions]
+        if missing:
+            raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="port (env GRADIO_SERVER_PORT; default 7860)")
     parser.add_argument("--share", action="store_true", help="open a public Gradio share link")
     parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
+    parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
+    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving (env NEURON_UI_CACHE_BUNDLE)")
     return parser
 
 
@@ -109,6 +116,13 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
                 values[name] = kind(value)
             except ValueError:
                 raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
+    warmup = pick(getattr(args, "warmup", None), "NEURON_UI_WARMUP")
+    if warmup:
+        presets = values.get("resolutions", DEFAULT_RESOLUTIONS)
+        values["warmup"] = presets if warmup.strip() == "all" else parse_resolutions(warmup)
+    bundle = pick(getattr(args, "cache_bundle", None), "NEURON_UI_CACHE_BUNDLE")
+    if bundle:
+        values["cache_bundle"] = Path(bundle)
     if getattr(args, "share", False):
         values["share"] = True
     auth = environ.get("NEURON_UI_AUTH")

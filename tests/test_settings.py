@@ -43,3 +43,12 @@ def test_default_cache_dir_prefers_persistent_storage(tmp_path):
     assert default_cache_dir(home, data=data) == tmp_path / "home" / ".cache" / "neuron-ui"
     data.mkdir()
     assert default_cache_dir(home, data=data) == data / "neuron-ui"
+
+
+def test_warmup_list_or_all():
+    assert [str(r) for r in parse(["--warmup", "1024x1024,512x512"]).warmup] == ["1024x1024", "512x512"]
+    s = parse(["--resolutions", "512x512,768x1344", "--warmup", "all"])
+    assert s.warmup == s.resolutions
+    with pytest.raises(ValueError, match="--warmup 1024x1024: not among the presets"):
+        parse(["--resolutions", "512x512", "--warmup", "1024x1024"])
+    assert parse([], {"NEURON_UI_CACHE_BUNDLE": "/b.tar.gz"}).cache_bundle == Path("/b.tar.gz")
