@@ -16,6 +16,7 @@ from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
 logger = logging.getLogger(__name__)
 
 TINY = "tiny"
+RANDOM_KLEIN = "random-klein-4b"
 AUTO = "auto"
 HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 
@@ -111,6 +112,72 @@ def build_tiny_pipeline(dtype: torch.dtype = torch.float32, seed: int = 0) -> Fl
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 
+@dataclass(frozen=True)
+class KleinShape:
+    """FLUX.2-klein-4B's architecture (shared/reference/klein-4b-architecture.md); smaller values for tests."""
+
+    num_layers: int = 5
+    num_single_layers: int = 20
+    attention_head_dim: int = 128
+    num_attention_heads: int = 24
+    text_hidden_size: int = 2560
+    text_layers: int = 36
+    text_heads: int = 32
+    text_kv_heads: int = 8
+    text_intermediate_size: int = 9728
+    text_vocab_size: int = 151936
+    vae_channels: tuple[int, ...] = (128, 256, 512, 512)
+
+
+def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu", shape: KleinShape = KleinShape()) -> Flux2KleinPipeline:
+    """The real klein-4B layout with random weights, built offline on `device`: its cost per image is the
+    real model's (compute does not depend on the weights' values), without downloading 16 GB."""
+    tokenizer = build_tiny_tokenizer()  # prompts are padded to 512 tokens whatever the vocabulary
+    with torch.device(device):
+        torch.manual_seed(0)
+        text_encoder = Qwen3ForCausalLM(
+            Qwen3Config(
+                hidden_size=shape.text_hidden_size,
+                intermediate_size=shape.text_intermediate_size,
+                num_hidden_layers=shape.text_layers,
+                num_attention_heads=shape.text_heads,
+                num_key_value_heads=shape.text_kv_heads,
+                head_dim=128,
+                vocab_size=shape.text_vocab_size,
+                max_position_embeddings=40960,
+                rope_theta=1_000_000,
+                rms_norm_eps=1e-6,
+                tie_word_embeddings=True,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        ).to(dtype)
+        transformer = Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=128,
+            num_layers=shape.num_layers,
+            num_single_layers=shape.num_single_layers,
+            attention_head_dim=shape.attention_head_dim,
+            num_attention_heads=shape.num_attention_heads,
+            joint_attention_dim=3 * shape.text_hidden_size,
+            timestep_guidance_channels=256,
+            mlp_ratio=3.0,
+            axes_dims_rope=(shape.attention_head_dim // 4,) * 4,
+            rope_theta=2000,
+            eps=1e-6,
+            guidance_embeds=False,
+        ).to(dtype)
+        vae = AutoencoderKLFlux2(block_out_channels=shape.vae_channels).to(dtype)
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        is_distilled=True,
+    )
+    return pipe
+
+
 def find_local_snapshot(repo_id: str) -> str | None:
     """The folder of a complete copy in the local Hugging Face cache, without touching the network."""
     from huggingface_hub import snapshot_download
@@ -176,6 +243,8 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, **from_pretrained_kwargs
     """Load on the CPU; the engine moves the pipeline to its device."""
     if choice.is_tiny:
         return LoadedModel(build_tiny_pipeline(dtype), name=TINY, is_tiny=True, fallback_reason=choice.fallback_reason)
+    if choice.source == RANDOM_KLEIN:
+        return LoadedModel(build_random_klein_pipeline(dtype), name=RANDOM_KLEIN, is_tiny=True)
     logger.info("loading %s in %s", choice.source, dtype)
     pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **from_pretrained_kwargs)
     return LoadedModel(pipe, name=choice.name, is_tiny=False)
