@@ -265,3 +265,19 @@ def test_a_user_waits_for_at_most_the_compilation_in_progress(make_engine):
     assert "256x288" not in ready(engine, listed)
     assert engine.wait_for_warmup(timeout=120)
     assert ready(engine, listed) == listed
+
+
+def test_cached_prompt_embeddings_give_the_plain_pipelines_image(make_engine):
+    from neuron_ui.engine import PipelineCall, run_pipeline
+
+    engine = make_engine(compile_mode="eager")
+    call = PipelineCall("a heron in the reeds", 256, 256, 2, 11, 1.0)
+    plain = np.asarray(run_pipeline(engine.pipe, call))
+    calls = []
+    engine.pipe.text_encoder.register_forward_hook(lambda *args: calls.append(1))
+    for seed in (11, 12, 11):
+        result = gen(engine, prompt="a heron in the reeds", steps=2, seed=seed)
+    assert len(calls) == 1  # the text encoder ran once for three images
+    gen(engine, prompt="a different prompt", steps=2)
+    assert len(calls) == 2
+    assert np.array_equal(np.asarray(result.image), plain)
