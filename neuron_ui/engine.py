@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 from PIL import Image
@@ -51,6 +51,20 @@ WARMUP_PROMPT = "warm-up"
 
 class EngineError(RuntimeError):
     """A request failed on the server side; the message is safe to show to the user."""
+
+    def __init__(self, message: str, kind: str = "generation_failed"):
+        super().__init__(message)
+        self.kind = kind
+
+
+class EngineObserver(Protocol):
+    """Told what the engine did, e.g. to count it for /metrics; the engine itself knows nothing of metrics."""
+
+    def on_generated(self, result: GenerateResult) -> None: ...
+
+    def on_compiled(self, resolution: str, event: str, seconds: float) -> None: ...
+
+    def on_failed(self, kind: str) -> None: ...
 
 
 @dataclass
@@ -152,6 +166,7 @@ class Engine:
         self.cache = cache
         self.pipe = loaded.pipe.to(device)
         self.runner = runner or PipelineRunner(self.pipe)
+        self.observers: list[EngineObserver] = []
         self.pipe.set_progress_bar_config(disable=True)
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
         self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."))
@@ -199,8 +214,26 @@ class Engine:
 
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
         """Make one image, compiling its shape first if this process has not."""
+        try:
+            result = self._generate(request, progress or _ignore)
+        except ValueError:
+            self._notify("on_failed", "invalid_request")
+            raise
+        except EngineError as error:
+            self._notify("on_failed", error.kind)
+            raise
+        self._notify("on_generated", result)
+        return result
+
+    def _notify(self, method: str, *args) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, method)(*args)
+            except Exception:  # an observer's bug must never fail a user's request
+                logger.exception("observer %r failed in %s", observer, method)
+
+    def _generate(self, request: GenerateRequest, report: ProgressFn) -> GenerateResult:
         valid = self.validate(request)
-        report = progress or _ignore
         if self._device.busy or self._device.waiting:
             report(ProgressUpdate("waiting", "waiting in queue: another request is on the device"))
         with self._device.user():
@@ -297,12 +330,14 @@ class Engine:
             logger.exception("compiling %s failed", preset)
             with self._state_lock:
                 self._graphs[preset.tokens] = _GraphState(FAILED, compiled_by=preset, error=reason)
-            raise EngineError(f"compiling {preset} failed: {reason}. Try again, or pick another size.") from error
+            raise EngineError(f"compiling {preset} failed: {reason}. Try again, or pick another size.",
+                              kind="compile_failed") from error
         seconds = time.perf_counter() - start
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         with self._state_lock:
             self._graphs[preset.tokens] = _GraphState(READY, compiled_by=preset, seconds=seconds)
         self.manifest.record(self.key, str(preset), preset.tokens, seconds, event)
+        self._notify("on_compiled", str(preset), event, seconds)
         logger.info("compiled %s: %s in %.1f s", preset, event, seconds)
         return seconds
 
