@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 from PIL import Image
@@ -43,6 +43,9 @@ from .schema import (
     validate_steps,
 )
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .parallel import ParallelGroup
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +159,7 @@ class Engine:
         cache: CachePaths | None = None,
         manifest: CacheManifest | None = None,
         runner: Runner | None = None,
+        tp_degree: int = 1,
     ):
         self.loaded = loaded
         self.presets = presets
@@ -169,7 +173,9 @@ class Engine:
         self.observers: list[EngineObserver] = []
         self.pipe.set_progress_bar_config(disable=True)
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
-        self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."))
+        self.key = CompileKey.current(
+            loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree
+        )
         if manifest is None:
             manifest = CacheManifest(cache.manifest if cache else Path(".neuron-ui-manifest.json"))
         self.manifest = manifest
@@ -184,20 +190,21 @@ class Engine:
         compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
 
     @classmethod
-    def from_settings(cls, settings: Settings, cache: CachePaths) -> "Engine":
-        """Detect the device, load the model, and set up compilation as the settings say."""
+    def from_settings(cls, settings: Settings, cache: CachePaths, group: "ParallelGroup | None" = None) -> "Engine":
+        """Detect the device, load the model (sharded over `group` under torchrun), set up compilation."""
         runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
-        loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype))
-        logger.info("serving %s on %s in %s, compile %s/%s", loaded.name, runtime.device, runtime.dtype,
-                    settings.compile, runtime.backend)
+        loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype), group)
+        logger.info("serving %s on %s in %s, compile %s/%s%s", loaded.name, runtime.device, runtime.dtype,
+                    settings.compile, runtime.backend, f", tensor-parallel x{group.degree}" if group else "")
         return cls(
             loaded,
             presets=settings.resolutions,
-            device=runtime.device,
+            device=group.device if group else runtime.device,
             dtype=getattr(torch, runtime.dtype),
             compile_mode=settings.compile,
             backend=runtime.backend,
             cache=cache,
+            tp_degree=group.degree if group else 1,
         )
 
     # -- requests -------------------------------------------------------------------------------
@@ -422,6 +429,7 @@ class Engine:
             persistent_cache=self.manifest.persistent,
             cache_error=self.manifest.error,
             busy=self._device.busy,
+            tensor_parallel=self.runner.describe() if hasattr(self.runner, "describe") else None,
             queue_depth=self._device.waiting,
             warmup_queue=[str(p) for p in warmup],
             warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),

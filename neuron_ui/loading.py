@@ -7,11 +7,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+if TYPE_CHECKING:
+    from .parallel import ParallelGroup
 
 logger = logging.getLogger(__name__)
 
@@ -239,12 +243,25 @@ def choose_model(model: str, hub_timeout: float = 5.0) -> ModelChoice:
     return ModelChoice(TINY, TINY, reason)
 
 
-def load_model(choice: ModelChoice, dtype: torch.dtype, **from_pretrained_kwargs) -> LoadedModel:
-    """Load on the CPU; the engine moves the pipeline to its device."""
-    if choice.is_tiny:
-        return LoadedModel(build_tiny_pipeline(dtype), name=TINY, is_tiny=True, fallback_reason=choice.fallback_reason)
-    if choice.source == RANDOM_KLEIN:
-        return LoadedModel(build_random_klein_pipeline(dtype), name=RANDOM_KLEIN, is_tiny=True)
+def load_model(choice: ModelChoice, dtype: torch.dtype, group: "ParallelGroup | None" = None) -> LoadedModel:
+    """Load on the CPU (the engine moves the pipeline to its device); with a tensor-parallel group, shard the
+    transformer: real weights while reading the checkpoint (each rank reads only its shard), models built in
+    code after building."""
+    from .parallel import check_heads, shard_transformer, tensor_parallel_config
+
+    if choice.is_tiny or choice.source == RANDOM_KLEIN:
+        pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
+        if group is not None:
+            check_heads(group, pipe.transformer.config.num_attention_heads)
+            shard_transformer(pipe.transformer, group)
+        return LoadedModel(pipe, name=choice.name, is_tiny=True, fallback_reason=choice.fallback_reason)
     logger.info("loading %s in %s", choice.source, dtype)
-    pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **from_pretrained_kwargs)
+    components = {}
+    if group is not None:
+        heads = Flux2Transformer2DModel.load_config(choice.source, subfolder="transformer")["num_attention_heads"]
+        check_heads(group, heads)
+        components["transformer"] = Flux2Transformer2DModel.from_pretrained(
+            choice.source, subfolder="transformer", torch_dtype=dtype, parallel_config=tensor_parallel_config(group)
+        )
+    pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **components)
     return LoadedModel(pipe, name=choice.name, is_tiny=False)

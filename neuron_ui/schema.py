@@ -179,6 +179,7 @@ class EngineStatus:
     persistent_cache: bool
     cache_error: str | None
     busy: bool
+    tensor_parallel: dict | None = None  # {"degree": N, "ranks": [{"rank", "graphs", "calls", "alive"}]}
     queue_depth: int = 0
     warmup_queue: list[str] = field(default_factory=list)
     warmup_seconds_left: float = 0.0  # about how long the rest of the warm-up list should take

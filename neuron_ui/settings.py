@@ -45,6 +45,7 @@ class Settings:
     auth: tuple[str, str] | None = None
     warmup: tuple[Resolution, ...] = ()
     cache_bundle: Path | None = None
+    tp: int | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -81,6 +82,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolutions", help="comma-separated WIDTHxHEIGHT presets (env NEURON_UI_RESOLUTIONS)")
     parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
     parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
+    parser.add_argument("--tp", type=int, help="tensor-parallel degree; must match torchrun's --nproc_per_node")
 
 
 def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
@@ -123,6 +125,8 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
     bundle = pick(getattr(args, "cache_bundle", None), "NEURON_UI_CACHE_BUNDLE")
     if bundle:
         values["cache_bundle"] = Path(bundle)
+    if getattr(args, "tp", None) is not None:
+        values["tp"] = args.tp
     if getattr(args, "share", False):
         values["share"] = True
     auth = environ.get("NEURON_UI_AUTH")
