@@ -26,6 +26,7 @@ from .resolutions import Resolution
 from .scheduler import DeviceQueue
 from .schema import (
     COLD,
+    EngineError,
     COMPILING,
     FAILED,
     READY,
@@ -50,14 +51,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WARMUP_PROMPT = "warm-up"
-
-
-class EngineError(RuntimeError):
-    """A request failed on the server side; the message is safe to show to the user."""
-
-    def __init__(self, message: str, kind: str = "generation_failed"):
-        super().__init__(message)
-        self.kind = kind
 
 
 class EngineObserver(Protocol):

@@ -25,6 +25,14 @@ MAX_GUIDANCE = 20.0
 COLD, COMPILING, READY, FAILED = "cold", "compiling", "ready", "failed"
 
 
+class EngineError(RuntimeError):
+    """A request failed on the server side; the message is safe to show to the user."""
+
+    def __init__(self, message: str, kind: str = "generation_failed"):
+        super().__init__(message)
+        self.kind = kind
+
+
 @dataclass
 class GenerateRequest:
     """One image: a prompt at one of the presets. None means the model's default (or a random seed)."""

@@ -89,7 +89,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
     """Flags win over env vars, env vars over defaults."""
 
     def pick(flag: object, env: str) -> object:
-        return flag if flag not in (None, False) else environ.get(env)
+        return flag if flag is not None and flag is not False else environ.get(env)
 
     values: dict[str, object] = {}
     for name, env in (

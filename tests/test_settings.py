@@ -35,6 +35,8 @@ def test_bad_values_are_rejected_with_the_reason():
         parse([], {"GRADIO_SERVER_PORT": "http"})
     with pytest.raises(ValueError, match="--compile"):
         Settings(compile="fast")
+    with pytest.raises(ValueError, match="--max-queue must be at least 1, got 0"):
+        parse(["--max-queue", "0"], {"NEURON_UI_MAX_QUEUE": "4"})  # 0 is a value, not "unset"
 
 
 def test_default_cache_dir_prefers_persistent_storage(tmp_path):

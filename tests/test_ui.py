@@ -1,0 +1,259 @@
+"""The UI handlers on their own: the real tiny engine (eager backend: a compile costs seconds) and fakes for faults."""
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+from PIL import Image
+
+from neuron_ui import ui
+from neuron_ui.compilation import CacheManifest
+from neuron_ui.device import configure_cache_env
+from neuron_ui.engine import Engine, EngineError
+from neuron_ui.loading import LoadedModel, build_tiny_pipeline
+from neuron_ui.resolutions import parse_resolutions
+from neuron_ui.schema import EngineStatus, GenerateResult, ProgressUpdate, ShapeStatus
+from neuron_ui.settings import Settings
+
+PRESETS = "256x256,384x256,256x384,512x512"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """One tiny engine for the module: each size compiles once (about 3 s with the eager backend)."""
+    torch._dynamo.reset()
+    cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
+    loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
+    yield Engine(loaded, presets=parse_resolutions(PRESETS), compile_mode="regional", backend="eager", cache=cache,
+                 manifest=CacheManifest(cache.manifest))
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def handlers(engine, tmp_path):
+    return ui.Handlers(engine, ui.ImageStore(tmp_path / "images"))
+
+
+def select(index: int) -> gr.SelectData:
+    return gr.SelectData(None, {"index": index, "value": None})
+
+
+def fake_entry(folder: Path, seed: int, resolution: str = "256x256", prompt: str = "old") -> dict:
+    path = folder / f"old-{seed}.png"
+    Image.new("RGB", (8, 8)).save(path)
+    return {"path": str(path), "info": f"seed {seed}", "cache_event": "memory_hit", "prompt": prompt,
+            "resolution": resolution, "steps": 3, "seed": seed, "guidance": 1.0}
+
+
+def test_generate_compiles_a_new_size_then_hits_the_cache(handlers):
+    path, info, seed, history, gallery = handlers.on_generate("a red fox", "256x256", 2, 0, True, 1.0, [])
+    assert "compiled in" in info and f"**seed** {seed}" in info and "**256x256**" in info
+    assert isinstance(seed, int) and 0 <= seed < 2**32
+    assert history[0]["seed"] == seed and history[0]["cache_event"] == "compiled"
+    assert gallery == [(path, "256x256")]
+    # The PNG the user downloads carries its own parameters.
+    saved = Image.open(path)
+    assert saved.size == (256, 256)
+    assert json.loads(saved.text["parameters"])["seed"] == seed
+
+    path2, info2, seed2, history2, gallery2 = handlers.on_generate("a red fox", "256x256", 2, 42, False, 1.0, history)
+    assert re.search(r" · cache hit, \d+\.\d\d s$", info2), info2
+    assert seed2 == 42
+    assert [e["seed"] for e in history2] == [42, seed]  # newest first
+    assert [item[0] for item in gallery2] == [path2, path]
+
+
+def test_variations_use_consecutive_seeds_at_one_shape(handlers, engine):
+    engine.warmup("256x256")
+    compiled_before = engine.status().shape("256x256").compile_seconds
+    steps = list(handlers.on_variations("a lighthouse", "256x256", 1, 100, False, 1.0, 3, []))
+    assert len(steps) == 3  # one update per finished image
+    assert [len(step[3]) for step in steps] == [1, 2, 3]  # the variations gallery grows as images finish
+    history = steps[-1][4]
+    assert [e["seed"] for e in history] == [102, 101, 100]
+    assert {e["cache_event"] for e in history} == {"memory_hit"}  # batch 1, same shape: nothing recompiled
+    assert all(step[2] == 100 for step in steps)  # the seed box keeps the first seed
+    assert engine.status().shape("256x256").compile_seconds == compiled_before
+
+
+def test_variations_count_is_bounded(handlers):
+    with pytest.raises(gr.Error, match="1 to 4"):
+        list(handlers.on_variations("a lighthouse", "256x256", 1, 1, False, 1.0, 5, []))
+
+
+def test_warmup_makes_a_cold_size_ready(handlers, engine):
+    assert engine.status().shape("512x512").state == "cold"
+    labels = {value: label for label, value in ui.resolution_choices(engine.status())}
+    assert "512x512 (1:1) — compiles on first use (about" in labels["512x512"]
+    assert "Not compiled yet" in handlers.on_resolution("512x512")
+
+    message = handlers.on_warmup("512x512")
+    assert re.fullmatch(r"\*\*Ready\.\*\* Compiling took \d+\.\d s; images at \*\*512x512\*\* come at full speed\.",
+                        message), message
+    status = engine.status()
+    assert status.shape("512x512").state == "ready"
+    assert {v: label for label, v in ui.resolution_choices(status)}["512x512"] == "512x512 (1:1) — ready"
+    row = next(r for r in ui.status_rows(status) if r[0] == "512x512")
+    assert row[2] == "ready" and float(row[3]) > 0
+    assert handlers.on_resolution("512x512") == message  # the hint keeps saying so
+
+
+def test_history_select_restores_parameters(handlers, tmp_path):
+    history = [fake_entry(tmp_path, 7, "384x256", "newer"), fake_entry(tmp_path, 5, "256x384", "older")]
+    prompt, resolution, steps, seed, randomize, image, info = handlers.on_select(history, select(1))
+    assert (prompt, resolution, steps, seed, randomize) == ("older", "256x384", 3, 5, False)
+    assert image == history[1]["path"] and info == "seed 5"
+
+
+def test_history_is_capped_and_newest_first(handlers, tmp_path):
+    history = [fake_entry(tmp_path, seed) for seed in range(ui.HISTORY_SIZE)]
+    *_, new_history, gallery = handlers.on_generate("a red fox", "256x256", 1, 999, False, 1.0, history)
+    assert len(new_history) == len(gallery) == ui.HISTORY_SIZE
+    assert new_history[0]["seed"] == 999 and new_history[1]["seed"] == 0
+    assert ui.HISTORY_SIZE - 1 not in [e["seed"] for e in new_history]  # the oldest fell off
+
+
+def test_reuse_last_seed(handlers, tmp_path):
+    assert handlers.on_reuse_seed([fake_entry(tmp_path, 31), fake_entry(tmp_path, 30)]) == (31, False)
+    with pytest.warns(UserWarning, match="No image yet"):  # gr.Warning outside a request
+        seed, randomize = handlers.on_reuse_seed([])
+    assert seed == gr.skip() and randomize == gr.skip()
+
+
+def test_tick_updates_only_when_the_status_changed(handlers):
+    table, activity, dropdown, hint, seen = handlers.on_tick("256x384", None)
+    assert [row[0] for row in table] == PRESETS.split(",")
+    assert activity.startswith("**Device** idle")
+    assert isinstance(dropdown, gr.Dropdown) and [c[1] for c in dropdown.choices] == PRESETS.split(",")
+    assert "256x384" in hint
+    assert handlers.on_tick("256x384", seen) == (gr.skip(),) * 4 + (seen,)
+
+
+def test_engine_messages_become_gr_errors(handlers):
+    with pytest.raises(gr.Error, match="prompt is empty"):
+        handlers.on_generate("   ", "256x256", 1, 1, False, 1.0, [])
+    with pytest.raises(gr.Error, match="allowed: 256x256, 384x256, 256x384, 512x512"):
+        handlers.on_generate("a fox", "640x480", 1, 1, False, 1.0, [])
+    with pytest.raises(gr.Error, match="steps must be a whole number from 1 to 100"):
+        handlers.api_generate("a fox", "256x256", 2.5, None)
+    with pytest.raises(gr.Error, match="allowed:"):
+        handlers.api_warmup("2048x2048")
+
+
+class FailingEngine:
+    """The engine's methods, failing the way a server-side fault does."""
+
+    presets = parse_resolutions("256x256")
+
+    def __init__(self, error: Exception, status: EngineStatus):
+        self.error, self._status = error, status
+
+    def generate(self, request, progress=None):
+        raise self.error
+
+    def warmup(self, resolution, progress=None):
+        raise self.error
+
+    def status(self):
+        return self._status
+
+
+def test_server_failures_are_told_without_internals(engine, tmp_path):
+    status = engine.status()
+    failing = ui.Handlers(FailingEngine(EngineError("compiling 256x256 failed: OOM. Try again."), status),
+                          ui.ImageStore(tmp_path))
+    with pytest.raises(gr.Error) as raised:
+        failing.on_warmup("256x256")
+    assert raised.value.message == "compiling 256x256 failed: OOM. Try again."
+
+    secret = "/srv/secret/cache/inductor/abc.py"
+    failing = ui.Handlers(FailingEngine(RuntimeError(f"g++ failed in {secret}"), status), ui.ImageStore(tmp_path))
+    with pytest.raises(gr.Error) as raised:
+        failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [])
+    assert secret not in raised.value.message and "server log" in raised.value.message
+
+
+def test_progress_maps_engine_stages_onto_gradio():
+    calls = []
+    report = ui.progress_reporter(lambda fraction, desc: calls.append((fraction, desc)), prefix="image 2/4: ")
+    report(ProgressUpdate("compiling", "compiling 1344x768 for the first time (about 41 s)"))
+    report(ProgressUpdate("denoising", "step 1/4", 0.25))
+    report(ProgressUpdate("decoding", "decoding the image", 1.0))
+    assert calls == [(0.0, "image 2/4: compiling 1344x768 for the first time (about 41 s)"),
+                     (0.25, "image 2/4: step 1/4"), (1.0, "image 2/4: decoding the image")]
+
+
+def result_with(event: str, compile_seconds: float = 0.0, total: float = 0.42) -> GenerateResult:
+    return GenerateResult(Image.new("RGB", (8, 8)), "p", "1344x768", 4, 1, 1.0, "tiny", event, compile_seconds,
+                          total - compile_seconds, total)
+
+
+def test_cache_events_in_words():
+    assert ui.describe_cache_event(result_with("compiled", 41.2, 42.0)) == "compiled in 41.2 s"
+    assert ui.describe_cache_event(result_with("disk_hit", 3.1, 3.5)) == "compiled from disk cache in 3.1 s"
+    assert ui.describe_cache_event(result_with("memory_hit")) == "cache hit, 0.42 s"
+    assert ui.describe_cache_event(result_with("eager", total=0.4)) == "eager, 0.4 s"
+    assert ui.describe_result(result_with("compiled", 41.2, 42.0)).endswith("compiled in 41.2 s · 42.00 s total")
+
+
+def shape(**changes) -> ShapeStatus:
+    return replace(ShapeStatus("1344x768", "7:4", 4032, "cold", estimate_seconds=41.0), **changes)
+
+
+def test_every_state_has_words():
+    assert ui.describe_state(shape()) == "compiles on first use (about 41 s)"
+    assert ui.describe_state(shape(on_disk=True, estimate_seconds=3.0)) == "cached on disk (loads in about 3 s)"
+    assert ui.describe_state(shape(state="compiling")) == "compiling now"
+    assert ui.describe_state(shape(state="failed", error="OOM")) == "failed"
+    assert ui.describe_state(shape(state="ready")) == "ready"
+    assert ui.describe_state(shape(state="ready", shares_graph_with="768x1344")) == "ready (graph of 768x1344)"
+    assert ui.describe_state(shape(warmup_queued=True)) == "compiles on first use (about 41 s), warm-up queued"
+    assert "OOM" in ui.describe_size(shape(state="failed", error="OOM"))
+    assert "about 41 s" in ui.describe_size(shape()) and "Warm up this size" in ui.describe_size(shape())
+
+
+def test_activity_line_tells_what_the_device_does(engine):
+    status = replace(engine.status(), busy=True, queue_depth=2, warmup_queue=["512x512", "384x256"],
+                     warmup_seconds_left=81.0)
+    assert ui.describe_activity(status).startswith(
+        "**Device** busy, 2 waiting · **Warm-up** 512x512, 384x256 (about 81 s left; your requests go first)")
+
+
+def test_header_banner_and_public_status(engine):
+    status = replace(engine.status(), fallback_reason="the Hub did not answer within 5 s",
+                     cache_error="cache folder /secret/x is not writable")
+    header = ui.describe_engine(status, Settings(max_queue=7))
+    for part in ("**Model** tiny", "**Device** cpu", "**dtype** float32", "regional, eager", "up to 7 waiting"):
+        assert part in header
+    banner = ui.tiny_banner(status)
+    assert "noise by design" in banner and "--model black-forest-labs/FLUX.2-klein-4B" in banner
+    assert "the Hub did not answer" in banner
+    public = ui.public_status(status)
+    assert "cache_dir" not in public and "/secret" not in json.dumps(public)
+    assert [s["resolution"] for s in public["shapes"]] == PRESETS.split(",")
+
+
+def test_demo_serves_one_device_run_at_a_time(engine):
+    demo = ui.build_demo(engine, Settings(resolutions=engine.presets))
+    fns = list(demo.fns.values())
+    public = {fn.api_name for fn in fns if fn.api_visibility == "public"}
+    assert public == {"generate", "warmup", "status"}
+    device_fns = [fn for fn in fns if fn.concurrency_id == ui.DEVICE]
+    # generate (button and Enter), variations, warm-up, and the /generate and /warmup endpoints
+    assert len(device_fns) == 5 and {fn.concurrency_limit for fn in device_fns} == {1}
+    assert {fn.api_name for fn in device_fns} >= {"generate", "warmup"}
+
+
+def test_ui_does_not_import_torch():
+    code = "import sys, neuron_ui.ui; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
