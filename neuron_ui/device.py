@@ -49,6 +49,26 @@ def configure_cache_env(cache_dir: Path, environ: os._Environ | dict = os.enviro
     return paths
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def detect_launch(environ: os._Environ | dict = os.environ) -> Launch | None:
+    """The torchrun environment, or None for a plain single process."""
+    if int(environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    return Launch(int(environ["RANK"]), int(environ.get("LOCAL_RANK", environ["RANK"])), int(environ["WORLD_SIZE"]))
+
+
 def load_neuron_backend() -> bool:
     """Import torch_neuronx when present; needed when TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns autoload off."""
     if importlib.util.find_spec("torch_neuronx") is None:

@@ -24,32 +24,13 @@ import torch
 import torch.distributed as dist
 
 from .compilation import CompileCounters, read_counters
+from .device import Launch
 
 logger = logging.getLogger(__name__)
 
 PROCESS_GROUP_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # a first call compiles on every rank: minutes on Neuron
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait on the control group for as long as nobody asks for an image
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What torchrun told this process."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-
-    @property
-    def is_leader(self) -> bool:
-        return self.rank == 0
-
-
-def detect_launch(environ=os.environ) -> Launch | None:
-    """The torchrun environment, or None for a plain single process."""
-    if int(environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    return Launch(int(environ["RANK"]), int(environ.get("LOCAL_RANK", environ["RANK"])), int(environ["WORLD_SIZE"]))
 
 
 def check_launch(launch: Launch | None, tp: int | None, device: str) -> None:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from neuron_ui.parallel import Launch, check_launch, detect_launch
+from neuron_ui.device import Launch, detect_launch
+from neuron_ui.parallel import check_launch
 
 
 def test_detect_launch_from_the_torchrun_environment():
