@@ -1,8 +1,14 @@
-"""`python -m neuron_ui`: the engine without the UI.
+"""`python -m neuron_ui`: the engine without the UI, and the compile cache.
 
     python -m neuron_ui generate --prompt "a lighthouse at dusk" --resolution 512x512 --seed 1 --out out.png
+    python -m neuron_ui cache ls
+    python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
+    python -m neuron_ui cache import bundle.tar.gz
+    python -m neuron_ui cache clear [--resolutions 1024x1024]
 
-prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model.
+`generate` prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model.
+`cache export/import/clear` act on this machine's compile key: pass the same --model, --device, --dtype,
+--compile and --compile-backend flags (or NEURON_UI_* variables) as the app.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
-from .device import configure_cache_env
-from .settings import add_engine_arguments, settings_from_args
+from .device import CachePaths, configure_cache_env
+from .settings import Settings, add_engine_arguments, settings_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int)
     generate.add_argument("--guidance", type=float)
     generate.add_argument("--out", default="out.png", help="where to write the PNG (default out.png)")
+
+    cache = commands.add_parser("cache", help="list, export, import or clear the compile cache")
+    actions = cache.add_subparsers(dest="action", required=True)
+    for name, help_text in (("ls", "the compiled shapes recorded, by compile key, with sizes on disk"),
+                            ("export", "pack what a fresh machine needs to skip compiling these shapes"),
+                            ("import", "unpack a bundle after checking its compile key against this machine's"),
+                            ("clear", "forget shapes (all of them, with their artifacts, unless --resolutions)")):
+        action = actions.add_parser(name, help=help_text)
+        add_engine_arguments(action)  # --resolutions here means: the shapes to export or clear
+        if name == "export":
+            action.add_argument("--out", required=True, help="the .tar.gz to write, or a folder")
+        if name == "import":
+            action.add_argument("bundle", help="a bundle written by `cache export`")
     return parser
 
 
@@ -39,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     cache = configure_cache_env(settings.cache_dir)  # before torch loads: it reads the cache env vars then
+    if args.command == "cache":
+        return run_cache(args, settings, cache)
     from .engine import Engine, EngineError
     from .schema import GenerateRequest
 
@@ -51,4 +73,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result.save_png(args.out)
     print(json.dumps({**result.info(), "out": args.out}, indent=1))
+    return 0
+
+
+def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths) -> int:
+    from . import bundles
+
+    shapes = [str(r) for r in settings.resolutions] if args.resolutions else None
+    try:
+        if args.action == "ls":
+            print(bundles.format_listing(bundles.list_cache(cache), bundles.key_for_settings(settings)))
+        elif args.action == "export":
+            info = bundles.export_bundle(cache, bundles.key_for_settings(settings), Path(args.out), shapes)
+            print(f"wrote {info.path}: {', '.join(info.resolutions)} ({len(info.files)} files)")
+        elif args.action == "import":
+            info = bundles.import_bundle(cache, bundles.key_for_settings(settings), Path(args.bundle))
+            print(f"imported {info.path}: added {', '.join(info.added_shapes) or 'nothing new'}"
+                  + (f"; kept this cache's own {', '.join(info.kept_shapes)}" if info.kept_shapes else ""))
+        else:
+            key = bundles.key_for_settings(settings) if shapes else None
+            result = bundles.clear_cache(cache, key, shapes)
+            print(f"cleared {len(result.removed_shapes)} shape record(s), {result.removed_files} file(s)")
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0

@@ -181,6 +181,7 @@ class CacheManifest:
 
     def record(self, key: CompileKey, resolution: str, tokens: int, seconds: float, event: str) -> None:
         with self._lock:
+            self._reload()
             entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
             previous = entry["shapes"].get(resolution, {})
             entry["shapes"][resolution] = asdict(
@@ -195,9 +196,51 @@ class CacheManifest:
             )
             self._write()
 
-    def _write(self) -> None:
-        if not self.persistent:
+    def entries(self) -> dict:
+        """Every key's entry as on disk now ({digest: {"key": {...}, "shapes": {...}}}), a copy."""
+        with self._lock:
+            self._reload()
+            return json.loads(json.dumps(self._data["entries"]))
+
+    def merge(self, key: CompileKey, shapes: dict[str, dict]) -> tuple[list[str], list[str]]:
+        """Add shape records measured elsewhere (an imported bundle); records already here win. (added, kept)"""
+        with self._lock:
+            self._reload()
+            entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
+            added = [r for r in sorted(shapes) if r not in entry["shapes"]]
+            for resolution in added:
+                entry["shapes"][resolution] = asdict(ShapeRecord(**shapes[resolution]))
+            self._write(strict=True)
+            return added, sorted(set(shapes) - set(added))
+
+    def forget(self, digest: str | None = None, resolutions: list[str] | None = None) -> list[str]:
+        """Drop records: all of them, one key's, or some of its resolutions; returns "digest/resolution"s."""
+        with self._lock:
+            self._reload()
+            entries = self._data["entries"]
+            digests = list(entries) if digest is None else [digest] if digest in entries else []
+            removed = []
+            for d in digests:
+                shapes = entries[d]["shapes"]
+                for resolution in list(shapes) if resolutions is None else [r for r in resolutions if r in shapes]:
+                    del shapes[resolution]
+                    removed.append(f"{d}/{resolution}")
+                if not shapes:
+                    del entries[d]
+            if removed:
+                self._write(strict=True)
+            return removed
+
+    def _reload(self) -> None:
+        """Another process (`cache import`, `cache clear`, a second server) may have written since."""
+        if self.path.exists():
+            self._data = self._read()
+
+    def _write(self, strict: bool = False) -> None:
+        """Temp file, fsync, rename: readers see the old manifest or the new one, never half of one."""
+        if not self.persistent and not strict:
             return
+        tmp = None
         try:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".manifest-", suffix=".tmp")
             with os.fdopen(fd, "w") as handle:
@@ -206,6 +249,10 @@ class CacheManifest:
                 os.fsync(handle.fileno())
             os.replace(tmp, self.path)
         except OSError as error:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+            if strict:
+                raise
             self.error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"
             logger.warning(self.error)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_ui.compilation import CacheManifest, read_counters
+from neuron_ui.compilation import read_counters
 from neuron_ui.engine import EngineError
 from neuron_ui.schema import GenerateRequest
 

@@ -1,0 +1,381 @@
+"""Compile-cache bundles: ls, export, import, clear; and a real warm start from an imported bundle.
+
+The cheap tests fabricate a cache folder (manifest records plus files); one slow test compiles for
+real with inductor, once cold and once from an imported bundle, each in a fresh process.
+"""
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from neuron_ui import bundles
+from neuron_ui.bundles import BundleError, clear_cache, export_bundle, import_bundle, list_cache
+from neuron_ui.compilation import COMPILED, DISK_HIT, CacheManifest, CompileKey
+from neuron_ui.device import configure_cache_env
+from neuron_ui.resolutions import parse_resolution, parse_resolutions
+from neuron_ui.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = CompileKey.current("tiny", "regional", "inductor", "float32")
+OTHER_KEY = dataclasses.replace(KEY, mode="full")
+# Incompressible, so a cut at any fraction of the .tar.gz lands inside file data.
+ARTIFACTS = {
+    "inductor/ab/cabkernel.so": os.urandom(40_000),
+    "inductor/ab/cabkernel.cpp": b"// generated kernel\n" * 50,
+    "inductor/fxgraph/kp/entry/0": os.urandom(20_000),
+    "inductor/aotautograd/xy/entry/0": os.urandom(5_000),
+}
+
+
+def fabricate(root: Path, records: dict[CompileKey, list[str]], files: dict[str, bytes] = ARTIFACTS):
+    """A cache folder as the engine leaves it: manifest records, artifacts, and inductor's lock files."""
+    cache = configure_cache_env(root, environ={})
+    manifest = CacheManifest(cache.manifest)
+    for key, resolutions in records.items():
+        for resolution in resolutions:
+            manifest.record(key, resolution, parse_resolution(resolution).tokens, 20.0, COMPILED)
+    for name, data in files.items():
+        section, _, rest = name.partition("/")
+        path = getattr(cache, section) / rest
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        if path.suffix == ".so":
+            path.chmod(0o755)
+    (cache.inductor / "locks").mkdir(exist_ok=True)
+    (cache.inductor / "locks" / "cabkernel.lock").touch()
+    return cache
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under root with the hash of its bytes (folders too), to prove nothing changed."""
+    return {
+        str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def rewrite(bundle: Path, out: Path, edit) -> Path:
+    """Copy a bundle member by member through `edit(members) -> members`, to forge damaged ones."""
+    with tarfile.open(bundle, "r:gz") as tar:
+        members = [(m, tar.extractfile(m).read() if m.isreg() else None) for m in tar.getmembers()]
+    with tarfile.open(out, "w:gz") as tar:
+        for member, data in edit(members):
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+    return out
+
+
+def member(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = ""):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, len(data) if kind == tarfile.REGTYPE else 0
+    return info, data if kind == tarfile.REGTYPE else None
+
+
+@pytest.fixture
+def source(tmp_path):
+    return fabricate(tmp_path / "source", {KEY: ["256x256", "512x512"], OTHER_KEY: ["256x256"]})
+
+
+@pytest.fixture
+def bundle(source, tmp_path):
+    export_bundle(source, KEY, tmp_path / "bundle.tar.gz", ["512x512"])
+    return tmp_path / "bundle.tar.gz"
+
+
+@pytest.fixture
+def target(tmp_path):
+    """A cache that already holds something of its own, so 'untouched' means something."""
+    return fabricate(tmp_path / "target", {OTHER_KEY: ["384x256"]}, {"inductor/zz/own.so": b"own"})
+
+
+# -- ls ------------------------------------------------------------------------------------------
+
+
+def test_ls_groups_shapes_by_key_with_sizes(source):
+    listing = list_cache(source)
+
+    by_digest = {entry.digest: entry for entry in listing.keys}
+    assert set(by_digest) == {KEY.digest, OTHER_KEY.digest}
+    assert [s.resolution for s in by_digest[KEY.digest].shapes] == ["256x256", "512x512"]
+    assert by_digest[OTHER_KEY.digest].key["mode"] == "full"
+    assert listing.folders["inductor"].files == len(ARTIFACTS)  # lock files are not artifacts
+    assert listing.folders["inductor"].bytes == sum(len(d) for d in ARTIFACTS.values())
+    assert listing.folders["neff"].files == 0
+
+    text = bundles.format_listing(listing, current=KEY)
+    assert f"* key {KEY.digest}" in text and f"  key {OTHER_KEY.digest}" in text
+    assert "512x512" in text and f"torch={KEY.torch}" in text
+
+
+def test_ls_of_an_empty_cache(tmp_path):
+    text = bundles.format_listing(list_cache(configure_cache_env(tmp_path / "empty", environ={})))
+    assert "no compiled shapes recorded" in text
+
+
+# -- export and import -----------------------------------------------------------------------------
+
+
+def test_export_then_import_into_an_empty_cache(source, bundle, tmp_path):
+    header = json.loads(tarfile.open(bundle, "r:gz").extractfile(bundles.BUNDLE_JSON).read())
+    assert header["key"] == dataclasses.asdict(KEY)
+    assert list(header["entries"][KEY.digest]["shapes"]) == ["512x512"]  # only what was asked for
+    assert {f["path"] for f in header["files"]} == set(ARTIFACTS)  # the inductor folder whole, locks aside
+
+    empty = configure_cache_env(tmp_path / "empty", environ={})
+    info = import_bundle(empty, KEY, bundle)
+
+    assert info.added_shapes == ["512x512"] and info.kept_files == 0
+    for name, data in ARTIFACTS.items():
+        section, _, rest = name.partition("/")
+        assert (getattr(empty, section) / rest).read_bytes() == data
+    assert os.access(empty.inductor / "ab" / "cabkernel.so", os.X_OK)
+    assert set(CacheManifest(empty.manifest).shapes(KEY)) == {"512x512"}
+    assert CacheManifest(empty.manifest).shapes(KEY)["512x512"].cold_seconds == 20.0
+    assert not list(empty.root.glob(".import-*"))
+
+    again = import_bundle(empty, KEY, bundle)  # idempotent: everything is already here
+    assert again.kept_shapes == ["512x512"] and again.kept_files == len(ARTIFACTS)
+
+
+def test_export_into_a_folder_names_the_bundle_by_key_and_inspect_reads_it(source, tmp_path):
+    info = export_bundle(source, KEY, tmp_path)
+
+    assert info.path == tmp_path / f"neuron-ui-{KEY.digest}.tar.gz"
+    assert tarfile.open(info.path, "r:gz").getnames()[0] == bundles.BUNDLE_JSON  # readable without extracting
+    seen = bundles.inspect_bundle(info.path)
+    assert seen.resolutions == ["256x256", "512x512"] and seen.key == dataclasses.asdict(KEY)
+    assert seen.bytes == sum(len(d) for d in ARTIFACTS.values())
+
+
+def test_import_merges_with_what_the_cache_already_has(bundle, target):
+    import_bundle(target, KEY, bundle)
+
+    assert set(CacheManifest(target.manifest).shapes(OTHER_KEY)) == {"384x256"}
+    assert set(CacheManifest(target.manifest).shapes(KEY)) == {"512x512"}
+    assert (target.inductor / "zz" / "own.so").read_bytes() == b"own"
+
+
+def test_export_refuses_when_nothing_is_compiled_for_the_key(source, tmp_path):
+    with pytest.raises(ValueError, match="nothing to export") as error:
+        export_bundle(source, dataclasses.replace(KEY, dtype="bfloat16"), tmp_path / "b.tar.gz")
+    assert "256x256, 512x512" in str(error.value)  # says what the cache does hold
+    with pytest.raises(ValueError, match="nothing compiled at 1024x1024.*compiled: 256x256, 512x512"):
+        export_bundle(source, KEY, tmp_path / "b.tar.gz", ["1024x1024"])
+    with pytest.raises(ValueError, match="nothing to export"):
+        export_bundle(configure_cache_env(tmp_path / "empty", environ={}), KEY, tmp_path / "b.tar.gz")
+    aot = dataclasses.replace(KEY, backend="aot_eager")
+    CacheManifest(source.manifest).record(aot, "256x256", 256, 3.0, COMPILED)
+    with pytest.raises(ValueError, match="keeps no compiled artifacts"):
+        export_bundle(source, aot, tmp_path / "b.tar.gz")
+    assert not list(tmp_path.glob("*.tar.gz")) and not list(tmp_path.glob(".b.tar.gz*"))
+
+
+def test_import_refuses_another_compile_key_naming_each_field(source, target, tmp_path):
+    theirs = dataclasses.replace(KEY, torch="2.12.0", dtype="bfloat16")
+    fabricate(source.root, {theirs: ["256x256"]})
+    export_bundle(source, theirs, tmp_path / "old.tar.gz")
+    before = snapshot(target.root)
+
+    with pytest.raises(BundleError) as error:
+        import_bundle(target, KEY, tmp_path / "old.tar.gz")
+
+    message = str(error.value)
+    assert f"torch: bundle 2.12.0, here {KEY.torch}" in message
+    assert "dtype: bundle bfloat16, here float32" in message
+    assert "mode:" not in message and "model:" not in message  # only the fields that differ
+    assert snapshot(target.root) == before
+
+
+def _truncated(bundle: Path, fraction: float) -> Path:
+    data = bundle.read_bytes()
+    out = bundle.with_name(f"cut-{fraction}.tar.gz")
+    out.write_bytes(data[: int(len(data) * fraction)])
+    return out
+
+
+def _not_gzip(bundle: Path) -> Path:
+    out = bundle.with_name("junk.tar.gz")
+    out.write_bytes(b"PK\x03\x04 a zip file, say")
+    return out
+
+
+def _flip_a_byte(members):
+    for info, data in members:
+        if info.name.endswith(".so"):
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        yield info, data
+
+
+DAMAGED = {  # name: (make a damaged copy from a good bundle, what the refusal must say)
+    "cut in the middle": (lambda b, t: _truncated(b, 0.5), "truncated"),
+    "cut in the last bytes": (lambda b, t: _truncated(b, 0.9999), "truncated"),
+    "not gzip": (lambda b, t: _not_gzip(b), "corrupt"),
+    "checksum mismatch": (lambda b, t: rewrite(b, t / "x.tar.gz", _flip_a_byte), "cabkernel.so does not match"),
+    "no bundle.json": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms[1:]), "does not start with bundle.json"),
+    "a listed file missing": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms[:-1]), "lacks 1 listed file"),
+    "an unlisted file": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms + [member("inductor/extra", b"x")]),
+                         "does not list"),
+    "absolute path": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms + [member("/tmp/evil", b"x")]),
+                      "unsafe or unexpected path '/tmp/evil'"),
+    "dot-dot path": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms + [member("inductor/../../evil", b"x")]),
+                     "unsafe or unexpected path"),
+    "symlink": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms + [
+        member("inductor/ln", kind=tarfile.SYMTYPE, link="/etc/passwd")]), "not a plain file"),
+    "hard link": (lambda b, t: rewrite(b, t / "x.tar.gz", lambda ms: ms + [
+        member("inductor/hl", kind=tarfile.LNKTYPE, link="inductor/ab/cabkernel.so")]), "not a plain file"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_damaged_bundle_is_refused_and_the_cache_untouched(damage, bundle, target, tmp_path):
+    make, reason = DAMAGED[damage]
+    bad = make(bundle, tmp_path)
+    before = snapshot(target.root)
+
+    with pytest.raises(BundleError, match="nothing was changed") as error:
+        import_bundle(target, KEY, bad)
+
+    assert reason in str(error.value)
+    assert snapshot(target.root) == before
+    assert not (tmp_path / "tmp").exists() and not (tmp_path / "evil").exists()
+
+
+def test_a_missing_bundle_file_is_refused_plainly(target, tmp_path):
+    before = snapshot(target.root)
+    with pytest.raises(BundleError, match="not a readable bundle.*FileNotFoundError"):
+        import_bundle(target, KEY, tmp_path / "never-copied.tar.gz")
+    assert snapshot(target.root) == before
+
+
+# -- clear -----------------------------------------------------------------------------------------
+
+
+def test_clear_one_resolution_then_one_key_keeps_the_artifacts(source):
+    before = snapshot(source.inductor)
+
+    result = clear_cache(source, KEY, ["512x512"])
+    assert result.removed_shapes == [f"{KEY.digest}/512x512"]
+    assert set(CacheManifest(source.manifest).shapes(KEY)) == {"256x256"}
+
+    clear_cache(source, KEY)
+    assert CacheManifest(source.manifest).shapes(KEY) == {}
+    assert set(CacheManifest(source.manifest).shapes(OTHER_KEY)) == {"256x256"}
+    assert snapshot(source.inductor) == before  # shared by every key: left alone
+
+    with pytest.raises(ValueError, match="no record of 1024x1024"):
+        clear_cache(source, OTHER_KEY, ["1024x1024"])
+    with pytest.raises(ValueError, match="needs a compile key"):
+        clear_cache(source, None, ["256x256"])
+
+
+def test_full_clear_empties_the_folders_but_keeps_them(source):
+    (source.root / ".import-stale").mkdir()  # left by an import that was killed
+    result = clear_cache(source)
+
+    assert len(result.removed_shapes) == 3 and result.removed_files == len(ARTIFACTS)
+    assert list_cache(source).keys == []
+    assert source.inductor.is_dir() and not any(source.inductor.iterdir())
+    assert not (source.root / ".import-stale").exists()
+
+
+def test_full_clear_leaves_a_neff_folder_outside_the_cache_alone(tmp_path):
+    own = tmp_path / "users-own-neff"
+    cache = configure_cache_env(tmp_path / "cache", environ={"TORCH_NEURONX_NEFF_CACHE_DIR": str(own)})
+    (own / "MODULE_1").mkdir()
+    (own / "MODULE_1" / "model.neff").write_bytes(b"neff")
+
+    result = clear_cache(cache)
+    assert result.skipped_folders == [own]
+    assert (own / "MODULE_1" / "model.neff").exists()
+
+
+# -- a real warm start ---------------------------------------------------------------------------
+
+FIRST_IMAGE = """
+import hashlib, json, sys
+from pathlib import Path
+from neuron_ui.device import configure_cache_env
+cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
+assert "torch" not in sys.modules
+from dataclasses import asdict
+from neuron_ui.engine import Engine
+from neuron_ui.resolutions import parse_resolutions
+from neuron_ui.schema import GenerateRequest
+from neuron_ui.settings import Settings
+settings = Settings(model="tiny", device="cpu", compile="regional", compile_backend="inductor",
+                    resolutions=parse_resolutions(sys.argv[2]), cache_dir=Path(sys.argv[1]))
+engine = Engine.from_settings(settings, cache)
+result = engine.generate(GenerateRequest("a lighthouse at dusk", sys.argv[2], seed=7))
+print(json.dumps({"event": result.cache_event, "key": asdict(engine.key), "seconds": result.total_seconds,
+                  "image": hashlib.sha256(result.image.tobytes()).hexdigest()}))
+"""
+
+
+def first_image(cache_dir: Path, resolution: str) -> dict:
+    """The first image of a fresh process pointed at cache_dir, as the engine reports it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", FIRST_IMAGE, str(cache_dir), resolution], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_an_imported_bundle_starts_a_new_process_warm(tmp_path):
+    cold = first_image(tmp_path / "compiled-here", "256x256")
+    assert cold["event"] == COMPILED  # the empty folder really was cold
+    key = bundles.key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
+                                            resolutions=parse_resolutions("256x256")))
+    assert dataclasses.asdict(key) == cold["key"]  # the CLI's key is the engine's key
+
+    source = configure_cache_env(tmp_path / "compiled-here", environ={})
+    export_bundle(source, key, tmp_path / "fleet.tar.gz")
+    fresh = configure_cache_env(tmp_path / "fresh-instance", environ={})
+    import_bundle(fresh, key, tmp_path / "fleet.tar.gz")
+    warm = first_image(fresh.root, "256x256")
+
+    assert warm["event"] == DISK_HIT
+    assert warm["image"] == cold["image"]
+    print(f"first image: cold {cold['seconds']:.1f} s, from the bundle {warm['seconds']:.1f} s")
+
+
+# -- the CLI: python -m neuron_ui cache ... -------------------------------------------------------
+
+
+def cache_cli(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
+    flags = ["--model", "tiny", "--device", "cpu", "--cache-dir", str(cache_dir)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "neuron_ui", "cache", *args, *flags], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=120)
+
+
+def test_cache_cli_ls_export_import_clear(source, tmp_path):
+    listed = cache_cli("ls", cache_dir=source.root)
+    assert listed.returncode == 0 and f"* key {KEY.digest}" in listed.stdout and "512x512" in listed.stdout
+
+    out = cache_cli("export", "--out", str(tmp_path / "b.tar.gz"), "--resolutions", "512x512", cache_dir=source.root)
+    assert out.returncode == 0, out.stderr
+    assert "wrote" in out.stdout and "512x512" in out.stdout
+
+    fresh = tmp_path / "fresh"
+    imported = cache_cli("import", str(tmp_path / "b.tar.gz"), cache_dir=fresh)
+    assert imported.returncode == 0 and "added 512x512" in imported.stdout
+    assert set(CacheManifest(fresh / "manifest.json").entries()[KEY.digest]["shapes"]) == {"512x512"}
+
+    refused = cache_cli("import", str(tmp_path / "b.tar.gz"), "--compile", "full", cache_dir=tmp_path / "other")
+    assert refused.returncode == 2 and "mode: bundle regional, here full" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    cleared = cache_cli("clear", "--resolutions", "512x512", cache_dir=fresh)
+    assert cleared.returncode == 0 and "cleared 1 shape record" in cleared.stdout
+    assert KEY.digest not in CacheManifest(fresh / "manifest.json").entries()
+    everything = cache_cli("clear", cache_dir=source.root)
+    assert everything.returncode == 0 and not any(source.inductor.iterdir())
