@@ -63,6 +63,18 @@ def build_tiny_tokenizer() -> Qwen2TokenizerFast:
     return tokenizer
 
 
+def distilled_klein(tokenizer, text_encoder, transformer, vae) -> Flux2KleinPipeline:
+    """Assemble a step- and guidance-distilled klein pipeline from components built in code."""
+    return Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        is_distilled=True,
+    )
+
+
 def build_tiny_pipeline(dtype: torch.dtype = torch.float32, seed: int = 0) -> Flux2KleinPipeline:
     """Random weights, real diffusers classes, klein's layout in miniature; the same seed builds the same model.
 
@@ -105,14 +117,7 @@ def build_tiny_pipeline(dtype: torch.dtype = torch.float32, seed: int = 0) -> Fl
         mid_block_add_attention=False,  # attention over 128x128 latents would dominate a tiny model
         sample_size=64,
     )
-    pipe = Flux2KleinPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        transformer=transformer,
-        is_distilled=True,
-    )
+    pipe = distilled_klein(tokenizer, text_encoder, transformer, vae)
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 
@@ -171,15 +176,7 @@ def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu", shape: 
             guidance_embeds=False,
         ).to(dtype)
         vae = AutoencoderKLFlux2(block_out_channels=shape.vae_channels).to(dtype)
-    pipe = Flux2KleinPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        transformer=transformer,
-        is_distilled=True,
-    )
-    return pipe
+    return distilled_klein(tokenizer, text_encoder, transformer, vae)
 
 
 def find_local_snapshot(repo_id: str) -> str | None:
