@@ -5,18 +5,23 @@
     NEURON_UI_AUTH=user:secret python app.py --host 0.0.0.0 --port 7860 --max-queue 8
     torchrun --nproc_per_node=8 app.py --model black-forest-labs/FLUX.2-klein-4B   # tensor-parallel on trn
 
-Flags and NEURON_UI_* / GRADIO_SERVER_* variables: neuron_ui/settings.py. The model loads here, at start-up.
+Flags and NEURON_UI_* / GRADIO_SERVER_* variables: neuron_ui/settings.py. The HTTP server starts first (/healthz
+answers 503 "loading" and /metrics serves), then the model loads, then the UI is mounted and /healthz turns 200.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.device import Launch, configure_cache_env, detect_launch
+from neuron_ui.device import INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV, CachePaths, Launch, configure_cache_env, detect_launch
 from neuron_ui.settings import Settings, build_parser, settings_from_args
 
 if TYPE_CHECKING:  # both import heavy modules (torch, gradio), which must load after the env is set
@@ -24,6 +29,9 @@ if TYPE_CHECKING:  # both import heavy modules (torch, gradio), which must load 
 
     from neuron_ui.engine import Engine
     from neuron_ui.parallel import ParallelGroup
+    from neuron_ui.server import Server
+
+logger = logging.getLogger("neuron_ui.app")
 
 # Nothing reaches the network at start-up unless the user asks; a value the user set wins.
 OFFLINE_DEFAULTS = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -43,12 +51,49 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(error))
 
 
+MIN_FREE_BYTES = 64 * 2**20  # less free space than this in the cache folder counts as full
+
+
+def check_cache_folder(cache: CachePaths) -> str | None:
+    """Why the compile cache folder cannot take compiled artifacts (not a folder, read-only, full), or None."""
+    try:
+        for folder in (cache.root, cache.inductor):
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+                pass
+        free = shutil.disk_usage(cache.root).free
+    except OSError as error:
+        return f"cache folder {cache.root} is not usable ({error.strerror or error})"
+    if free < MIN_FREE_BYTES:
+        return f"cache folder {cache.root} is full ({free // 2**20} MiB free)"
+    return None
+
+
+def divert_compilers(cache: CachePaths, environ: Any = os.environ) -> None:
+    """Point the compilers' caches that lie in the unusable folder at a temp folder, so compiling still works."""
+    for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
+        if environ.get(name) and Path(environ[name]).is_relative_to(cache.root):
+            environ[name] = tempfile.mkdtemp(prefix=f"neuron-ui-{name.lower()}-")
+            atexit.register(shutil.rmtree, environ[name], True)
+
+
 def build_engine(settings: Settings, group: ParallelGroup | None = None) -> Engine:
-    """The engine with its model loaded; the cache env is set first, before torch loads."""
+    """The engine with its model loaded; the cache env is set first, before torch loads.
+
+    An unusable cache folder does not stop the app: the compilers work in a temp folder, and the status, the
+    log and /metrics say that nothing compiled will survive a restart.
+    """
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
+    problem = check_cache_folder(cache)
+    if problem:
+        divert_compilers(cache)
+        logger.warning("%s; compiling in a temporary folder, serving without persistence", problem)
     from neuron_ui.engine import Engine
 
-    return Engine.from_settings(settings, cache, group)
+    engine = Engine.from_settings(settings, cache, group)
+    if problem and engine.manifest.persistent:
+        engine.manifest.error = f"{problem}; serving without persistence"  # and the manifest is not written
+    return engine
 
 
 def build_app(settings: Settings, engine: Engine | None = None) -> tuple[Engine, gr.Blocks]:
@@ -63,13 +108,24 @@ def build_app(settings: Settings, engine: Engine | None = None) -> tuple[Engine,
     return engine, demo
 
 
-def launch(demo: gr.Blocks, settings: Settings, **overrides: Any) -> Any:
-    """Serve the app as the settings say; tests pass prevent_thread_lock=True."""
-    from neuron_ui.ui import launch_options
+def start_server(settings: Settings) -> Server:
+    """The HTTP server, listening: /healthz says 503 and /metrics serves while the model loads."""
+    from neuron_ui.server import Server
 
-    options = dict(server_name=settings.host, server_port=settings.port, share=settings.share,
-                   auth=settings.auth, **launch_options())
-    return demo.launch(**{**options, **overrides})
+    return Server(settings).start()
+
+
+def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server | None = None) -> Server:
+    """Serve the UI on `server` (started before the model loaded) or on a new one; it serves in its own thread.
+
+    Tests call launch(engine, demo, settings) and stop() the server it returns."""
+    server = server or start_server(settings)
+    return server.mount(engine, demo)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a Space or torchrun stopping us) unwinds like Ctrl-C, so `finally` blocks stop the server."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
 def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
@@ -83,18 +139,25 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         check_launch(launch_info, settings.tp, device)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    group = init_parallel(launch_info, device)
-    engine = build_engine(settings, group)
-    if not launch_info.is_leader:
-        follow(engine.runner, group)
-        return
-    engine.runner = leader = LeaderRunner(engine.runner, group)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # torchrun stops rank 0 with SIGTERM: tell the followers
+    server = None
+    if launch_info.is_leader:
+        stop_on_sigterm()  # torchrun stops rank 0 with SIGTERM: the finally below tells the followers
+        server = start_server(settings)
+    leader = None
     try:
+        group = init_parallel(launch_info, device)
+        engine = build_engine(settings, group)
+        if not launch_info.is_leader:
+            follow(engine.runner, group)
+            return
+        engine.runner = leader = LeaderRunner(engine.runner, group)
         _, demo = build_app(settings, engine)
-        launch(demo, settings)
+        launch(engine, demo, settings, server).serve_forever()
     finally:
-        leader.stop_followers()
+        if leader is not None:
+            leader.stop_followers()
+        if server is not None:
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,8 +172,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if settings.tp not in (None, 1):
         sys.exit(f"error: --tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp} app.py ...")
-    _, demo = build_app(settings)
-    launch(demo, settings)
+    stop_on_sigterm()
+    server = start_server(settings)
+    try:
+        engine, demo = build_app(settings)
+        launch(engine, demo, settings, server).serve_forever()
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,12 @@
-"""Prometheus metrics for one engine, in a registry of their own, served at /metrics."""
+"""Prometheus metrics for one engine, in a registry of their own, served at /metrics.
+
+Exists before the model loads (the server answers /metrics from its first second, with model_loaded 0);
+attach() wires it to the engine once there is one.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -12,7 +18,8 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 class EngineMetrics:
     """An engine observer that counts images, errors, compilations and cache events, and times requests."""
 
-    def __init__(self, engine, registry: CollectorRegistry | None = None):
+    def __init__(self, engine=None, registry: CollectorRegistry | None = None,
+                 waiting: Callable[[], int] | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.images = Counter("neuron_ui_images", "Images generated", ["resolution", "cache_event"], registry=r)
@@ -27,9 +34,26 @@ class EngineMetrics:
             "neuron_ui_generation_seconds", "Request latency, compilation included", ["resolution"],
             buckets=LATENCY_BUCKETS, registry=r,
         )
-        self.queue_depth = Gauge("neuron_ui_queue_depth", "Requests waiting for the device", registry=r)
-        self.queue_depth.set_function(lambda: engine.status().queue_depth)
+        self.queue_depth = Gauge("neuron_ui_queue_depth", "Requests accepted and waiting for the device", registry=r)
+        self.queue_depth.set_function(lambda: self._waiting())
+        self.busy = Gauge("neuron_ui_device_busy", "1 while a request or a warm-up runs on the device", registry=r)
+        self.busy.set_function(lambda: self._engine is not None and self._engine.status().busy)
+        self.loaded = Gauge("neuron_ui_model_loaded", "1 once the model is loaded and the UI served", registry=r)
+        self.persistent = Gauge("neuron_ui_cache_persistent",
+                                "1 when compiled shapes survive a restart; 0 when the cache folder is unusable",
+                                registry=r)
+        self.persistent.set_function(lambda: self._engine is not None and self._engine.status().persistent_cache)
+        self._engine = None
+        self._waiting: Callable[[], int] = lambda: 0
+        if engine is not None:
+            self.attach(engine, waiting)
+
+    def attach(self, engine, waiting: Callable[[], int] | None = None) -> None:
+        """Observe `engine`; `waiting` counts requests not yet on the device (the engine's own count if None)."""
+        self._engine = engine
+        self._waiting = waiting or (lambda: engine.status().queue_depth)
         engine.observers.append(self)
+        self.loaded.set(1)
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()

@@ -59,6 +59,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _shown(value: object, limit: int = 40) -> str:
+    """A rejected value as an error message quotes it: its repr, cut short (a request can send a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def validate_prompt(prompt: object) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
@@ -67,11 +73,17 @@ def validate_prompt(prompt: object) -> str:
         raise ValueError("prompt is empty: describe the image you want")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    try:
+        prompt.encode("utf-8")  # the tokenizer and the PNG metadata need real text
+    except UnicodeEncodeError:
+        raise ValueError("prompt has characters that are not valid Unicode (unpaired surrogates)") from None
     return prompt
 
 
 def validate_resolution(resolution: object, presets: tuple[Resolution, ...]) -> Resolution:
     allowed = ", ".join(str(p) for p in presets)
+    if isinstance(resolution, str) and len(resolution) > 40:  # longer than any "WxH": neither parsed nor echoed
+        raise ValueError(f"resolution {_shown(resolution)} is not a preset; allowed: {allowed}")
     try:
         parsed = parse_resolution(resolution)
     except ValueError as error:
@@ -85,7 +97,7 @@ def validate_steps(steps: object) -> int:
     if isinstance(steps, float) and steps.is_integer():
         steps = int(steps)
     if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
-        raise ValueError(f"steps must be a whole number from 1 to {MAX_STEPS}, got {steps!r}")
+        raise ValueError(f"steps must be a whole number from 1 to {MAX_STEPS}, got {_shown(steps)}")
     return steps
 
 
@@ -93,7 +105,7 @@ def validate_seed(seed: object) -> int:
     if isinstance(seed, float) and seed.is_integer():
         seed = int(seed)
     if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED} (or empty for random), got {seed!r}")
+        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED} (or empty for random), got {_shown(seed)}")
     return seed
 
 
@@ -101,7 +113,7 @@ def validate_guidance(guidance: object) -> float:
     if _is_int(guidance):
         guidance = float(guidance)
     if not isinstance(guidance, float) or not math.isfinite(guidance) or not 0.0 <= guidance <= MAX_GUIDANCE:
-        raise ValueError(f"guidance must be a number from 0 to {MAX_GUIDANCE:g}, got {guidance!r}")
+        raise ValueError(f"guidance must be a number from 0 to {MAX_GUIDANCE:g}, got {_shown(guidance)}")
     return guidance
 
 

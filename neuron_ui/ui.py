@@ -10,12 +10,15 @@ import atexit
 import collections
 import itertools
 import logging
+import os
+import re
+import secrets
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,12 +27,12 @@ import gradio as gr
 from .resolutions import Resolution
 from .schema import (
     COMPILING,
-    EngineError,
     FAILED,
     MAX_GUIDANCE,
     MAX_SEED,
     MAX_STEPS,
     READY,
+    EngineError,
     EngineStatus,
     GenerateRequest,
     GenerateResult,
@@ -149,6 +152,8 @@ def describe_activity(status: EngineStatus) -> str:
     if status.queue_depth:
         device += f", {status.queue_depth} waiting"
     parts = [f"**Device** {device}"]
+    if not status.persistent_cache:
+        parts.append("**Cache** not persistent: compiled sizes will not survive a restart")
     if status.warmup_queue:
         parts.append(f"**Warm-up** {', '.join(status.warmup_queue)} (about {status.warmup_seconds_left:.0f} s left; "
                      "your requests go first)")
@@ -170,7 +175,18 @@ def public_status(status: EngineStatus) -> dict[str, Any]:
     data.pop("cache_dir", None)
     if data.get("cache_error"):
         data["cache_error"] = "the compile cache is not persistent here; see the server log"
+    for shape in data["shapes"]:
+        if shape.get("error"):
+            shape["error"] = redact_paths(shape["error"])
     return data
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?[/\\](?:[\w.~-]+[/\\])+[\w.~-]*")
+
+
+def redact_paths(text: str) -> str:
+    """Server file paths out of a message that users see (a compiler's error names its temp files)."""
+    return _PATH.sub("<path>", text)
 
 
 # -- plumbing: errors, progress, saved images -------------------------------------------------------
@@ -185,7 +201,7 @@ def user_errors() -> Iterator[None]:
         raise
     except Exception as error:
         if isinstance(error, (ValueError, EngineError)):
-            raise gr.Error(str(error), print_exception=False) from None
+            raise gr.Error(redact_paths(str(error)), print_exception=False) from None
         logger.exception("unexpected error in a UI handler")
         message = "the server failed unexpectedly; the details are in the server log"
         raise gr.Error(message, print_exception=False) from None
@@ -202,27 +218,44 @@ def progress_reporter(progress: Callable[..., Any], prefix: str = "") -> Progres
 
 
 class ImageStore:
-    """The app's own temp folder of PNGs with their parameters; names are made here, never from user input."""
+    """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
+
+    The folder lies inside Gradio's own file cache, so Gradio serves the PNGs from here instead of copying each
+    one into its cache (which nothing would ever clean): one folder, bounded, removed at exit. A random part in
+    each name keeps users from guessing the address of someone else's image.
+    """
 
     def __init__(self, folder: Path | None = None, keep: int = 512):
-        self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="neuron-ui-"))
         if folder is None:
-            atexit.register(shutil.rmtree, self.folder, True)
+            folder = Path(tempfile.mkdtemp(prefix="neuron-ui-", dir=gradio_cache_folder()))
+            atexit.register(shutil.rmtree, folder, True)
+        self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._keep = keep
+        self.keep = keep
         self._saved: collections.deque[Path] = collections.deque()
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
 
     def save(self, result: GenerateResult) -> str:
         with self._lock:
-            path = self.folder / f"{next(self._numbers):05d}-{result.resolution}-seed{result.seed}.png"
+            name = f"{next(self._numbers):05d}-{secrets.token_hex(4)}-{result.resolution}-seed{result.seed}.png"
+            path = self.folder / name
             self._saved.append(path)
-            oldest = self._saved.popleft() if len(self._saved) > self._keep else None
+            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
         result.save_png(path)
-        if oldest is not None:
+        for oldest in dropped:
             oldest.unlink(missing_ok=True)
         return str(path)
+
+
+def gradio_cache_folder() -> Path:
+    """Where Gradio keeps the files it serves: GRADIO_TEMP_DIR, else <temp>/gradio (gradio.utils.get_upload_folder).
+
+    Files already inside it are served in place; tests/test_reliability.py checks that no copy is made.
+    """
+    folder = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
@@ -240,10 +273,16 @@ def gallery_items(history: list[dict[str, Any]]) -> list[tuple[str, str]]:
 class Handlers:
     """The app's event handlers: UI values in, one engine call, UI values out."""
 
-    def __init__(self, engine: EngineLike, store: ImageStore):
+    def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None):
         self.engine = engine
         self.store = store
+        self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
         self.distilled = engine.status().distilled
+
+    def status(self) -> EngineStatus:
+        """The engine's status, its queue depth counting the requests still in Gradio's queue too."""
+        status = self.engine.status()
+        return replace(status, queue_depth=status.queue_depth + self.waiting())
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
                  guidance: float | None) -> GenerateRequest:
@@ -254,8 +293,9 @@ class Handlers:
         """Generate, save the PNG, and return the history entry for it."""
         with user_errors():
             result = self.engine.generate(request, progress=progress_reporter(progress, prefix))
+            path = self.store.save(result)  # a full disk is told like any other server failure
         return {
-            "path": self.store.save(result),
+            "path": path,
             "info": describe_result(result, show_guidance=not self.distilled),
             "cache_event": result.cache_event,
             **{key: getattr(result, key) for key in ("prompt", "resolution", "steps", "seed", "guidance")},
@@ -316,7 +356,7 @@ class Handlers:
 
     def on_tick(self, resolution: str, last: Any):
         """Status table, activity line, dropdown labels and hint for every open browser; skipped when unchanged."""
-        status = self.engine.status()
+        status = self.status()
         signature = status.to_dict()
         if signature == last:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
@@ -335,7 +375,7 @@ class Handlers:
         """One image and its generation info; steps and guidance default to the model's, seed to random."""
         with user_errors():
             result = self.engine.generate(GenerateRequest(prompt, resolution, steps, seed, guidance))
-        return self.store.save(result), result.info()
+            return self.store.save(result), result.info()
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""
@@ -344,10 +384,35 @@ class Handlers:
 
     def api_status(self) -> dict[str, Any]:
         """The engine status: every preset's state, compile seconds, hits and last latency."""
-        return public_status(self.engine.status())
+        return public_status(self.status())
 
 
 # -- layout and wiring ----------------------------------------------------------------------------------
+
+
+def device_queue_length(demo: gr.Blocks) -> int:
+    """Requests Gradio has accepted for the device and not yet started.
+
+    Gradio 6 has no public call for this. Its queue keeps one EventQueue per concurrency id, whose `queue` list
+    holds the events not yet started (gradio/queueing.py: Queue.event_queue_per_concurrency_id); only this
+    function reads it, and tests/test_load.py fails if Gradio moves it (it compares with /gradio_api/queue/status).
+    """
+    try:
+        event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
+        return 0 if event_queue is None else len(event_queue.queue)
+    except AttributeError:
+        if not _UNREADABLE_QUEUE:
+            _UNREADABLE_QUEUE.append(True)
+            logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
+        return 0
+
+
+_UNREADABLE_QUEUE: list[bool] = []  # warned once
+
+
+def waiting_for_device(demo: gr.Blocks, engine: EngineLike) -> int:
+    """Everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)."""
+    return device_queue_length(demo) + engine.status().queue_depth
 
 
 def launch_options() -> dict[str, Any]:
@@ -441,7 +506,10 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                           gr.Number(label="seed"), gr.Number(label="guidance")]
             api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
             api_trigger = gr.Button()
-        api_trigger.click(handlers.api_generate, api_inputs, api_outputs, api_name="generate", **on_device)
+        # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).
+        api_trigger.click(handlers.api_generate, api_inputs, api_outputs, api_name="generate", preprocess=False,
+                          **on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
+    handlers.waiting = lambda: device_queue_length(demo)
     return demo

@@ -32,15 +32,15 @@ def served(cache_dir, *flags: str, environ: dict | None = None):
     torch._dynamo.reset()
     argv = ["--model", "tiny", "--compile-backend", "eager", "--resolutions", PRESETS, "--cache-dir", str(cache_dir),
             "--host", "127.0.0.1", "--port", str(free_port()), *flags]
-    demo = None
+    server = None
     try:
         settings = app.parse_settings(argv)
         engine, demo = app.build_app(settings)
-        _, url, _ = app.launch(demo, settings, prevent_thread_lock=True, quiet=True)
-        yield engine, url
+        server = app.launch(engine, demo, settings)
+        yield engine, server.url
     finally:
-        if demo is not None:
-            demo.close()
+        if server is not None:
+            server.stop()
         os.environ.clear()
         os.environ.update(saved)  # build_app pointed TORCHINDUCTOR_CACHE_DIR at cache_dir
         torch._dynamo.reset()

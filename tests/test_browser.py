@@ -37,14 +37,14 @@ def served(cache_dir):
     torch._dynamo.reset()
     settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", PRESETS,
                                    "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port())])
-    demo = None
+    server = None
     try:
-        _, demo = app.build_app(settings)
-        _, url, _ = app.launch(demo, settings, prevent_thread_lock=True, quiet=True)
-        yield url
+        engine, demo = app.build_app(settings)
+        server = app.launch(engine, demo, settings)
+        yield server.url
     finally:
-        if demo is not None:
-            demo.close()
+        if server is not None:
+            server.stop()
         os.environ.clear()
         os.environ.update(saved)
         torch._dynamo.reset()

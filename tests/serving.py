@@ -1,0 +1,143 @@
+"""Helpers for tests that serve app.py's app in this process: a free local port, the server, clients, waits.
+
+Not a test module; test_reliability.py and test_load.py import it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+from gradio_client import Client
+
+import app
+from neuron_ui import ui
+
+TIMEOUT = 120  # seconds for any one call; nothing here should take a tenth of that
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Served:
+    engine: Any
+    demo: Any
+    server: Any  # neuron_ui.server.Server
+    settings: Any
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def get(self, path: str, **kwargs) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=TIMEOUT, **kwargs)
+
+    def handlers(self) -> ui.Handlers:
+        """The demo's Handlers object (the one behind the /generate endpoint)."""
+        return next(fn.fn.__self__ for fn in self.demo.fns.values() if fn.api_name == "generate")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """One sample from /metrics, parsed as Prometheus text; None when absent."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for family in text_string_to_metric_families(self.get("/metrics", auth=self.metrics_auth).text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return None
+
+    @property
+    def metrics_auth(self):
+        return self.settings.auth
+
+
+@contextmanager
+def served(cache_dir, *flags: str, environ: dict | None = None,
+           engine: Callable[[Any], Any] | None = None) -> Iterator[Served]:
+    """app.py's flow (settings, server, engine, queued demo, mount) on the tiny model with the eager backend.
+
+    `engine(settings)` may build the engine instead (e.g. with a failing compiler); flags come after the defaults.
+    """
+    saved = dict(os.environ)
+    os.environ.update(environ or {})
+    torch._dynamo.reset()
+    argv = ["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256,384x256",
+            "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port()), *flags]
+    server = None
+    try:
+        settings = app.parse_settings(argv)
+        server = app.start_server(settings)
+        built, demo = app.build_app(settings, engine(settings) if engine else None)
+        app.launch(built, demo, settings, server)
+        yield Served(built, demo, server, settings)
+    finally:
+        if server is not None:
+            server.stop()
+        os.environ.clear()
+        os.environ.update(saved)  # build_app pointed TORCHINDUCTOR_CACHE_DIR at cache_dir
+        torch._dynamo.reset()
+
+
+def connect(url: str, folder, **kwargs) -> Client:
+    kwargs.setdefault("download_files", str(folder))
+    return Client(url, analytics_enabled=False, verbose=False, httpx_kwargs={"timeout": TIMEOUT}, **kwargs)
+
+
+def call(client: Client, *args, api_name: str = "/generate"):
+    return client.submit(*args, api_name=api_name).result(timeout=TIMEOUT)
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+    return value
+
+
+class GatedRunner:
+    """The engine's runner, recording every pipeline call; hold() keeps the next call off the device until open()."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple[int, float, float]] = []  # (seed, start, end) in the order they ran
+        self.active = self.most_active = 0
+        self._lock = threading.Lock()
+        self._gate = threading.Event()
+        self._gate.set()
+        self.holding = threading.Event()
+
+    def hold(self) -> None:
+        self.holding.clear()
+        self._gate.clear()
+
+    def open(self) -> None:
+        self._gate.set()
+
+    def __call__(self, call, callback=None):
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            if not self._gate.is_set():
+                self.holding.set()
+                assert self._gate.wait(TIMEOUT), "the gate was never opened"
+            start = time.monotonic()
+            image = self.inner(call, callback)
+            self.calls.append((call.seed, start, time.monotonic()))
+            return image
+        finally:
+            with self._lock:
+                self.active -= 1
