@@ -11,17 +11,13 @@ answers 503 "loading" and /metrics serves), then the model loads, then the UI is
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.device import INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV, CachePaths, Launch, configure_cache_env, detect_launch
+from neuron_ui.device import CachePaths, Launch, configure_cache_env, detect_launch
 from neuron_ui.settings import Settings, build_parser, settings_from_args
 
 if TYPE_CHECKING:  # both import heavy modules (torch, gradio), which must load after the env is set
@@ -51,49 +47,27 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(error))
 
 
-MIN_FREE_BYTES = 64 * 2**20  # less free space than this in the cache folder counts as full
-
-
-def check_cache_folder(cache: CachePaths) -> str | None:
-    """Why the compile cache folder cannot take compiled artifacts (not a folder, read-only, full), or None."""
-    try:
-        for folder in (cache.root, cache.inductor):
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
-                pass
-        free = shutil.disk_usage(cache.root).free
-    except OSError as error:
-        return f"cache folder {cache.root} is not usable ({error.strerror or error})"
-    if free < MIN_FREE_BYTES:
-        return f"cache folder {cache.root} is full ({free // 2**20} MiB free)"
-    return None
-
-
-def divert_compilers(cache: CachePaths, environ: Any = os.environ) -> None:
-    """Point the compilers' caches that lie in the unusable folder at a temp folder, so compiling still works."""
-    for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
-        if environ.get(name) and Path(environ[name]).is_relative_to(cache.root):
-            environ[name] = tempfile.mkdtemp(prefix=f"neuron-ui-{name.lower()}-")
-            atexit.register(shutil.rmtree, environ[name], True)
-
-
 def build_engine(settings: Settings, group: ParallelGroup | None = None) -> Engine:
-    """The engine with its model loaded; the cache env is set first, before torch loads.
-
-    An unusable cache folder does not stop the app: the compilers work in a temp folder, and the status, the
-    log and /metrics say that nothing compiled will survive a restart.
-    """
+    """The engine with its model loaded; the cache env is set first, before torch loads, and a
+    --cache-bundle is imported before the engine reads the manifest (rank 0 only under torchrun)."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
-    problem = check_cache_folder(cache)
-    if problem:
-        divert_compilers(cache)
-        logger.warning("%s; compiling in a temporary folder, serving without persistence", problem)
+    if settings.cache_bundle and (group is None or group.launch.is_leader):
+        import_cache_bundle(settings, cache)
     from neuron_ui.engine import Engine
 
-    engine = Engine.from_settings(settings, cache, group)
-    if problem and engine.manifest.persistent:
-        engine.manifest.error = f"{problem}; serving without persistence"  # and the manifest is not written
-    return engine
+    return Engine.from_settings(settings, cache, group)
+
+
+def import_cache_bundle(settings: Settings, cache: CachePaths) -> None:
+    """A refused bundle (another compile key, damaged, missing) is logged and the app starts cold."""
+    from neuron_ui import bundles
+
+    try:
+        info = bundles.import_bundle(cache, bundles.key_for_settings(settings), settings.cache_bundle)
+    except (ValueError, OSError) as error:
+        logger.warning("not using --cache-bundle: %s; starting cold", error)
+        return
+    logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
 
 
 def build_app(settings: Settings, engine: Engine | None = None) -> tuple[Engine, gr.Blocks]:

@@ -142,12 +142,13 @@ class CacheManifest:
     leaves the shape cold rather than falsely ready. An unwritable folder disables persistence, loudly.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, error: str | None = None):
         self.path = Path(path)
         self._lock = threading.Lock()
-        self.error: str | None = None
+        self.error = f"{error}; serving without persistence" if error else None
         self._data = self._read()
-        self._check_writable()
+        if self.error is None:
+            self._check_writable()
 
     def _read(self) -> dict:
         try:

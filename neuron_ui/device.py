@@ -7,10 +7,13 @@ This module imports torch only inside functions for that reason.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+MIN_FREE_BYTES = 64 * 2**20  # less free space than this in the cache folder counts as full
 
 
 @dataclass(frozen=True)
@@ -28,25 +34,49 @@ class CachePaths:
     neff: Path
     inductor: Path
     manifest: Path
+    problem: str | None = None  # why the folder cannot keep anything (then the compilers use a temp folder)
 
 
 def configure_cache_env(cache_dir: Path, environ: os._Environ | dict = os.environ) -> CachePaths:
-    """Set the cache env vars inside cache_dir (a user's own TORCH_NEURONX_NEFF_CACHE_DIR wins)."""
+    """Set the cache env vars inside cache_dir (a user's own TORCH_NEURONX_NEFF_CACHE_DIR wins).
+
+    An unusable folder (not a folder, read-only, full) does not stop the app: the compilers get a temp
+    folder instead, and `problem` says why nothing compiled will survive a restart.
+    """
     root = Path(cache_dir).expanduser().resolve()
     environ.setdefault(NEFF_CACHE_ENV, str(root / "neff"))
     environ[INDUCTOR_CACHE_ENV] = str(root / "inductor")
-    paths = CachePaths(
+    problem = check_cache_folder(root)
+    if problem:
+        logger.warning("%s; compiling in a temporary folder, serving without persistence", problem)
+        for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
+            if Path(environ[name]).is_relative_to(root):
+                environ[name] = tempfile.mkdtemp(prefix=f"neuron-ui-{name.lower()}-")
+                atexit.register(shutil.rmtree, environ[name], True)
+    else:
+        for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
+            Path(environ[name]).mkdir(parents=True, exist_ok=True)
+    return CachePaths(
         root=root,
         neff=Path(environ[NEFF_CACHE_ENV]),
         inductor=Path(environ[INDUCTOR_CACHE_ENV]),
         manifest=root / "manifest.json",
+        problem=problem,
     )
-    for folder in (paths.root, paths.neff, paths.inductor):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # the app still serves, without persistence; the engine says so
-            logger.warning("cannot create cache folder %s: %s", folder, error)
-    return paths
+
+
+def check_cache_folder(root: Path) -> str | None:
+    """Why the cache folder cannot take compiled artifacts (not a folder, read-only, full), or None."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
+            pass
+        free = shutil.disk_usage(root).free
+    except OSError as error:
+        return f"cache folder {root} is not usable ({error.strerror or error})"
+    if free < MIN_FREE_BYTES:
+        return f"cache folder {root} is full ({free // 2**20} MiB free)"
+    return None
 
 
 @dataclass(frozen=True)

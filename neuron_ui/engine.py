@@ -170,7 +170,8 @@ class Engine:
             loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree
         )
         if manifest is None:
-            manifest = CacheManifest(cache.manifest if cache else Path(".neuron-ui-manifest.json"))
+            manifest = CacheManifest(cache.manifest, error=cache.problem) if cache else CacheManifest(
+                Path(".neuron-ui-manifest.json"))
         self.manifest = manifest
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self._device = DeviceQueue()

@@ -39,7 +39,7 @@ def make_engine(tmp_path):
             compile_mode=compile_mode,
             backend=backend,
             cache=cache,
-            manifest=CacheManifest(cache.manifest),
+            manifest=CacheManifest(cache.manifest, error=cache.problem),
         )
 
     yield make

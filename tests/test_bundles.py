@@ -379,3 +379,22 @@ def test_cache_cli_ls_export_import_clear(source, tmp_path):
     assert KEY.digest not in CacheManifest(fresh / "manifest.json").entries()
     everything = cache_cli("clear", cache_dir=source.root)
     assert everything.returncode == 0 and not any(source.inductor.iterdir())
+
+
+def test_app_imports_a_cache_bundle_before_serving_and_starts_cold_on_a_bad_one(bundle, tmp_path, monkeypatch, caplog):
+    import app
+    from neuron_ui.device import NEFF_CACHE_ENV
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
+    monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
+    flags = ["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512"]
+    settings = app.parse_settings([*flags, "--cache-dir", str(tmp_path / "warm"), "--cache-bundle", str(bundle)])
+    status = app.build_engine(settings).status()
+    assert status.shape("512x512").on_disk and not status.shape("256x256").on_disk
+
+    monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
+    settings = app.parse_settings([*flags, "--compile", "full", "--cache-dir", str(tmp_path / "cold"),
+                                   "--cache-bundle", str(bundle)])
+    status = app.build_engine(settings).status()
+    assert not status.shape("512x512").on_disk
+    assert "not using --cache-bundle" in caplog.text and "mode: bundle regional, here full" in caplog.text

@@ -88,3 +88,13 @@ def test_cache_env_is_set_before_torch_is_imported(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != NEFF_CACHE_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == str(tmp_path / "neff")
+
+
+def test_an_unusable_cache_folder_sends_the_compilers_to_a_temp_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env = {}
+    paths = configure_cache_env(blocker / "cache", env)
+    assert paths.problem and "is not usable" in paths.problem
+    assert paths.inductor.is_dir() and not paths.inductor.is_relative_to(blocker)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(paths.inductor)
