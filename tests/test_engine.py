@@ -281,3 +281,19 @@ def test_cached_prompt_embeddings_give_the_plain_pipelines_image(make_engine):
     gen(engine, prompt="a different prompt", steps=2)
     assert len(calls) == 2
     assert np.array_equal(np.asarray(result.image), plain)
+
+
+def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
+    from neuron_ui.device import configure_cache_env
+    from neuron_ui.engine import Engine
+    from neuron_ui.loading import LoadedModel, build_tiny_pipeline
+    from neuron_ui.resolutions import parse_resolutions
+
+    pipe = build_tiny_pipeline()
+    pipe.register_to_config(is_distilled=False)  # as a base (not step-distilled) checkpoint says
+    engine = Engine(LoadedModel(pipe, name="base", is_tiny=True), presets=parse_resolutions("256x256"),
+                    compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
+    status = engine.status()
+    assert (status.distilled, status.default_steps, status.default_guidance) == (False, 50, 4.0)
+    valid = engine.validate(GenerateRequest("a cat", "256x256", seed=1))
+    assert (valid.steps, valid.guidance) == (50, 4.0)
