@@ -1,7 +1,6 @@
 """The named API through gradio_client, against app.py's own app on the tiny model, launched on a free local port."""
 
 import os
-import socket
 import time
 from contextlib import contextmanager
 
@@ -11,17 +10,11 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError, AuthenticationError
 from gradio_client.utils import QueueError
 from PIL import Image
+from serving import TIMEOUT, free_port
 
 import app
 
 PRESETS = "256x256,384x256,256x384,512x512"
-TIMEOUT = 120  # seconds for any one call; nothing here should take a tenth of that
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

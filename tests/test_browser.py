@@ -5,7 +5,6 @@ Screenshots land in artifacts/screenshots/ (git-ignored); docs/screenshots/ hold
 
 import os
 import re
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
+from serving import free_port
 
 import app
 
@@ -22,12 +22,6 @@ CHROMIUM = os.environ.get("NEURON_UI_CHROMIUM", "/usr/lib/chromium/chromium")
 PRESETS = "256x256,384x256,512x512"
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 WAIT_MS = int(os.environ.get("NEURON_UI_BROWSER_WAIT_MS", "60000"))  # a first compile here is about 3 s
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

@@ -6,7 +6,6 @@ broadcasts, every rank runs and compiles in lockstep, and deaths are reported in
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from gradio_client import Client
 from PIL import Image
+from serving import free_port
 
 import app
 from neuron_ui.engine import PipelineCall, run_pipeline
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["--device", "cpu", "--model", "tiny", "--compile", "regional", "--compile-backend", "eager",
          "--resolutions", "256x256,384x256"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_client(url: str, processes, log: Path, timeout: float = 240) -> Client:
