@@ -148,7 +148,7 @@ class Runtime:
 
 
 def default_dtype(device: str) -> str:
-    """bf16 where the hardware is built for it; fp32 on CPU (measured faster under inductor, see README)."""
+    """bf16 on accelerators; fp32 on CPU, where the tiny model is for correctness (README: CPU dtype)."""
     return "float32" if device == "cpu" else "bfloat16"
 
 
