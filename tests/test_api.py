@@ -5,12 +5,12 @@ import time
 from contextlib import contextmanager
 
 import pytest
-import torch
+import serving
 from gradio_client import Client
 from gradio_client.exceptions import AppError, AuthenticationError
 from gradio_client.utils import QueueError
 from PIL import Image
-from serving import TIMEOUT, free_port
+from serving import TIMEOUT, connect
 
 import app
 
@@ -19,29 +19,9 @@ PRESETS = "256x256,384x256,256x384,512x512"
 
 @contextmanager
 def served(cache_dir, *flags: str, environ: dict | None = None):
-    """app.py's flow (settings, engine, queued demo, launch) on the tiny model with the cheap eager backend."""
-    saved = dict(os.environ)
-    os.environ.update(environ or {})
-    torch._dynamo.reset()
-    argv = ["--model", "tiny", "--compile-backend", "eager", "--resolutions", PRESETS, "--cache-dir", str(cache_dir),
-            "--host", "127.0.0.1", "--port", str(free_port()), *flags]
-    server = None
-    try:
-        settings = app.parse_settings(argv)
-        engine, demo = app.build_app(settings)
-        server = app.launch(engine, demo, settings)
-        yield engine, server.url
-    finally:
-        if server is not None:
-            server.stop()
-        os.environ.clear()
-        os.environ.update(saved)  # build_app pointed TORCHINDUCTOR_CACHE_DIR at cache_dir
-        torch._dynamo.reset()
-
-
-def connect(url: str, tmp_path, **kwargs) -> Client:
-    return Client(url, analytics_enabled=False, verbose=False, download_files=str(tmp_path),
-                  httpx_kwargs={"timeout": TIMEOUT}, **kwargs)
+    """The shared in-process app (tests/serving.py) with this file's presets; yields (engine, url)."""
+    with serving.served(cache_dir, "--resolutions", PRESETS, *flags, environ=environ) as s:
+        yield s.engine, s.url
 
 
 @pytest.fixture(scope="module")
