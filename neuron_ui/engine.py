@@ -71,6 +71,7 @@ class _GraphState:
     compiled_by: Resolution
     seconds: float | None = None
     error: str | None = None
+    event: str | None = None  # compiled or disk_hit, once ready
 
 
 @dataclass
@@ -213,6 +214,14 @@ class Engine:
             guidance=self.default_guidance if request.guidance is None else validate_guidance(request.guidance),
         )
 
+    def guidance_applied(self, guidance: float) -> float | None:
+        """The guidance scale diffusers applies, recorded in place of the one asked for.
+
+        Flux2KleinPipeline (diffusers 0.42.1) ignores guidance_scale for a step-distilled model and does
+        classifier-free guidance only above 1 (`do_classifier_free_guidance`); otherwise it applies none: None.
+        """
+        return None if self.loaded.distilled or guidance <= 1.0 else guidance
+
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
         """Make one image, compiling its shape first if this process has not."""
         try:
@@ -255,7 +264,7 @@ class Engine:
             resolution=str(valid.resolution),
             steps=valid.steps,
             seed=valid.seed,
-            guidance=valid.guidance,
+            guidance=self.guidance_applied(valid.guidance),
             model=self.loaded.name,
             cache_event=event,
             compile_seconds=round(compile_seconds, 3),
@@ -271,9 +280,16 @@ class Engine:
 
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
         """Compile one preset without making an image, so a size is ready before anyone asks for it."""
-        preset = validate_resolution(resolution, self.presets)
-        with self._device.user():
-            self._ensure_compiled(preset, progress or _ignore)
+        try:
+            preset = validate_resolution(resolution, self.presets)
+            with self._device.user():
+                self._ensure_compiled(preset, progress or _ignore)
+        except ValueError:
+            self._notify("on_failed", "invalid_request")
+            raise
+        except EngineError as error:
+            self._notify("on_failed", error.kind)
+            raise
         return self.status().shape(str(preset))
 
     def start_warmup(self, resolutions: list[str]) -> None:
@@ -320,8 +336,10 @@ class Engine:
             estimate = self._estimate(preset)
             self._graphs[preset.tokens] = _GraphState(COMPILING, compiled_by=preset)
         verb = "loading" if self._disk_records(preset) else "compiling"
-        report(ProgressUpdate("compiling", f"{verb} {preset} for the first time (about {estimate:.0f} s)"))
-        logger.info("%s %s (%d tokens), about %.0f s", verb, preset, preset.tokens, estimate)
+        about = "load time not measured yet" if estimate is None else f"about {estimate:.0f} s"
+        where = " from the disk cache" if verb == "loading" else ""
+        report(ProgressUpdate("compiling", f"{verb} {preset}{where} for the first time ({about})"))
+        logger.info("%s %s (%d tokens)%s, %s", verb, preset, preset.tokens, where, about)
         before = read_counters(self._neff_dir)
         start = time.perf_counter()
         try:
@@ -336,7 +354,7 @@ class Engine:
         seconds = time.perf_counter() - start
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         with self._state_lock:
-            self._graphs[preset.tokens] = _GraphState(READY, compiled_by=preset, seconds=seconds)
+            self._graphs[preset.tokens] = _GraphState(READY, compiled_by=preset, seconds=seconds, event=event)
         self.manifest.record(self.key, str(preset), preset.tokens, seconds, event)
         self._notify("on_compiled", str(preset), event, seconds)
         logger.info("compiled %s: %s in %.1f s", preset, event, seconds)
@@ -348,11 +366,10 @@ class Engine:
         same_graph = [r for r in records.values() if r.tokens == preset.tokens]
         return sorted(same_graph, key=lambda r: r.resolution != str(preset))
 
-    def _estimate(self, preset: Resolution) -> float:
-        disk = self._disk_records(preset)
-        if disk:
-            return disk[0].seconds
-        return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(preset), self.backend)
+    def _estimate(self, preset: Resolution) -> float | None:
+        """Seconds until this preset's graph is ready: a load when its graph is on disk, else a compile."""
+        return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(preset), self.backend,
+                                                    on_disk=self._disk_records(preset))
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -399,14 +416,18 @@ class Engine:
                 elif graph is not None:
                     shape.state = graph.state
                     shape.error = graph.error
-                    if graph.compiled_by == preset:
-                        shape.compile_seconds = graph.seconds
-                    else:
+                    if graph.compiled_by != preset:
                         shape.shares_graph_with = str(graph.compiled_by)
+                    elif graph.event == compilation.DISK_HIT:
+                        shape.load_seconds = graph.seconds
+                    else:
+                        shape.compile_seconds = graph.seconds
                 if shape.state != READY:
-                    shape.estimate_seconds = round(self._estimate(preset), 1)
-                    if disk and shape.compile_seconds is None:
-                        shape.compile_seconds = disk[0].seconds
+                    estimate = self._estimate(preset)
+                    shape.estimate_seconds = None if estimate is None else round(estimate, 1)
+                    if disk and shape.compile_seconds is None and shape.load_seconds is None:
+                        shape.compile_seconds = compilation.measured_cold_seconds(disk[0])
+                        shape.load_seconds = compilation.measured_load_seconds(disk[0])
                 shapes.append(shape)
         return EngineStatus(
             model=self.loaded.name,

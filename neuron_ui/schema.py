@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -65,6 +66,9 @@ def _shown(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+ALLOWED_CONTROLS = "\t\n\r"  # a pasted prompt may be on several lines
+
+
 def validate_prompt(prompt: object) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
@@ -77,6 +81,16 @@ def validate_prompt(prompt: object) -> str:
         prompt.encode("utf-8")  # the tokenizer and the PNG metadata need real text
     except UnicodeEncodeError:
         raise ValueError("prompt has characters that are not valid Unicode (unpaired surrogates)") from None
+    # Control characters (NUL, ESC, DEL, C1) are never words; they would reach the PNG's text chunks and logs.
+    controls = sorted({c for c in prompt if unicodedata.category(c) == "Cc" and c not in ALLOWED_CONTROLS})
+    if controls:
+        named = ", ".join(f"U+{ord(c):04X}" for c in controls[:5]) + (", …" if len(controls) > 5 else "")
+        raise ValueError(f"prompt must be plain text: it has control characters ({named}); remove them "
+                         "(tabs and new lines are fine)")
+    # Zero-width spaces, joiners and other format characters alone draw nothing: no prompt at all.
+    if not any(unicodedata.category(c)[0] in "LMNPS" for c in prompt):
+        raise ValueError("prompt is empty: it has no visible characters (only spaces, zero-width or format "
+                         "characters); describe the image you want")
     return prompt
 
 
@@ -138,7 +152,7 @@ class GenerateResult:
     resolution: str
     steps: int
     seed: int
-    guidance: float
+    guidance: float | None  # the guidance scale diffusers applied; None when it applied none (step-distilled model)
     model: str
     cache_event: str
     compile_seconds: float
@@ -157,6 +171,7 @@ class GenerateResult:
         meta.add_text("parameters", json.dumps(self.info(), sort_keys=True))
         for key in ("prompt", "resolution", "steps", "seed", "model"):
             meta.add_text(key, str(getattr(self, key)))
+        meta.add_text("guidance", "not used" if self.guidance is None else f"{self.guidance:g}")
         return meta
 
     def save_png(self, path: Path | str) -> Path:
@@ -176,8 +191,9 @@ class ShapeStatus:
     on_disk: bool = False
     warmup_queued: bool = False
     shares_graph_with: str | None = None
-    compile_seconds: float | None = None
-    estimate_seconds: float | None = None
+    compile_seconds: float | None = None  # the latest compile from scratch
+    load_seconds: float | None = None  # the latest load of its compiled graph from the disk cache
+    estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile; None if unknown
     hits: int = 0
     last_latency: float | None = None
     error: str | None = None

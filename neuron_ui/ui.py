@@ -80,7 +80,10 @@ def describe_cache_event(result: GenerateResult) -> str:
 
 def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
     """The line under the image; a compile's cost is told apart from the run's."""
-    guidance = f" · guidance {result.guidance:g}" if show_guidance else ""
+    if not show_guidance:
+        guidance = ""
+    else:
+        guidance = " · no guidance" if result.guidance is None else f" · guidance {result.guidance:g}"
     total = f" · {result.total_seconds:.2f} s total" if result.cache_event in ("compiled", "disk_hit") else ""
     return (
         f"**seed** {result.seed} · **{result.resolution}** · {result.steps} steps{guidance} · "
@@ -96,8 +99,12 @@ def describe_state(shape: ShapeStatus) -> str:
         return "compiling now"
     if shape.state == FAILED:
         return "failed"
-    about = f"about {shape.estimate_seconds:.0f} s" if shape.estimate_seconds is not None else "time unknown"
-    words = f"cached on disk (loads in {about})" if shape.on_disk else f"compiles on first use ({about})"
+    if shape.on_disk:
+        words = ("cached on disk (load time not measured yet)" if shape.estimate_seconds is None
+                 else f"cached on disk (loads in about {shape.estimate_seconds:.0f} s)")
+    else:
+        about = "time unknown" if shape.estimate_seconds is None else f"about {shape.estimate_seconds:.0f} s"
+        words = f"compiles on first use ({about})"
     return f"{words}, warm-up queued" if shape.warmup_queued else words
 
 
@@ -105,7 +112,12 @@ def describe_size(shape: ShapeStatus) -> str:
     """Tells the user, before they click, what the first image at this size will cost."""
     size = f"**{shape.resolution}**"
     if shape.state == READY:
-        took = f"Compiling took {shape.compile_seconds:.1f} s; images" if shape.compile_seconds else "Images"
+        if shape.compile_seconds:
+            took = f"Compiling took {shape.compile_seconds:.1f} s; images"
+        elif shape.load_seconds:
+            took = f"Loading it from the disk cache took {shape.load_seconds:.1f} s; images"
+        else:
+            took = "Images"
         return f"**Ready.** {took} at {size} come at full speed."
     if shape.state == COMPILING:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
@@ -113,7 +125,9 @@ def describe_size(shape: ShapeStatus) -> str:
         return f"**Failed to compile** {size} ({shape.error}). Generate or warm up to try again, or pick another size."
     about = f"about {shape.estimate_seconds:.0f} s" if shape.estimate_seconds is not None else "a while"
     if shape.on_disk:
-        return f"**Cached on disk.** The first image at {size} loads its compiled graph ({about}); later ones are fast."
+        about = "load time not measured yet" if shape.estimate_seconds is None else about
+        return (f"**Cached on disk.** The first image at {size} loads its compiled graph from the disk cache "
+                f"({about}); later ones are fast.")
     return (
         f"**Not compiled yet.** The first image at {size} compiles first ({about}); later ones are fast. "
         "*Warm up this size* compiles it without making an image."
@@ -181,11 +195,12 @@ def public_status(status: EngineStatus) -> dict[str, Any]:
     return data
 
 
-_PATH = re.compile(r"(?:[A-Za-z]:)?[/\\](?:[\w.~-]+[/\\])+[\w.~-]*")
+# An absolute path: "/a/b", "C:\\a\\b"; not the tail of a relative one ("../../etc/passwd" is left whole).
+_PATH = re.compile(r"(?<![\w.~-])(?:[A-Za-z]:)?[/\\](?:[\w.~-]+[/\\])+[\w.~-]*")
 
 
 def redact_paths(text: str) -> str:
-    """Server file paths out of a message that users see (a compiler's error names its temp files)."""
+    """Server file paths out of a server-side message that users see (a compiler's error names its temp files)."""
     return _PATH.sub("<path>", text)
 
 
@@ -194,13 +209,19 @@ def redact_paths(text: str) -> str:
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Engine messages become gr.Error as written; anything unexpected is logged and told without details."""
+    """Engine messages become gr.Error; anything unexpected is logged and told without details.
+
+    A ValueError is the engine refusing a request: it quotes the user's own values, which stay readable as sent.
+    An EngineError is a server-side failure: server paths in it (a compiler's temp files) are redacted.
+    """
     try:
         yield
     except gr.Error:
         raise
     except Exception as error:
-        if isinstance(error, (ValueError, EngineError)):
+        if isinstance(error, ValueError):
+            raise gr.Error(str(error), print_exception=False) from None
+        if isinstance(error, EngineError):
             raise gr.Error(redact_paths(str(error)), print_exception=False) from None
         logger.exception("unexpected error in a UI handler")
         message = "the server failed unexpectedly; the details are in the server log"

@@ -147,6 +147,16 @@ def test_engine_messages_become_gr_errors(handlers):
         handlers.api_warmup("2048x2048")
 
 
+@pytest.mark.parametrize("value", ["../../etc/passwd", "/etc/passwd", "C:\\Windows\\win.ini"])
+def test_a_users_own_bad_value_is_echoed_as_sent(handlers, value):
+    with pytest.raises(gr.Error) as raised:
+        handlers.on_generate("a fox", value, 1, 1, False, 1.0, [])
+    assert f"resolution {value!r} is not of the form WIDTHxHEIGHT" in raised.value.message
+    with pytest.raises(gr.Error) as raised:
+        handlers.api_warmup(value)
+    assert repr(value) in raised.value.message and "<path>" not in raised.value.message
+
+
 class FailingEngine:
     """The engine's methods, failing the way a server-side fault does."""
 
@@ -173,6 +183,12 @@ def test_server_failures_are_told_without_internals(engine, tmp_path):
         failing.on_warmup("256x256")
     assert raised.value.message == "compiling 256x256 failed: OOM. Try again."
 
+    compiler = EngineError("compiling 256x256 failed: CppCompileError: /tmp/torchinductor_root/ab/cab.cpp:3: error")
+    failing = ui.Handlers(FailingEngine(compiler, status), ui.ImageStore(tmp_path))
+    with pytest.raises(gr.Error) as raised:
+        failing.on_warmup("256x256")
+    assert raised.value.message == "compiling 256x256 failed: CppCompileError: <path>:3: error"
+
     secret = "/srv/secret/cache/inductor/abc.py"
     failing = ui.Handlers(FailingEngine(RuntimeError(f"g++ failed in {secret}"), status), ui.ImageStore(tmp_path))
     with pytest.raises(gr.Error) as raised:
@@ -190,8 +206,9 @@ def test_progress_maps_engine_stages_onto_gradio():
                      (0.25, "image 2/4: step 1/4"), (1.0, "image 2/4: decoding the image")]
 
 
-def result_with(event: str, compile_seconds: float = 0.0, total: float = 0.42) -> GenerateResult:
-    return GenerateResult(Image.new("RGB", (8, 8)), "p", "1344x768", 4, 1, 1.0, "tiny", event, compile_seconds,
+def result_with(event: str, compile_seconds: float = 0.0, total: float = 0.42,
+                guidance: float | None = None) -> GenerateResult:
+    return GenerateResult(Image.new("RGB", (8, 8)), "p", "1344x768", 4, 1, guidance, "tiny", event, compile_seconds,
                           total - compile_seconds, total)
 
 
@@ -203,6 +220,12 @@ def test_cache_events_in_words():
     assert ui.describe_result(result_with("compiled", 41.2, 42.0)).endswith("compiled in 41.2 s · 42.00 s total")
 
 
+def test_the_result_line_tells_the_guidance_applied():
+    assert " · guidance 3.5 · " in ui.describe_result(result_with("memory_hit", guidance=3.5), show_guidance=True)
+    assert " · no guidance · " in ui.describe_result(result_with("memory_hit", guidance=None), show_guidance=True)
+    assert "guidance" not in ui.describe_result(result_with("memory_hit", guidance=None))
+
+
 def shape(**changes) -> ShapeStatus:
     return replace(ShapeStatus("1344x768", "7:4", 4032, "cold", estimate_seconds=41.0), **changes)
 
@@ -210,6 +233,11 @@ def shape(**changes) -> ShapeStatus:
 def test_every_state_has_words():
     assert ui.describe_state(shape()) == "compiles on first use (about 41 s)"
     assert ui.describe_state(shape(on_disk=True, estimate_seconds=3.0)) == "cached on disk (loads in about 3 s)"
+    assert ui.describe_state(shape(on_disk=True, estimate_seconds=None)) == "cached on disk (load time not measured yet)"
+    assert "from the disk cache (about 3 s)" in ui.describe_size(shape(on_disk=True, estimate_seconds=3.0))
+    assert "(load time not measured yet)" in ui.describe_size(shape(on_disk=True, estimate_seconds=None))
+    assert ui.describe_size(shape(state="ready", load_seconds=1.6)) == (
+        "**Ready.** Loading it from the disk cache took 1.6 s; images at **1344x768** come at full speed.")
     assert ui.describe_state(shape(state="compiling")) == "compiling now"
     assert ui.describe_state(shape(state="failed", error="OOM")) == "failed"
     assert ui.describe_state(shape(state="ready")) == "ready"

@@ -1,0 +1,290 @@
+"""Truth in accounting: which cache event a request was, a load told apart from a compile, the guidance diffusers
+applied, every refused request counted, and prompts and messages that carry only what they should."""
+
+import inspect
+import json
+import re
+import time
+
+import httpx
+import pytest
+import torch
+from PIL import Image
+from serving import TIMEOUT, served
+from torch._dynamo.utils import counters as dynamo_counters
+
+from neuron_ui import compilation, ui
+from neuron_ui.compilation import (
+    COMPILED,
+    DISK_HIT,
+    EAGER,
+    MEMORY_HIT,
+    CacheManifest,
+    CompileCounters,
+    CompileKey,
+    classify_event,
+    estimate_compile_seconds,
+    read_counters,
+)
+from neuron_ui.device import configure_cache_env
+from neuron_ui.engine import Engine
+from neuron_ui.loading import LoadedModel, build_tiny_pipeline
+from neuron_ui.resolutions import parse_resolutions
+from neuron_ui.schema import GenerateRequest
+
+
+def seen(graphs=0, hits=0, misses=0, bypasses=0, neffs=0) -> CompileCounters:
+    return CompileCounters(graphs=graphs, cache_hits=hits, cache_misses=misses, cache_bypasses=bypasses,
+                           neff_files=neffs)
+
+
+def custom_backend(gm, example_inputs):
+    return gm.forward
+
+
+# -- which cache event ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delta, mode, backend, event", [
+    (seen(), "eager", "inductor", EAGER),
+    (seen(), "regional", "inductor", MEMORY_HIT),
+    (seen(), "full", "neuron", MEMORY_HIT),
+    (seen(graphs=2, neffs=3), "regional", "neuron", COMPILED),
+    (seen(neffs=1), "full", "neuron", COMPILED),  # a new NEFF is the Neuron compiler running, traced or not
+    (seen(graphs=2, hits=5), "regional", "neuron", DISK_HIT),  # re-traced, no new NEFF: from the NEFF cache
+    (seen(graphs=2, hits=4), "regional", "inductor", DISK_HIT),
+    (seen(graphs=2, misses=4), "regional", "inductor", COMPILED),
+    (seen(graphs=2, hits=3, misses=1), "regional", "inductor", COMPILED),  # hits and a miss: the compiler ran
+    (seen(graphs=2, hits=3, bypasses=1), "regional", "inductor", COMPILED),  # a bypass compiles without the cache
+    (seen(graphs=1, bypasses=2), "full", "inductor", COMPILED),
+    (seen(graphs=2), "regional", "eager", COMPILED),  # no persistent cache: traced afresh
+    (seen(graphs=2), "full", custom_backend, COMPILED),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_every_branch_of_classify_event(delta, mode, backend, event):
+    assert classify_event(delta, mode, backend) == event
+
+
+def test_read_counters_reads_the_names_torch_itself_increments():
+    import torch._functorch._aot_autograd.autograd_cache as autograd_cache
+    import torch._inductor.codecache as codecache
+
+    source = inspect.getsource(codecache) + inspect.getsource(autograd_cache)
+    for names in compilation.CACHE_COUNTERS.values():
+        for group, name in names:
+            assert f'counters["{group}"]["{name}"] += 1' in source, f"torch no longer counts {group}/{name}"
+    added = {("inductor", "fxgraph_cache_bypass"): 1, ("aot_autograd", "autograd_cache_bypass"): 2,
+             ("inductor", "fxgraph_cache_hit"): 3, ("aot_autograd", "autograd_cache_miss"): 4}
+    before = read_counters()
+    for (group, name), count in added.items():
+        dynamo_counters[group][name] += count
+    try:
+        assert read_counters() - before == seen(hits=3, misses=4, bypasses=3)
+    finally:
+        for (group, name), count in added.items():
+            dynamo_counters[group][name] -= count
+
+
+@pytest.mark.slow
+def test_a_real_inductor_cache_bypass_is_counted_and_is_a_compile(tmp_path, monkeypatch):
+    """Inductor cannot cache a graph when a custom pass has no uuid: it compiles and counts a bypass."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    before = read_counters()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=lambda graph: None):
+        torch.compile(lambda x: x * 2 + 1, backend="inductor")(torch.ones(4))
+    delta = read_counters() - before
+    torch._dynamo.reset()
+    assert delta.cache_bypasses >= 1 and delta.graphs == 1, delta
+    assert classify_event(delta, "full", "inductor") == COMPILED
+
+
+# -- a load is not a compile ------------------------------------------------------------------------------
+
+
+class FolderCacheBackend:
+    """A torch.compile backend with a real persistent cache: a graph it has not seen takes `seconds` to compile
+    and leaves a file; a graph whose file is there loads at once. It counts where inductor counts."""
+
+    def __init__(self, folder, seconds: float = 1.5):
+        self.folder, self.seconds = folder, seconds
+
+    def __call__(self, gm, example_inputs):
+        shapes = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)]
+        entry = self.folder / f"{abs(hash((gm.code, str(shapes))))}.graph"
+        if entry.exists():
+            dynamo_counters["inductor"]["fxgraph_cache_hit"] += 1
+        else:
+            time.sleep(self.seconds)
+            dynamo_counters["inductor"]["fxgraph_cache_miss"] += 1
+            self.folder.mkdir(parents=True, exist_ok=True)
+            entry.touch()
+        return gm.forward
+
+
+def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_time(make_engine, tmp_path):
+    backend = FolderCacheBackend(tmp_path / "graphs")
+    first = make_engine(backend=backend, cache_dir=tmp_path / "cache")
+    cold = {size: first.generate(GenerateRequest("a fox", size, steps=1, seed=1)) for size in ("256x256", "512x512")}
+    assert {r.cache_event for r in cold.values()} == {COMPILED}
+
+    restarted = make_engine(backend=backend, cache_dir=tmp_path / "cache")
+    shape = restarted.status().shape("256x256")
+    assert shape.on_disk and shape.compile_seconds == pytest.approx(cold["256x256"].compile_seconds, abs=0.01)
+    # Nothing has loaded from disk yet: say so, rather than announce the compile time as the wait.
+    assert shape.estimate_seconds is None
+    assert ui.describe_state(shape) == "cached on disk (load time not measured yet)"
+    updates = []
+    loaded = restarted.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1), progress=updates.append)
+    assert loaded.cache_event == DISK_HIT
+    assert loaded.compile_seconds < cold["256x256"].compile_seconds  # traced again, but no compiler ran
+    assert updates[0].message == "loading 256x256 from the disk cache for the first time (load time not measured yet)"
+    ready = restarted.status().shape("256x256")
+    assert ready.load_seconds == pytest.approx(loaded.compile_seconds, abs=0.01) and ready.compile_seconds is None
+    assert ui.describe_size(ready).startswith(f"**Ready.** Loading it from the disk cache took {ready.load_seconds:.1f} s")
+
+    (entry,) = json.loads((tmp_path / "cache" / "manifest.json").read_text())["entries"].values()
+    record = entry["shapes"]["256x256"]
+    assert record["load_seconds"] == pytest.approx(loaded.compile_seconds, abs=0.01)
+    assert record["cold_seconds"] == pytest.approx(cold["256x256"].compile_seconds, abs=0.01)
+    assert "load_seconds" in entry["shapes"]["512x512"] and entry["shapes"]["512x512"]["load_seconds"] is None
+
+    again = make_engine(backend=backend, cache_dir=tmp_path / "cache")
+    status = again.status()
+    assert status.shape("256x256").estimate_seconds == pytest.approx(record["load_seconds"], abs=0.05)
+    assert status.shape("256x256").load_seconds == record["load_seconds"]
+    # 512x512 never loaded here: the other size's load is the best guess, far below its own compile time.
+    assert status.shape("512x512").estimate_seconds == pytest.approx(record["load_seconds"], abs=0.05)
+    assert status.shape("512x512").estimate_seconds < cold["512x512"].compile_seconds
+    assert ui.describe_state(status.shape("256x256")) == (
+        f"cached on disk (loads in about {status.shape('256x256').estimate_seconds:.0f} s)")
+    # A size with no graph on disk is still estimated from the cold compiles.
+    assert status.shape("384x256").estimate_seconds >= min(r.compile_seconds for r in cold.values()) - 0.05
+
+
+def test_manifests_written_before_load_seconds_are_still_read(tmp_path):
+    key = CompileKey("tiny", "regional", "inductor", "float32", "2.13", "0.42.1")
+    old = {"version": 1, "entries": {key.digest: {"key": {}, "shapes": {
+        "512x512": {"resolution": "512x512", "tokens": 1024, "seconds": 30.0, "cold_seconds": 30.0,
+                    "event": "compiled", "date": "2025-01-01T00:00:00"},
+        "1024x1024": {"resolution": "1024x1024", "tokens": 4096, "seconds": 2.5, "cold_seconds": 40.0,
+                      "event": "disk_hit", "date": "2025-01-01T00:00:00"},
+    }}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    manifest = CacheManifest(tmp_path / "manifest.json")
+    records = manifest.shapes(key)
+    assert records["512x512"].load_seconds is None and records["1024x1024"].load_seconds is None
+    # An old record whose last event was a disk hit measured a load in `seconds`.
+    assert estimate_compile_seconds(records, "1024x1024", "inductor") == 2.5
+    assert estimate_compile_seconds(records, "512x512", "inductor") == 2.5  # the key's loads, not its 30 s compile
+    assert estimate_compile_seconds(records, "768x768", "inductor") == 35.0  # not on disk: median cold compile
+    manifest.record(key, "512x512", 1024, 1.25, DISK_HIT)
+    record = manifest.shapes(key)["512x512"]
+    assert (record.seconds, record.cold_seconds, record.load_seconds) == (1.25, 30.0, 1.25)
+    manifest.record(key, "512x512", 1024, 29.0, COMPILED)
+    record = manifest.shapes(key)["512x512"]
+    assert (record.cold_seconds, record.load_seconds) == (29.0, 1.25)  # a recompile keeps the last load
+
+
+# -- guidance: what diffusers applied -----------------------------------------------------------------------
+
+
+def eager_engine(tmp_path, distilled: bool) -> Engine:
+    pipe = build_tiny_pipeline()
+    pipe.register_to_config(is_distilled=distilled)
+    return Engine(LoadedModel(pipe, name="tiny", is_tiny=True), presets=parse_resolutions("256x256"),
+                  compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
+
+
+def test_guidance_given_to_a_distilled_model_is_recorded_as_not_used(tmp_path):
+    engine = eager_engine(tmp_path, distilled=True)
+    result = engine.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1, guidance=3.5))
+    assert result.guidance is None and result.info()["guidance"] is None
+    assert not engine.pipe.do_classifier_free_guidance  # diffusers' own word: it applied none
+    png = Image.open(result.save_png(tmp_path / "fox.png"))
+    assert json.loads(png.text["parameters"])["guidance"] is None and png.text["guidance"] == "not used"
+    assert ui.describe_result(result, show_guidance=True).startswith("**seed** 1 · **256x256** · 1 steps · no guidance")
+
+
+@pytest.mark.parametrize("asked, applied", [(4.0, 4.0), (1.0, None), (None, 4.0)])
+def test_a_base_model_records_the_guidance_diffusers_applied(tmp_path, asked, applied):
+    engine = eager_engine(tmp_path, distilled=False)
+    result = engine.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1, guidance=asked))
+    assert result.guidance == applied
+    assert engine.pipe.do_classifier_free_guidance == (applied is not None)
+    png = Image.open(result.save_png(tmp_path / "fox.png"))
+    assert png.text["guidance"] == ("not used" if applied is None else f"{applied:g}")
+
+
+# -- what a prompt may carry ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    return eager_engine(tmp_path_factory.mktemp("prompts"), distilled=True)
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("\x00\x00\x00", r"control characters \(U\+0000\)"),
+    ("a fox\x00 at dusk", r"control characters \(U\+0000\)"),
+    ("a fox \x1b[31m red \x7f\x85 at dusk", r"control characters \(U\+001B, U\+007F, U\+0085\)"),
+    ("\u200b\u200b\u200b", "no visible characters"),
+    ("\u200b \ufeff\u2060\u200d", "no visible characters"),
+])
+def test_prompts_with_no_visible_characters_or_control_characters_are_refused(tiny_engine, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_engine.generate(GenerateRequest(prompt, "256x256", steps=1, seed=1))
+
+
+def test_prompts_with_lines_emoji_and_joiners_pass_and_the_png_text_is_clean(tiny_engine, tmp_path):
+    prompt = "a fox\tat dusk\nby the sea, 🦊‍🔥 عربى"
+    result = tiny_engine.generate(GenerateRequest(f"  {prompt}  ", "256x256", steps=1, seed=1))
+    assert result.prompt == prompt
+    png = Image.open(result.save_png(tmp_path / "fox.png"))
+    assert png.text["prompt"] == prompt and json.loads(png.text["parameters"])["prompt"] == prompt
+    chunks = "".join(png.text.values())
+    assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", chunks)
+
+
+# -- over HTTP: refused requests are counted, and their values echoed as sent -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with served(tmp_path_factory.mktemp("accounting") / "cache") as s:
+        yield s
+
+
+def raw_call(s, api: str, data: list) -> tuple[str, object]:
+    posted = httpx.post(f"{s.url}/gradio_api/call/{api}", json={"data": data}, timeout=TIMEOUT)
+    posted.raise_for_status()
+    stream = httpx.get(f"{s.url}/gradio_api/call/{api}/{posted.json()['event_id']}", timeout=TIMEOUT).text
+    event, data = re.findall(r"event: (\w+)\ndata: (.*)\n", stream)[-1]
+    return event, json.loads(data)
+
+
+def test_invalid_warmup_requests_are_counted_and_their_value_echoed_readably(server):
+    before = server.metric("neuron_ui_errors_total", kind="invalid_request") or 0.0
+    event, data = raw_call(server, "warmup", ["../../etc/passwd"])
+    assert event == "error", data
+    assert "resolution '../../etc/passwd' is not of the form WIDTHxHEIGHT" in data["error"], data
+    event, data = raw_call(server, "warmup", ["2048x2048"])
+    assert event == "error" and "not a preset; allowed: 256x256, 384x256" in data["error"], data
+    assert server.metric("neuron_ui_errors_total", kind="invalid_request") == before + 2
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("\u0000\u0000", "control characters (U+0000)"),
+    ("\u200b\u200b", "no visible characters"),
+])
+def test_invisible_and_nul_prompts_are_refused_over_http(server, prompt, message):
+    event, data = raw_call(server, "generate", [prompt, "256x256", 1, 1, None])
+    assert event == "error" and message in data["error"], data
+
+
+def test_a_compile_error_still_has_its_server_paths_redacted():
+    message = ("compiling 256x256 failed: CppCompileError: /tmp/torchinductor_root/ab/cabcdef.cpp:12: error; "
+               "see C:\\Users\\svc\\neuron\\log.txt")
+    assert ui.redact_paths(message) == "compiling 256x256 failed: CppCompileError: <path>:12: error; see <path>"
+    assert ui.redact_paths("resolution '../../etc/passwd' is not of the form") == (
+        "resolution '../../etc/passwd' is not of the form")
+
