@@ -46,22 +46,22 @@ def custom_backend(gm, example_inputs):
 
 
 @pytest.mark.parametrize("delta, mode, backend, event", [
-    (seen(), "eager", "inductor", EAGER),
-    (seen(), "regional", "inductor", MEMORY_HIT),
-    (seen(), "full", "neuron", MEMORY_HIT),
-    (seen(graphs=2, neffs=3), "regional", "neuron", COMPILED),
-    (seen(neffs=1), "full", "neuron", COMPILED),  # a new NEFF is the Neuron compiler running, traced or not
-    (seen(graphs=2, hits=5), "regional", "neuron", DISK_HIT),  # re-traced, no new NEFF: from the NEFF cache
-    (seen(graphs=2, hits=4), "regional", "inductor", DISK_HIT),
-    (seen(graphs=2, misses=4), "regional", "inductor", COMPILED),
-    (seen(graphs=2, hits=3, misses=1), "regional", "inductor", COMPILED),  # hits and a miss: the compiler ran
-    (seen(graphs=2, hits=3, bypasses=1), "regional", "inductor", COMPILED),  # a bypass compiles without the cache
-    (seen(graphs=1, bypasses=2), "full", "inductor", COMPILED),
-    (seen(graphs=2), "regional", "eager", COMPILED),  # no persistent cache: traced afresh
-    (seen(graphs=2), "full", custom_backend, COMPILED),
+    (dict(), "eager", "inductor", EAGER),
+    (dict(), "regional", "inductor", MEMORY_HIT),
+    (dict(), "full", "neuron", MEMORY_HIT),
+    (dict(graphs=2, neffs=3), "regional", "neuron", COMPILED),
+    (dict(neffs=1), "full", "neuron", COMPILED),  # a new NEFF is the Neuron compiler running, traced or not
+    (dict(graphs=2, hits=5), "regional", "neuron", DISK_HIT),  # re-traced, no new NEFF: from the NEFF cache
+    (dict(graphs=2, hits=4), "regional", "inductor", DISK_HIT),
+    (dict(graphs=2, misses=4), "regional", "inductor", COMPILED),
+    (dict(graphs=2, hits=3, misses=1), "regional", "inductor", COMPILED),  # hits and a miss: the compiler ran
+    (dict(graphs=2, hits=3, bypasses=1), "regional", "inductor", COMPILED),  # a bypass compiles without the cache
+    (dict(graphs=1, bypasses=2), "full", "inductor", COMPILED),
+    (dict(graphs=2), "regional", "eager", COMPILED),  # no persistent cache: traced afresh
+    (dict(graphs=2), "full", custom_backend, COMPILED),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_every_branch_of_classify_event(delta, mode, backend, event):
-    assert classify_event(delta, mode, backend) == event
+    assert classify_event(seen(**delta), mode, backend) == event
 
 
 def test_read_counters_reads_the_names_torch_itself_increments():
