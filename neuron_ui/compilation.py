@@ -155,7 +155,7 @@ MAX_MANIFEST_BYTES = 8 * 2**20
 MAX_JSON_DEPTH = 32  # ours nest 5 deep; json.loads recurses once per level
 _DIGEST = re.compile(r"[0-9a-f]{16}")
 _EVENT = re.compile(r"[a-z_]{1,32}")
-_DATE = re.compile(r"[0-9A-Za-z:+. -]{0,40}")
+DATE_PATTERN = re.compile(r"[0-9A-Za-z:+. -]{0,40}")
 
 
 def load_json(data: bytes, what: str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH) -> object:
@@ -202,7 +202,7 @@ def parse_shape_record(name: str, raw: object) -> ShapeRecord:
         seconds=_seconds(raw, "seconds"),
         cold_seconds=None if raw["cold_seconds"] is None else _seconds(raw, "cold_seconds"),
         event=_text(raw, "event", _EVENT),
-        date=_text(raw, "date", _DATE),
+        date=_text(raw, "date", DATE_PATTERN),
     )
 
 

@@ -12,7 +12,9 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,8 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 MIN_FREE_BYTES = 64 * 2**20  # less free space than this in the cache folder counts as full
+# A bundle import stages its files in `.import-<pid>.<host>.<random>` inside the cache folder.
+STAGING_PREFIX = ".import-"
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ def configure_cache_env(cache_dir: Path, environ: os._Environ | dict = os.enviro
     else:
         for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
             Path(environ[name]).mkdir(parents=True, exist_ok=True)
+        sweep_staging(root)
     return CachePaths(
         root=root,
         neff=Path(environ[NEFF_CACHE_ENV]),
@@ -77,6 +82,51 @@ def check_cache_folder(root: Path) -> str | None:
     if free < MIN_FREE_BYTES:
         return f"cache folder {root} is full ({free // 2**20} MiB free)"
     return None
+
+
+def free_bytes(path: Path) -> int:
+    """Free space for new files under `path` (it need not exist yet)."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def staging_prefix() -> str:
+    """The name a new import's staging folder starts with: whose it is, so a sweep can tell a live one."""
+    return f"{STAGING_PREFIX}{os.getpid()}.{socket.gethostname()}."
+
+
+def sweep_staging(root: Path) -> list[Path]:
+    """Remove staging folders left by imports that were killed; runs at every start, before any import here.
+
+    A folder is left alone while the process that made it (same host, pid alive, not us) may still be
+    importing. At start-up no import of ours is running, so one with our own pid is a dead predecessor's
+    (containers reuse pids)."""
+    removed = []
+    for folder in Path(root).glob(f"{STAGING_PREFIX}*"):
+        match = re.fullmatch(rf"{re.escape(STAGING_PREFIX)}(\d+)\.(.+)\.[^.]+", folder.name)
+        if match and match.group(2) != socket.gethostname():
+            continue  # another machine's, on a shared folder: it alone can tell
+        if match and int(match.group(1)) != os.getpid() and _alive(int(match.group(1))):
+            continue
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            folder.unlink(missing_ok=True)
+        logger.warning("removed %s, left by an import that was killed", folder)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
 
 
 @dataclass(frozen=True)
