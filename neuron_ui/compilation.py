@@ -6,7 +6,6 @@ cache hit/miss counters, and new files in the NEFF cache folder; never assumed f
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import itertools
 import json
@@ -280,9 +279,10 @@ class CacheManifest:
     def __init__(self, path: Path, error: str | None = None):
         self.path = Path(path)
         self._lock = threading.Lock()
-        self.error = f"{error}; serving without persistence" if error else None
+        self._problem = f"{error}; serving without persistence" if error else None  # for good: the folder
+        self._write_error: str | None = None  # until a write succeeds again (a disk that filled, then had room)
         self._data = self._read()
-        if self.error is None:
+        if self._problem is None:
             self._check_writable()
 
     def _read(self) -> dict:
@@ -308,8 +308,12 @@ class CacheManifest:
             with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
                 pass
         except OSError as error:
-            self.error = f"cache folder {self.path.parent} is not writable ({error.strerror or error}); serving without persistence"
-            logger.warning(self.error)
+            self._problem = f"cache folder {self.path.parent} is not writable ({error.strerror or error}); serving without persistence"
+            logger.warning(self._problem)
+
+    @property
+    def error(self) -> str | None:
+        return self._problem or self._write_error
 
     @property
     def persistent(self) -> bool:
@@ -379,7 +383,7 @@ class CacheManifest:
 
     def _write(self, strict: bool = False) -> None:
         """Temp file, fsync, rename: readers see the old manifest or the new one, never half of one."""
-        if not self.persistent and not strict:
+        if self._problem and not strict:
             return
         tmp = None
         try:
@@ -394,8 +398,12 @@ class CacheManifest:
                 Path(tmp).unlink(missing_ok=True)
             if strict:
                 raise
-            self.error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"
-            logger.warning(self.error)
+            self._write_error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"
+            logger.warning(self._write_error)
+            return
+        if self._write_error:
+            logger.warning("%s is written again: the compile cache is persistent again", self.path)
+            self._write_error = None
 
 
 def _first_line(error: BaseException) -> str:
