@@ -389,10 +389,21 @@ def _parse_header(header: object, bundle: Path) -> dict:
     resolutions = header.get("resolutions")
     if not isinstance(resolutions, list) or sorted(map(str, resolutions)) != sorted(shapes):
         raise ValueError("'resolutions' must list the shapes of its entry")
-    files, seen = header.get("files"), set()
+    files = _parse_files(header.get("files"), bundle)
+    created, built_on = header.get("created", ""), header.get("built_on", {})
+    if not isinstance(created, str) or not DATE_PATTERN.fullmatch(created):
+        raise ValueError("'created' is not a date")
+    if not isinstance(built_on, dict) or not all(isinstance(v, str) and len(v) <= 100 for v in built_on.values()):
+        raise ValueError("'built_on' must map names to short strings")
+    return {"format": BUNDLE_FORMAT, "key": entries[digest]["key"], "digest": digest, "entries": entries,
+            "resolutions": sorted(shapes), "files": files, "created": created, "built_on": built_on}
+
+
+def _parse_files(files: object, bundle: Path) -> list[dict]:
+    """The file list, each entry with a safe path (listed once), a size, a sha256 and a mode."""
     if not isinstance(files, list):
         raise ValueError("'files' must be a list")
-    checked = []
+    checked, seen = [], set()
     for n, f in enumerate(files):
         where = f"file {n} ({str(f.get('path'))[:60]!r})" if isinstance(f, dict) else f"file {n}"
         if (not isinstance(f, dict) or not isinstance(f.get("path"), str)
@@ -405,13 +416,7 @@ def _parse_header(header: object, bundle: Path) -> dict:
             raise ValueError(f"{where} is listed twice")
         seen.add(path)
         checked.append({"path": path, "size": f["size"], "sha256": f["sha256"], "mode": f.get("mode", 0o644)})
-    created, built_on = header.get("created", ""), header.get("built_on", {})
-    if not isinstance(created, str) or not DATE_PATTERN.fullmatch(created):
-        raise ValueError("'created' is not a date")
-    if not isinstance(built_on, dict) or not all(isinstance(v, str) and len(v) <= 100 for v in built_on.values()):
-        raise ValueError("'built_on' must map names to short strings")
-    return {"format": BUNDLE_FORMAT, "key": entries[digest]["key"], "digest": digest, "entries": entries,
-            "resolutions": sorted(shapes), "files": checked, "created": created, "built_on": built_on}
+    return checked
 
 
 def _info(bundle: Path, header: dict) -> BundleInfo:

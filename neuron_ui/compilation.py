@@ -233,7 +233,7 @@ def _check_entry(digest: str, entry: object) -> dict:
         raise ValueError(f"not a mapping but {type(entry).__name__}")
     key, shapes = entry.get("key"), entry.get("shapes")
     if not isinstance(key, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) and
-                                            len(str(v)) <= 200 for v in key.values()):
+                                            len(str(v)) <= 1000 for v in key.values()):
         raise ValueError("field 'key' must map names to short strings or numbers")
     if key_digest(key) != digest:
         raise ValueError("its digest does not match its key")
@@ -308,7 +308,8 @@ class CacheManifest:
             with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
                 pass
         except OSError as error:
-            self._problem = f"cache folder {self.path.parent} is not writable ({error.strerror or error}); serving without persistence"
+            self._problem = (f"cache folder {self.path.parent} is not writable ({error.strerror or error}); "
+                             "serving without persistence")
             logger.warning(self._problem)
 
     @property

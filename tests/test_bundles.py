@@ -286,7 +286,8 @@ def with_record(header: dict, name: str, **fields) -> dict:
 
 BAD_HEADERS = {  # what: (edit the header, what the refusal must name)
     "a wrong type": (lambda h: with_record(h, "512x512", seconds="abc"), "record '512x512'.*field 'seconds'"),
-    "a missing field": (lambda h: with_record(h, "512x512", tokens=None), "record '512x512'.*field 'tokens' is missing"),
+    "a missing field": (lambda h: with_record(h, "512x512", tokens=None),
+                        "record '512x512'.*field 'tokens' is missing"),
     "a hostile name": (lambda h: with_record(h, "../../../etc/x", resolution="<script>alert(1)</script>"),
                        "record '../../../etc/x'"),
     "a hostile resolution": (lambda h: with_record(h, "512x512", resolution="<script>alert(1)</script>"),
@@ -553,8 +554,10 @@ def test_cache_cli_ls_export_import_clear(source, tmp_path):
     assert imported.returncode == 0 and "added 512x512" in imported.stdout
     assert set(CacheManifest(fresh / "manifest.json").entries()[KEY.digest]["shapes"]) == {"512x512"}
 
-    pinned = cache_cli("import", str(tmp_path / "b.tar.gz"), "--cache-bundle-sha256", "0" * 64, cache_dir=tmp_path / "p")
-    assert pinned.returncode == 2 and f"expected sha256 {'0' * 64}, got {sha256_of(tmp_path / 'b.tar.gz')}" in pinned.stderr
+    pin = ("--cache-bundle-sha256", "0" * 64)
+    pinned = cache_cli("import", str(tmp_path / "b.tar.gz"), *pin, cache_dir=tmp_path / "p")
+    assert pinned.returncode == 2
+    assert f"expected sha256 {'0' * 64}, got {sha256_of(tmp_path / 'b.tar.gz')}" in pinned.stderr
     assert "Traceback" not in pinned.stderr
     refused = cache_cli("import", str(tmp_path / "b.tar.gz"), "--compile", "full", cache_dir=tmp_path / "other")
     assert refused.returncode == 2 and "mode: bundle regional, here full" in refused.stderr
