@@ -63,9 +63,13 @@ def import_cache_bundle(settings: Settings, cache: CachePaths) -> None:
     from neuron_ui import bundles
 
     try:
-        info = bundles.import_bundle(cache, bundles.key_for_settings(settings), settings.cache_bundle)
+        info = bundles.import_bundle(cache, bundles.key_for_settings(settings), settings.cache_bundle,
+                                     settings.cache_bundle_sha256)
     except (ValueError, OSError) as error:
         logger.warning("not using --cache-bundle: %s; starting cold", error)
+        return
+    except Exception:  # a bug of ours must not keep the app from starting either
+        logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
         return
     logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
 

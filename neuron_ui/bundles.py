@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import tarfile
 import tempfile
@@ -32,10 +33,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from .compilation import CacheManifest, CompileKey, ShapeRecord
-from .device import CachePaths, Runtime, detect_launch
+from .compilation import DATE_PATTERN, CacheManifest, CompileKey, ShapeRecord, load_json, parse_entries
+from .device import (MIN_FREE_BYTES, STAGING_PREFIX, CachePaths, Runtime, detect_launch, free_bytes, staging_prefix,
+                     sweep_staging)
 from .resolutions import parse_resolution
-from .settings import Settings
+from .settings import Settings, parse_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +48,8 @@ MAX_BUNDLE_JSON = 16 * 2**20
 ARTIFACTS = {"inductor": ("inductor",), "neuron": ("neff", "inductor")}
 SECTIONS = {name for names in ARTIFACTS.values() for name in names}
 SKIPPED_DIRS = {"locks"}  # inductor's empty filelock files, recreated on demand
-STAGING_PREFIX = ".import-"
 CHUNK = 2**20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class BundleError(ValueError):
@@ -281,26 +283,38 @@ def inspect_bundle(bundle: Path) -> BundleInfo:
         raise BundleError(f"{bundle} is not a readable bundle ({_why(error)})") from error
 
 
-def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path) -> BundleInfo:
+def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None) -> BundleInfo:
     """Verify a bundle against this machine's compile key and its own checksums, then add it to the cache.
 
-    Refused (BundleError, cache untouched) on a different compile key, a corrupt or truncated archive, a
-    checksum mismatch, or any member that is not a plain file at a relative path under inductor/ or neff/.
-    Files already in the cache are kept: their names are content hashes, so they hold the same thing.
+    Refused (BundleError, cache untouched) on a sha256 other than the pinned one (`sha256`, the digest of
+    the whole bundle file), a different compile key, a bundle.json outside the schema, more declared bytes
+    than the cache folder has free, a corrupt or truncated archive, a checksum mismatch, or any member that
+    is not a plain file at a relative path under inductor/ or neff/. Files already in the cache are kept:
+    their names are content hashes, so they hold the same thing.
     """
     bundle = Path(bundle)
     staging: Path | None = None
     header: dict | None = None
     try:
-        # gzip.open rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
-        with gzip.open(bundle, "rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
-            header = _read_header(tar, bundle)
-            _check_key(header, key, bundle)
-            info = _info(bundle, header)
-            staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=STAGING_PREFIX))
-            _extract_verified(tar, staging, {f.path: f for f in info.files}, bundle)
-            while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
+        with open(bundle, "rb") as raw:
+            if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
+                _check_sha256(_hash_stream(raw), sha256, bundle)
+                raw.seek(0)
+            reader = _HashingReader(raw)
+            # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
+            with gzip.GzipFile(fileobj=reader, mode="rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
+                header = _read_header(tar, bundle)
+                _check_key(header, key, bundle)
+                info = _info(bundle, header)
+                _check_space(cache, info)
+                staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
+                _extract_verified(tar, staging, {f.path: f for f in info.files}, bundle)
+                while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
+                    pass
+            while reader.read(CHUNK):
                 pass
+        if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
+            _check_sha256(reader.hexdigest(), sha256, bundle)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
         _remove(staging)
         raise BundleError(f"{bundle} is corrupt or truncated ({_why(error)}); nothing was changed. "
@@ -326,29 +340,83 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path) -> BundleInf
     return info
 
 
+def _check_sha256(got: str, expected: str, bundle: Path) -> None:
+    if got != parse_sha256(expected):
+        raise BundleError(f"{bundle} is not the pinned bundle: expected sha256 {parse_sha256(expected)}, got {got}; "
+                          "nothing was changed. Import only bundles you trust, and pin the digest of the one you "
+                          "exported (--cache-bundle-sha256).")
+
+
+def _check_space(cache: CachePaths, info: BundleInfo) -> None:
+    """Refuse before extracting when the declared files would fill the disk (sizes are verified on extraction)."""
+    free = free_bytes(cache.root)
+    if info.bytes > free - MIN_FREE_BYTES:
+        raise BundleError(f"{info.path} holds {human_bytes(info.bytes)}, more than {cache.root} can take: "
+                          f"{human_bytes(free)} free, {human_bytes(MIN_FREE_BYTES)} of it kept spare; "
+                          "nothing was changed. Free some space, or import fewer shapes.")
+
+
 def _read_header(tar: tarfile.TarFile, bundle: Path) -> dict:
+    """bundle.json, checked against the schema before anything trusts it."""
     member = tar.next()
     if member is None or member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
         raise BundleError(f"{bundle} is not a neuron-ui bundle: it does not start with {BUNDLE_JSON}; "
                           "nothing was changed")
     try:
-        header = json.loads(tar.extractfile(member).read())
-        if header.get("format") != BUNDLE_FORMAT:
-            raise BundleError(f"{bundle} has bundle format {header.get('format')!r}; this neuron-ui reads "
-                              f"format {BUNDLE_FORMAT}; nothing was changed. Export it again with this version.")
-        if not isinstance(header["key"], dict):
-            raise TypeError("its key is not a mapping")
-        for f in header["files"]:
-            _safe_parts(f["path"], bundle)
-        digest = header["digest"]
-        for rec in header["entries"][digest]["shapes"].values():
-            ShapeRecord(**rec)
-        _info(bundle, header)
-        return header
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return _parse_header(load_json(tar.extractfile(member).read(), BUNDLE_JSON, MAX_BUNDLE_JSON), bundle)
+    except ValueError as error:
         if isinstance(error, BundleError):
             raise
         raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({_why(error)}); nothing was changed") from error
+
+
+def _parse_header(header: object, bundle: Path) -> dict:
+    """The header with only the fields we read, each checked; a bad shape record is named with its field."""
+    if not isinstance(header, dict):
+        raise ValueError("not a mapping")
+    if header.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{bundle} has bundle format {str(header.get('format'))[:20]!r}; this neuron-ui reads "
+                          f"format {BUNDLE_FORMAT}; nothing was changed. Export it again with this version.")
+    entries, problems = parse_entries(header.get("entries"))
+    if problems:
+        raise BundleError(f"{bundle} has a bad {problems[0]}; nothing was changed")
+    digest = header.get("digest")
+    if not isinstance(digest, str) or digest not in entries or len(entries) != 1:
+        raise ValueError("'entries' must hold exactly the entry of its 'digest'")
+    if header.get("key") != entries[digest]["key"]:
+        raise ValueError("'key' is not the key of its entry")
+    shapes = entries[digest]["shapes"]
+    resolutions = header.get("resolutions")
+    if not isinstance(resolutions, list) or sorted(map(str, resolutions)) != sorted(shapes):
+        raise ValueError("'resolutions' must list the shapes of its entry")
+    files = _parse_files(header.get("files"), bundle)
+    created, built_on = header.get("created", ""), header.get("built_on", {})
+    if not isinstance(created, str) or not DATE_PATTERN.fullmatch(created):
+        raise ValueError("'created' is not a date")
+    if not isinstance(built_on, dict) or not all(isinstance(v, str) and len(v) <= 100 for v in built_on.values()):
+        raise ValueError("'built_on' must map names to short strings")
+    return {"format": BUNDLE_FORMAT, "key": entries[digest]["key"], "digest": digest, "entries": entries,
+            "resolutions": sorted(shapes), "files": files, "created": created, "built_on": built_on}
+
+
+def _parse_files(files: object, bundle: Path) -> list[dict]:
+    """The file list, each entry with a safe path (listed once), a size, a sha256 and a mode."""
+    if not isinstance(files, list):
+        raise ValueError("'files' must be a list")
+    checked, seen = [], set()
+    for n, f in enumerate(files):
+        where = f"file {n} ({str(f.get('path'))[:60]!r})" if isinstance(f, dict) else f"file {n}"
+        if (not isinstance(f, dict) or not isinstance(f.get("path"), str)
+                or not isinstance(f.get("size"), int) or isinstance(f.get("size"), bool) or f["size"] < 0
+                or not isinstance(f.get("sha256"), str) or not _SHA256.fullmatch(f["sha256"])
+                or not isinstance(f.get("mode", 0o644), int) or not 0 <= f.get("mode", 0o644) <= 0o7777):
+            raise ValueError(f"{where} needs a 'path', a 'size' in bytes, a 'sha256' and a numeric 'mode'")
+        path = "/".join(_safe_parts(f["path"], bundle))
+        if path in seen:
+            raise ValueError(f"{where} is listed twice")
+        seen.add(path)
+        checked.append({"path": path, "size": f["size"], "sha256": f["sha256"], "mode": f.get("mode", 0o644)})
+    return checked
 
 
 def _info(bundle: Path, header: dict) -> BundleInfo:
@@ -483,8 +551,7 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
             result.removed_files += usage.files
             result.freed_bytes += usage.bytes
             _empty(folder)
-        for stale in cache.root.glob(f"{STAGING_PREFIX}*"):  # left by an import that was killed
-            _remove(stale)
+        sweep_staging(cache.root)  # left by imports that were killed
     logger.info("cleared %d shapes, %d files (%s)", len(result.removed_shapes), result.removed_files,
                 human_bytes(result.freed_bytes))
     return result
@@ -514,6 +581,13 @@ def _hash_file(path: Path) -> tuple[int, str]:
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
+
+
+def _hash_stream(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := handle.read(CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 class _HashingReader:

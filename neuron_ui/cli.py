@@ -3,7 +3,7 @@
     python -m neuron_ui generate --prompt "a lighthouse at dusk" --resolution 512x512 --seed 1 --out out.png
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
-    python -m neuron_ui cache import bundle.tar.gz
+    python -m neuron_ui cache import bundle.tar.gz [--cache-bundle-sha256 DIGEST]
     python -m neuron_ui cache clear [--resolutions 1024x1024]
 
 `generate` prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model.
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from .device import CachePaths, configure_cache_env
-from .settings import Settings, add_engine_arguments, settings_from_args
+from .settings import Settings, add_bundle_pin_argument, add_engine_arguments, settings_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
             action.add_argument("--out", required=True, help="the .tar.gz to write, or a folder")
         if name == "import":
             action.add_argument("bundle", help="a bundle written by `cache export`")
+            add_bundle_pin_argument(action)
     return parser
 
 
@@ -87,7 +88,8 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths) -
             info = bundles.export_bundle(cache, bundles.key_for_settings(settings), Path(args.out), shapes)
             print(f"wrote {info.path}: {', '.join(info.resolutions)} ({len(info.files)} files)")
         elif args.action == "import":
-            info = bundles.import_bundle(cache, bundles.key_for_settings(settings), Path(args.bundle))
+            info = bundles.import_bundle(cache, bundles.key_for_settings(settings), Path(args.bundle),
+                                         settings.cache_bundle_sha256)
             print(f"imported {info.path}: added {', '.join(info.added_shapes) or 'nothing new'}"
                   + (f"; kept this cache's own {', '.join(info.kept_shapes)}" if info.kept_shapes else ""))
         else:

@@ -7,18 +7,23 @@ cache hit/miss counters, and new files in the NEFF cache folder; never assumed f
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import math
 import os
+import re
 import statistics
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from .resolutions import parse_resolution
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +135,12 @@ class CompileKey:
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return key_digest(asdict(self))
+
+
+def key_digest(key: dict) -> str:
+    """The digest a compile key is filed under in the manifest and in bundles."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -146,6 +156,131 @@ class ShapeRecord:
     load_seconds: float | None = None  # the latest load from the disk cache (a disk_hit); absent in old manifests
 
 
+# -- the schema for what we read from disk ---------------------------------------------------------
+# The manifest and every bundle come from outside this process (another version, another machine, a hand
+# edit): each record is checked field by field before anything uses it, unknown fields are ignored, and JSON
+# size and nesting are bounded before parsing, so no file on disk can stop the app from starting.
+
+MAX_MANIFEST_BYTES = 8 * 2**20
+MAX_JSON_DEPTH = 32  # ours nest 5 deep; json.loads recurses once per level
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+_EVENT = re.compile(r"[a-z_]{1,32}")
+DATE_PATTERN = re.compile(r"[0-9A-Za-z:+. -]{0,40}")
+
+
+def load_json(data: bytes, what: str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """json.loads for a file we did not necessarily write: too big or too deep is a ValueError, never a
+    RecursionError (json.loads recurses per level) or a parse of gigabytes."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} is {len(data)} bytes, more than the {max_bytes} bytes allowed")
+    text = data.decode("utf-8")
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"{what} nests {depth} levels deep, more than the {max_depth} allowed")
+    return json.loads(text)
+
+
+def json_depth(text: str) -> int:
+    """How deep brackets nest outside strings, in linear time and without recursion.
+
+    Escapes go first (so an escaped quote cannot end a string), then strings, then all but brackets. Where
+    this reads invalid JSON differently from json.loads, json.loads fails at that point, before going deeper.
+    """
+    bare = re.sub(r'"[^"]*"', "", re.sub(r"\\.", "", text, flags=re.S))
+    brackets = re.sub(r"[^\[\]{}]", "", bare)
+    return max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
+
+
+def parse_shape_record(name: str, raw: object) -> ShapeRecord:
+    """One record checked against the schema; ValueError names the field. Unknown fields are ignored."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a mapping but {type(raw).__name__}")
+    for f in fields(ShapeRecord):
+        if f.name not in raw and f.default is MISSING:
+            raise ValueError(f"field {f.name!r} is missing")
+    resolution = parse_resolution(name)  # its name must be a WIDTHxHEIGHT, written the way we write it
+    if str(resolution) != name:
+        raise ValueError(f"its name is not written as {resolution}")
+    if raw["resolution"] != name:
+        raise ValueError(f"field 'resolution' is {_shown(raw['resolution'])}, not its name")
+    tokens = _whole(raw, "tokens")
+    if tokens != resolution.tokens:
+        raise ValueError(f"field 'tokens' is {tokens}, {name} has {resolution.tokens}")
+    return ShapeRecord(
+        resolution=name,
+        tokens=tokens,
+        seconds=_seconds(raw, "seconds"),
+        cold_seconds=None if raw["cold_seconds"] is None else _seconds(raw, "cold_seconds"),
+        load_seconds=None if raw.get("load_seconds") is None else _seconds(raw, "load_seconds"),
+        event=_text(raw, "event", _EVENT),
+        date=_text(raw, "date", DATE_PATTERN),
+    )
+
+
+def parse_entries(raw: object) -> tuple[dict[str, dict], list[str]]:
+    """The manifest entries ({digest: {"key", "shapes"}}) that pass the schema, and a line per thing left out."""
+    if not isinstance(raw, dict):
+        return {}, [f"'entries' is not a mapping but {type(raw).__name__}"]
+    entries, problems = {}, []
+    for digest, entry in raw.items():
+        try:
+            key = _check_entry(digest, entry)
+        except ValueError as error:
+            problems.append(f"entry {_shown(digest)}: {error}")
+            continue
+        shapes = {}
+        for name, record in entry["shapes"].items():
+            try:
+                shapes[name] = asdict(parse_shape_record(name, record))
+            except ValueError as error:
+                problems.append(f"record {_shown(name)} of key {digest}: {error}")
+        entries[digest] = {"key": key, "shapes": shapes}
+    return entries, problems
+
+
+def _check_entry(digest: str, entry: object) -> dict:
+    if not _DIGEST.fullmatch(digest):
+        raise ValueError("not a compile-key digest")
+    if not isinstance(entry, dict):
+        raise ValueError(f"not a mapping but {type(entry).__name__}")
+    key, shapes = entry.get("key"), entry.get("shapes")
+    if not isinstance(key, dict) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) and
+                                            len(str(v)) <= 1000 for v in key.values()):
+        raise ValueError("field 'key' must map names to short strings or numbers")
+    if key_digest(key) != digest:
+        raise ValueError("its digest does not match its key")
+    if not isinstance(shapes, dict):
+        raise ValueError("field 'shapes' must be a mapping")
+    return key
+
+
+def _whole(raw: dict, name: str) -> int:
+    value = raw[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"field {name!r} must be a whole number, got {_shown(value)}")
+    return value
+
+
+def _seconds(raw: dict, name: str) -> float:
+    value = raw[name]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"field {name!r} must be a number of seconds, got {_shown(value)}")
+    return float(value)
+
+
+def _text(raw: dict, name: str, pattern: re.Pattern) -> str:
+    value = raw[name]
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ValueError(f"field {name!r} must match {pattern.pattern}, got {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    """A value from a file, quoted and cut short, safe to put in a log line or an error."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class CacheManifest:
     """manifest.json in the cache folder: per compile key, the shapes compiled and what they cost.
 
@@ -156,22 +291,28 @@ class CacheManifest:
     def __init__(self, path: Path, error: str | None = None):
         self.path = Path(path)
         self._lock = threading.Lock()
-        self.error = f"{error}; serving without persistence" if error else None
+        self._problem = f"{error}; serving without persistence" if error else None  # for good: the folder
+        self._write_error: str | None = None  # until a write succeeds again (a disk that filled, then had room)
         self._data = self._read()
-        if self.error is None:
+        if self._problem is None:
             self._check_writable()
 
     def _read(self) -> dict:
+        """What passes the schema; a bad record is left out with a warning, a bad file read as empty."""
         try:
-            data = json.loads(self.path.read_text())
-            if isinstance(data, dict) and isinstance(data.get("entries"), dict):
-                return data
-            logger.warning("ignoring %s: not a neuron-ui manifest", self.path)
+            with open(self.path, "rb") as handle:
+                data = load_json(handle.read(MAX_MANIFEST_BYTES + 1), str(self.path), MAX_MANIFEST_BYTES)
+            if not isinstance(data, dict) or "entries" not in data:
+                raise ValueError("not a neuron-ui manifest")
         except FileNotFoundError:
-            pass
+            return {"version": 1, "entries": {}}
         except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable manifest %s: %s", self.path, error)
-        return {"version": 1, "entries": {}}
+            logger.warning("ignoring unreadable manifest %s: %s", self.path, _first_line(error))
+            return {"version": 1, "entries": {}}
+        entries, problems = parse_entries(data["entries"])
+        for problem in problems:
+            logger.warning("ignoring %s in %s", problem, self.path)
+        return {"version": 1, "entries": entries}
 
     def _check_writable(self) -> None:
         try:
@@ -179,8 +320,13 @@ class CacheManifest:
             with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
                 pass
         except OSError as error:
-            self.error = f"cache folder {self.path.parent} is not writable ({error.strerror or error}); serving without persistence"
-            logger.warning(self.error)
+            self._problem = (f"cache folder {self.path.parent} is not writable ({error.strerror or error}); "
+                             "serving without persistence")
+            logger.warning(self._problem)
+
+    @property
+    def error(self) -> str | None:
+        return self._problem or self._write_error
 
     @property
     def persistent(self) -> bool:
@@ -222,7 +368,7 @@ class CacheManifest:
             entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
             added = [r for r in sorted(shapes) if r not in entry["shapes"]]
             for resolution in added:
-                entry["shapes"][resolution] = asdict(ShapeRecord(**shapes[resolution]))
+                entry["shapes"][resolution] = asdict(parse_shape_record(resolution, shapes[resolution]))
             self._write(strict=True)
             return added, sorted(set(shapes) - set(added))
 
@@ -251,7 +397,7 @@ class CacheManifest:
 
     def _write(self, strict: bool = False) -> None:
         """Temp file, fsync, rename: readers see the old manifest or the new one, never half of one."""
-        if not self.persistent and not strict:
+        if self._problem and not strict:
             return
         tmp = None
         try:
@@ -266,8 +412,16 @@ class CacheManifest:
                 Path(tmp).unlink(missing_ok=True)
             if strict:
                 raise
-            self.error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"
-            logger.warning(self.error)
+            self._write_error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"
+            logger.warning(self._write_error)
+            return
+        if self._write_error:
+            logger.warning("%s is written again: the compile cache is persistent again", self.path)
+            self._write_error = None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
 def measured_load_seconds(record: ShapeRecord) -> float | None:

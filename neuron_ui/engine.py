@@ -20,7 +20,7 @@ from PIL import Image
 
 from . import compilation
 from .compilation import Backend, CacheManifest, CompileKey, backend_name, classify_event, read_counters
-from .device import CachePaths, Runtime
+from .device import CachePaths, CompileFolder, Runtime
 from .loading import LoadedModel, choose_model, load_model
 from .resolutions import Resolution
 from .scheduler import DeviceQueue
@@ -154,6 +154,7 @@ class Engine:
         manifest: CacheManifest | None = None,
         runner: Runner | None = None,
         tp_degree: int = 1,
+        compile_folder: CompileFolder | None = None,
     ):
         self.loaded = loaded
         self.presets = presets
@@ -174,6 +175,7 @@ class Engine:
             manifest = CacheManifest(cache.manifest, error=cache.problem) if cache else CacheManifest(
                 Path(".neuron-ui-manifest.json"))
         self.manifest = manifest
+        self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self._device = DeviceQueue()
         self._state_lock = threading.Lock()
@@ -343,7 +345,8 @@ class Engine:
         before = read_counters(self._neff_dir)
         start = time.perf_counter()
         try:
-            self._call_pipeline(WARMUP_PROMPT, preset, steps=1, seed=0, guidance=self.default_guidance)
+            self.compile_folder.run(
+                lambda: self._call_pipeline(WARMUP_PROMPT, preset, steps=1, seed=0, guidance=self.default_guidance))
         except Exception as error:
             reason = _short(error)
             logger.exception("compiling %s failed", preset)
@@ -355,7 +358,8 @@ class Engine:
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         with self._state_lock:
             self._graphs[preset.tokens] = _GraphState(READY, compiled_by=preset, seconds=seconds, event=event)
-        self.manifest.record(self.key, str(preset), preset.tokens, seconds, event)
+        if self.compile_folder.persistent:  # else it compiled in a temporary folder: nothing kept to record
+            self.manifest.record(self.key, str(preset), preset.tokens, seconds, event)
         self._notify("on_compiled", str(preset), event, seconds)
         logger.info("compiled %s: %s in %.1f s", preset, event, seconds)
         return seconds
@@ -441,8 +445,8 @@ class Engine:
             default_steps=self.default_steps,
             default_guidance=self.default_guidance,
             cache_dir=str(self.cache.root) if self.cache else "",
-            persistent_cache=self.manifest.persistent,
-            cache_error=self.manifest.error,
+            persistent_cache=self.manifest.persistent and self.compile_folder.persistent,
+            cache_error=self.compile_folder.problem or self.manifest.error,
             busy=self._device.busy,
             tensor_parallel=self.runner.describe() if hasattr(self.runner, "describe") else None,
             queue_depth=self._device.waiting,

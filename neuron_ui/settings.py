@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class Settings:
     auth: tuple[str, str] | None = None
     warmup: tuple[Resolution, ...] = ()
     cache_bundle: Path | None = None
+    cache_bundle_sha256: str | None = None
     tp: int | None = None
 
     def __post_init__(self) -> None:
@@ -55,9 +57,25 @@ class Settings:
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
         self.cache_dir = Path(self.cache_dir).expanduser()
+        if self.cache_bundle_sha256 is not None:
+            self.cache_bundle_sha256 = parse_sha256(self.cache_bundle_sha256)
         missing = [str(r) for r in self.warmup if r not in self.resolutions]
         if missing:
             raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
+
+
+def parse_sha256(value: str) -> str:
+    """A bundle digest as `sha256sum` prints it (64 hex digits), lower-cased; ValueError otherwise."""
+    digest = value.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"--cache-bundle-sha256 must be 64 hex digits, as `sha256sum bundle.tar.gz` prints; "
+                         f"got {value[:80]!r}")
+    return digest
+
+
+def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-bundle-sha256", help="import only a bundle with this sha256 "
+                        "(env NEURON_UI_CACHE_BUNDLE_SHA256)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
     parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving (env NEURON_UI_CACHE_BUNDLE)")
+    add_bundle_pin_argument(parser)
     return parser
 
 
@@ -125,6 +144,9 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
     bundle = pick(getattr(args, "cache_bundle", None), "NEURON_UI_CACHE_BUNDLE")
     if bundle:
         values["cache_bundle"] = Path(bundle)
+    pin = pick(getattr(args, "cache_bundle_sha256", None), "NEURON_UI_CACHE_BUNDLE_SHA256")
+    if pin:
+        values["cache_bundle_sha256"] = pin
     if getattr(args, "tp", None) is not None:
         values["tp"] = args.tp
     if getattr(args, "share", False):

@@ -9,6 +9,9 @@ import hashlib
 import io
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -254,6 +257,187 @@ def test_a_missing_bundle_file_is_refused_plainly(target, tmp_path):
     assert snapshot(target.root) == before
 
 
+# -- what bundle.json may say ---------------------------------------------------------------------
+
+DEEP = ("[" * 200_000 + "]" * 200_000).encode()
+
+
+def with_header(bundle: Path, out: Path, edit) -> Path:
+    """A copy of `bundle` whose bundle.json is `edit(header)`: a dict, or bytes written as they are."""
+
+    def members(ms):
+        for info, data in ms:
+            if info.name == bundles.BUNDLE_JSON:
+                new = edit(json.loads(data))
+                data = new if isinstance(new, bytes) else json.dumps(new).encode()
+                info.size = len(data)
+            yield info, data
+
+    return rewrite(bundle, out, members)
+
+
+def with_record(header: dict, name: str, **fields) -> dict:
+    """The header with record `name` of its entry changed (a field set to None is removed)."""
+    shapes = header["entries"][header["digest"]]["shapes"]
+    record = {**shapes.get(name, shapes["512x512"]), **fields}
+    shapes[name] = {k: v for k, v in record.items() if v is not None}
+    return header
+
+
+BAD_HEADERS = {  # what: (edit the header, what the refusal must name)
+    "a wrong type": (lambda h: with_record(h, "512x512", seconds="abc"), "record '512x512'.*field 'seconds'"),
+    "a missing field": (lambda h: with_record(h, "512x512", tokens=None),
+                        "record '512x512'.*field 'tokens' is missing"),
+    "a hostile name": (lambda h: with_record(h, "../../../etc/x", resolution="<script>alert(1)</script>"),
+                       "record '../../../etc/x'"),
+    "a hostile resolution": (lambda h: with_record(h, "512x512", resolution="<script>alert(1)</script>"),
+                             "record '512x512'.*field 'resolution'"),
+    "200k levels deep": (lambda h: DEEP, "nests 200000 levels deep"),
+    "deep inside a record": (lambda h: json.dumps(with_record(h, "512x512", date="@")).replace('"@"', DEEP.decode())
+                             .encode(), "nests"),
+    "a file entry without a size": (lambda h: {**h, "files": [{**h["files"][0], "size": "big"}, *h["files"][1:]]},
+                                    "file 0 .*'size'"),
+}
+
+
+@pytest.mark.parametrize("what", BAD_HEADERS)
+def test_a_bundle_json_outside_the_schema_is_refused_naming_record_and_field(what, bundle, target, tmp_path):
+    edit, reason = BAD_HEADERS[what]
+    bad = with_header(bundle, tmp_path / "bad.tar.gz", edit)
+    before = snapshot(target.root)
+
+    for read in (lambda: import_bundle(target, KEY, bad), lambda: bundles.inspect_bundle(bad)):
+        with pytest.raises(BundleError, match="nothing was changed") as error:
+            read()
+        assert re.search(reason, str(error.value)), str(error.value)
+    assert snapshot(target.root) == before
+    assert "alert(1)" not in CacheManifest(target.manifest).entries().__repr__()
+
+
+def test_a_newer_bundles_extra_fields_are_ignored(bundle, target, tmp_path):
+    newer = with_header(bundle, tmp_path / "newer.tar.gz",
+                        lambda h: {**with_record(h, "512x512", load_seconds=0.4), "signed_by": {"who": "ci"}})
+
+    assert import_bundle(target, KEY, newer).added_shapes == ["512x512"]
+    assert CacheManifest(target.manifest).shapes(KEY)["512x512"].tokens == 1024
+
+
+def test_the_app_starts_cold_on_a_200k_deep_bundle_json_and_logs_why(bundle, tmp_path, monkeypatch, caplog):
+    import app
+    from neuron_ui.device import NEFF_CACHE_ENV
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
+    monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
+    nested = with_header(bundle, tmp_path / "nested.tar.gz", lambda h: DEEP)
+    settings = app.parse_settings(["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512",
+                                   "--cache-dir", str(tmp_path / "cache"), "--cache-bundle", str(nested)])
+
+    status = app.build_engine(settings).status()
+
+    assert not status.shape("512x512").on_disk
+    assert "not using --cache-bundle" in caplog.text and "nests 200000 levels deep" in caplog.text
+    assert "starting cold" in caplog.text and "Traceback" not in caplog.text
+
+
+# -- only the bundle we trust, only what fits, nothing left behind --------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_pinned_sha256_admits_that_bundle_and_refuses_any_other(bundle, target, tmp_path):
+    pinned = sha256_of(bundle)
+    other = with_header(bundle, tmp_path / "other.tar.gz", lambda h: {**h, "created": "2020-01-01T00:00:00+0000"})
+    before = snapshot(target.root)
+
+    with pytest.raises(BundleError, match=f"expected sha256 {pinned}, got {sha256_of(other)}.*nothing was changed"):
+        import_bundle(target, KEY, other, sha256=pinned)
+    assert snapshot(target.root) == before
+
+    assert import_bundle(target, KEY, bundle, sha256=pinned.upper()).added_shapes == ["512x512"]
+
+
+def test_the_pin_is_a_flag_and_an_env_var_checked_at_start_up():
+    from neuron_ui.settings import build_parser, settings_from_args
+
+    digest = "ab" * 32
+    args = build_parser().parse_args(["--cache-bundle", "b.tar.gz", "--cache-bundle-sha256", digest.upper()])
+    assert settings_from_args(args, environ={}).cache_bundle_sha256 == digest
+    env = {"NEURON_UI_CACHE_BUNDLE_SHA256": digest}
+    assert settings_from_args(build_parser().parse_args([]), environ=env).cache_bundle_sha256 == digest
+    with pytest.raises(ValueError, match="64 hex digits"):
+        settings_from_args(build_parser().parse_args(["--cache-bundle-sha256", "abc"]), environ={})
+
+
+def test_the_app_starts_cold_on_a_bundle_that_is_not_the_pinned_one(bundle, tmp_path, monkeypatch, caplog):
+    import app
+    from neuron_ui.device import NEFF_CACHE_ENV
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
+    monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
+    monkeypatch.setenv("NEURON_UI_CACHE_BUNDLE_SHA256", "0" * 64)
+    settings = app.parse_settings(["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512",
+                                   "--cache-dir", str(tmp_path / "cache"), "--cache-bundle", str(bundle)])
+
+    status = app.build_engine(settings).status()
+
+    assert not status.shape("512x512").on_disk
+    assert f"expected sha256 {'0' * 64}, got {sha256_of(bundle)}" in caplog.text and "starting cold" in caplog.text
+
+
+def test_a_bundle_larger_than_the_free_space_is_refused_before_extracting(bundle, target, tmp_path):
+    huge = with_header(bundle, tmp_path / "huge.tar.gz", lambda h: {
+        **h, "files": [{**f, "size": 2**50} if f["path"].endswith(".so") else f for f in h["files"]]})
+    before = snapshot(target.root)
+
+    with pytest.raises(BundleError, match=r"holds 1048576\.0 GiB, more than .* can take: .* free.*nothing was changed"):
+        import_bundle(target, KEY, huge)
+    assert snapshot(target.root) == before
+
+
+KILLED_IMPORT = """
+import json, os, signal, sys
+from pathlib import Path
+from neuron_ui import bundles
+from neuron_ui.compilation import CompileKey
+from neuron_ui.device import configure_cache_env
+
+def killed(*args):  # the import is killed once everything is staged, before anything moves into the cache
+    os.kill(os.getpid(), signal.SIGKILL)
+
+cache = configure_cache_env(Path(sys.argv[1]), environ={})
+bundles._place = killed
+bundles.import_bundle(cache, CompileKey(**json.loads(sys.argv[3])), Path(sys.argv[2]))
+"""
+
+
+def test_staging_left_by_a_killed_import_is_swept_at_the_next_start(bundle, target, tmp_path):
+    before = snapshot(target.root)
+    killed = subprocess.run([sys.executable, "-c", KILLED_IMPORT, str(target.root), str(bundle),
+                             json.dumps(dataclasses.asdict(KEY))], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    (left,) = target.root.glob(".import-*")
+    assert any(p.is_file() for p in left.rglob("*"))  # the whole bundle, staged
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as alive:
+        try:
+            live = target.root / f".import-{alive.pid}.{socket.gethostname()}.abc123"  # another process importing
+            elsewhere = target.root / f".import-{os.getpid()}.another-host.abc123"  # another machine's, shared folder
+            for folder in (live, elsewhere):
+                folder.mkdir()
+
+            configure_cache_env(target.root, environ={})  # what every start does: app, CLI, engine
+
+            assert sorted(target.root.glob(".import-*")) == sorted([live, elsewhere])
+        finally:
+            alive.kill()
+    configure_cache_env(target.root, environ={})
+    assert sorted(target.root.glob(".import-*")) == [elsewhere]
+    elsewhere.rmdir()
+    assert snapshot(target.root) == before
+
+
 # -- clear -----------------------------------------------------------------------------------------
 
 
@@ -370,6 +554,11 @@ def test_cache_cli_ls_export_import_clear(source, tmp_path):
     assert imported.returncode == 0 and "added 512x512" in imported.stdout
     assert set(CacheManifest(fresh / "manifest.json").entries()[KEY.digest]["shapes"]) == {"512x512"}
 
+    pin = ("--cache-bundle-sha256", "0" * 64)
+    pinned = cache_cli("import", str(tmp_path / "b.tar.gz"), *pin, cache_dir=tmp_path / "p")
+    assert pinned.returncode == 2
+    assert f"expected sha256 {'0' * 64}, got {sha256_of(tmp_path / 'b.tar.gz')}" in pinned.stderr
+    assert "Traceback" not in pinned.stderr
     refused = cache_cli("import", str(tmp_path / "b.tar.gz"), "--compile", "full", cache_dir=tmp_path / "other")
     assert refused.returncode == 2 and "mode: bundle regional, here full" in refused.stderr
     assert "Traceback" not in refused.stderr

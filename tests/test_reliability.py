@@ -415,13 +415,15 @@ WRITER = """
 import sys, types
 sys.modules["torch"] = types.ModuleType("torch")  # the manifest needs no torch; a stub keeps this process fast
 from neuron_ui.compilation import CacheManifest, CompileKey
+from neuron_ui.resolutions import Resolution
 manifest = CacheManifest(sys.argv[1])
 key = CompileKey("tiny", "regional", "eager", "float32", "2.x", "0.x")
 print("writing", flush=True)
 n = 0
 while True:  # a manifest of a few hundred shapes, rewritten as fast as the disk allows
     n += 1
-    manifest.record(key, f"{256 + 16 * (n % 300)}x256", n, 1.0, "compiled")
+    shape = Resolution(256 + 16 * (n % 113), 256 + 16 * (n // 113 % 3))  # records that pass the manifest's schema
+    manifest.record(key, str(shape), shape.tokens, 1.0, "compiled")
 """
 
 
