@@ -3,6 +3,7 @@ applied, every refused request counted, and prompts and messages that carry only
 
 import inspect
 import json
+from dataclasses import asdict
 import re
 import time
 
@@ -163,7 +164,7 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
 
 def test_manifests_written_before_load_seconds_are_still_read(tmp_path):
     key = CompileKey("tiny", "regional", "inductor", "float32", "2.13", "0.42.1")
-    old = {"version": 1, "entries": {key.digest: {"key": {}, "shapes": {
+    old = {"version": 1, "entries": {key.digest: {"key": asdict(key), "shapes": {
         "512x512": {"resolution": "512x512", "tokens": 1024, "seconds": 30.0, "cold_seconds": 30.0,
                     "event": "compiled", "date": "2025-01-01T00:00:00"},
         "1024x1024": {"resolution": "1024x1024", "tokens": 4096, "seconds": 2.5, "cold_seconds": 40.0,
