@@ -121,18 +121,18 @@ class Gate:
         demo = self.server.demo
         if named:
             route, name = named.groups()
-            if route in ("run", "api") and name == "predict":
-                return receive, None, False  # the browser's non-queued UI events, by fn_index; Gradio refuses queued ones
+            if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
+                return await self.with_full_paths(receive), None, False  # Gradio refuses queued ones (api_open=False)
             if name not in PUBLIC_ENDPOINTS:
                 return receive, Refusal(404, f"there is no /{name}; this API has {endpoint_list()}"), False
             if route in ("run", "api"):
                 return receive, None, False  # Gradio refuses it (api_open=False) and says to join the queue
         body = await read_body(receive)
-        receive = replay(body, receive)
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return receive, None, False  # Gradio says what is wrong with the JSON
+            return replay(body, receive), None, False  # Gradio says what is wrong with the JSON
+        receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
         if not isinstance(data, dict):
             return receive, None, False
         if named:
@@ -155,6 +155,26 @@ class Gate:
             message = f"Queue is full: {waiting} requests are waiting for the device; try again in a moment"
             return receive, Refusal(503, message, (("retry-after", "5"),)), False
         return receive, None, True
+
+    async def with_full_paths(self, receive: Receive) -> Receive:
+        body = await read_body(receive)
+        try:
+            return replay(json.dumps(self.full_paths(json.loads(body))).encode(), receive)
+        except (ValueError, UnicodeDecodeError):
+            return replay(body, receive)
+
+    def full_paths(self, value: Any) -> Any:
+        """The browser sends back files it was shown (a gallery's selected image) by the relative path Outbound
+        gave it; Gradio wants the path on the server."""
+        if isinstance(value, list):
+            return [self.full_paths(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        value = {key: self.full_paths(item) for key, item in value.items()}
+        path = value.get("path")
+        if isinstance(value.get("meta"), dict) and isinstance(path, str) and path and not path.startswith("/"):
+            value["path"] = self.server.files_prefix + path
+        return value
 
     def logged_in(self, scope: dict) -> bool:
         """Gradio's own login check (gradio/routes.py get_current_user): its cookie names a token it issued."""

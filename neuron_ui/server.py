@@ -81,7 +81,7 @@ class Server:
         app.add_middleware(doors.Gate, server=self)
 
         @app.api_route("/healthz", methods=["GET", "HEAD"])
-        def healthz() -> JSONResponse:
+        async def healthz() -> JSONResponse:  # async: never waits for a thread behind a burst of requests
             """200 once the model is loaded and the UI is served; 503 before, and once shutting down."""
             if self.draining:
                 return JSONResponse({"status": "shutting down"}, status_code=503)

@@ -82,7 +82,12 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
     assert len(accepted) == 2 and len(refused) == 48, [r.status_code for r in answers]
     assert "Queue is full" in refused[0].json()["detail"]
     assert s.server.device_queue_length() == 2 and len(s.runner.calls) == 0  # nothing ran past the gate
-    assert max(health) < 1.0, health
+    # The clients run in this process and share its GIL with the server: a loose bound while they burst...
+    assert max(health) < 5.0, health
+    for _ in range(5):  # ...and a tight one with the device busy and its queue full
+        start = time.monotonic()
+        assert httpx.get(s.url + "/healthz", timeout=TIMEOUT).status_code == 200
+        assert time.monotonic() - start < 0.5
     s.runner.open()
     assert result_of(s, "generate", blocker)[0] == "complete"
     assert [result_of(s, "generate", r.json()["event_id"])[0] for r in accepted] == ["complete", "complete"]
