@@ -160,9 +160,11 @@ def main(argv: list[str] | None = None) -> None:
     stop_on_sigterm(server)
     try:
         engine, demo = build_app(settings)
-        launch(engine, demo, settings, server).serve_forever()
+        drained = launch(engine, demo, settings, server).serve_forever()
     finally:
         server.stop()
+    if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -157,16 +157,17 @@ class Server:
         """Safe in a signal handler: serve_forever() drains and returns."""
         self._drain_requested.set()
 
-    def serve_forever(self) -> None:
-        """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first."""
+    def serve_forever(self) -> bool:
+        """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
+
+        False when a drain ran out of time with the device still busy (see drain())."""
         try:
             while self._thread is not None and self._thread.is_alive() and not self._drain_requested.is_set():
                 self._thread.join(0.5)
         except KeyboardInterrupt:
             logger.info("interrupted: stopping")
-            return
-        if self._drain_requested.is_set():
-            self.drain()
+            return True
+        return self.drain() if self._drain_requested.is_set() else True
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),
