@@ -80,7 +80,9 @@ def build_app(settings: Settings, engine: Engine | None = None) -> tuple[Engine,
     from neuron_ui.ui import build_demo
 
     demo = build_demo(engine, settings)
-    demo.queue(default_concurrency_limit=1, max_size=settings.max_queue)
+    # api_open=False: /gradio_api/run/<name> no longer skips the queue. max_size=None: Gradio's bound counts every
+    # event (so /status heard "Queue is full"); doors.Gate bounds the device's queue by --max-queue instead.
+    demo.queue(default_concurrency_limit=1, max_size=None, api_open=False)
     if settings.warmup:  # compiles in the background; users' requests go first
         engine.start_warmup([str(preset) for preset in settings.warmup])
     return engine, demo
@@ -101,9 +103,17 @@ def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server |
     return server.mount(engine, demo)
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM (a Space or torchrun stopping us) unwinds like Ctrl-C, so `finally` blocks stop the server."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+def stop_on_sigterm(server: Server) -> None:
+    """SIGTERM (a Space, a balancer or torchrun stopping us) drains once serving (Server.drain: the image on the
+    device finishes, waiting requests hear "shutting down", exit 0); while the model loads it unwinds like Ctrl-C,
+    so `finally` blocks stop the server. Never sys.exit() mid-generation: that aborted the process (rc -6)."""
+
+    def on_sigterm(*_: Any) -> None:
+        if not server.ready:
+            raise SystemExit(0)
+        server.request_drain()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
@@ -119,8 +129,8 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         sys.exit(f"error: {error}")
     server = None
     if launch_info.is_leader:
-        stop_on_sigterm()  # torchrun stops rank 0 with SIGTERM: the finally below tells the followers
         server = start_server(settings)
+        stop_on_sigterm(server)  # torchrun stops rank 0 with SIGTERM: the finally below tells the followers
     leader = None
     try:
         group = init_parallel(launch_info, device)
@@ -150,13 +160,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     if settings.tp not in (None, 1):
         sys.exit(f"error: --tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp} app.py ...")
-    stop_on_sigterm()
     server = start_server(settings)
+    stop_on_sigterm(server)
     try:
         engine, demo = build_app(settings)
-        launch(engine, demo, settings, server).serve_forever()
+        drained = launch(engine, demo, settings, server).serve_forever()
     finally:
         server.stop()
+    if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)
+        os._exit(1)
 
 
 if __name__ == "__main__":

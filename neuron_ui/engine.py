@@ -310,20 +310,28 @@ class Engine:
             thread.join(timeout)
         return thread is None or not thread.is_alive()
 
+    def drain(self, timeout: float) -> bool:
+        """Shutting down: refuse new requests ("the server is shutting down"), tell the waiting ones so, and wait up
+        to `timeout` s for the run on the device; True if it finished."""
+        return self._device.close(timeout)
+
     def _warmup_loop(self) -> None:
-        while True:
-            with self._device.background():
-                with self._state_lock:
-                    if not self._warmup_queue:
-                        return
-                    preset = self._warmup_queue[0]
-                try:
-                    self._ensure_compiled(preset, _ignore)
-                except EngineError:
-                    pass  # recorded as failed in the status; the next preset still warms up
-                finally:
+        try:
+            while True:
+                with self._device.background():
                     with self._state_lock:
-                        self._warmup_queue.remove(preset)
+                        if not self._warmup_queue:
+                            return
+                        preset = self._warmup_queue[0]
+                    try:
+                        self._ensure_compiled(preset, _ignore)
+                    except EngineError:
+                        pass  # recorded as failed in the status; the next preset still warms up
+                    finally:
+                        with self._state_lock:
+                            self._warmup_queue.remove(preset)
+        except EngineError:  # the device is closed (shutting down): the rest of the list is not compiled
+            return
 
     # -- compilation ------------------------------------------------------------------------------
 

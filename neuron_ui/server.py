@@ -22,11 +22,11 @@ from urllib.parse import urlparse, urlunparse
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Mount
 
-from . import ui
+from . import doors, ui
 from .metrics import EngineMetrics
 from .settings import Settings
 
@@ -35,28 +35,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads; everything else waits for the UI
-LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
-<title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
-<h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
-
-
-class LoadingGate:
-    """ASGI middleware: until the UI is mounted every path but /healthz and /metrics answers 503 "loading"."""
-
-    def __init__(self, app: Any, server: Server):
-        self.app = app
-        self.server = server
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket") and not self.server.ready and scope["path"] not in OPEN_PATHS:
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
-                return
-            response = HTMLResponse(LOADING_PAGE, status_code=503, headers={"Retry-After": "5"})
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
+MAX_UPLOAD = "1mb"  # the app takes no files; Gradio's upload route stays, capped
 
 
 class Server:
@@ -69,7 +49,11 @@ class Server:
         self.engine: EngineLike | None = None
         self.share_url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._gradio_app: Any = None
+        self.gradio_app: Any = None  # Gradio's App, mounted at /
+        self.files_prefix = doors.folder_prefix(ui.private_file_folder())  # never sent out (doors.Outbound)
+        self.device_group = ui.DEVICE
+        self.draining = False
+        self._drain_requested = threading.Event()
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
         self.app = self._build_app()
@@ -94,16 +78,18 @@ class Server:
                 yield
 
         app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-        app.add_middleware(LoadingGate, server=self)
+        app.add_middleware(doors.Gate, server=self)
 
-        @app.get("/healthz")
-        def healthz() -> JSONResponse:
-            """200 once the model is loaded and the UI is served; 503 before."""
+        @app.api_route("/healthz", methods=["GET", "HEAD"])
+        async def healthz() -> JSONResponse:  # async: never waits for a thread behind a burst of requests
+            """200 once the model is loaded and the UI is served; 503 before, and once shutting down."""
+            if self.draining:
+                return JSONResponse({"status": "shutting down"}, status_code=503)
             if not self.ready:
                 return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
             return JSONResponse({"status": "ok"})
 
-        @app.get("/metrics")
+        @app.api_route("/metrics", methods=["GET", "HEAD"])
         def metrics(request: Request) -> Response:
             """Prometheus text format; behind the same user and password as the UI when NEURON_UI_AUTH is set."""
             if self.settings.auth and not basic_auth_ok(request.headers.get("authorization"), self.settings.auth):
@@ -142,12 +128,12 @@ class Server:
         gr.mount_gradio_app(self.app, demo, path="/", server_name=self.settings.host,
                             server_port=self.settings.port, auth=self.settings.auth,
                             show_error=False,  # only our gr.Error messages reach users; anything else is logged
-                            **ui.launch_options())
+                            max_file_size=MAX_UPLOAD, **ui.launch_options())
         mount = self.app.router.routes[-1]
         if not isinstance(mount, Mount):
             raise RuntimeError("gr.mount_gradio_app did not append its mount (a Gradio change?)")
         asyncio.run_coroutine_threadsafe(self._start_gradio(demo, mount.app), self._loop).result(timeout)
-        self._gradio_app = mount.app
+        self.gradio_app = mount.app
         self.metrics.attach(engine, waiting=lambda: ui.waiting_for_device(demo, engine))
         self.engine, self.demo = engine, demo
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
@@ -163,13 +149,41 @@ class Server:
         await demo.run_extra_startup_events()
         gradio_app.startup_events_triggered = True  # so Gradio's /startup-events route never starts a second queue
 
-    def serve_forever(self) -> None:
-        """Block until the server stops (Ctrl-C, or SIGTERM turned into SystemExit by the caller)."""
+    def device_queue_length(self) -> int:
+        """Requests in Gradio's queue for the device (doors.Gate bounds it by --max-queue)."""
+        return ui.device_queue_length(self.demo) if self.demo is not None else 0
+
+    def request_drain(self) -> None:
+        """Safe in a signal handler: serve_forever() drains and returns."""
+        self._drain_requested.set()
+
+    def serve_forever(self) -> bool:
+        """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
+
+        False when a drain ran out of time with the device still busy (see drain())."""
         try:
-            while self._thread is not None and self._thread.is_alive():
+            while self._thread is not None and self._thread.is_alive() and not self._drain_requested.is_set():
                 self._thread.join(0.5)
         except KeyboardInterrupt:
             logger.info("interrupted: stopping")
+            return True
+        return self.drain() if self._drain_requested.is_set() else True
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
+        """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),
+        the image on the device may finish within `timeout`, every waiting request is told the server is shutting
+        down; True if the device was idle in time. The caller then stop()s."""
+        logger.info("shutting down: no new requests; the image on the device has up to %.0f s to finish", timeout)
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        finished = self.engine.drain(timeout) if self.engine is not None else True
+        # Gradio starts what waited in its queue one by one; each is refused by the closed device at once.
+        while self.device_queue_length() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the last answers reach their event streams
+        if not finished:
+            logger.error("the image on the device did not finish within %.0f s; stopping anyway", timeout)
+        return finished
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.demo is not None:
@@ -177,7 +191,7 @@ class Server:
             # heartbeat streams (they wait on the app's stop_event), so uvicorn need not wait for them.
             self.demo.close(verbose=False)
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._gradio_app.stop_event.set)
+                self._loop.call_soon_threadsafe(self.gradio_app.stop_event.set)
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)

@@ -67,6 +67,7 @@ class EngineLike(Protocol):
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
     def status(self) -> EngineStatus: ...
+    def drain(self, timeout: float) -> bool: ...
 
 
 # -- words: what the engine says, as a person reads it ------------------------------------------------
@@ -241,15 +242,14 @@ def progress_reporter(progress: Callable[..., Any], prefix: str = "") -> Progres
 class ImageStore:
     """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
 
-    The folder lies inside Gradio's own file cache, so Gradio serves the PNGs from here instead of copying each
-    one into its cache (which nothing would ever clean): one folder, bounded, removed at exit. A random part in
-    each name keeps users from guessing the address of someone else's image.
+    The folder lies inside this process's private Gradio folder (private_file_folder), so Gradio serves the PNGs
+    in place instead of copying each one into its cache (which nothing would ever clean): one folder, bounded,
+    removed at exit. A random part in each name keeps users from guessing the address of someone else's image.
     """
 
     def __init__(self, folder: Path | None = None, keep: int = 512):
         if folder is None:
-            folder = Path(tempfile.mkdtemp(prefix="neuron-ui-", dir=gradio_cache_folder()))
-            atexit.register(shutil.rmtree, folder, True)
+            folder = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.keep = keep
@@ -269,14 +269,49 @@ class ImageStore:
         return str(path)
 
 
-def gradio_cache_folder() -> Path:
-    """Where Gradio keeps the files it serves: GRADIO_TEMP_DIR, else <temp>/gradio (gradio.utils.get_upload_folder).
+PRIVATE_FOLDER = re.compile(r"neuron-ui-(\d+)-\w+")
 
-    Files already inside it are served in place; tests/test_reliability.py checks that no copy is made.
+
+def private_file_folder(environ: Any = os.environ) -> Path:
+    """This process's own folder for every file Gradio serves, made once (mode 0700) and removed at exit.
+
+    Gradio's file route serves everything under GRADIO_TEMP_DIR (default <temp>/gradio: other apps' and other
+    users' files too) and under GRADIO_EXAMPLES_CACHE; both are pointed here, inside the folder they named
+    (or <temp>), so this app serves only its own files. Gradio reads them when it builds components and mounts,
+    so this runs first (ImageStore() in build_demo). Folders of killed processes (`neuron-ui-<pid>-*` whose pid
+    is gone) are swept.
     """
-    folder = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    current = Path(environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir())
+    mine = PRIVATE_FOLDER.fullmatch(current.name)
+    if mine and int(mine.group(1)) == os.getpid() and current.is_dir():
+        return current
+    base = current.resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    sweep_dead_folders(base)
+    folder = Path(tempfile.mkdtemp(prefix=f"neuron-ui-{os.getpid()}-", dir=base))
+    atexit.register(shutil.rmtree, folder, True)
+    environ["GRADIO_TEMP_DIR"] = str(folder)
+    environ["GRADIO_EXAMPLES_CACHE"] = str(folder / "examples")
     return folder
+
+
+def sweep_dead_folders(base: Path) -> None:
+    """Remove the private folders of processes that died without cleaning up (killed, out of memory)."""
+    for folder in base.glob("neuron-ui-*"):
+        owner = PRIVATE_FOLDER.fullmatch(folder.name)
+        if owner and folder.is_dir() and folder.stat().st_uid == os.getuid() and not pid_alive(int(owner.group(1))):
+            logger.info("removing %s, left by a stopped process", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
@@ -361,6 +396,8 @@ class Handlers:
 
     def on_select(self, history: list[dict[str, Any]], event: gr.SelectData):
         """Restore a history entry's parameters (and show its image) so it can be made again or varied."""
+        if not isinstance(event.index, int) or not 0 <= event.index < len(history):
+            raise gr.Error("that image is no longer in this session's history", print_exception=False)
         entry = history[event.index]
         return (entry["prompt"], entry["resolution"], entry["steps"], entry["seed"], False, entry["path"],
                 entry["info"])

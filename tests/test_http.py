@@ -1,0 +1,240 @@
+"""Only the doors we built, by raw HTTP (httpx) against app.py's app on the tiny model in this process: the named
+endpoints only, only through the queue and its bound, /status never behind the device, files only our own,
+a message with every error, and what still answers without a login."""
+
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
+
+from neuron_ui import ui
+
+GENERATE = ["a fox", "256x256", 1, 1, None]
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    """--max-queue 2, 256x256 compiled, and a gate on the device's runner."""
+    folder = tmp_path_factory.mktemp("http")
+    with served(folder / "cache", "--max-queue", "2") as s:
+        s.engine.warmup("256x256")
+        s.engine.runner = runner = GatedRunner(s.engine.runner)
+        s.runner = runner
+        yield s
+
+
+def post(s, path: str, **kwargs) -> httpx.Response:
+    return httpx.post(s.url + path, timeout=TIMEOUT, **kwargs)
+
+
+def result_of(s, name: str, event_id: str) -> tuple[str, object]:
+    stream = httpx.get(s.url + f"/gradio_api/call/{name}/{event_id}", timeout=TIMEOUT).text
+    event, data = re.findall(r"event: (\w+)\ndata: (.*)\n", stream)[-1]
+    return event, json.loads(data)
+
+
+def hold(s):
+    """One request on the device, held there by the gate; returns its event id."""
+    s.runner.hold()
+    event_id = post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"]
+    assert s.runner.holding.wait(TIMEOUT), "the request never reached the device"
+    return event_id
+
+
+def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
+    s = gated
+    for path in ("/gradio_api/run/generate", "/gradio_api/api/generate"):
+        refused = post(s, path, json={"data": GENERATE})
+        assert refused.status_code == 404 and "join the queue" in refused.json()["detail"]
+    # fn_index 13 is /generate itself: by index, too, the REST route refuses a queued function.
+    generate = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "generate")
+    assert post(s, "/gradio_api/api/predict", json={"data": GENERATE, "fn_index": generate}).status_code == 404
+
+    blocker = hold(s)
+    answers: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def one(seed):
+        response = post(s, "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, seed, None]})
+        with lock:
+            answers.append(response)
+
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(50)]
+    for t in threads:
+        t.start()
+    health = []
+    while any(t.is_alive() for t in threads):
+        start = time.monotonic()
+        assert httpx.get(s.url + "/healthz", timeout=TIMEOUT).status_code == 200
+        health.append(time.monotonic() - start)
+    for t in threads:
+        t.join(TIMEOUT)
+    accepted = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 503]
+    assert len(accepted) == 2 and len(refused) == 48, [r.status_code for r in answers]
+    assert "Queue is full" in refused[0].json()["detail"]
+    assert s.server.device_queue_length() == 2 and len(s.runner.calls) == 0  # nothing ran past the gate
+    # The clients run in this process and share its GIL with the server: a loose bound while they burst...
+    assert max(health) < 5.0, health
+    for _ in range(5):  # ...and a tight one with the device busy and its queue full
+        start = time.monotonic()
+        assert httpx.get(s.url + "/healthz", timeout=TIMEOUT).status_code == 200
+        assert time.monotonic() - start < 0.5
+    s.runner.open()
+    assert result_of(s, "generate", blocker)[0] == "complete"
+    assert [result_of(s, "generate", r.json()["event_id"])[0] for r in accepted] == ["complete", "complete"]
+
+
+@pytest.mark.parametrize("path", ["/gradio_api/call/on_generate", "/gradio_api/call/on_variations",
+                                  "/gradio_api/call/v2/on_generate", "/gradio_api/run/on_variations",
+                                  "/gradio_api/api/on_warmup", "/gradio_api/run/on_tick",
+                                  "/gradio_api/call/on_select", "/gradio_api/call/nothing"])
+def test_ui_handlers_are_not_callable_by_name(gated, path):
+    response = post(gated, path, json={"data": ["a fox", "256x256", 1, 1, False, 0, 1, []]})
+    assert response.status_code == 404, response.text
+    assert response.json()["detail"].endswith("this API has /generate, /warmup, /status")
+
+
+def test_status_answers_while_the_device_queue_is_full(gated):
+    s = gated
+    blocker = hold(s)
+    waiting = [post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"] for _ in range(2)]
+    assert post(s, "/gradio_api/call/generate", json={"data": GENERATE}).status_code == 503  # full
+    for _ in range(5):
+        start = time.monotonic()
+        posted = post(s, "/gradio_api/call/status", json={"data": []})
+        assert posted.status_code == 200, posted.text
+        event, data = result_of(s, "status", posted.json()["event_id"])
+        assert event == "complete" and data[0]["busy"] and time.monotonic() - start < 5
+    s.runner.open()
+    for event_id in [blocker, *waiting]:
+        assert result_of(s, "generate", event_id)[0] == "complete"
+
+
+def test_results_name_no_server_path_and_the_client_still_gets_the_image(gated, tmp_path):
+    s = gated
+    event, data = result_of(s, "generate", post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"])
+    assert event == "complete"
+    image = data[0]
+    assert not image["path"].startswith("/") and tempfile.gettempdir() not in json.dumps(data), data
+    fetched = httpx.get(image["url"], timeout=TIMEOUT)
+    assert fetched.status_code == 200 and fetched.content.startswith(b"\x89PNG")
+    client = connect(s.url, tmp_path)
+    path, info = call(client, *GENERATE)
+    client.close()
+    assert Image.open(path).size == (256, 256) and info["seed"] == 1
+
+
+def test_the_file_route_serves_only_this_apps_files(gated):
+    s = gated
+    shared = Path(tempfile.gettempdir()) / "gradio"  # Gradio's default folder, shared by every Gradio app
+    shared.mkdir(parents=True, exist_ok=True)
+    planted = shared / f"planted-{os.getpid()}.txt"
+    planted.write_text("another app's file")
+    try:
+        for target in (str(planted), "../gradio/" + planted.name, "/etc/passwd"):
+            assert s.get(f"/gradio_api/file={target}").status_code == 403, target
+    finally:
+        planted.unlink()
+    folder = s.handlers().store.folder
+    assert folder.parent == ui.private_file_folder() and folder.parent.stat().st_mode & 0o077 == 0
+
+
+def test_a_dead_process_folder_is_swept_at_start(tmp_path):
+    dead = tmp_path / "neuron-ui-999999999-abc"  # no such pid
+    alive = tmp_path / f"neuron-ui-{os.getppid()}-abc"
+    other = tmp_path / "neuron-ui-notours"
+    for folder in (dead, alive, other):
+        (folder / "images").mkdir(parents=True)
+    environ = {"GRADIO_TEMP_DIR": str(tmp_path)}
+    mine = ui.private_file_folder(environ)
+    assert not dead.exists() and alive.exists() and other.exists()
+    assert mine.parent == tmp_path and environ["GRADIO_TEMP_DIR"] == str(mine)
+    assert ui.private_file_folder(environ) == mine  # once per process
+
+
+def test_uploads_are_capped(gated):
+    big = post(gated, "/gradio_api/upload", files={"files": ("big.bin", b"x" * (2 << 20))})
+    assert big.status_code == 413 and "maximum allowed size" in big.text
+
+
+def test_health_and_metrics_answer_head_and_refuse_other_methods(gated):
+    s = gated
+    for path in ("/healthz", "/metrics"):
+        assert httpx.head(s.url + path).status_code == 200
+        for method in ("POST", "PUT", "DELETE"):
+            response = httpx.request(method, s.url + path)
+            assert response.status_code == 405 and response.headers["allow"] == "GET, HEAD", (method, path)
+
+
+BAD_REQUESTS = [
+    ("/gradio_api/api/predict", {"data": [], "fn_index": 0}),  # a UI function with the wrong values
+    ("/gradio_api/run/predict", {"data": []}),  # no fn_index
+    ("/gradio_api/queue/join", {"data": [], "fn_index": 999, "session_hash": "x"}),
+    ("/gradio_api/call/generate", {"data": ["a fox"]}),
+    ("/gradio_api/call/v2/nothing", {}),
+    ("/gradio_api/call/nothing", {"data": []}),
+]
+
+
+@pytest.mark.parametrize("path, body", BAD_REQUESTS, ids=[f"{p} {b}"[:60] for p, b in BAD_REQUESTS])
+def test_every_error_carries_a_one_line_message(gated, path, body):
+    response = post(gated, path, json=body)
+    assert response.status_code >= 400
+    message = response.json().get("error") or response.json().get("detail")
+    assert isinstance(message, str) and message and "\n" not in message and "Traceback" not in message, response.text
+
+
+def test_an_error_event_carries_a_message(gated):
+    s = gated
+    select = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "on_select")
+    response = post(s, "/gradio_api/run/predict", json={"data": [None], "fn_index": select,
+                                                         "event_data": {"index": 5, "value": None}})
+    assert response.json()["error"] == "that image is no longer in this session's history"
+    # A UI function whose values Gradio cannot read: its own error, which Gradio may not show, gets a line.
+    tick = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "on_tick")
+    response = post(s, "/gradio_api/run/predict", json={"data": [{"x": 1}], "fn_index": tick})
+    assert response.status_code >= 400 and response.json()["error"], response.text
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("locked")
+    with served(folder / "cache", environ={"NEURON_UI_AUTH": "ada:lovelace"}) as s:
+        yield s
+
+
+# Routes Gradio 6.31 (and we) answer without a login; the README lists them. Each must expose nothing of the app.
+OPEN_WITHOUT_LOGIN = ["/healthz", "/", "/gradio_api/app_id", "/gradio_api/token", "/gradio_api/user",
+                      "/gradio_api/queue/status", "/theme.css", "/robots.txt", "/manifest.json"]
+
+
+def test_without_a_login_only_the_listed_routes_answer_and_they_expose_nothing(locked):
+    s = locked
+    # The app's state: its model, its sizes, its folders, anyone's prompt. (The login page carries Gradio's
+    # description of the API, the endpoint and parameter names the README gives too.)
+    secrets = ("tiny", "256x256", "a fox", str(s.settings.cache_dir), "neuron-ui-")
+    client = httpx.Client(base_url=s.url, timeout=TIMEOUT)
+    client.post("/login", data={"username": "ada", "password": "lovelace"})
+    event_id = client.post("/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"]
+    assert "complete" in client.get(f"/gradio_api/call/generate/{event_id}").text  # something to leak
+    for path in OPEN_WITHOUT_LOGIN:
+        response = httpx.get(s.url + path, timeout=TIMEOUT)
+        assert response.status_code < 500, path
+        assert not any(word in response.text for word in secrets), (path, response.text[:300])
+    for path in ("/config", "/gradio_api/info", "/metrics", "/gradio_api/queue/data?session_hash=x",
+                 "/gradio_api/file=x.png"):
+        assert httpx.get(s.url + path, timeout=TIMEOUT).status_code == 401, path
+    for path in ("/gradio_api/cancel", "/gradio_api/reset"):
+        body = {"session_hash": "x", "fn_index": 0, "event_id": "x"}
+        assert post(s, path, json=body).status_code == 401, path
+    assert client.post("/gradio_api/reset", json={"event_id": "x"}).json() == {"success": True}
+    client.close()
