@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse, urlunparse
 
 import gradio as gr
@@ -62,8 +62,10 @@ class LoadingGate:
 class Server:
     """uvicorn in a thread serving `app`: start() binds the port, mount() adds the UI, stop() ends it all."""
 
-    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None):
+    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
+                 health: Callable[[], str | None] | None = None):
         self.settings = settings
+        self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
         self.metrics = metrics or EngineMetrics()
         self.demo: gr.Blocks | None = None
         self.engine: EngineLike | None = None
@@ -98,9 +100,11 @@ class Server:
 
         @app.get("/healthz")
         def healthz() -> JSONResponse:
-            """200 once the model is loaded and the UI is served; 503 before."""
+            """200 once the model is loaded and the UI is served; 503 before, and while `health` names a problem."""
             if not self.ready:
                 return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+            if problem := self.health and self.health():
+                return JSONResponse({"status": problem}, status_code=503, headers={"Retry-After": "5"})
             return JSONResponse({"status": "ok"})
 
         @app.get("/metrics")
