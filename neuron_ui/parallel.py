@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -235,7 +235,6 @@ class LeaderRunner:
         self.broken: str | None = None  # why the group cannot run calls any more
         self.broken_event = threading.Event()
         self._seconds_per_step: dict[tuple[int, int], float] = {}
-        self._device = ThreadPoolExecutor(1, thread_name_prefix="tp-device")  # a stuck collective stays there
         self._answered = threading.Event()  # no user is waiting on a call
         self._answered.set()
 
@@ -254,7 +253,7 @@ class LeaderRunner:
         bound = self.bound(call)
         self._answered.clear()
         try:
-            future = self._device.submit(self._lockstep, call, callback)
+            future = self._run_in_thread(call, callback)
             try:
                 return future.result(timeout=bound)
             except FutureTimeout:
@@ -263,6 +262,20 @@ class LeaderRunner:
                 raise FollowerGone(self.user_message()) from None
         finally:
             self._answered.set()
+
+    def _run_in_thread(self, call: PipelineCall, callback) -> Future:
+        """The call on a daemon thread of its own: one stuck in a collective is left there, and never holds up
+        the process's exit (ThreadPoolExecutor's threads are joined at exit)."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._lockstep(call, callback))
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(error)
+
+        threading.Thread(target=run, name="tp-call", daemon=True).start()
+        return future
 
     def _lockstep(self, call: PipelineCall, callback=None):
         start = time.monotonic()
@@ -334,11 +347,11 @@ class LeaderRunner:
             time.sleep(1.0)
 
     def stop_followers(self) -> None:
-        """Tell the followers to exit (rank 0 is shutting down); nothing to tell a broken group."""
-        if self.broken is not None:
+        """Tell the followers to exit (rank 0 is shutting down); not a broken group, nor one still in a call."""
+        if self.broken is not None or not self._answered.is_set():
             return
         try:
-            self._device.submit(dist.broadcast_object_list, [None], src=0, group=self.group.control).result(10)
+            dist.broadcast_object_list([None], src=0, group=self.group.control)
         except Exception:  # already gone
             pass
 
