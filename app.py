@@ -143,6 +143,8 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         server.serve_forever()
     finally:
         if leader is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the drain short
+            logger.info("rank 0 stopping%s", f": {leader.broken}" if leader.broken else "")
             leader.drain()
             leader.stop_followers()
         if server is not None:

@@ -247,6 +247,8 @@ class Engine:
             run_start = time.perf_counter()
             try:
                 image = self._run(valid, report)
+            except EngineError:  # already one line for the user (a tensor-parallel rank failed)
+                raise
             except Exception as error:
                 logger.exception("generation failed at %s", valid.resolution)
                 raise EngineError(f"generation failed at {valid.resolution}: {_short(error)}") from error

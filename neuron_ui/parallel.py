@@ -32,6 +32,7 @@ import torch.distributed as dist
 from .compilation import CompileCounters, read_counters
 from .device import Launch
 from .engine import PipelineCall, Runner, _short
+from .schema import EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -101,18 +102,19 @@ def init_parallel(launch: Launch, device: str) -> ParallelGroup:
 
     if device == "cuda":
         torch.cuda.set_device(launch.local_rank)
-    # What init_process_group does with env://, keeping the store: torchrun's agent hosts it and it outlives
-    # every rank, so a follower can leave its last words there. Keys are per restart: the store is reused.
+    # What init_process_group does with env://, keeping the store: it outlives every rank (torchrun's agent
+    # hosts it), so a follower can leave its last words there. torchrun's static rendezvous hands a restarted
+    # group the same store, with the old group's addresses in it: every key goes under the restart count.
     store, rank, world_size = next(dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
     store.set_timeout(COLLECTIVE_TIMEOUT)
+    store = dist.PrefixStore(f"neuron_ui/{launch.restart_count}", store)
     dist.init_process_group(backend=PROCESS_GROUP_BACKENDS[device], store=dist.PrefixStore("default_pg", store),
                             rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     mesh = DeviceMesh(device, list(range(launch.world_size)))
     processes: list = [None] * launch.world_size
     dist.all_gather_object(processes, (socket.gethostname(), os.getpid()), group=control)
-    ours = dist.PrefixStore(f"neuron_ui/{launch.restart_count}", store)
-    return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, ours)
+    return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, store)
 
 
 def rank_device(device: str, local_rank: int) -> str:
@@ -169,7 +171,7 @@ class RankReport:
     alive: bool = True
 
 
-class FollowerGone(RuntimeError):
+class FollowerGone(EngineError):
     """A rank died, failed or stopped answering: the group cannot run the sharded model any more."""
 
 
