@@ -180,7 +180,7 @@ class GroupHealth:
     """What /healthz says about the group (None: fine), and how long this group took to start: the wait that a
     restart means. Made before the server and the leader, which both hold it; only the leader writes `problem`."""
 
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
     startup_seconds: float | None = None
     problem: str | None = None
 
@@ -193,6 +193,16 @@ class GroupHealth:
     def restart_estimate(self) -> int:
         """Seconds until a restarted group serves again: this group's own start-up, and rank 0's drain."""
         return math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
+
+
+def seconds_since_start() -> float:
+    """How long this process has run, imports included (Linux /proc); 0 where that cannot be read."""
+    try:
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
 
 
 def process_state(pid: int) -> str | None:
