@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from neuron_ui.device import CachePaths, Launch, configure_cache_env, detect_launch
 from neuron_ui.settings import Settings, build_parser, settings_from_args
@@ -47,7 +47,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(error))
 
 
-def build_engine(settings: Settings, group: ParallelGroup | None = None) -> Engine:
+def build_engine(settings: Settings, group: ParallelGroup | None = None, wrap_runner: Callable | None = None) -> Engine:
     """The engine with its model loaded; the cache env is set first, before torch loads, and a
     --cache-bundle is imported before the engine reads the manifest (rank 0 only under torchrun)."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
@@ -55,7 +55,7 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None) -> Engi
         import_cache_bundle(settings, cache)
     from neuron_ui.engine import Engine
 
-    return Engine.from_settings(settings, cache, group)
+    return Engine.from_settings(settings, cache, group, wrap_runner)
 
 
 def import_cache_bundle(settings: Settings, cache: CachePaths) -> None:
@@ -88,11 +88,12 @@ def build_app(settings: Settings, engine: Engine | None = None) -> tuple[Engine,
     return engine, demo
 
 
-def start_server(settings: Settings) -> Server:
-    """The HTTP server, listening: /healthz says 503 and /metrics serves while the model loads."""
+def start_server(settings: Settings, health: Callable[[], str | None] | None = None) -> Server:
+    """The HTTP server, listening: /healthz says 503 and /metrics serves while the model loads; `health` says
+    why /healthz must answer 503 once serving (a broken tensor-parallel group)."""
     from neuron_ui.server import Server
 
-    return Server(settings).start()
+    return Server(settings, health=health).start()
 
 
 def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server | None = None) -> Server:
@@ -117,11 +118,17 @@ def stop_on_sigterm(server: Server) -> None:
 
 
 def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
-    """Under torchrun: every rank loads its shard of the transformer; rank 0 serves, the others follow."""
+    """Under torchrun: every rank loads its shard of the transformer; rank 0 serves, the others follow.
+
+    When the group breaks (a rank died, failed or hung) and torchrun has restarts left, rank 0 answers the
+    request in flight, says "restarting" on /healthz and exits 1, so torchrun restarts the whole group; a
+    follower's death makes torchrun stop rank 0 (SIGTERM) the same way. Without restarts left rank 0 keeps
+    serving /healthz 503 "degraded: rank k gone" and refuses images with the reason."""
     configure_cache_env(settings.cache_dir)
     from neuron_ui.device import Runtime
-    from neuron_ui.parallel import LeaderRunner, check_launch, follow, init_parallel
+    from neuron_ui.parallel import GroupHealth, LeaderRunner, check_launch, follow, init_parallel
 
+    health = GroupHealth()
     device = Runtime.detect(settings.device, settings.dtype, settings.compile_backend).device
     try:
         check_launch(launch_info, settings.tp, device)
@@ -129,20 +136,31 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         sys.exit(f"error: {error}")
     server = None
     if launch_info.is_leader:
-        server = start_server(settings)
-        stop_on_sigterm(server)  # torchrun stops rank 0 with SIGTERM: the finally below tells the followers
+        server = start_server(settings, health)
+        # torchrun stops rank 0 with SIGTERM: unwind like Ctrl-C, so the finally below drains and tells the followers
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     leader = None
     try:
         group = init_parallel(launch_info, device)
-        engine = build_engine(settings, group)
         if not launch_info.is_leader:
-            follow(engine.runner, group)
-            return
-        engine.runner = leader = LeaderRunner(engine.runner, group)
+            sys.exit(follow(build_engine(settings, group).runner, group))
+        engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout))
+        leader = engine.runner
         _, demo = build_app(settings, engine)
-        launch(engine, demo, settings, server).serve_forever()
+        launch(engine, demo, settings, server)
+        health.serving()
+        logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)", group.degree,
+                    health.startup_seconds, launch_info.restart_count, launch_info.max_restarts)
+        if launch_info.restarts_left > 0:
+            while not leader.broken_event.wait(0.5):  # a short wait, so SIGTERM gets through
+                pass
+            sys.exit(1)  # torchrun restarts the group; the finally answers the user first
+        server.serve_forever()
     finally:
         if leader is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the drain short
+            logger.info("rank 0 stopping%s", f": {leader.broken}" if leader.broken else "")
+            leader.drain()
             leader.stop_followers()
         if server is not None:
             server.stop()

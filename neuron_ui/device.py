@@ -210,22 +210,30 @@ def _alive(pid: int) -> bool:
 
 @dataclass(frozen=True)
 class Launch:
-    """What torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE)."""
+    """What torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, and its elastic restart count and limit)."""
 
     rank: int
     local_rank: int
     world_size: int
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT: how many times torchrun has restarted this group
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS: 0 by hand, or under torchrun without --max-restarts
 
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
+
+    @property
+    def restarts_left(self) -> int:
+        """How many more times torchrun will restart the whole group if a rank dies."""
+        return max(self.max_restarts - self.restart_count, 0)
 
 
 def detect_launch(environ: os._Environ | dict = os.environ) -> Launch | None:
     """The torchrun environment, or None for a plain single process."""
     if int(environ.get("WORLD_SIZE", "1")) <= 1:
         return None
-    return Launch(int(environ["RANK"]), int(environ.get("LOCAL_RANK", environ["RANK"])), int(environ["WORLD_SIZE"]))
+    return Launch(int(environ["RANK"]), int(environ.get("LOCAL_RANK", environ["RANK"])), int(environ["WORLD_SIZE"]),
+                  int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
 
 
 def load_neuron_backend() -> bool:

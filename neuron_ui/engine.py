@@ -187,8 +187,10 @@ class Engine:
         compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
 
     @classmethod
-    def from_settings(cls, settings: Settings, cache: CachePaths, group: "ParallelGroup | None" = None) -> "Engine":
-        """Detect the device, load the model (sharded over `group` under torchrun), set up compilation."""
+    def from_settings(cls, settings: Settings, cache: CachePaths, group: "ParallelGroup | None" = None,
+                      wrap_runner: Callable[[Runner], Runner] | None = None) -> "Engine":
+        """Detect the device, load the model (sharded over `group` under torchrun), set up compilation;
+        `wrap_runner` wraps the pipeline runner (rank 0's LeaderRunner under torchrun)."""
         runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
         loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype), group)
         logger.info("serving %s on %s in %s, compile %s/%s%s", loaded.name, runtime.device, runtime.dtype,
@@ -202,6 +204,7 @@ class Engine:
             backend=runtime.backend,
             cache=cache,
             tp_degree=group.degree if group else 1,
+            runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
         )
 
     # -- requests -------------------------------------------------------------------------------
@@ -255,6 +258,8 @@ class Engine:
             run_start = time.perf_counter()
             try:
                 image = self._run(valid, report)
+            except EngineError:  # already one line for the user (a tensor-parallel rank failed)
+                raise
             except Exception as error:
                 logger.exception("generation failed at %s", valid.resolution)
                 raise EngineError(f"generation failed at {valid.resolution}: {_short(error)}") from error

@@ -13,11 +13,17 @@ the status shows what each rank compiled.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -25,12 +31,17 @@ import torch.distributed as dist
 
 from .compilation import CompileCounters, read_counters
 from .device import Launch
+from .engine import PipelineCall, Runner, _short
+from .schema import EngineError
 
 logger = logging.getLogger(__name__)
 
 PROCESS_GROUP_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
-COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # a first call compiles on every rank: minutes on Neuron
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # gloo's own limit on one collective; LeaderRunner bounds calls tighter
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait on the control group for as long as nobody asks for an image
+COMPILE_FLOOR = 1800.0  # seconds a size's first call may take: it compiles on every rank, minutes on Neuron
+SLACK = 4.0  # a call may take this many times what its size took before, per step, before a rank counts as hung
+DRAIN_SECONDS = 10.0  # rank 0 waits this long for the call in flight to answer its user before exiting
 
 
 def check_launch(launch: Launch | None, tp: int | None, device: str) -> None:
@@ -69,10 +80,20 @@ class ParallelGroup:
     mesh: object  # torch.distributed.device_mesh.DeviceMesh
     control: object  # a gloo group for broadcasts and reports, whatever the device backend
     processes: list[tuple[str, int]]  # (host, pid) of every rank, to name a rank that died
+    store: object  # this group's keys in the rendezvous store, which outlives any rank: why a follower failed
 
     @property
     def degree(self) -> int:
         return self.launch.world_size
+
+    def report_error(self, message: str) -> None:
+        """A follower says why its call failed, before it exits."""
+        self.store.set(f"error/{self.launch.rank}", message)
+
+    def follower_errors(self) -> dict[int, str]:
+        """What followers reported with report_error (checked without waiting)."""
+        keys = {rank: f"error/{rank}" for rank in range(1, self.degree)}
+        return {rank: self.store.get(key).decode() for rank, key in keys.items() if self.store.check([key])}
 
 
 def init_parallel(launch: Launch, device: str) -> ParallelGroup:
@@ -81,18 +102,30 @@ def init_parallel(launch: Launch, device: str) -> ParallelGroup:
 
     if device == "cuda":
         torch.cuda.set_device(launch.local_rank)
-    dist.init_process_group(backend=PROCESS_GROUP_BACKENDS[device], timeout=COLLECTIVE_TIMEOUT)
+    # What init_process_group does with env://, keeping the store: it outlives every rank (torchrun's agent
+    # hosts it), so a follower can leave its last words there. torchrun's static rendezvous hands a restarted
+    # group the same store, with the old group's addresses in it: every key goes under the restart count.
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
+    store.set_timeout(COLLECTIVE_TIMEOUT)
+    store = dist.PrefixStore(f"neuron_ui/{launch.restart_count}", store)
+    dist.init_process_group(backend=PROCESS_GROUP_BACKENDS[device], store=dist.PrefixStore("default_pg", store),
+                            rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     mesh = DeviceMesh(device, list(range(launch.world_size)))
-    if device == "neuron":
-        rank_device = str(torch.neuron.current_device())
-    elif device == "cuda":
-        rank_device = f"cuda:{launch.local_rank}"
-    else:
-        rank_device = "cpu"
     processes: list = [None] * launch.world_size
     dist.all_gather_object(processes, (socket.gethostname(), os.getpid()), group=control)
-    return ParallelGroup(launch, rank_device, mesh, control, processes)
+    return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, store)
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """This rank's torch device string. torch.neuron plays the role torch.cuda does (torch_neuronx's torch.neuron
+    reference), and like torch.cuda.current_device() its current_device() may give a bare index: make it neuron:N."""
+    if device == "neuron":
+        current = torch.neuron.current_device()
+        return f"neuron:{current}" if isinstance(current, int) else str(current)
+    if device == "cuda":
+        return f"cuda:{local_rank}"
+    return "cpu"
 
 
 @contextmanager
@@ -138,39 +171,126 @@ class RankReport:
     alive: bool = True
 
 
-class FollowerGone(RuntimeError):
-    """A follower died or stopped answering: the group cannot run the sharded model any more."""
-
-
-def dead_ranks(group: ParallelGroup) -> list[int]:
-    """Followers on this host whose process is gone (others cannot be checked from here)."""
-    here = socket.gethostname()
-    dead = []
-    for rank, (host, pid) in enumerate(group.processes):
-        if rank == 0 or host != here:
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            dead.append(rank)
-        except PermissionError:
-            pass
-    return dead
+class FollowerGone(EngineError):
+    """A rank died, failed or stopped answering: the group cannot run the sharded model any more."""
 
 
 @dataclass
+class GroupHealth:
+    """What /healthz says about the group (None: fine), and how long this group took to start: the wait that a
+    restart means. Made before the server and the leader, which both hold it; only the leader writes `problem`."""
+
+    started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
+    startup_seconds: float | None = None
+    problem: str | None = None
+
+    def __call__(self) -> str | None:
+        return self.problem
+
+    def serving(self) -> None:
+        self.startup_seconds = time.monotonic() - self.started
+
+    def restart_estimate(self) -> int:
+        """Seconds until a restarted group serves again: this group's own start-up, and rank 0's drain."""
+        return math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
+
+
+def seconds_since_start() -> float:
+    """How long this process has run, imports included (Linux /proc); 0 where that cannot be read."""
+    try:
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of a local process (R, S, T, Z...), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc (not Linux): all we can tell is whether it exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+    return stat[stat.rindex(")") + 2]
+
+
+def dead_ranks(group: ParallelGroup) -> list[int]:
+    """Followers on this host whose process is gone or a zombie (others cannot be checked from here)."""
+    here = socket.gethostname()
+    return [rank for rank, (host, pid) in enumerate(group.processes)
+            if rank != 0 and host == here and process_state(pid) in (None, "Z")]
+
+
 class LeaderRunner:
-    """Rank 0's runner: broadcast each call, run it in lockstep, gather what each follower compiled."""
+    """Rank 0's runner: broadcast each call, run it in lockstep, gather what each follower compiled.
 
-    runner: object  # the engine's PipelineRunner on this rank
-    group: ParallelGroup
-    reports: list[RankReport] = field(default_factory=list)
+    Every call runs on a device thread and is waited for with a bound: SLACK times what the size took before
+    (scaled to the steps), never less than `min_seconds`, and COMPILE_FLOOR for a size's first call, which
+    compiles. A rank that dies, fails or outlasts the bound breaks the group: the user is told in one line,
+    the rank is named in the log and the status, and /healthz turns 503 ("restarting" when torchrun will
+    restart the group, else "degraded: rank k gone")."""
 
-    def __post_init__(self) -> None:
-        self.reports = [RankReport(rank) for rank in range(self.group.degree)]
+    def __init__(self, runner: Runner, group: ParallelGroup, health: GroupHealth, min_seconds: float):
+        self.runner = runner
+        self.group = group
+        self.health = health
+        self.min_seconds = min_seconds
+        self.reports = [RankReport(rank) for rank in range(group.degree)]
+        self.broken: str | None = None  # why the group cannot run calls any more
+        self.broken_event = threading.Event()
+        self._seconds_per_step: dict[tuple[int, int], float] = {}
+        self._answered = threading.Event()  # no user is waiting on a call
+        self._answered.set()
 
-    def __call__(self, call, callback=None):
-        self._check_followers()
+    def bound(self, call: PipelineCall) -> float:
+        """Seconds this call may take before the group counts as hung."""
+        per_step = self._seconds_per_step.get((call.width, call.height))
+        if per_step is None:
+            return max(self.min_seconds, COMPILE_FLOOR)
+        return max(self.min_seconds, SLACK * per_step * (call.steps + 1))
+
+    def __call__(self, call: PipelineCall, callback=None):
+        if self.broken is None and (dead := dead_ranks(self.group)):
+            self._break(f"rank {_ranks(dead)} died", dead)
+        if self.broken is not None:
+            raise FollowerGone(self.user_message())
+        bound = self.bound(call)
+        self._answered.clear()
+        try:
+            future = self._run_in_thread(call, callback)
+            try:
+                return future.result(timeout=bound)
+            except FutureTimeout:
+                followers = [r for r in range(1, self.group.degree) if self.reports[r].alive]
+                self._break(f"rank {_ranks(followers)} did not answer within {bound:.0f} s", followers)
+                raise FollowerGone(self.user_message()) from None
+        finally:
+            self._answered.set()
+
+    def _run_in_thread(self, call: PipelineCall, callback) -> Future:
+        """The call on a daemon thread of its own: one stuck in a collective is left there, and never holds up
+        the process's exit (ThreadPoolExecutor's threads are joined at exit)."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._lockstep(call, callback))
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(error)
+
+        threading.Thread(target=run, name="tp-call", daemon=True).start()
+        return future
+
+    def _lockstep(self, call: PipelineCall, callback=None):
+        start = time.monotonic()
         before = read_counters()
         self._collective(dist.broadcast_object_list, [call], src=0, group=self.group.control)
         error = None
@@ -185,37 +305,77 @@ class LeaderRunner:
             report.calls += 1
         if error is not None:
             raise error
+        seconds = time.monotonic() - start
+        if all(delta.graphs == 0 for delta in deltas):  # a call that compiled says nothing about the next one
+            self._seconds_per_step[(call.width, call.height)] = seconds / (call.steps + 1)
         return image
-
-    def _check_followers(self) -> None:
-        dead = dead_ranks(self.group)
-        if dead:
-            for rank in dead:
-                self.reports[rank].alive = False
-            logger.error("tensor-parallel rank(s) %s died", dead)
-            raise FollowerGone(f"tensor-parallel rank(s) {dead} died; restart the app")
 
     def _collective(self, op, *args, **kwargs) -> None:
         try:
             op(*args, **kwargs)
         except Exception as error:
-            self._check_followers()  # names the rank when it is a process on this host that died
-            logger.error("tensor-parallel group broken: %s", error)
-            raise FollowerGone("a tensor-parallel follower stopped answering; restart the app") from error
+            raise self._diagnose(error) from error
+
+    def _diagnose(self, error: Exception) -> FollowerGone:
+        """Name the rank behind a broken collective: one that reported its failure, or one whose process died."""
+        deadline = time.monotonic() + 2.0  # a killed process closes its sockets just before it turns zombie
+        while True:
+            failed, dead = self.group.follower_errors(), dead_ranks(self.group)
+            if failed or dead or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        reasons = [f"rank {rank} failed: {message}" for rank, message in sorted(failed.items())]
+        reasons += [f"rank {rank} died" for rank in dead if rank not in failed]
+        logger.error("tensor-parallel collective failed: %s", error)
+        self._break("; ".join(reasons) or f"the group broke ({_short(error)})", sorted({*failed, *dead}))
+        return FollowerGone(self.user_message())
+
+    def _break(self, reason: str, ranks: list[int]) -> None:
+        if self.broken is not None:
+            return
+        self.broken = reason
+        for rank in ranks:
+            self.reports[rank].alive = False
+        restarting = self.group.launch.restarts_left > 0
+        self.health.problem = "restarting" if restarting else (
+            f"degraded: rank {_ranks(ranks)} gone" if ranks else "degraded: tensor-parallel group broken")
+        logger.error("tensor-parallel group broken: %s; %s", reason,
+                     f"torchrun restarts the group ({self.group.launch.restarts_left} restart(s) left)" if restarting
+                     else "no restart is coming (started by hand, or torchrun has no --max-restarts left): "
+                          "restart the app")
+        self.broken_event.set()
+
+    def user_message(self) -> str:
+        if self.group.launch.restarts_left > 0:
+            return (f"a device process failed ({self.broken}); the server is restarting, "
+                    f"try again in about {self.health.restart_estimate()} s")
+        return f"tensor-parallel {self.broken}; this server cannot make images until it is restarted"
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> None:
+        """Let the call in flight answer its user before rank 0 exits: wait for its answer, then give the
+        server a moment to send it (a broken group has just answered with why)."""
+        self._answered.wait(timeout)
+        if self.broken is not None:
+            time.sleep(1.0)
 
     def stop_followers(self) -> None:
-        """Tell the followers to exit (rank 0 is shutting down)."""
+        """Tell the followers to exit (rank 0 is shutting down); not a broken group, nor one still in a call."""
+        if self.broken is not None or not self._answered.is_set():
+            return
         try:
             dist.broadcast_object_list([None], src=0, group=self.group.control)
         except Exception:  # already gone
             pass
 
     def describe(self) -> dict:
-        return {"degree": self.group.degree, "ranks": [asdict(r) for r in self.reports]}
+        return {"degree": self.group.degree, "ranks": [asdict(r) for r in self.reports], "broken": self.broken}
 
 
-def follow(runner, group: ParallelGroup) -> None:
-    """A follower's life: run every call rank 0 broadcasts, until it says stop or disappears."""
+def follow(runner: Runner, group: ParallelGroup) -> int:
+    """A follower's life: run every call rank 0 broadcasts, until it says stop or disappears; the exit code.
+
+    A call that fails here leaves the group out of step, so the follower tells rank 0 why (in the store,
+    which outlives it) and exits 1: rank 0's collective fails at once instead of waiting, and names it."""
     rank = group.launch.rank
     while True:
         message = [None]
@@ -223,14 +383,24 @@ def follow(runner, group: ParallelGroup) -> None:
             dist.broadcast_object_list(message, src=0, group=group.control)
         except Exception as error:
             logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
-            return
+            return 0
         call = message[0]
         if call is None:
             logger.warning("rank %d: rank 0 asked the followers to stop", rank)
-            return
+            return 0
         before = read_counters()
         try:
             runner(call)
-        except Exception:
-            logger.exception("rank %d: pipeline call failed", rank)
-        dist.gather_object(read_counters() - before, None, dst=0, group=group.control)
+        except Exception as error:
+            logger.exception("rank %d: pipeline call failed; leaving the group", rank)
+            group.report_error(_short(error))
+            return 1
+        try:
+            dist.gather_object(read_counters() - before, None, dst=0, group=group.control)
+        except Exception as error:
+            logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
+            return 0
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))

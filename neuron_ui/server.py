@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse, urlunparse
 
 import gradio as gr
@@ -42,8 +42,10 @@ MAX_UPLOAD = "1mb"  # the app takes no files; Gradio's upload route stays, cappe
 class Server:
     """uvicorn in a thread serving `app`: start() binds the port, mount() adds the UI, stop() ends it all."""
 
-    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None):
+    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
+                 health: Callable[[], str | None] | None = None):
         self.settings = settings
+        self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
         self.metrics = metrics or EngineMetrics()
         self.demo: gr.Blocks | None = None
         self.engine: EngineLike | None = None
@@ -87,6 +89,8 @@ class Server:
                 return JSONResponse({"status": "shutting down"}, status_code=503)
             if not self.ready:
                 return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+            if problem := self.health and self.health():
+                return JSONResponse({"status": problem}, status_code=503, headers={"Retry-After": "5"})
             return JSONResponse({"status": "ok"})
 
         @app.api_route("/metrics", methods=["GET", "HEAD"])

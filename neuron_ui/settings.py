@@ -48,12 +48,15 @@ class Settings:
     cache_bundle: Path | None = None
     cache_bundle_sha256: str | None = None
     tp: int | None = None
+    tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.tp_timeout <= 0:
+            raise ValueError(f"--tp-timeout must be positive, got {self.tp_timeout}")
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
         self.cache_dir = Path(self.cache_dir).expanduser()
@@ -102,6 +105,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
     parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
     parser.add_argument("--tp", type=int, help="tensor-parallel degree; must match torchrun's --nproc_per_node")
+    parser.add_argument("--tp-timeout", type=float,
+                        help="seconds a tensor-parallel call may take at least before a rank counts as hung "
+                             "(env NEURON_UI_TP_TIMEOUT; default 60; a size's first call gets 30 min to compile)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
@@ -130,6 +136,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("port", "GRADIO_SERVER_PORT", int),
         ("max_queue", "NEURON_UI_MAX_QUEUE", int),
         ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
+        ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:

@@ -9,12 +9,16 @@ import signal
 import subprocess
 import sys
 import time
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import numpy as np
+import psutil
 import pytest
 from gradio_client import Client
+from gradio_client.utils import Status
 from PIL import Image
 from serving import free_port
 
@@ -41,8 +45,17 @@ def wait_for_client(url: str, processes, log: Path, timeout: float = 240) -> Cli
             time.sleep(1)
 
 
-def generate(client: Client, resolution="256x256", seed=3):
-    return client.submit("a lighthouse", resolution, 4, seed, api_name="/generate").result(timeout=300)
+def generate(client: Client, resolution="256x256", seed=3, steps=4):
+    return client.submit("a lighthouse", resolution, steps, seed, api_name="/generate").result(timeout=300)
+
+
+def healthz(url: str) -> tuple[int, str]:
+    """(status code, status word) of /healthz; (0, "down") when nothing answers on the port."""
+    try:
+        response = httpx.get(url + "/healthz", timeout=5)
+    except httpx.TransportError:
+        return 0, "down"
+    return response.status_code, response.json()["status"]
 
 
 def stop(processes, sig=signal.SIGTERM, timeout=60) -> list[int]:
@@ -53,21 +66,21 @@ def stop(processes, sig=signal.SIGTERM, timeout=60) -> list[int]:
 
 
 @contextmanager
-def torchrun_app(tmp_path):
+def torchrun_app(tmp_path, *torchrun_flags: str):
     port, log = free_port(), tmp_path / "torchrun.log"
     env = {**os.environ, "NEURON_UI_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master-port={free_port()}",
-           str(ROOT / "app.py"), *FLAGS, "--port", str(port), "--tp", "2"]
+           *torchrun_flags, str(ROOT / "app.py"), *FLAGS, "--port", str(port), "--tp", "2"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        yield proc, wait_for_client(f"http://127.0.0.1:{port}", [proc], log), log
+        yield proc, wait_for_client(f"http://127.0.0.1:{port}", [proc], log), log, f"http://127.0.0.1:{port}"
     finally:
         stop([proc], signal.SIGKILL) if proc.poll() is None else None
 
 
 @contextmanager
-def two_ranks_by_hand(tmp_path):
+def two_ranks_by_hand(tmp_path, script: Path = ROOT / "app.py", **env_extra: str):
     """Both ranks started as torchrun would, without its agent, so a death is ours to notice."""
     port, master, log = free_port(), free_port(), tmp_path / "ranks.log"
     procs = []
@@ -75,20 +88,85 @@ def two_ranks_by_hand(tmp_path):
         for rank in (0, 1):
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "OMP_NUM_THREADS": "1",
-                   "NEURON_UI_CACHE_DIR": str(tmp_path / "cache")}
-            procs.append(subprocess.Popen([sys.executable, str(ROOT / "app.py"), *FLAGS, "--port", str(port)],
+                   "NEURON_UI_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), **env_extra}
+            procs.append(subprocess.Popen([sys.executable, str(script), *FLAGS, "--port", str(port)],
                                           env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
     try:
-        yield procs, wait_for_client(f"http://127.0.0.1:{port}", procs, log), log
+        yield procs, wait_for_client(f"http://127.0.0.1:{port}", procs, log), log, f"http://127.0.0.1:{port}"
     finally:
         stop(procs, signal.SIGKILL)
+
+
+def workers(torchrun: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of torchrun's current workers."""
+    found = {}
+    for child in psutil.Process(torchrun.pid).children():
+        try:
+            found[int(child.environ()["RANK"])] = child.pid
+        except (psutil.Error, KeyError):
+            pass
+    return found
+
+
+def start_long_request(client: Client):
+    """A 50-step image (seconds on the tiny model), once it is running on the device."""
+    job = client.submit("a lighthouse", "256x256", 50, 7, api_name="/generate")
+    deadline = time.monotonic() + 60
+    while job.status().code not in (Status.PROCESSING, Status.PROGRESS):
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return job
+
+
+class HealthWatch:
+    """Polls /healthz in a thread and keeps every distinct answer, in order."""
+
+    def __init__(self, url: str):
+        self.url, self.seen, self._stop = url, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            answer = healthz(self.url)
+            if not self.seen or self.seen[-1] != answer:
+                self.seen.append(answer)
+            time.sleep(0.05)
+
+    def stop(self) -> list[tuple[int, str]]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.seen
+
+
+def wait_for_new_group(torchrun, old: dict[int, int], url: str, log: Path, timeout: float = 300) -> Client:
+    """Until torchrun runs a new pair of ranks and the new rank 0 serves; nobody lifts a finger meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not (len(new := workers(torchrun)) == 2 and not set(new.values()) & set(old.values())
+               and healthz(url) == (200, "ok")):
+        assert torchrun.poll() is None, f"torchrun gave up:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"the group never came back:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+    return wait_for_client(url, [torchrun], log)
+
+
+def restarted_from_the_warm_cache(client: Client, killed_at: float, what: str) -> None:
+    """The new group knows 256x256 from the cache folder before it makes anything, then serves it."""
+    status = client.predict(api_name="/status")
+    shape = next(s for s in status["shapes"] if s["resolution"] == "256x256")
+    assert shape["on_disk"] and shape["state"] == "cold", shape
+    _, info = generate(client, seed=5)
+    seconds = time.monotonic() - killed_at
+    print(f"\n{what}: {seconds:.1f} s from kill -9 to the next image served")
+    assert info["resolution"] == "256x256"
 
 
 def test_two_ranks_match_one_process_and_compile_once_on_every_rank(tmp_path):
     pipe = build_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     single = np.asarray(run_pipeline(pipe, PipelineCall("a lighthouse", 256, 256, 4, 3, 1.0)), dtype=int)
-    with torchrun_app(tmp_path) as (proc, client, log):
+    with torchrun_app(tmp_path) as (proc, client, log, _):
         path, info = generate(client)
         assert info["cache_event"] == "compiled"
         sharded = np.asarray(Image.open(path).convert("RGB"), dtype=int)
@@ -106,22 +184,23 @@ def test_two_ranks_match_one_process_and_compile_once_on_every_rank(tmp_path):
 
 
 def test_a_dead_follower_is_reported_with_its_rank_and_the_app_keeps_answering(tmp_path):
-    with two_ranks_by_hand(tmp_path) as (procs, client, log):
+    with two_ranks_by_hand(tmp_path) as (procs, client, log, url):
         generate(client)
         procs[1].kill()
         procs[1].wait(30)
         start = time.monotonic()
-        with pytest.raises(Exception, match=r"rank\(s\) \[1\] died"):
+        with pytest.raises(Exception, match=r"tensor-parallel rank 1 died; this server cannot make images"):
             generate(client, seed=5)
         assert time.monotonic() - start < 30
         status = client.predict(api_name="/status")
         assert [r["alive"] for r in status["tensor_parallel"]["ranks"]] == [True, False]
+        assert healthz(url) == (503, "degraded: rank 1 gone")  # a balancer stops sending here
         client.close()
-    assert "tensor-parallel rank(s) [1] died" in log.read_text()
+    assert "tensor-parallel group broken: rank 1 died; no restart is coming" in log.read_text()
 
 
 def test_stopping_rank_0_stops_the_followers(tmp_path):
-    with two_ranks_by_hand(tmp_path) as (procs, client, log):
+    with two_ranks_by_hand(tmp_path) as (procs, client, log, url):
         client.close()
         procs[0].terminate()
         assert procs[1].wait(60) == 0 and procs[0].wait(60) == 0
@@ -129,11 +208,79 @@ def test_stopping_rank_0_stops_the_followers(tmp_path):
 
 
 def test_followers_exit_when_rank_0_is_killed(tmp_path):
-    with two_ranks_by_hand(tmp_path) as (procs, client, log):
+    with two_ranks_by_hand(tmp_path) as (procs, client, log, url):
         client.close()
         procs[0].kill()
         assert procs[1].wait(60) == 0
     assert "rank 1: rank 0 is gone" in log.read_text()
+
+
+def test_a_follower_exception_reaches_the_user_naming_the_rank(tmp_path):
+    with two_ranks_by_hand(tmp_path, ROOT / "tests" / "failing_follower.py", FAIL_RANK="1") as (procs, client, log, url):
+        generate(client)
+        start = time.monotonic()
+        with pytest.raises(Exception, match="tensor-parallel rank 1 failed: RuntimeError: injected device fault"):
+            generate(client, seed=13)
+        assert time.monotonic() - start < 30, "rank 0 waited for the failed rank instead of hearing from it"
+        assert procs[1].wait(30) == 1
+        assert healthz(url) == (503, "degraded: rank 1 gone")
+        with pytest.raises(Exception, match="rank 1 failed"):  # and every later request says so at once
+            generate(client, seed=14)
+        client.close()
+    assert "rank 1: pipeline call failed; leaving the group" in log.read_text()
+
+
+def test_a_hung_follower_is_bounded_and_named(tmp_path):
+    with two_ranks_by_hand(tmp_path, NEURON_UI_TP_TIMEOUT="3") as (procs, client, log, url):
+        generate(client)  # compiles 256x256 and measures it: later calls get max(3 s, 4x that)
+        procs[1].send_signal(signal.SIGSTOP)  # alive, holding its sockets, answering nothing
+        start = time.monotonic()
+        with pytest.raises(Exception, match="tensor-parallel rank 1 did not answer within 3 s"):
+            generate(client, seed=5)
+        assert time.monotonic() - start < 20
+        assert healthz(url) == (503, "degraded: rank 1 gone")
+        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] == "rank 1 did not answer within 3 s"
+        client.close()
+
+
+def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(tmp_path):
+    with torchrun_app(tmp_path, "--max-restarts=2") as (torchrun, client, log, url):
+        generate(client)  # 256x256 compiled and recorded in the cache folder's manifest
+        old = workers(torchrun)
+        job = start_long_request(client)
+        watch = HealthWatch(url)
+        killed_at = time.monotonic()
+        os.kill(old[1], signal.SIGKILL)
+        with pytest.raises(Exception, match=r"^a device process failed \(rank 1 died\); the server is restarting, "
+                                            r"try again in about \d+ s$"):
+            job.result(timeout=60)
+        client.close()
+        client = wait_for_new_group(torchrun, old, url, log)
+        seen = watch.stop()
+        restarted_from_the_warm_cache(client, killed_at, "rank 1 killed")
+        client.close()
+    print(f"/healthz from the kill on: {seen}")
+    text = log.read_text()
+    assert (503, "restarting") in seen and (0, "down") in seen and seen[-1] == (200, "ok"), text[-8000:]
+    assert "tensor-parallel group broken: rank 1 died; torchrun restarts the group (2 restart(s) left)" in text
+    assert "serving after" in text and "(restart 1 of 2)" in text
+
+
+def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path):
+    with torchrun_app(tmp_path, "--max-restarts=2") as (torchrun, client, log, url):
+        generate(client)
+        old = workers(torchrun)
+        job = start_long_request(client)
+        killed_at = time.monotonic()
+        os.kill(old[0], signal.SIGKILL)  # the server dies with it: its user's connection drops
+        with pytest.raises(Exception) as dropped:
+            job.result(timeout=60)
+        print(f"\nthe user in flight when rank 0 died got: {type(dropped.value).__name__}: {dropped.value}")
+        client.close()
+        client = wait_for_new_group(torchrun, old, url, log)
+        restarted_from_the_warm_cache(client, killed_at, "rank 0 killed")
+        client.close()
+    assert "(restart 1 of 2)" in log.read_text()
 
 
 def test_bad_launches_fail_at_start_up(monkeypatch):

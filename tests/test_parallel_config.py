@@ -1,5 +1,7 @@
 """Tensor-parallel configuration checks: cheap, single process (tests/test_parallel.py runs torchrun)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from neuron_ui.device import Launch, detect_launch
@@ -29,3 +31,43 @@ def test_more_processes_than_devices_fails(monkeypatch):
     monkeypatch.setattr(parallel, "count_devices", lambda device: 2)
     with pytest.raises(ValueError, match="3 processes but only 2 cuda device"):
         check_launch(Launch(2, 2, 3), None, "cuda")
+
+
+def test_torchrun_restarts_are_read_from_its_environment():
+    launch = detect_launch({"WORLD_SIZE": "2", "RANK": "0", "TORCHELASTIC_RESTART_COUNT": "1",
+                            "TORCHELASTIC_MAX_RESTARTS": "3"})
+    assert (launch.restart_count, launch.max_restarts, launch.restarts_left) == (1, 3, 2)
+    assert detect_launch({"WORLD_SIZE": "2", "RANK": "1"}).restarts_left == 0  # by hand: nobody restarts it
+
+
+def test_a_neuron_rank_device_is_a_device_string_even_when_torch_neuron_gives_an_index(monkeypatch):
+    import torch
+
+    from neuron_ui.parallel import rank_device
+
+    monkeypatch.setattr(torch, "neuron", SimpleNamespace(current_device=lambda: 3), raising=False)
+    assert rank_device("neuron", 3) == "neuron:3"
+    monkeypatch.setattr(torch, "neuron", SimpleNamespace(current_device=lambda: "neuron:1"), raising=False)
+    assert rank_device("neuron", 1) == "neuron:1"
+    assert rank_device("cuda", 2) == "cuda:2" and rank_device("cpu", 1) == "cpu"
+
+
+def test_a_call_is_bounded_by_its_size_measured_time_with_a_floor_for_compiles():
+    from neuron_ui.engine import PipelineCall
+    from neuron_ui.parallel import COMPILE_FLOOR, GroupHealth, LeaderRunner
+
+    group = SimpleNamespace(degree=2, launch=Launch(0, 0, 2))
+    leader = LeaderRunner(lambda call, callback=None: None, group, GroupHealth(), min_seconds=5)
+    call = PipelineCall("a lighthouse", 256, 256, 9, 1, 1.0)
+    assert leader.bound(call) == COMPILE_FLOOR  # never run at this size here: it compiles first
+    leader._seconds_per_step[(256, 256)] = 0.5
+    assert leader.bound(call) == 4 * 0.5 * 10  # SLACK x measured per step x (steps + 1)
+    assert leader.bound(PipelineCall("a lighthouse", 256, 256, 1, 1, 1.0)) == 5  # never under the floor
+
+
+def test_the_wait_announced_after_a_rank_dies_is_this_group_start_up_and_the_drain():
+    from neuron_ui.parallel import DRAIN_SECONDS, GroupHealth
+
+    health = GroupHealth(started=100.0)
+    health.startup_seconds = 21.2
+    assert health.restart_estimate() == 22 + DRAIN_SECONDS and health() is None
