@@ -46,6 +46,7 @@ class Settings:
     warmup: tuple[Resolution, ...] = ()
     cache_bundle: Path | None = None
     tp: int | None = None
+    max_references: int = 2
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -54,6 +55,8 @@ class Settings:
                 raise ValueError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
+        if not 0 <= self.max_references <= 5:
+            raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
         self.cache_dir = Path(self.cache_dir).expanduser()
         missing = [str(r) for r in self.warmup if r not in self.resolutions]
         if missing:
@@ -83,6 +86,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
     parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
     parser.add_argument("--tp", type=int, help="tensor-parallel degree; must match torchrun's --nproc_per_node")
+    parser.add_argument("--max-references", type=int, help="reference images per request, 0-5 (env NEURON_UI_MAX_REFERENCES; default 2)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
@@ -111,6 +115,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("port", "GRADIO_SERVER_PORT", int),
         ("max_queue", "NEURON_UI_MAX_QUEUE", int),
         ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
+        ("max_references", "NEURON_UI_MAX_REFERENCES", int),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:
