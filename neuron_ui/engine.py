@@ -286,7 +286,7 @@ class Engine:
         return Layout(preset, (size,) * references, inpaint)
 
     def validate(self, request: GenerateRequest) -> ValidRequest:
-        """Fill defaults and check every field, fitting input images to their sizes; ValueError names what is allowed."""
+        """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
         resolution = validate_resolution(request.resolution, self.presets)
         references: tuple = ()
         if request.references:

@@ -209,8 +209,9 @@ def add_reference_panel(engine: EditingEngine) -> dict[str, gr.Component]:
 
 def add_inpaint_tab() -> dict[str, gr.Component]:
     """The inpaint inputs: an image editor to paint the mask on, strength and a button."""
+    brush = gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed")
     editor = gr.ImageEditor(label="Paint over the part to redo", type="filepath", height=360, layers=False,
-                            brush=gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed"), elem_id="inpaint-editor")
+                            brush=brush, elem_id="inpaint-editor")
     strength = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Strength", elem_id="strength",
                          info="how much of the painted part is redone (1: from scratch)")
     button = gr.Button("Inpaint", variant="primary", elem_id="inpaint")

@@ -295,3 +295,15 @@ def test_layout_names_and_tokens():
     assert str(Layout(out)) == "512x512" and Layout(out).tokens == 1024
     assert str(Layout(out, (ref, ref), inpaint=True)) == "inpaint 512x512 + 2 refs 1024x1024"
     assert Layout(out, (ref, ref), inpaint=True).tokens == 2 * 1024 + 2 * 4096
+
+
+def test_max_references_flag_and_environment():
+    from neuron_ui.settings import build_parser, settings_from_args
+
+    parser = build_parser()
+    assert settings_from_args(parser.parse_args([]), environ={}).max_references == 2
+    assert settings_from_args(parser.parse_args([]), environ={"NEURON_UI_MAX_REFERENCES": "4"}).max_references == 4
+    flag = parser.parse_args(["--max-references", "1"])
+    assert settings_from_args(flag, environ={"NEURON_UI_MAX_REFERENCES": "4"}).max_references == 1
+    with pytest.raises(ValueError, match="--max-references must be 0 to 5"):
+        settings_from_args(parser.parse_args(["--max-references", "9"]), environ={})
