@@ -86,7 +86,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
     parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
     parser.add_argument("--tp", type=int, help="tensor-parallel degree; must match torchrun's --nproc_per_node")
-    parser.add_argument("--max-references", type=int, help="reference images per request, 0-5 (default 2)")
+    parser.add_argument("--max-references", type=int,
+                        help="reference images per request, 0-5 (env NEURON_UI_MAX_REFERENCES; default 2)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
