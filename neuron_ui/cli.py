@@ -1,6 +1,8 @@
 """`python -m neuron_ui`: the engine without the UI, and the compile cache.
 
     python -m neuron_ui generate --prompt "a lighthouse at dusk" --resolution 512x512 --seed 1 --out out.png
+    python -m neuron_ui generate --prompt "this, at night" --resolution 512x512 --reference photo.jpg
+    python -m neuron_ui generate --prompt "a red door" --resolution 512x512 --image photo.jpg --mask mask.png
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
     python -m neuron_ui cache import bundle.tar.gz [--cache-bundle-sha256 DIGEST]
@@ -34,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int)
     generate.add_argument("--guidance", type=float)
     generate.add_argument("--out", default="out.png", help="where to write the PNG (default out.png)")
+    generate.add_argument("--reference", action="append", default=[], metavar="PATH",
+                          help="a reference image (repeatable, up to --max-references)")
+    generate.add_argument("--reference-size", help="the size every reference is fitted to (default the first)")
+    generate.add_argument("--fit", default="crop", help="crop (default) or pad: how inputs are fitted")
+    generate.add_argument("--image", metavar="PATH", help="inpaint this image (with --mask)")
+    generate.add_argument("--mask", metavar="PATH", help="white where --image is redone, black where it is kept")
+    generate.add_argument("--strength", type=float, help="inpaint strength, above 0 up to 1 (default 1)")
 
     cache = commands.add_parser("cache", help="list, export, import or clear the compile cache")
     actions = cache.add_subparsers(dest="action", required=True)
@@ -66,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     from .schema import GenerateRequest
 
     engine = Engine.from_settings(settings, cache)
-    request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance)
+    request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
+                              references=args.reference, reference_size=args.reference_size, fit=args.fit,
+                              image=args.image, mask=args.mask, strength=args.strength)
     try:
         result = engine.generate(request)
     except (ValueError, EngineError) as error:

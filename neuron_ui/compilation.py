@@ -191,6 +191,30 @@ def json_depth(text: str) -> int:
     return max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
 
 
+_LAYOUT_NAME = re.compile(r"(inpaint )?(\d{1,5}x\d{1,5})(?: \+ ([1-9]) refs? (\d{1,5}x\d{1,5}(?:, \d{1,5}x\d{1,5})*))?")
+
+
+def record_name_tokens(name: str) -> tuple[int, int]:
+    """The token counts a record's name allows: a preset ("1024x1024") or an editing layout as the engine names
+    it ("inpaint 512x512 + 2 refs 512x512, 1024x1024"), every size written the way we write it; else ValueError."""
+    match = _LAYOUT_NAME.fullmatch(name) if isinstance(name, str) and len(name) <= 120 else None
+    if match is None:
+        raise ValueError("its name is not a WIDTHxHEIGHT resolution or an editing layout")
+    inpaint, output, count, sizes = match.groups()
+    resolutions = [parse_resolution(text) for text in [output, *(sizes.split(", ") if sizes else [])]]
+    if any(str(r) != text for r, text in zip(resolutions, [output, *(sizes.split(", ") if sizes else [])])):
+        raise ValueError("its name does not write its sizes the way we write them")
+    base = resolutions[0].tokens * (2 if inpaint else 1)
+    refs = [r.tokens for r in resolutions[1:]]
+    count = int(count or 0)
+    if len(refs) > count:
+        raise ValueError("its name lists more reference sizes than references")
+    if not refs:
+        return base, base
+    extra = count - len(refs)  # the label lists each size once: the rest repeat some of them
+    return base + sum(refs) + extra * min(refs), base + sum(refs) + extra * max(refs)
+
+
 def parse_shape_record(name: str, raw: object) -> ShapeRecord:
     """One record checked against the schema; ValueError names the field. Unknown fields are ignored."""
     if not isinstance(raw, dict):
@@ -198,14 +222,13 @@ def parse_shape_record(name: str, raw: object) -> ShapeRecord:
     for f in fields(ShapeRecord):
         if f.name not in raw and f.default is MISSING:
             raise ValueError(f"field {f.name!r} is missing")
-    resolution = parse_resolution(name)  # its name must be a WIDTHxHEIGHT, written the way we write it
-    if str(resolution) != name:
-        raise ValueError(f"its name is not written as {resolution}")
+    low, high = record_name_tokens(name)
     if raw["resolution"] != name:
         raise ValueError(f"field 'resolution' is {_shown(raw['resolution'])}, not its name")
     tokens = _whole(raw, "tokens")
-    if tokens != resolution.tokens:
-        raise ValueError(f"field 'tokens' is {tokens}, {name} has {resolution.tokens}")
+    if not low <= tokens <= high:
+        expected = low if low == high else f"{low} to {high}"
+        raise ValueError(f"field 'tokens' is {tokens}, {name} has {expected}")
     return ShapeRecord(
         resolution=name,
         tokens=tokens,

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 from PIL import Image
@@ -21,6 +21,7 @@ from PIL import Image
 from . import compilation
 from .compilation import Backend, CacheManifest, CompileKey, backend_name, classify_event, read_counters
 from .device import CachePaths, CompileFolder, Runtime
+from . import references as refs
 from .loading import LoadedModel, choose_model, load_model
 from .resolutions import Resolution
 from .scheduler import DeviceQueue
@@ -42,6 +43,7 @@ from .schema import (
     validate_resolution,
     validate_seed,
     validate_steps,
+    validate_strength,
 )
 from .settings import Settings
 
@@ -63,12 +65,38 @@ class EngineObserver(Protocol):
     def on_failed(self, kind: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What the transformer's image sequence is made of: the output, the source image when inpainting (the
+    inpaint pipeline appends its latents as a condition), and each reference. Its length is the graph's shape."""
+
+    resolution: Resolution
+    references: tuple[Resolution, ...] = ()
+    inpaint: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.resolution.tokens * (2 if self.inpaint else 1) + sum(r.tokens for r in self.references)
+
+    @property
+    def plain(self) -> bool:
+        return not self.references and not self.inpaint
+
+    def __str__(self) -> str:
+        text = f"inpaint {self.resolution}" if self.inpaint else str(self.resolution)
+        if self.references:
+            sizes = sorted({str(r) for r in self.references})
+            count = len(self.references)
+            text += f" + {count} ref{'s' if count > 1 else ''} {', '.join(sizes)}"
+        return text
+
+
 @dataclass
 class _GraphState:
-    """The transformer graph for one token count; presets with the same count share it."""
+    """The transformer graph for one sequence length; layouts with the same total share it."""
 
     state: str
-    compiled_by: Resolution
+    compiled_by: Layout
     seconds: float | None = None
     error: str | None = None
     event: str | None = None  # compiled or disk_hit, once ready
@@ -94,12 +122,35 @@ class PipelineCall:
     steps: int
     seed: int
     guidance: float
+    references: tuple[Image.Image, ...] = ()  # already fitted to a reference size
+    image: Image.Image | None = None  # inpaint: the image, fitted to width x height
+    mask: Image.Image | None = None
+    strength: float = 1.0
 
 
-def run_pipeline(pipe, call: PipelineCall, callback=None, prompt_embeds: torch.Tensor | None = None) -> Image.Image:
-    """The plain diffusers call, as the upstream guide makes it."""
+def build_inpaint_pipeline(pipe):
+    """klein's inpaint pipeline on the same modules, so it shares the weights and the compiled blocks.
+
+    from_pipe casts the shared modules to float32 unless told the dtype: pass the pipeline's own."""
+    from diffusers import Flux2KleinInpaintPipeline
+
+    inpaint = Flux2KleinInpaintPipeline.from_pipe(pipe, dtype=pipe.dtype)
+    inpaint.set_progress_bar_config(disable=True)
+    return inpaint
+
+
+def run_pipeline(pipe, call: PipelineCall, callback=None, prompt_embeds: torch.Tensor | None = None,
+                 inpaint_pipe=None) -> Image.Image:
+    """The plain diffusers call, as the upstream guide makes it; the inpaint pipeline when the call has an image."""
     # The generator lives on the CPU, as diffusers does for Neuron: same seed, same noise everywhere.
     generator = torch.Generator("cpu").manual_seed(call.seed)
+    kwargs: dict[str, Any] = {}
+    if call.image is not None:
+        pipe = inpaint_pipe or build_inpaint_pipeline(pipe)
+        kwargs = {"image": call.image, "mask_image": call.mask, "strength": call.strength,
+                  "image_reference": list(call.references) or None}
+    elif call.references:
+        kwargs = {"image": list(call.references)}
     output = pipe(
         prompt=None if prompt_embeds is not None else call.prompt,
         prompt_embeds=prompt_embeds,
@@ -109,8 +160,14 @@ def run_pipeline(pipe, call: PipelineCall, callback=None, prompt_embeds: torch.T
         guidance_scale=call.guidance,
         generator=generator,
         callback_on_step_end=callback,
+        **kwargs,
     )
     return output.images[0]
+
+
+def steps_run(steps: int, strength: float) -> int:
+    """Denoising steps an inpaint runs: the pipeline skips the first (1 - strength) of the schedule."""
+    return steps - int(max(steps - min(steps * strength, steps), 0))
 
 
 class PipelineRunner:
@@ -119,11 +176,13 @@ class PipelineRunner:
 
     def __init__(self, pipe, cache_size: int = 8):
         self.pipe = pipe
+        self.inpaint_pipe = build_inpaint_pipeline(pipe)
         self.cache_size = cache_size
         self._embeds: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def __call__(self, call: PipelineCall, callback=None) -> Image.Image:
-        return run_pipeline(self.pipe, call, callback, prompt_embeds=self.prompt_embeds(call.prompt))
+        return run_pipeline(self.pipe, call, callback, prompt_embeds=self.prompt_embeds(call.prompt),
+                            inpaint_pipe=self.inpaint_pipe)
 
     def prompt_embeds(self, prompt: str) -> torch.Tensor:
         if prompt in self._embeds:
@@ -155,9 +214,13 @@ class Engine:
         runner: Runner | None = None,
         tp_degree: int = 1,
         compile_folder: CompileFolder | None = None,
+        max_references: int = 2,
+        reference_sizes: tuple[Resolution, ...] = refs.REFERENCE_SIZES,
     ):
         self.loaded = loaded
         self.presets = presets
+        self.max_references = max_references
+        self.reference_sizes = reference_sizes
         self.device = device
         self.dtype = dtype
         self.compile_mode = compile_mode
@@ -182,8 +245,9 @@ class Engine:
         self._warmup_queue: list[Resolution] = []
         self._warmup_thread: threading.Thread | None = None
         self._graphs: dict[int, _GraphState] = {}
-        self._stats = {preset: _ShapeStats() for preset in presets}
-        compilation.raise_recompile_limit(len({p.tokens for p in presets}))
+        self._stats = {Layout(preset): _ShapeStats() for preset in presets}  # other layouts join when used
+        # Every sequence a request can make: each preset plain or inpainted, with 0..max references of one size.
+        compilation.raise_recompile_limit(len({layout.tokens for layout in self.layouts()}))
         compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
 
     @classmethod
@@ -205,18 +269,53 @@ class Engine:
             cache=cache,
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
+            max_references=settings.max_references,
         )
 
     # -- requests -------------------------------------------------------------------------------
 
+    def layouts(self) -> list[Layout]:
+        """Every layout a request can make here (each preset x plain/inpaint x 0..max references of one size)."""
+        reference_sets = [()] + [(size,) * count for size in self.reference_sizes
+                                 for count in range(1, self.max_references + 1)]
+        return [Layout(p, r, inpaint) for p in self.presets for inpaint in (False, True) for r in reference_sets]
+
+    def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
+               inpaint: bool = False) -> Layout:
+        """The layout a request would make; ValueError names what is allowed."""
+        preset = validate_resolution(resolution, self.presets)
+        if not isinstance(references, int) or not 0 <= references <= self.max_references:
+            raise ValueError(f"references must be 0 to {self.max_references}, got {references!r}")
+        if not references:
+            return Layout(preset, (), inpaint)
+        size = refs.validate_reference_size(reference_size or str(self.reference_sizes[0]), self.reference_sizes)
+        return Layout(preset, (size,) * references, inpaint)
+
     def validate(self, request: GenerateRequest) -> ValidRequest:
-        """Fill defaults and check every field; ValueError names what is allowed."""
+        """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
+        resolution = validate_resolution(request.resolution, self.presets)
+        references: tuple = ()
+        if request.references:
+            size = refs.validate_reference_size(request.reference_size or str(self.reference_sizes[0]),
+                                                self.reference_sizes)
+            references = refs.fit_references(list(request.references), size, refs.validate_fit(request.fit),
+                                             self.max_references)
+        source = mask = None
+        if request.image is not None or request.mask is not None:
+            if request.image is None or request.mask is None:
+                raise ValueError("inpainting needs both an image and a mask")
+            source = refs.fit_reference(request.image, resolution, refs.validate_fit(request.fit), role="image")
+            mask = refs.fit_mask(request.mask, source)
         return ValidRequest(
             prompt=validate_prompt(request.prompt),
-            resolution=validate_resolution(request.resolution, self.presets),
+            resolution=resolution,
             steps=self.default_steps if request.steps is None else validate_steps(request.steps),
             seed=secrets.randbelow(2**32) if request.seed is None else validate_seed(request.seed),
             guidance=self.default_guidance if request.guidance is None else validate_guidance(request.guidance),
+            references=references,
+            source=source,
+            mask=mask,
+            strength=1.0 if request.strength is None else validate_strength(request.strength),
         )
 
     def guidance_applied(self, guidance: float) -> float | None:
@@ -226,6 +325,16 @@ class Engine:
         classifier-free guidance only above 1 (`do_classifier_free_guidance`); otherwise it applies none: None.
         """
         return None if self.loaded.distilled or guidance <= 1.0 else guidance
+
+    @staticmethod
+    def _layout_of(valid: ValidRequest) -> Layout:
+        return Layout(valid.resolution, tuple(r.size for r in valid.references), valid.source is not None)
+
+    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
+        """Redo the masked part of `request.image`; a request without image and mask is refused."""
+        if request.image is None or request.mask is None:
+            raise ValueError("inpainting needs both an image and a mask")
+        return self.generate(request, progress)
 
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
         """Make one image, compiling its shape first if this process has not."""
@@ -249,12 +358,13 @@ class Engine:
 
     def _generate(self, request: GenerateRequest, report: ProgressFn) -> GenerateResult:
         valid = self.validate(request)
+        layout = self._layout_of(valid)
         if self._device.busy or self._device.waiting:
             report(ProgressUpdate("waiting", "waiting in queue: another request is on the device"))
         with self._device.user():
             start = time.perf_counter()
             before = read_counters(self._neff_dir)
-            compile_seconds = self._ensure_compiled(valid.resolution, report)
+            compile_seconds = self._ensure_compiled(layout, report)
             run_start = time.perf_counter()
             try:
                 image = self._run(valid, report)
@@ -277,27 +387,34 @@ class Engine:
             compile_seconds=round(compile_seconds, 3),
             run_seconds=round(end - run_start, 3),
             total_seconds=round(end - start, 3),
+            mode="inpaint" if layout.inpaint else "generate",
+            strength=valid.strength if layout.inpaint else None,
+            tokens=layout.tokens,
+            inputs=[f.meta() for f in valid.inputs],
         )
         with self._state_lock:
-            stats = self._stats[valid.resolution]
+            stats = self._stats.setdefault(layout, _ShapeStats())
             stats.hits += event == compilation.MEMORY_HIT
             stats.last_latency = result.total_seconds
-        logger.info("generated %s: %s, %.2f s", result.resolution, event, result.total_seconds)
+        logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
         return result
 
-    def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
-        """Compile one preset without making an image, so a size is ready before anyone asks for it."""
+    def warmup(self, resolution: str, progress: ProgressFn | None = None, *, references: int = 0,
+               reference_size: str | None = None, inpaint: bool = False) -> ShapeStatus:
+        """Compile one preset (or one of its editing layouts) without making an image, before anyone asks."""
         try:
-            preset = validate_resolution(resolution, self.presets)
+            layout = self.layout(resolution, references, reference_size, inpaint)
             with self._device.user():
-                self._ensure_compiled(preset, progress or _ignore)
+                self._ensure_compiled(layout, progress or _ignore)
         except ValueError:
             self._notify("on_failed", "invalid_request")
             raise
         except EngineError as error:
             self._notify("on_failed", error.kind)
             raise
-        return self.status().shape(str(preset))
+        with self._state_lock:
+            self._stats.setdefault(layout, _ShapeStats())
+        return self.layout_status(layout)
 
     def start_warmup(self, resolutions: list[str]) -> None:
         """Compile these presets in the background; any user request goes first."""
@@ -329,7 +446,7 @@ class Engine:
                             return
                         preset = self._warmup_queue[0]
                     try:
-                        self._ensure_compiled(preset, _ignore)
+                        self._ensure_compiled(Layout(preset), _ignore)
                     except EngineError:
                         pass  # recorded as failed in the status; the next preset still warms up
                     finally:
@@ -340,112 +457,135 @@ class Engine:
 
     # -- compilation ------------------------------------------------------------------------------
 
-    def _ensure_compiled(self, preset: Resolution, report: ProgressFn) -> float:
-        """Compile the graph for this preset's token count unless this process has it; seconds spent."""
+    def _ensure_compiled(self, layout: Layout, report: ProgressFn) -> float:
+        """Compile the graph for this layout's sequence length unless this process has it; seconds spent."""
         if self.compile_mode == "eager":
             return 0.0
         with self._state_lock:
-            graph = self._graphs.get(preset.tokens)
+            graph = self._graphs.get(layout.tokens)
             if graph is not None and graph.state == READY:
                 return 0.0
-            estimate = self._estimate(preset)
-            self._graphs[preset.tokens] = _GraphState(COMPILING, compiled_by=preset)
-        verb = "loading" if self._disk_records(preset) else "compiling"
+            estimate = self._estimate(layout)
+            self._graphs[layout.tokens] = _GraphState(COMPILING, compiled_by=layout)
+        verb = "loading" if self._disk_records(layout) else "compiling"
         about = "load time not measured yet" if estimate is None else f"about {estimate:.0f} s"
         where = " from the disk cache" if verb == "loading" else ""
-        report(ProgressUpdate("compiling", f"{verb} {preset}{where} for the first time ({about})"))
-        logger.info("%s %s (%d tokens)%s, %s", verb, preset, preset.tokens, where, about)
+        report(ProgressUpdate("compiling", f"{verb} {layout}{where} for the first time ({about})"))
+        logger.info("%s %s (%d tokens)%s, %s", verb, layout, layout.tokens, where, about)
         before = read_counters(self._neff_dir)
         start = time.perf_counter()
         try:
-            self.compile_folder.run(
-                lambda: self._call_pipeline(WARMUP_PROMPT, preset, steps=1, seed=0, guidance=self.default_guidance))
+            self.compile_folder.run(lambda: self._call_pipeline(self._warmup_call(layout)))
         except Exception as error:
             reason = _short(error)
-            logger.exception("compiling %s failed", preset)
+            logger.exception("compiling %s failed", layout)
             with self._state_lock:
-                self._graphs[preset.tokens] = _GraphState(FAILED, compiled_by=preset, error=reason)
-            raise EngineError(f"compiling {preset} failed: {reason}. Try again, or pick another size.",
+                self._graphs[layout.tokens] = _GraphState(FAILED, compiled_by=layout, error=reason)
+            raise EngineError(f"compiling {layout} failed: {reason}. Try again, or pick another size.",
                               kind="compile_failed") from error
         seconds = time.perf_counter() - start
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         with self._state_lock:
-            self._graphs[preset.tokens] = _GraphState(READY, compiled_by=preset, seconds=seconds, event=event)
+            self._graphs[layout.tokens] = _GraphState(READY, compiled_by=layout, seconds=seconds, event=event)
         if self.compile_folder.persistent:  # else it compiled in a temporary folder: nothing kept to record
-            self.manifest.record(self.key, str(preset), preset.tokens, seconds, event)
-        self._notify("on_compiled", str(preset), event, seconds)
-        logger.info("compiled %s: %s in %.1f s", preset, event, seconds)
+            self.manifest.record(self.key, str(layout), layout.tokens, seconds, event)
+        self._notify("on_compiled", str(layout), event, seconds)
+        logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
         return seconds
 
-    def _disk_records(self, preset: Resolution) -> list[compilation.ShapeRecord]:
-        """What the persistent cache holds for this preset's graph (its own record first)."""
-        records = self.manifest.shapes(self.key)
-        same_graph = [r for r in records.values() if r.tokens == preset.tokens]
-        return sorted(same_graph, key=lambda r: r.resolution != str(preset))
+    def _warmup_call(self, layout: Layout) -> PipelineCall:
+        """One step on grey inputs of the layout's sizes: the transformer sees the same sequence as a real call."""
+        def grey(size: Resolution) -> Image.Image:
+            return Image.new("RGB", (size.width, size.height), (128, 128, 128))
 
-    def _estimate(self, preset: Resolution) -> float | None:
-        """Seconds until this preset's graph is ready: a load when its graph is on disk, else a compile."""
-        return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(preset), self.backend,
-                                                    on_disk=self._disk_records(preset))
+        out = layout.resolution
+        image = grey(out) if layout.inpaint else None
+        mask = Image.new("L", (out.width, out.height), 255) if layout.inpaint else None
+        return PipelineCall(WARMUP_PROMPT, out.width, out.height, 1, 0, self.default_guidance,
+                            tuple(grey(r) for r in layout.references), image, mask, 1.0)
+
+    def _disk_records(self, layout: Layout) -> list[compilation.ShapeRecord]:
+        """What the persistent cache holds for this layout's graph (its own record first)."""
+        records = self.manifest.shapes(self.key)
+        same_graph = [r for r in records.values() if r.tokens == layout.tokens]
+        return sorted(same_graph, key=lambda r: r.resolution != str(layout))
+
+    def _estimate(self, layout: Layout) -> float | None:
+        """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
+        return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.backend,
+                                                    on_disk=self._disk_records(layout))
 
     # -- running ----------------------------------------------------------------------------------
 
     def _run(self, valid: ValidRequest, report: ProgressFn) -> Image.Image:
+        steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
+
         def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             done = step + 1
-            report(ProgressUpdate("denoising", f"step {done}/{valid.steps}", done / valid.steps))
-            if done == valid.steps:
+            report(ProgressUpdate("denoising", f"step {done}/{steps}", done / steps))
+            if done == steps:
                 report(ProgressUpdate("decoding", "decoding the image", 1.0))
             return {}
 
-        return self._call_pipeline(
-            valid.prompt, valid.resolution, valid.steps, valid.seed, valid.guidance, callback=on_step_end
+        call = PipelineCall(
+            valid.prompt, valid.resolution.width, valid.resolution.height, valid.steps, valid.seed, valid.guidance,
+            tuple(r.image for r in valid.references),
+            valid.source.image if valid.source else None,
+            valid.mask.image if valid.mask else None,
+            valid.strength,
         )
+        return self._call_pipeline(call, callback=on_step_end)
 
-    def _call_pipeline(self, prompt: str, preset: Resolution, steps: int, seed: int, guidance: float,
-                       callback=None) -> Image.Image:
-        call = PipelineCall(prompt, preset.width, preset.height, steps, seed, guidance)
+    def _call_pipeline(self, call: PipelineCall, callback=None) -> Image.Image:
         return self.runner(call, callback)
 
     # -- status -----------------------------------------------------------------------------------
 
+    def layout_status(self, layout: Layout) -> ShapeStatus:
+        """One layout's state, e.g. for the line under the form before the click."""
+        with self._state_lock:
+            return self._layout_status(layout, list(self._warmup_queue))
+
+    def _layout_status(self, layout: Layout, warmup: list[Resolution]) -> ShapeStatus:
+        stats = self._stats.get(layout, _ShapeStats())
+        disk = self._disk_records(layout)
+        shape = ShapeStatus(
+            resolution=str(layout.resolution),
+            aspect=layout.resolution.aspect,
+            tokens=layout.tokens,
+            state=COLD,
+            on_disk=bool(disk),
+            warmup_queued=layout.plain and layout.resolution in warmup,
+            hits=stats.hits,
+            last_latency=stats.last_latency,
+            layout=None if layout.plain else str(layout),
+        )
+        graph = self._graphs.get(layout.tokens)
+        if self.compile_mode == "eager":
+            shape.state = READY
+        elif graph is not None:
+            shape.state = graph.state
+            shape.error = graph.error
+            if graph.compiled_by != layout:
+                shape.shares_graph_with = str(graph.compiled_by)
+            elif graph.event == compilation.DISK_HIT:
+                shape.load_seconds = graph.seconds
+            else:
+                shape.compile_seconds = graph.seconds
+        if shape.state != READY:
+            estimate = self._estimate(layout)
+            shape.estimate_seconds = None if estimate is None else round(estimate, 1)
+            if disk and shape.compile_seconds is None and shape.load_seconds is None:
+                shape.compile_seconds = compilation.measured_cold_seconds(disk[0])
+                shape.load_seconds = compilation.measured_load_seconds(disk[0])
+        return shape
+
     def status(self) -> EngineStatus:
         """A snapshot for the UI's status table and the /status API; never waits for the device."""
-        shapes = []
         with self._state_lock:
             warmup = list(self._warmup_queue)
-            for preset in self.presets:
-                stats = self._stats[preset]
-                disk = self._disk_records(preset)
-                shape = ShapeStatus(
-                    resolution=str(preset),
-                    aspect=preset.aspect,
-                    tokens=preset.tokens,
-                    state=COLD,
-                    on_disk=bool(disk),
-                    warmup_queued=preset in warmup,
-                    hits=stats.hits,
-                    last_latency=stats.last_latency,
-                )
-                graph = self._graphs.get(preset.tokens)
-                if self.compile_mode == "eager":
-                    shape.state = READY
-                elif graph is not None:
-                    shape.state = graph.state
-                    shape.error = graph.error
-                    if graph.compiled_by != preset:
-                        shape.shares_graph_with = str(graph.compiled_by)
-                    elif graph.event == compilation.DISK_HIT:
-                        shape.load_seconds = graph.seconds
-                    else:
-                        shape.compile_seconds = graph.seconds
-                if shape.state != READY:
-                    estimate = self._estimate(preset)
-                    shape.estimate_seconds = None if estimate is None else round(estimate, 1)
-                    if disk and shape.compile_seconds is None and shape.load_seconds is None:
-                        shape.compile_seconds = compilation.measured_cold_seconds(disk[0])
-                        shape.load_seconds = compilation.measured_load_seconds(disk[0])
-                shapes.append(shape)
+            shapes = [self._layout_status(Layout(preset), warmup) for preset in self.presets]
+            layouts = [self._layout_status(layout, warmup) for layout in self._stats if not layout.plain]
         return EngineStatus(
             model=self.loaded.name,
             device=self.device,
@@ -466,6 +606,9 @@ class Engine:
             warmup_queue=[str(p) for p in warmup],
             warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),
             shapes=shapes,
+            layouts=layouts,
+            reference_sizes=[str(r) for r in self.reference_sizes],
+            max_references=self.max_references,
         )
 
 

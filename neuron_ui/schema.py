@@ -15,6 +15,7 @@ from typing import Any, Callable
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from .references import FittedImage, ImageSource
 from .resolutions import Resolution, parse_resolution
 
 MAX_PROMPT_CHARS = 2000
@@ -43,6 +44,14 @@ class GenerateRequest:
     steps: int | None = None
     seed: int | None = None
     guidance: float | None = None
+    # Editing: reference images fitted to `reference_size` (None: the default); with `image` and `mask` the
+    # request inpaints `image` (fitted to `resolution`) where the mask is white, at `strength` (None: 1.0).
+    references: tuple[ImageSource, ...] | list[ImageSource] = ()
+    reference_size: str | None = None
+    fit: str = "crop"
+    image: ImageSource | None = None
+    mask: ImageSource | None = None
+    strength: float | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,14 @@ class ValidRequest:
     steps: int
     seed: int
     guidance: float
+    references: tuple[FittedImage, ...] = ()
+    source: FittedImage | None = None  # the image to inpaint, fitted to `resolution`
+    mask: FittedImage | None = None
+    strength: float = 1.0
+
+    @property
+    def inputs(self) -> list[FittedImage]:
+        return [*self.references, *(f for f in (self.source, self.mask) if f is not None)]
 
 
 def _is_int(value: object) -> bool:
@@ -131,6 +148,15 @@ def validate_guidance(guidance: object) -> float:
     return guidance
 
 
+def validate_strength(strength: object) -> float:
+    """How much of the masked part is redone: above 0 (at least one step runs) up to 1 (from pure noise)."""
+    if _is_int(strength):
+        strength = float(strength)
+    if not isinstance(strength, float) or not math.isfinite(strength) or not 0.0 < strength <= 1.0:
+        raise ValueError(f"strength must be a number above 0 and at most 1, got {_shown(strength)}")
+    return strength
+
+
 @dataclass(frozen=True)
 class ProgressUpdate:
     """A stage of one request, in words a person can read; fraction is None when unknown."""
@@ -158,6 +184,10 @@ class GenerateResult:
     compile_seconds: float
     run_seconds: float
     total_seconds: float
+    mode: str = "generate"  # or "inpaint"
+    strength: float | None = None  # inpaint only
+    tokens: int | None = None  # the transformer's image sequence: output + source image + references
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # FittedImage.meta() of each input image
 
     def info(self) -> dict[str, Any]:
         """Everything but the image, JSON-ready."""
@@ -197,6 +227,7 @@ class ShapeStatus:
     hits: int = 0
     last_latency: float | None = None
     error: str | None = None
+    layout: str | None = None  # e.g. "inpaint 512x512 + 1 ref 1024x1024"; None for a plain preset
 
 
 @dataclass
@@ -220,6 +251,9 @@ class EngineStatus:
     warmup_queue: list[str] = field(default_factory=list)
     warmup_seconds_left: float = 0.0  # about how long the rest of the warm-up list should take
     shapes: list[ShapeStatus] = field(default_factory=list)
+    layouts: list[ShapeStatus] = field(default_factory=list)  # output size x references/inpaint, as used here
+    reference_sizes: list[str] = field(default_factory=list)
+    max_references: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,6 +49,7 @@ class Settings:
     cache_bundle_sha256: str | None = None
     tp: int | None = None
     tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
+    max_references: int = 2
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -59,6 +60,8 @@ class Settings:
             raise ValueError(f"--tp-timeout must be positive, got {self.tp_timeout}")
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
+        if not 0 <= self.max_references <= 5:
+            raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
         self.cache_dir = Path(self.cache_dir).expanduser()
         if self.cache_bundle_sha256 is not None:
             self.cache_bundle_sha256 = parse_sha256(self.cache_bundle_sha256)
@@ -108,6 +111,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp-timeout", type=float,
                         help="seconds a tensor-parallel call may take at least before a rank counts as hung "
                              "(env NEURON_UI_TP_TIMEOUT; default 60; a size's first call gets 30 min to compile)")
+    parser.add_argument("--max-references", type=int,
+                        help="reference images per request, 0-5 (env NEURON_UI_MAX_REFERENCES; default 2)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
@@ -137,6 +142,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("max_queue", "NEURON_UI_MAX_QUEUE", int),
         ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
         ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
+        ("max_references", "NEURON_UI_MAX_REFERENCES", int),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:

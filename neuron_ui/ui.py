@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import gradio as gr
 
+from . import ui_editing as editing
 from .resolutions import Resolution
 from .schema import (
     COMPILING,
@@ -341,9 +342,12 @@ class Handlers:
         return replace(status, queue_depth=status.queue_depth + self.waiting())
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
-                 guidance: float | None) -> GenerateRequest:
+                 guidance: float | None, references: Any = None, reference_size: str | None = None,
+                 fit: str = "crop") -> GenerateRequest:
         # Distilled models ignore guidance; the engine's default is the model's own.
-        return GenerateRequest(prompt, resolution, steps, seed, None if self.distilled else guidance)
+        return GenerateRequest(prompt, resolution, steps, seed, None if self.distilled else guidance,
+                               references=editing.file_paths(references), reference_size=reference_size or None,
+                               fit=fit)
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "") -> dict[str, Any]:
         """Generate, save the PNG, and return the history entry for it."""
@@ -352,7 +356,7 @@ class Handlers:
             path = self.store.save(result)  # a full disk is told like any other server failure
         return {
             "path": path,
-            "info": describe_result(result, show_guidance=not self.distilled),
+            "info": describe_result(result, show_guidance=not self.distilled) + editing.describe_inputs(result),
             "cache_event": result.cache_event,
             **{key: getattr(result, key) for key in ("prompt", "resolution", "steps", "seed", "guidance")},
         }
@@ -363,9 +367,16 @@ class Handlers:
         return [e for e in [entry, *history] if Path(e["path"]).is_file()][:HISTORY_SIZE]
 
     def on_generate(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                    guidance: float, history: list[dict[str, Any]], progress: gr.Progress = gr.Progress()):
+                    guidance: float, history: list[dict[str, Any]], references: Any = None,
+                    reference_size: str | None = None, fit: str = "crop", progress: gr.Progress = gr.Progress()):
         """One image from the form; the seed box then shows the seed actually used."""
-        entry = self._make(self._request(prompt, resolution, steps, None if randomize else seed, guidance), progress)
+        request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
+                                reference_size, fit)
+        return self.run(request, history, progress)
+
+    def run(self, request: GenerateRequest, history: list[dict[str, Any]], progress: Callable[..., Any]):
+        """One request (generate or inpaint) into the Generate button's outputs."""
+        entry = self._make(request, progress)
         history = self._remember(entry, history)
         return entry["path"], entry["info"], entry["seed"], history, gallery_items(history)
 
@@ -429,10 +440,13 @@ class Handlers:
     # -- the named API (gradio_client) ------------------------------------------------------------
 
     def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
-                     guidance: float | None = None) -> tuple[str, dict[str, Any]]:
+                     guidance: float | None = None, references: Any = None,
+                     reference_size: str | None = None) -> tuple[str, dict[str, Any]]:
         """One image and its generation info; steps and guidance default to the model's, seed to random."""
         with user_errors():
-            result = self.engine.generate(GenerateRequest(prompt, resolution, steps, seed, guidance))
+            request = GenerateRequest(prompt, resolution, steps, seed, guidance,
+                                      references=editing.file_paths(references), reference_size=reference_size or None)
+            result = self.engine.generate(request)
             return self.store.save(result), result.info()
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
@@ -517,6 +531,9 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                             reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
                     guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
                                          label="Guidance", visible=not status.distilled, elem_id="guidance")
+                edit_refs = editing.add_reference_panel(engine)
+                with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel") as inpaint_panel:
+                    edit_inpaint = editing.add_inpaint_tab()
                 examples = load_example_prompts()
                 if examples:
                     gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
@@ -524,6 +541,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                 image = gr.Image(label="Image", type="filepath", format="png", interactive=False, height=440,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
+                edit_result = editing.add_result_buttons()
+                layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height=230,
                                         visible=False, elem_id="variations")
                 history_gallery = gr.Gallery(label="History: click an image to restore its settings", columns=6,
@@ -541,7 +560,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                    "outputs": [table, activity, resolution, hint, seen], "show_progress": "hidden", "queue": False,
                    **private}
         form = [prompt, resolution, steps, seed, randomize, guidance]
-        gr.on([generate.click, prompt.submit], handlers.on_generate, [*form, history],
+        ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
+        gr.on([generate.click, prompt.submit], handlers.on_generate, [*form, history, *ref_inputs],
               [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device,
               **private).then(**refresh)
         make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
@@ -557,16 +577,35 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], queue=False, **private)
         timer.tick(**refresh)
         demo.load(**refresh)
+        editing_handlers = editing.EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
+                                                   handlers.distilled)
+        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"]]
+        hidden = {"show_progress": "hidden", "queue": False, **private}
+        gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
+              editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
+        gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click],
+              editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
+        edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
+                                 edit_refs["files"], **hidden)
+        edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],
+                                  **hidden)
+        edit_inpaint["button"].click(
+            editing_handlers.on_inpaint,
+            [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
+             *ref_inputs, history],
+            [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device, **private,
+        ).then(**refresh)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):
             api_inputs = [gr.Textbox(label="prompt"), gr.Textbox(label="resolution"), gr.Number(label="steps"),
-                          gr.Number(label="seed"), gr.Number(label="guidance")]
+                          gr.Number(label="seed"), gr.Number(label="guidance"), *editing.api_reference_inputs()]
             api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
             api_trigger = gr.Button()
         # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).
         api_trigger.click(handlers.api_generate, api_inputs, api_outputs, api_name="generate", preprocess=False,
                           **on_device)
+        editing.add_inpaint_api(editing_handlers, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
     handlers.waiting = lambda: device_queue_length(demo)

@@ -118,10 +118,10 @@ def test_a_full_queue_says_busy_instead_of_timing_out(server):
 def test_only_the_named_endpoints_are_public(server):
     _, client = server
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/generate", "/warmup", "/status"}
+    assert set(endpoints["named_endpoints"]) == {"/generate", "/inpaint", "/warmup", "/status"}
     assert endpoints["unnamed_endpoints"] == {}
     parameters = [p["parameter_name"] for p in endpoints["named_endpoints"]["/generate"]["parameters"]]
-    assert parameters == ["prompt", "resolution", "steps", "seed", "guidance"]
+    assert parameters == ["prompt", "resolution", "steps", "seed", "guidance", "references", "reference_size"]
 
 
 def test_warmup_flag_compiles_in_the_background(tmp_path):

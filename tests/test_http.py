@@ -17,7 +17,7 @@ from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
 from neuron_ui import ui
 
-GENERATE = ["a fox", "256x256", 1, 1, None]
+GENERATE = ["a fox", "256x256", 1, 1, None, None, None]  # prompt, resolution, steps, seed, guidance, references, reference size
 
 
 @pytest.fixture(scope="module")

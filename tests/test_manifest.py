@@ -127,3 +127,16 @@ def test_the_app_starts_on_whatever_manifest_is_on_disk(manifest, tmp_path, capl
 
     assert ("'384x256'" in caplog.text and "'seconds'" in caplog.text) if manifest == "mixed records" else (
         "nests" in caplog.text)
+
+
+def test_editing_layout_records_pass_the_schema_and_wrong_token_counts_do_not(tmp_path):
+    """The engine records editing graphs under their layout's name; the schema keeps them and checks their tokens."""
+    key = CompileKey("tiny", "regional", "inductor", "float32", "2.13", "0.42.1")
+    manifest = CacheManifest(tmp_path / "manifest.json")
+    manifest.record(key, "256x256 + 1 ref 512x512", 256 + 1024, 3.0, "compiled")
+    manifest.record(key, "inpaint 256x256", 512, 2.0, "compiled")
+    assert set(CacheManifest(tmp_path / "manifest.json").shapes(key)) == {"256x256 + 1 ref 512x512", "inpaint 256x256"}
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    data["entries"][key.digest]["shapes"]["inpaint 256x256"]["tokens"] = 256  # an inpaint graph is twice the output
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    assert set(CacheManifest(tmp_path / "manifest.json").shapes(key)) == {"256x256 + 1 ref 512x512"}

@@ -138,7 +138,7 @@ def test_too_few_values_over_raw_http_get_an_error_without_internals(server):
     posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox"]}, timeout=TIMEOUT)
     # Checked before the queue (neuron_ui/doors.py); Gradio's own message lists component objects.
     assert posted.status_code == 422
-    assert posted.json()["detail"] == "generate takes 5 values (prompt, resolution, steps, seed, guidance), got 1"
+    assert posted.json()["detail"] == "generate takes 7 values (prompt, resolution, steps, seed, guidance, references, reference_size), got 1"
     assert_still_serves(client)
 
 
@@ -491,7 +491,7 @@ def test_auth_protects_the_ui_the_api_and_metrics(tmp_path):
     with served(tmp_path / "cache", environ={"NEURON_UI_AUTH": "ada:lovelace"}) as s:
         with pytest.raises(AuthenticationError):
             connect(s.url, tmp_path)
-        posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, None]})
+        posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, None, None, None]})
         assert posted.status_code == 401
         assert httpx.get(s.url + "/gradio_api/info").status_code == 401
         assert httpx.get(s.url + "/config").status_code == 401

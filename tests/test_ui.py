@@ -272,11 +272,11 @@ def test_demo_serves_one_device_run_at_a_time(engine):
     demo = ui.build_demo(engine, Settings(resolutions=engine.presets))
     fns = list(demo.fns.values())
     public = {fn.api_name for fn in fns if fn.api_visibility == "public"}
-    assert public == {"generate", "warmup", "status"}
+    assert public == {"generate", "inpaint", "warmup", "status"}
     device_fns = [fn for fn in fns if fn.concurrency_id == ui.DEVICE]
-    # generate (button and Enter), variations, warm-up, and the /generate and /warmup endpoints
-    assert len(device_fns) == 5 and {fn.concurrency_limit for fn in device_fns} == {1}
-    assert {fn.api_name for fn in device_fns} >= {"generate", "warmup"}
+    # generate (button and Enter), variations, warm-up, inpaint, and the /generate, /inpaint and /warmup endpoints
+    assert len(device_fns) == 7 and {fn.concurrency_limit for fn in device_fns} == {1}
+    assert {fn.api_name for fn in device_fns} >= {"generate", "inpaint", "warmup"}
 
 
 def test_ui_does_not_import_torch():

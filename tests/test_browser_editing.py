@@ -1,0 +1,74 @@
+"""The editing loop in a real browser (Debian's chromium via Playwright), tiny model, eager backend: upload a
+reference and see what the model sees, generate, use the result as a reference, paint a mask and inpaint."""
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_browser import CHROMIUM, WAIT_MS, served, shot, status_table, wait_until  # noqa: F401
+from test_browser import browser  # noqa: F401  (the module-scoped chromium fixture)
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    with served(tmp_path_factory.mktemp("cache")) as url:
+        yield url
+
+
+@pytest.fixture
+def page(browser, url):  # noqa: F811
+    context = browser.new_context(viewport={"width": 1360, "height": 1100})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto(url)
+    page.locator("#prompt textarea").wait_for()
+    yield page
+    context.close()
+
+
+def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
+    photo = tmp_path / "photo.png"
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 700, 3), dtype=np.uint8)
+    Image.fromarray(pixels, "RGB").save(photo)
+
+    page.locator("#prompt textarea").fill("this, at night")
+    page.locator("#references").get_by_text("Reference images").click()
+    page.locator("#reference-files input[type=file]").set_input_files(str(photo))
+    previews = page.locator("#reference-previews .thumbnail-item")
+    previews.first.wait_for()
+    assert "700x300 → 1024x1024 (crop)" in page.locator("#reference-previews").inner_text()
+    hint = page.locator("#layout-hint")
+    hint.get_by_text("Not compiled yet").wait_for()
+    assert "256x256 + 1 ref 1024x1024" in hint.inner_text()
+    shot(page, "10-reference-preview")
+
+    page.locator("#generate").click()
+    info = page.locator("#info")
+    info.get_by_text("1 reference at 1024x1024").wait_for()
+    assert "compiled in" in info.inner_text()
+    hint.get_by_text("Ready").wait_for()
+
+    page.locator("#use-as-reference").click()
+    wait_until(lambda: previews.count() == 2, "the result joins the references")
+    assert "256x256 → 1024x1024" in page.locator("#reference-previews").inner_text()
+
+    page.locator("#edit-image").click()
+    canvas = page.locator("#inpaint-editor canvas").first
+    canvas.wait_for()
+    page.locator("#inpaint-editor").get_by_role("button", name="Brush", exact=True).click()
+    page.wait_for_timeout(300)
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.3)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.6, steps=10)
+    page.mouse.up()
+    shot(page, "11-mask-painted")
+
+    page.locator("#inpaint").click()
+    info.get_by_text("inpaint, strength 0.9").wait_for()
+    assert "2 references at 1024x1024" in info.inner_text()
+    assert re.search(r"\d+ image tokens", info.inner_text())
+    shot(page, "12-inpainted")
