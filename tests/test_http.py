@@ -63,7 +63,7 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
     lock = threading.Lock()
 
     def one(seed):
-        response = post(s, "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, seed, None]})
+        response = post(s, "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, seed, None, None, None]})
         with lock:
             answers.append(response)
 
