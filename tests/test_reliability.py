@@ -121,9 +121,9 @@ def raw_generate(s, body: str) -> tuple[str, object]:
 
 
 @pytest.mark.parametrize("body, message", [
-    ('{"data": ["a fox", "256x256", 1, NaN, null]}', "seed must be a whole number from 0 to 4294967295.*got nan"),
-    ('{"data": ["a fox", "256x256", 1, 1, Infinity]}', "guidance must be a number from 0 to 20, got inf"),
-    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null]}', "prompt has characters that are not valid Unicode"),
+    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null]}', "seed must be a whole number from 0 to 4294967295.*got nan"),
+    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null]}', "guidance must be a number from 0 to 20, got inf"),
+    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null]}', "prompt has characters that are not valid Unicode"),
 ])
 def test_values_no_client_would_send_are_told_too(server, body, message):
     s, client = server

@@ -13,7 +13,7 @@ import httpx
 from serving import TIMEOUT, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-SLOW = ["a slow one", "512x512", 60, 1, None]  # 60 steps of the tiny model: several seconds on a CPU
+SLOW = ["a slow one", "512x512", 60, 1, None, None, None]  # 60 steps of the tiny model: several seconds on a CPU
 
 
 def stream(url: str, event_id: str, into: dict) -> None:
