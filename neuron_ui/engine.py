@@ -11,9 +11,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import torch
 from PIL import Image
@@ -338,16 +339,22 @@ class Engine:
 
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
         """Make one image, compiling its shape first if this process has not."""
-        try:
+        with self._counting_failures():
             result = self._generate(request, progress or _ignore)
+        self._notify("on_generated", result)
+        return result
+
+    @contextmanager
+    def _counting_failures(self) -> Iterator[None]:
+        """Tell the observers why a request failed: invalid (ValueError) or the engine's own kind."""
+        try:
+            yield
         except ValueError:
             self._notify("on_failed", "invalid_request")
             raise
         except EngineError as error:
             self._notify("on_failed", error.kind)
             raise
-        self._notify("on_generated", result)
-        return result
 
     def _notify(self, method: str, *args) -> None:
         for observer in self.observers:
@@ -402,16 +409,10 @@ class Engine:
     def warmup(self, resolution: str, progress: ProgressFn | None = None, *, references: int = 0,
                reference_size: str | None = None, inpaint: bool = False) -> ShapeStatus:
         """Compile one preset (or one of its editing layouts) without making an image, before anyone asks."""
-        try:
+        with self._counting_failures():
             layout = self.layout(resolution, references, reference_size, inpaint)
             with self._device.user():
                 self._ensure_compiled(layout, progress or _ignore)
-        except ValueError:
-            self._notify("on_failed", "invalid_request")
-            raise
-        except EngineError as error:
-            self._notify("on_failed", error.kind)
-            raise
         with self._state_lock:
             self._stats.setdefault(layout, _ShapeStats())
         return self.layout_status(layout)
