@@ -181,6 +181,8 @@ class ShapeStatus:
     hits: int = 0
     last_latency: float | None = None
     error: str | None = None
+    ready_on: int | None = None  # with replicas: how many hold this size's graph now, of replicas_total
+    replicas_total: int | None = None
 
 
 @dataclass
@@ -204,6 +206,8 @@ class EngineStatus:
     warmup_queue: list[str] = field(default_factory=list)
     warmup_seconds_left: float = 0.0  # about how long the rest of the warm-up list should take
     shapes: list[ShapeStatus] = field(default_factory=list)
+    # With replicas (neuron_ui/replicas.py), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
+    replicas: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

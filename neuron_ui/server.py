@@ -101,6 +101,12 @@ class Server:
             """200 once the model is loaded and the UI is served; 503 before."""
             if not self.ready:
                 return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+            replicas = self.engine.status().replicas if self.engine is not None else None
+            if replicas is not None:  # --replicas: up while at least one replica answers
+                healthy = sum(1 for r in replicas if r["state"] == "healthy")
+                body = {"status": "ok" if healthy else "no replica", "replicas_healthy": healthy,
+                        "replicas": len(replicas)}
+                return JSONResponse(body, status_code=200 if healthy else 503)
             return JSONResponse({"status": "ok"})
 
         @app.get("/metrics")

@@ -46,6 +46,8 @@ class Settings:
     warmup: tuple[Resolution, ...] = ()
     cache_bundle: Path | None = None
     tp: int | None = None
+    replicas: int = 0  # engine replicas on Ray Serve; 0 serves in this process, without Ray
+    ray_address: str | None = None  # join this Ray cluster instead of starting a local one
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -55,6 +57,10 @@ class Settings:
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
         self.cache_dir = Path(self.cache_dir).expanduser()
+        if self.replicas < 0:
+            raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
+        if self.ray_address and self.replicas == 0:
+            self.replicas = 1
         missing = [str(r) for r in self.warmup if r not in self.resolutions]
         if missing:
             raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
@@ -70,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
     parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving (env NEURON_UI_CACHE_BUNDLE)")
+    parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray (env NEURON_UI_REPLICAS)")
+    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local one (env NEURON_UI_RAY_ADDRESS)")
     return parser
 
 
@@ -100,6 +108,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
         ("cache_dir", "NEURON_UI_CACHE_DIR"),
         ("host", "GRADIO_SERVER_NAME"),
+        ("ray_address", "NEURON_UI_RAY_ADDRESS"),
     ):
         value = pick(getattr(args, name, None), env)
         if value:
@@ -111,6 +120,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("port", "GRADIO_SERVER_PORT", int),
         ("max_queue", "NEURON_UI_MAX_QUEUE", int),
         ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
+        ("replicas", "NEURON_UI_REPLICAS", int),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:

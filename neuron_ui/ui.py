@@ -90,6 +90,8 @@ def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
 
 def describe_state(shape: ShapeStatus) -> str:
     """A preset's state in a few words, for the dropdown and the status table."""
+    if shape.state == READY and shape.replicas_total:
+        return describe_ready_on(shape)
     if shape.state == READY:
         return f"ready (graph of {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
     if shape.state == COMPILING:
@@ -99,6 +101,20 @@ def describe_state(shape: ShapeStatus) -> str:
     about = f"about {shape.estimate_seconds:.0f} s" if shape.estimate_seconds is not None else "time unknown"
     words = f"cached on disk (loads in {about})" if shape.on_disk else f"compiles on first use ({about})"
     return f"{words}, warm-up queued" if shape.warmup_queued else words
+
+
+def describe_ready_on(shape: ShapeStatus) -> str:
+    """With replicas: on how many the size's graph is loaded; the others load it from the cache when asked."""
+    return f"ready on {shape.ready_on} of {shape.replicas_total}"
+
+
+def describe_replicas(status: EngineStatus) -> str:
+    """The replicas section: how many answer, and what each holds and does."""
+    rows = status.replicas or []
+    healthy = [r for r in rows if r["state"] == "healthy"]
+    parts = [f"{r['replica'][:6]} {r['state'] if r['state'] != 'healthy' else 'busy' if r['busy'] else 'idle'}, "
+             f"{len(r['graphs'])} graph{'s' if len(r['graphs']) != 1 else ''}, {r['devices']}" for r in rows]
+    return f"**Replicas** {len(healthy)} healthy ({'; '.join(parts)})"
 
 
 def describe_size(shape: ShapeStatus) -> str:
@@ -152,6 +168,8 @@ def describe_activity(status: EngineStatus) -> str:
     if status.queue_depth:
         device += f", {status.queue_depth} waiting"
     parts = [f"**Device** {device}"]
+    if status.replicas is not None:
+        parts.append(describe_replicas(status))
     if not status.persistent_cache:
         parts.append("**Cache** not persistent: compiled sizes will not survive a restart")
     if status.warmup_queue:
@@ -476,8 +494,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: one at a time across all users, waiting in one bounded queue.
-        on_device = {"concurrency_id": DEVICE, "concurrency_limit": 1}
+        # Every event that runs the pipeline: one at a time (per replica) across all users, in one bounded queue.
+        on_device = {"concurrency_id": DEVICE, "concurrency_limit": max(1, settings.replicas)}  # one per replica
         private = {"api_visibility": "private"}
         refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                    "outputs": [table, activity, resolution, hint, seen], "show_progress": "hidden", "queue": False,
