@@ -430,6 +430,9 @@ class ReplicaClient:
             report(ProgressUpdate("waiting", f"waiting for a free replica, {ahead} ahead"))
         try:
             handle = self.handle.options(stream=True, multiplexed_model_id=str(preset.tokens))
+            done = []
+            # Read to the end of the stream, not just to "done": the replica counts as busy until its request
+            # ends, and the next request for this shape should find it free, not spill to another replica.
             for kind, *payload in getattr(handle, method).remote(argument):
                 if kind == "started" and waiting:
                     with self._lock:
@@ -446,7 +449,9 @@ class ReplicaClient:
                         raise ValueError(message)
                     raise EngineError(message, kind=error_kind)
                 elif kind == "done":
-                    return payload[0]
+                    done.append(payload[0])
+            if done:
+                return done[0]
             raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
         finally:
             if waiting:
