@@ -2,6 +2,7 @@
 
     python app.py                                        # klein-4B if cached or reachable, else the tiny model
     python app.py --model black-forest-labs/FLUX.2-klein-4B --resolutions 1024x1024,1344x768
+    python app.py --replicas 2                           # engine replicas on a local Ray Serve, routed by shape
     NEURON_UI_AUTH=user:secret python app.py --host 0.0.0.0 --port 7860 --max-queue 8
     torchrun --nproc_per_node=8 app.py --model black-forest-labs/FLUX.2-klein-4B   # tensor-parallel on trn
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # both import heavy modules (torch, gradio), which must load 
 
     from neuron_ui.engine import Engine
     from neuron_ui.parallel import ParallelGroup
+    from neuron_ui.replicas import ReplicaClient
     from neuron_ui.server import Server
 
 logger = logging.getLogger("neuron_ui.app")
@@ -74,9 +76,24 @@ def import_cache_bundle(settings: Settings, cache: CachePaths) -> None:
     logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
 
 
-def build_app(settings: Settings, engine: Engine | None = None) -> tuple[Engine, gr.Blocks]:
-    """Everything but the launch: the engine (built here unless given) and the queued UI."""
-    engine = engine or build_engine(settings)
+# A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this
+# when it is imported (ray._private.ray_constants), so it is set before. Not for --ray-address: a driver joining a
+# cluster must be reachable from the other nodes.
+RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def build_replicas(settings: Settings, num_cpus: int | None = None) -> ReplicaClient:
+    """Engine replicas on Ray Serve behind one client with the engine's methods; the only place Ray is imported."""
+    if not settings.ray_address:
+        os.environ.update(RAY_LOOPBACK_ENV)
+    from neuron_ui import replicas
+
+    return replicas.launch(settings, num_cpus)
+
+
+def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None) -> tuple[Engine, gr.Blocks]:
+    """Everything but the launch: the engine (built here unless given: replicas or in-process) and the queued UI."""
+    engine = engine or (build_replicas(settings) if settings.replicas else build_engine(settings))
     from neuron_ui.ui import build_demo
 
     demo = build_demo(engine, settings)

@@ -19,9 +19,7 @@ import threading
 import time
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from .resolutions import parse_resolution
 
@@ -38,6 +36,9 @@ DEFAULT_COMPILE_SECONDS = {"neuron": 600.0, "inductor": 60.0}
 DEFAULT_OTHER_BACKEND_SECONDS = 10.0
 
 Backend = str | Callable
+
+if TYPE_CHECKING:  # torch loads only where a graph compiles: the replicas' front reads manifests without it
+    import torch
 
 
 def compile_transformer(transformer: torch.nn.Module, mode: str, backend: Backend) -> None:
@@ -130,6 +131,7 @@ class CompileKey:
     @classmethod
     def current(cls, model: str, mode: str, backend: Backend, dtype: str, tp_degree: int = 1) -> "CompileKey":
         import diffusers
+        import torch
 
         return cls(model, mode, backend_name(backend), dtype, torch.__version__, diffusers.__version__, tp_degree)
 

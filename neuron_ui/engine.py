@@ -22,16 +22,13 @@ from PIL import Image
 from . import compilation
 from .compilation import Backend, CacheManifest, CompileKey, backend_name, classify_event, read_counters
 from .device import CachePaths, CompileFolder, Runtime
+from .graphs import GraphBook, Layout, Layouts
 from . import references as refs
 from .loading import LoadedModel, choose_model, load_model
 from .resolutions import Resolution
 from .scheduler import DeviceQueue
 from .schema import (
-    COLD,
     EngineError,
-    COMPILING,
-    FAILED,
-    READY,
     EngineStatus,
     GenerateRequest,
     GenerateResult,
@@ -64,49 +61,6 @@ class EngineObserver(Protocol):
     def on_compiled(self, resolution: str, event: str, seconds: float) -> None: ...
 
     def on_failed(self, kind: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What the transformer's image sequence is made of: the output, the source image when inpainting (the
-    inpaint pipeline appends its latents as a condition), and each reference. Its length is the graph's shape."""
-
-    resolution: Resolution
-    references: tuple[Resolution, ...] = ()
-    inpaint: bool = False
-
-    @property
-    def tokens(self) -> int:
-        return self.resolution.tokens * (2 if self.inpaint else 1) + sum(r.tokens for r in self.references)
-
-    @property
-    def plain(self) -> bool:
-        return not self.references and not self.inpaint
-
-    def __str__(self) -> str:
-        text = f"inpaint {self.resolution}" if self.inpaint else str(self.resolution)
-        if self.references:
-            sizes = sorted({str(r) for r in self.references})
-            count = len(self.references)
-            text += f" + {count} ref{'s' if count > 1 else ''} {', '.join(sizes)}"
-        return text
-
-
-@dataclass
-class _GraphState:
-    """The transformer graph for one sequence length; layouts with the same total share it."""
-
-    state: str
-    compiled_by: Layout
-    seconds: float | None = None
-    error: str | None = None
-    event: str | None = None  # compiled or disk_hit, once ready
-
-
-@dataclass
-class _ShapeStats:
-    hits: int = 0
-    last_latency: float | None = None
 
 
 def _ignore(update: ProgressUpdate) -> None:
@@ -245,10 +199,10 @@ class Engine:
         self._state_lock = threading.Lock()
         self._warmup_queue: list[Resolution] = []
         self._warmup_thread: threading.Thread | None = None
-        self._graphs: dict[int, _GraphState] = {}
-        self._stats = {Layout(preset): _ShapeStats() for preset in presets}  # other layouts join when used
+        self.allowed = Layouts(presets, reference_sizes, max_references)
+        self.graphs = GraphBook(self.key, manifest, compile_mode, backend, presets)
         # Every sequence a request can make: each preset plain or inpainted, with 0..max references of one size.
-        compilation.raise_recompile_limit(len({layout.tokens for layout in self.layouts()}))
+        compilation.raise_recompile_limit(len({layout.tokens for layout in self.allowed.all()}))
         compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
 
     @classmethod
@@ -275,22 +229,10 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def layouts(self) -> list[Layout]:
-        """Every layout a request can make here (each preset x plain/inpaint x 0..max references of one size)."""
-        reference_sets = [()] + [(size,) * count for size in self.reference_sizes
-                                 for count in range(1, self.max_references + 1)]
-        return [Layout(p, r, inpaint) for p in self.presets for inpaint in (False, True) for r in reference_sets]
-
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout:
         """The layout a request would make; ValueError names what is allowed."""
-        preset = validate_resolution(resolution, self.presets)
-        if not isinstance(references, int) or not 0 <= references <= self.max_references:
-            raise ValueError(f"references must be 0 to {self.max_references}, got {references!r}")
-        if not references:
-            return Layout(preset, (), inpaint)
-        size = refs.validate_reference_size(reference_size or str(self.reference_sizes[0]), self.reference_sizes)
-        return Layout(preset, (size,) * references, inpaint)
+        return self.allowed.layout(resolution, references, reference_size, inpaint)
 
     def validate(self, request: GenerateRequest) -> ValidRequest:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
@@ -399,10 +341,7 @@ class Engine:
             tokens=layout.tokens,
             inputs=[f.meta() for f in valid.inputs],
         )
-        with self._state_lock:
-            stats = self._stats.setdefault(layout, _ShapeStats())
-            stats.hits += event == compilation.MEMORY_HIT
-            stats.last_latency = result.total_seconds
+        self.graphs.image(layout, event, result.total_seconds)
         logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
         return result
 
@@ -413,8 +352,7 @@ class Engine:
             layout = self.layout(resolution, references, reference_size, inpaint)
             with self._device.user():
                 self._ensure_compiled(layout, progress or _ignore)
-        with self._state_lock:
-            self._stats.setdefault(layout, _ShapeStats())
+        self.graphs.seen(layout)
         return self.layout_status(layout)
 
     def start_warmup(self, resolutions: list[str]) -> None:
@@ -460,19 +398,11 @@ class Engine:
 
     def _ensure_compiled(self, layout: Layout, report: ProgressFn) -> float:
         """Compile the graph for this layout's sequence length unless this process has it; seconds spent."""
-        if self.compile_mode == "eager":
+        claim = self.graphs.claim(layout)
+        if claim is None:
             return 0.0
-        with self._state_lock:
-            graph = self._graphs.get(layout.tokens)
-            if graph is not None and graph.state == READY:
-                return 0.0
-            estimate = self._estimate(layout)
-            self._graphs[layout.tokens] = _GraphState(COMPILING, compiled_by=layout)
-        verb = "loading" if self._disk_records(layout) else "compiling"
-        about = "load time not measured yet" if estimate is None else f"about {estimate:.0f} s"
-        where = " from the disk cache" if verb == "loading" else ""
-        report(ProgressUpdate("compiling", f"{verb} {layout}{where} for the first time ({about})"))
-        logger.info("%s %s (%d tokens)%s, %s", verb, layout, layout.tokens, where, about)
+        report(ProgressUpdate("compiling", claim.describe()))
+        logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
         before = read_counters(self._neff_dir)
         start = time.perf_counter()
         try:
@@ -480,16 +410,13 @@ class Engine:
         except Exception as error:
             reason = _short(error)
             logger.exception("compiling %s failed", layout)
-            with self._state_lock:
-                self._graphs[layout.tokens] = _GraphState(FAILED, compiled_by=layout, error=reason)
+            self.graphs.failed(layout, reason)
             raise EngineError(f"compiling {layout} failed: {reason}. Try again, or pick another size.",
                               kind="compile_failed") from error
         seconds = time.perf_counter() - start
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
-        with self._state_lock:
-            self._graphs[layout.tokens] = _GraphState(READY, compiled_by=layout, seconds=seconds, event=event)
-        if self.compile_folder.persistent:  # else it compiled in a temporary folder: nothing kept to record
-            self.manifest.record(self.key, str(layout), layout.tokens, seconds, event)
+        # else it compiled in a temporary folder: nothing kept to record
+        self.graphs.ready(layout, seconds, event, persistent=self.compile_folder.persistent)
         self._notify("on_compiled", str(layout), event, seconds)
         logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
         return seconds
@@ -504,17 +431,6 @@ class Engine:
         mask = Image.new("L", (out.width, out.height), 255) if layout.inpaint else None
         return PipelineCall(WARMUP_PROMPT, out.width, out.height, 1, 0, self.default_guidance,
                             tuple(grey(r) for r in layout.references), image, mask, 1.0)
-
-    def _disk_records(self, layout: Layout) -> list[compilation.ShapeRecord]:
-        """What the persistent cache holds for this layout's graph (its own record first)."""
-        records = self.manifest.shapes(self.key)
-        same_graph = [r for r in records.values() if r.tokens == layout.tokens]
-        return sorted(same_graph, key=lambda r: r.resolution != str(layout))
-
-    def _estimate(self, layout: Layout) -> float | None:
-        """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
-        return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.backend,
-                                                    on_disk=self._disk_records(layout))
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -545,48 +461,15 @@ class Engine:
     def layout_status(self, layout: Layout) -> ShapeStatus:
         """One layout's state, e.g. for the line under the form before the click."""
         with self._state_lock:
-            return self._layout_status(layout, list(self._warmup_queue))
-
-    def _layout_status(self, layout: Layout, warmup: list[Resolution]) -> ShapeStatus:
-        stats = self._stats.get(layout, _ShapeStats())
-        disk = self._disk_records(layout)
-        shape = ShapeStatus(
-            resolution=str(layout.resolution),
-            aspect=layout.resolution.aspect,
-            tokens=layout.tokens,
-            state=COLD,
-            on_disk=bool(disk),
-            warmup_queued=layout.plain and layout.resolution in warmup,
-            hits=stats.hits,
-            last_latency=stats.last_latency,
-            layout=None if layout.plain else str(layout),
-        )
-        graph = self._graphs.get(layout.tokens)
-        if self.compile_mode == "eager":
-            shape.state = READY
-        elif graph is not None:
-            shape.state = graph.state
-            shape.error = graph.error
-            if graph.compiled_by != layout:
-                shape.shares_graph_with = str(graph.compiled_by)
-            elif graph.event == compilation.DISK_HIT:
-                shape.load_seconds = graph.seconds
-            else:
-                shape.compile_seconds = graph.seconds
-        if shape.state != READY:
-            estimate = self._estimate(layout)
-            shape.estimate_seconds = None if estimate is None else round(estimate, 1)
-            if disk and shape.compile_seconds is None and shape.load_seconds is None:
-                shape.compile_seconds = compilation.measured_cold_seconds(disk[0])
-                shape.load_seconds = compilation.measured_load_seconds(disk[0])
-        return shape
+            warmup = list(self._warmup_queue)
+        return self.graphs.status(layout, warmup)
 
     def status(self) -> EngineStatus:
         """A snapshot for the UI's status table and the /status API; never waits for the device."""
         with self._state_lock:
             warmup = list(self._warmup_queue)
-            shapes = [self._layout_status(Layout(preset), warmup) for preset in self.presets]
-            layouts = [self._layout_status(layout, warmup) for layout in self._stats if not layout.plain]
+        shapes = [self.graphs.status(Layout(preset), warmup) for preset in self.presets]
+        layouts = [self.graphs.status(layout, warmup) for layout in self.graphs.used()]
         return EngineStatus(
             model=self.loaded.name,
             device=self.device,

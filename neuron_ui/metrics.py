@@ -34,6 +34,8 @@ class EngineMetrics:
             "neuron_ui_generation_seconds", "Request latency, compilation included", ["resolution"],
             buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.replica_images = Counter("neuron_ui_replica_images", "Images generated, by engine replica (--replicas)",
+                                      ["replica"], registry=r)
         self.queue_depth = Gauge("neuron_ui_queue_depth", "Requests accepted and waiting for the device", registry=r)
         self.queue_depth.set_function(lambda: self._waiting())
         self.busy = Gauge("neuron_ui_device_busy", "1 while a request or a warm-up runs on the device", registry=r)
@@ -58,6 +60,8 @@ class EngineMetrics:
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()
         self.latency.labels(result.resolution).observe(result.total_seconds)
+        if getattr(result, "replica", None):  # a neuron_ui.replicas.ReplicaResult
+            self.replica_images.labels(result.replica).inc()
 
     def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
         self.compilations.labels(resolution, event).inc()

@@ -228,6 +228,8 @@ class ShapeStatus:
     last_latency: float | None = None
     error: str | None = None
     layout: str | None = None  # e.g. "inpaint 512x512 + 1 ref 1024x1024"; None for a plain preset
+    ready_on: int | None = None  # with replicas: how many hold this size's graph now, of replicas_total
+    replicas_total: int | None = None
 
 
 @dataclass
@@ -254,6 +256,9 @@ class EngineStatus:
     layouts: list[ShapeStatus] = field(default_factory=list)  # output size x references/inpaint, as used here
     reference_sizes: list[str] = field(default_factory=list)
     max_references: int = 0
+    # With replicas (neuron_ui/replicas.py), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
+    replicas: list[dict[str, Any]] | None = None
+    replica_states: dict[str, int] | None = None  # Ray Serve's count per replica state: RUNNING, STARTING, ...
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

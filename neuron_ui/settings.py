@@ -50,6 +50,8 @@ class Settings:
     tp: int | None = None
     tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
     max_references: int = 2
+    replicas: int = 0  # engine replicas on Ray Serve; 0 serves in this process, without Ray
+    ray_address: str | None = None  # join this Ray cluster instead of starting a local one
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -65,6 +67,10 @@ class Settings:
         self.cache_dir = Path(self.cache_dir).expanduser()
         if self.cache_bundle_sha256 is not None:
             self.cache_bundle_sha256 = parse_sha256(self.cache_bundle_sha256)
+        if self.replicas < 0:
+            raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
+        if self.ray_address and self.replicas == 0:
+            self.replicas = 1
         missing = [str(r) for r in self.warmup if r not in self.resolutions]
         if missing:
             raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
@@ -95,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
     parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving (env NEURON_UI_CACHE_BUNDLE)")
     add_bundle_pin_argument(parser)
+    parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray (env NEURON_UI_REPLICAS)")
+    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local one (env NEURON_UI_RAY_ADDRESS)")
     return parser
 
 
@@ -130,6 +138,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
         ("cache_dir", "NEURON_UI_CACHE_DIR"),
         ("host", "GRADIO_SERVER_NAME"),
+        ("ray_address", "NEURON_UI_RAY_ADDRESS"),
     ):
         value = pick(getattr(args, name, None), env)
         if value:
@@ -143,6 +152,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
         ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
         ("max_references", "NEURON_UI_MAX_REFERENCES", int),
+        ("replicas", "NEURON_UI_REPLICAS", int),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:

@@ -95,6 +95,8 @@ def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
 
 def describe_state(shape: ShapeStatus) -> str:
     """A preset's state in a few words, for the dropdown and the status table."""
+    if shape.state == READY and shape.replicas_total:
+        return describe_ready_on(shape)
     if shape.state == READY:
         return f"ready (graph of {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
     if shape.state == COMPILING:
@@ -108,6 +110,23 @@ def describe_state(shape: ShapeStatus) -> str:
         about = "time unknown" if shape.estimate_seconds is None else f"about {shape.estimate_seconds:.0f} s"
         words = f"compiles on first use ({about})"
     return f"{words}, warm-up queued" if shape.warmup_queued else words
+
+
+def describe_ready_on(shape: ShapeStatus) -> str:
+    """With replicas: on how many the size's graph is loaded; the others load it from the cache when asked."""
+    return f"ready on {shape.ready_on} of {shape.replicas_total}"
+
+
+def describe_replicas(status: EngineStatus) -> str:
+    """The replicas section: how many answer, and what each holds and does."""
+    rows = status.replicas or []
+    healthy = [r for r in rows if r["state"] == "healthy"]
+    parts = [f"{r['replica'][:6]} {r['state'] if r['state'] != 'healthy' else 'busy' if r['busy'] else 'idle'}, "
+             f"{len(r['graphs'])} graph{'s' if len(r['graphs']) != 1 else ''}, {r['devices']}" for r in rows]
+    states = status.replica_states or {}
+    restarting = sum(states.get(s, 0) for s in ("STARTING", "RECOVERING", "UPDATING"))
+    starting = f", {restarting} restarting" if restarting else ""
+    return f"**Replicas** {len(healthy)} healthy{starting} ({'; '.join(parts)})"
 
 
 def describe_size(shape: ShapeStatus) -> str:
@@ -156,9 +175,10 @@ def describe_engine(status: EngineStatus, settings: Settings) -> str:
     eager = status.compile_mode == "eager"
     compile_text = "none (eager)" if eager else f"{status.compile_mode}, {status.compile_backend}"
     parallel = f" x{status.tensor_parallel['degree']} tensor-parallel" if status.tensor_parallel else ""
+    per = f" on each of {settings.replicas} replicas" if settings.replicas else ""
     return (
         f"**Model** {status.model} · **Device** {status.device}{parallel} · **dtype** {status.dtype} · "
-        f"**Compile** {compile_text} · one image at a time, up to {settings.max_queue} waiting"
+        f"**Compile** {compile_text} · one image at a time{per}, up to {settings.max_queue} waiting"
     )
 
 
@@ -168,6 +188,8 @@ def describe_activity(status: EngineStatus) -> str:
     if status.queue_depth:
         device += f", {status.queue_depth} waiting"
     parts = [f"**Device** {device}"]
+    if status.replicas is not None:
+        parts.append(describe_replicas(status))
     if not status.persistent_cache:
         parts.append("**Cache** not persistent: compiled sizes will not survive a restart")
     if status.warmup_queue:
@@ -496,7 +518,8 @@ def launch_options() -> dict[str, Any]:
 def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
     """The whole app around one engine; queue() and launch() are the caller's (app.py)."""
     status = engine.status()
-    handlers = Handlers(engine, ImageStore())
+    # Gradio's queue is read at event time, from the demo built below (the closure binds `demo` late).
+    handlers = Handlers(engine, ImageStore(), waiting=lambda: device_queue_length(demo))
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)
@@ -553,8 +576,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: one at a time across all users, waiting in one bounded queue.
-        on_device = {"concurrency_id": DEVICE, "concurrency_limit": 1}
+        # Every event that runs the pipeline: one at a time (per replica) across all users, in one bounded queue.
+        on_device = {"concurrency_id": DEVICE, "concurrency_limit": max(1, settings.replicas)}  # one per replica
         private = {"api_visibility": "private"}
         refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                    "outputs": [table, activity, resolution, hint, seen], "show_progress": "hidden", "queue": False,
@@ -608,5 +631,4 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         editing.add_inpaint_api(editing_handlers, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
-    handlers.waiting = lambda: device_queue_length(demo)
     return demo

@@ -1,0 +1,143 @@
+"""Engine replicas on Ray Serve (--replicas): routing by shape, compile once, faults, status, ports.
+
+One local Ray instance (2 CPUs) and one 2-replica deployment of the tiny model on the eager backend serve the
+whole module; the last test replaces it with an inductor deployment, where the disk cache is the point.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from neuron_ui.schema import GenerateRequest
+from serving import TIMEOUT, served, wait_until
+
+pytestmark = pytest.mark.slow  # a Ray instance and replicas: about a minute to start on 2 cores
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2") as s:
+        yield s
+    from ray import serve
+
+    import ray
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def request(resolution="256x256", seed=1, steps=2):
+    return GenerateRequest("a lighthouse at dusk", resolution, steps=steps, seed=seed)
+
+
+def test_single_process_app_does_not_import_ray(tmp_path):
+    code = ("import sys, app; s = app.parse_settings(['--model', 'tiny', '--compile-backend', 'eager', "
+            f"'--resolutions', '256x256', '--cache-dir', {str(tmp_path)!r}]); app.build_app(s); "
+            "assert 'ray' not in sys.modules, 'ray was imported'; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_compiled_shape_stays_on_its_replica(deployment):
+    client = deployment.engine
+    first = client.generate(request("384x256", seed=1))
+    assert first.cache_event == "compiled"
+    later = [client.generate(request("384x256", seed=2 + i)) for i in range(6)]
+    assert {r.replica for r in later} == {first.replica}
+    assert [r.cache_event for r in later] == ["memory_hit"] * 6
+
+
+def test_progress_streams_from_the_replica(deployment):
+    updates = []
+    result = deployment.engine.generate(request(steps=3), updates.append)
+    stages = [u.stage for u in updates]
+    assert stages.count("denoising") == 3 and stages[-1] == "decoding", stages
+    assert result.image.size == (256, 256) and result.seed == 1
+
+
+def test_status_health_and_metrics_cover_the_replicas(deployment):
+    client = deployment.engine
+    made = client.generate(request("384x256", seed=9))
+    status = wait_until(lambda: (s := client.status()).shape("384x256").ready_on and s, "384x256 reported ready")
+    shape = status.shape("384x256")
+    assert (shape.ready_on, shape.replicas_total) == (1, 2)
+    assert [r["state"] for r in status.replicas] == ["healthy", "healthy"]
+    (holder,) = [r for r in status.replicas if r["replica"] == made.replica]
+    assert shape.tokens in holder["graphs"]
+    from neuron_ui.ui import describe_activity, describe_state
+
+    assert describe_state(shape) == "ready on 1 of 2"
+    assert "**Replicas** 2 healthy" in describe_activity(status)
+    health = deployment.get("/healthz")
+    assert health.status_code == 200 and health.json()["replicas_healthy"] == 2, health.text
+    assert deployment.metric("neuron_ui_replica_images_total", replica=made.replica) >= 1
+
+
+def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(deployment):
+    """Everything of ours that listens (this process, Ray's daemons, the replicas) is on loopback, but one port per
+    Serve replica: ray/serve/_private/replica.py (2.60) binds its inter-deployment gRPC server to [::]:0."""
+    ours = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    open_ports = []
+    for process in ours:
+        try:
+            connections = process.net_connections(kind="inet")
+            name = process.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for conn in connections:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+                open_ports.append((name, conn.laddr.ip, conn.laddr.port))
+    assert open_ports and all("ServeRepli" in name and ip == "::" for name, ip, _ in open_ports), open_ports
+    assert len(open_ports) == 2, open_ports  # one per replica, and not the app's port (bound to 127.0.0.1)
+
+
+def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
+    client = deployment.engine
+    slow = request(seed=7, steps=60)
+    reference = client.generate(slow)
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow)), daemon=True)
+    worker.start()
+    busy = wait_until(lambda: next((snap for _, snap in client.reports().values() if snap["busy"]), None),
+                      "a replica is busy", timeout=TIMEOUT)
+    os.kill(busy["pid"], signal.SIGKILL)
+    worker.join(TIMEOUT)
+    result = outcome["result"]
+    assert result.replica != busy["replica"]
+    assert list(result.image.getdata()) == list(reference.image.getdata())
+    wait_until(lambda: client.healthy() == 2, "Serve replaced the killed replica", timeout=240)
+    assert client.generate(request(seed=3)).image.size == (256, 256)
+
+
+def test_concurrent_first_requests_compile_once_then_disk_hit_elsewhere(deployment, tmp_path):
+    """Inductor (a persistent cache) on 2 replicas: 5 concurrent first requests for 256x256."""
+    import app
+    from ray import serve
+
+    from neuron_ui import replicas
+
+    serve.delete(replicas.APP_NAME)
+    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
+                                   "--cache-dir", str(tmp_path / "cache"), "--replicas", "2"])
+    client = replicas.launch(settings, app_name="neuron-ui-inductor")
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request(seed=i))))
+               for i in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    events = sorted((r.cache_event, r.replica) for r in results)
+    assert len(results) == 5, events
+    compiled = [replica for event, replica in events if event == "compiled"]
+    assert len(compiled) == 1, events
+    assert any(event == "disk_hit" and replica != compiled[0] for event, replica in events), events
