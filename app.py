@@ -54,26 +54,12 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None, wrap_ru
     --cache-bundle is imported before the engine reads the manifest (rank 0 only under torchrun)."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
     if settings.cache_bundle and (group is None or group.launch.is_leader):
-        import_cache_bundle(settings, cache)
+        from neuron_ui.bundles import import_at_start
+
+        import_at_start(settings, cache)
     from neuron_ui.engine import Engine
 
     return Engine.from_settings(settings, cache, group, wrap_runner)
-
-
-def import_cache_bundle(settings: Settings, cache: CachePaths) -> None:
-    """A refused bundle (another compile key, damaged, missing) is logged and the app starts cold."""
-    from neuron_ui import bundles
-
-    try:
-        info = bundles.import_bundle(cache, bundles.key_for_settings(settings), settings.cache_bundle,
-                                     settings.cache_bundle_sha256)
-    except (ValueError, OSError) as error:
-        logger.warning("not using --cache-bundle: %s; starting cold", error)
-        return
-    except Exception:  # a bug of ours must not keep the app from starting either
-        logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
-        return
-    logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
 
 
 # A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this

@@ -16,6 +16,7 @@ calls the functions here; nothing here imports the engine or loads a model.
 from __future__ import annotations
 
 import errno
+import fcntl
 import gzip
 import hashlib
 import io
@@ -272,6 +273,24 @@ def _add(tar: tarfile.TarFile, name: str, size: int, mode: int, fileobj: BinaryI
 
 
 # -- import ----------------------------------------------------------------------------------------
+
+
+def import_at_start(settings: Settings, cache: CachePaths) -> None:
+    """--cache-bundle at start-up: a refused bundle (another compile key, damaged, missing) is logged and the app
+    starts cold. Replicas sharing a cache folder import one at a time (a lock in the folder); the later ones find
+    everything there already."""
+    try:
+        (cache.root / "locks").mkdir(parents=True, exist_ok=True)
+        with open(cache.root / "locks" / "bundle-import.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the kernel if this process dies
+            info = import_bundle(cache, key_for_settings(settings), settings.cache_bundle, settings.cache_bundle_sha256)
+    except (ValueError, OSError) as error:
+        logger.warning("not using --cache-bundle: %s; starting cold", error)
+        return
+    except Exception:  # a bug of ours must not keep the app from starting either
+        logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
+        return
+    logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
 
 
 def inspect_bundle(bundle: Path) -> BundleInfo:

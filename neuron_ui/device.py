@@ -253,6 +253,15 @@ def neuron_available() -> bool:
     return bool(neuron is not None and neuron.is_available())
 
 
+def probe_device(device: str) -> None:
+    """A one-element op on `device`, read back; raises when the device is gone (a lost GPU, a failed NeuronCore)."""
+    import torch
+
+    value = (torch.ones(1, device=device) + 1).item()
+    if value != 2.0:
+        raise RuntimeError(f"{device} computed 1 + 1 = {value}")
+
+
 def detect_device(requested: str = "auto") -> str:
     """auto: Neuron when torch_neuronx is present and a NeuronCore is visible, then CUDA, then CPU."""
     import torch

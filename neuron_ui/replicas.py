@@ -163,6 +163,10 @@ class EngineReplica:
         from .device import configure_cache_env
 
         cache = configure_cache_env(settings.cache_dir)  # before torch loads (torch_neuronx reads it at import)
+        if settings.cache_bundle:  # on every node: a cluster without a shared folder starts warm from the bundle
+            from .bundles import import_at_start
+
+            import_at_start(settings, cache)
         import torch
 
         from .engine import Engine
@@ -285,9 +289,14 @@ class EngineReplica:
             self._report()
 
     def check_health(self) -> None:
-        """Serve calls this every few seconds; a replica whose reporter died is replaced."""
+        """Serve calls this every few seconds; raising gets the replica replaced: its reporter died, or its idle
+        device fails a one-element op (a busy device is left alone: its request fails by itself if it is dead)."""
         if not self._reporter.is_alive():
             raise RuntimeError("the replica's reporter thread stopped")
+        if not self.active:
+            from .device import probe_device
+
+            probe_device(self.engine.device)
 
     def __del__(self) -> None:
         self._stop.set()

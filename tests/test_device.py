@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from neuron_ui.device import NEFF_CACHE_ENV, Runtime, configure_cache_env, detect_device
+from neuron_ui.device import NEFF_CACHE_ENV, Runtime, configure_cache_env, detect_device, probe_device
 
 FAKE_TORCH_NEURONX = textwrap.dedent(
     """
@@ -98,3 +98,11 @@ def test_an_unusable_cache_folder_sends_the_compilers_to_a_temp_folder(tmp_path)
     assert paths.problem and "is not usable" in paths.problem
     assert paths.inductor.is_dir() and not paths.inductor.is_relative_to(blocker)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(paths.inductor)
+
+
+def test_the_replica_health_probe_passes_on_a_working_device_and_raises_on_a_missing_one():
+    """What EngineReplica.check_health runs on an idle replica: Serve replaces a replica whose check raises."""
+    probe_device("cpu")
+    missing = "cuda" if not torch.cuda.is_available() else "meta"
+    with pytest.raises(Exception):
+        probe_device(missing)

@@ -82,6 +82,59 @@ def test_status_health_and_metrics_cover_the_replicas(deployment):
     assert deployment.metric("neuron_ui_replica_images_total", replica=made.replica) >= 1
 
 
+def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, tmp_path):
+    """A reference (a path on this machine) and an inpaint: the replica gets bytes, the layout's token count routes."""
+    from PIL import Image
+
+    client = deployment.engine
+    reference = tmp_path / "reference.png"
+    Image.new("RGB", (640, 300), (200, 30, 30)).save(reference)
+    size = str(client.reference_sizes[-1])
+    layout = client.layout("256x256", 1, size)
+    edited = client.generate(GenerateRequest("a red boat", "256x256", steps=2, seed=4, references=[str(reference)],
+                                             reference_size=size))
+    assert edited.tokens == layout.tokens > 256 and edited.image.size == (256, 256)
+    assert edited.inputs[0]["fitted_size"] == size
+    mask = Image.new("L", (256, 256), 0)
+    mask.paste(255, (64, 64, 192, 192))
+    inpainted = client.inpaint(GenerateRequest("a blue door", "256x256", steps=2, seed=5, image=edited.image,
+                                               mask=mask, strength=0.5))
+    assert inpainted.mode == "inpaint" and inpainted.tokens == client.layout("256x256", inpaint=True).tokens
+    shown = wait_until(lambda: next((s for s in client.status().layouts if s.layout == str(layout)), None),
+                       "the reference layout is listed in the status")
+    assert (shown.state, shown.ready_on, shown.replicas_total) == ("ready", 1, 2)  # traced where it ran
+    assert client.layout_status(layout).tokens == layout.tokens
+    with pytest.raises(ValueError, match="inpainting needs both"):
+        client.inpaint(GenerateRequest("no mask", "256x256", image=edited.image))
+    with pytest.raises(ValueError, match="cannot read the uploaded file"):
+        client.generate(GenerateRequest("gone", "256x256", references=[str(tmp_path / "missing.png")]))
+
+
+def test_the_browser_shows_both_replicas(deployment):
+    """The same UI over the deployment: the activity line counts the replicas, the table says where each size is."""
+    from playwright.sync_api import sync_playwright
+
+    from test_browser import CHROMIUM
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(deployment.url)
+            page.locator("#prompt textarea").fill("a lighthouse")
+            page.locator("#generate").click()
+            page.locator("#image img").wait_for()
+            activity = page.locator("#activity")
+            wait_until(lambda: "**" not in activity.inner_text() and "Replicas 2 healthy" in activity.inner_text(),
+                       "the activity line shows both replicas")
+            table = page.locator("#status-table").inner_text()
+            assert "ready on 1 of 2" in table or "ready on 2 of 2" in table, table
+            assert "one image at a time on each of 2 replicas" in page.locator("#header").inner_text()
+        finally:
+            browser.close()
+
+
 def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(deployment):
     """Everything of ours that listens (this process, Ray's daemons, the replicas) is on loopback, but one port per
     Serve replica: ray/serve/_private/replica.py (2.60) binds its inter-deployment gRPC server to [::]:0."""
@@ -110,6 +163,10 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     busy = wait_until(lambda: next((snap for _, snap in client.reports().values() if snap["busy"]), None),
                       "a replica is busy", timeout=TIMEOUT)
     os.kill(busy["pid"], signal.SIGKILL)
+    from neuron_ui.ui import describe_activity
+
+    wait_until(lambda: "restarting" in describe_activity(client.status()), "the status shows a replica restarting",
+               timeout=TIMEOUT)
     worker.join(TIMEOUT)
     result = outcome["result"]
     assert result.replica != busy["replica"]
@@ -118,17 +175,38 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     assert client.generate(request(seed=3)).image.size == (256, 256)
 
 
-def test_concurrent_first_requests_compile_once_then_disk_hit_elsewhere(deployment, tmp_path):
-    """Inductor (a persistent cache) on 2 replicas: 5 concurrent first requests for 256x256."""
+class Compiles:
+    """An observer of the client: every compilation the deployment reports, with the request that caused it."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []
+
+    def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
+        self.seen.append((resolution, event))
+
+    def on_generated(self, result) -> None:
+        pass
+
+    def on_failed(self, kind: str) -> None:
+        pass
+
+
+def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replica_start(deployment, tmp_path):
+    """Inductor (a persistent cache) on 2 replicas: 5 concurrent first requests for 256x256 compile it once; a
+    --warmup size compiles once and is ready on one replica; a bundle of that cache starts a new deployment warm."""
     import app
+    import ray
     from ray import serve
 
-    from neuron_ui import replicas
+    from neuron_ui import bundles, replicas
+    from neuron_ui.device import CachePaths
 
     serve.delete(replicas.APP_NAME)
-    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
-                                   "--cache-dir", str(tmp_path / "cache"), "--replicas", "2"])
-    client = replicas.launch(settings, app_name="neuron-ui-inductor")
+    cache = tmp_path / "cache"
+    flags = ["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256,384x256", "--replicas", "2"]
+    client = replicas.launch(app.parse_settings([*flags, "--cache-dir", str(cache)]), app_name="neuron-ui-inductor")
+    compiles = Compiles()
+    client.observers.append(compiles)
     results: list = []
     threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request(seed=i))))
                for i in range(5)]
@@ -141,3 +219,22 @@ def test_concurrent_first_requests_compile_once_then_disk_hit_elsewhere(deployme
     compiled = [replica for event, replica in events if event == "compiled"]
     assert len(compiled) == 1, events
     assert any(event == "disk_hit" and replica != compiled[0] for event, replica in events), events
+
+    client.start_warmup(["384x256"])
+    assert client.wait_for_warmup(600)
+    assert [seen for seen in compiles.seen if seen[0] == "384x256"] == [("384x256", "compiled")]
+    shape = wait_until(lambda: (s := client.status().shape("384x256")).ready_on and s, "384x256 ready on a replica")
+    assert (shape.ready_on, shape.replicas_total) == (1, 2)
+
+    key = next(iter(client.reports().values()))[1]["key"]
+    paths = CachePaths(cache, cache / "neff", cache / "inductor", cache / "manifest.json")
+    bundle = bundles.export_bundle(paths, key, tmp_path / "fleet.tar.gz")
+    assert {"256x256", "384x256"} <= set(bundle.resolutions)
+    serve.delete("neuron-ui-inductor")
+    fresh = app.parse_settings([*flags, "--cache-dir", str(tmp_path / "fresh"), "--cache-bundle",
+                                str(tmp_path / "fleet.tar.gz")])
+    warm = replicas.launch(fresh, app_name="neuron-ui-bundle")
+    assert {s.resolution for s in warm.status().shapes if s.on_disk} == {"256x256", "384x256"}
+    assert warm.generate(request("384x256", seed=3)).cache_event == "disk_hit"
+    serve.delete("neuron-ui-bundle")
+    assert ray.is_initialized()
