@@ -10,13 +10,16 @@ import math
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from .references import FittedImage, ImageSource
 from .resolutions import Resolution, parse_resolution
+
+if TYPE_CHECKING:
+    from .graphs import Layout
 
 MAX_PROMPT_CHARS = 2000
 MAX_STEPS = 100
@@ -265,3 +268,22 @@ class EngineStatus:
 
     def shape(self, resolution: str) -> ShapeStatus:
         return next(s for s in self.shapes if s.resolution == resolution)
+
+
+class EngineLike(Protocol):
+    """The one seam between the UI (and the server) and whatever makes images: neuron_ui.engine.Engine in this
+    process, or neuron_ui.replicas.ReplicaClient over Ray Serve. Errors: ValueError for bad input, EngineError."""
+
+    presets: tuple[Resolution, ...]
+    max_references: int
+    reference_sizes: tuple[Resolution, ...]
+
+    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
+    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
+    def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
+    def start_warmup(self, resolutions: list[str]) -> None: ...
+    def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
+               inpaint: bool = False) -> Layout: ...
+    def layout_status(self, layout: Layout) -> ShapeStatus: ...
+    def status(self) -> EngineStatus: ...
+    def drain(self, timeout: float) -> bool: ...

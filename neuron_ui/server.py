@@ -31,7 +31,7 @@ from .metrics import EngineMetrics
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .ui import EngineLike
+    from .schema import EngineLike
 
 logger = logging.getLogger(__name__)
 

@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import gradio as gr
 
 from . import ui_editing as editing
 from .resolutions import Resolution
 from .schema import (
+    EngineLike,
     COMPILING,
     FAILED,
     MAX_GUIDANCE,
@@ -58,17 +59,6 @@ EVENT_WORDS = {
     "memory_hit": "cache hit, {total:.2f} s",
     "eager": "eager, {total:.1f} s",
 }
-
-
-class EngineLike(Protocol):
-    """What the UI uses of neuron_ui.engine.Engine, which it cannot import (that module imports torch)."""
-
-    presets: tuple[Resolution, ...]
-
-    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
-    def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
-    def status(self) -> EngineStatus: ...
-    def drain(self, timeout: float) -> bool: ...
 
 
 # -- words: what the engine says, as a person reads it ------------------------------------------------

@@ -10,28 +10,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import gradio as gr
 from PIL import Image
 
 from . import references as refs
-from .schema import GenerateRequest, ShapeStatus
+from .schema import EngineLike, GenerateRequest, ShapeStatus
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_STRENGTH = 0.9
-
-
-class EditingEngine(Protocol):
-    """What this module uses of neuron_ui.engine.Engine besides generate()."""
-
-    max_references: int
-    reference_sizes: tuple
-
-    def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
-               inpaint: bool = False) -> Any: ...
-    def layout_status(self, layout: Any) -> ShapeStatus: ...
 
 
 def file_path(value: Any) -> str | None:
@@ -108,7 +97,7 @@ class EditingHandlers:
     """Handlers for the editing inputs. `run` is ui.Handlers.run (generate, save, remember; the Generate
     button's outputs), `save` the image store's, `errors` ui.user_errors (ui imports this module)."""
 
-    engine: EditingEngine
+    engine: EngineLike
     run: Callable[..., tuple]
     save: Callable[[Any], str]
     errors: Callable[[], Any]
@@ -191,7 +180,7 @@ def api_reference_inputs() -> list[gr.Component]:
             gr.Textbox(label="reference_size")]
 
 
-def add_reference_panel(engine: EditingEngine) -> dict[str, gr.Component]:
+def add_reference_panel(engine: EngineLike) -> dict[str, gr.Component]:
     """Reference uploads, their size and fit, and the previews of what the model sees."""
     sizes = [str(s) for s in engine.reference_sizes]
     with gr.Accordion(f"Reference images (up to {engine.max_references})", open=False, elem_id="references",

@@ -44,3 +44,11 @@ def make_engine(tmp_path):
 
     yield make
     torch._dynamo.reset()
+
+
+def missing_engine_members(engine) -> list[str]:
+    """What `engine` lacks of the one interface the UI and the server use (neuron_ui.schema.EngineLike)."""
+    from neuron_ui.schema import EngineLike
+
+    names = [n for n in vars(EngineLike) if not n.startswith("_")] + list(EngineLike.__annotations__)
+    return sorted(n for n in set(names) if not hasattr(engine, n))

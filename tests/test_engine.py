@@ -297,3 +297,9 @@ def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
     assert (status.distilled, status.default_steps, status.default_guidance) == (False, 50, 4.0)
     valid = engine.validate(GenerateRequest("a cat", "256x256", seed=1))
     assert (valid.steps, valid.guidance) == (50, 4.0)
+
+
+def test_the_engine_offers_the_whole_interface_the_ui_uses(make_engine):
+    from conftest import missing_engine_members
+
+    assert missing_engine_members(make_engine()) == []

@@ -56,6 +56,12 @@ def test_a_compiled_shape_stays_on_its_replica(deployment):
     assert [r.cache_event for r in later] == ["memory_hit"] * 6
 
 
+def test_the_replicas_client_offers_the_whole_interface_the_ui_uses(deployment):
+    from conftest import missing_engine_members
+
+    assert missing_engine_members(deployment.engine) == []
+
+
 def test_progress_streams_from_the_replica(deployment):
     updates = []
     result = deployment.engine.generate(request(steps=3), updates.append)
