@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from starlette.requests import Request
 
 logger = logging.getLogger(__name__)
 
-PUBLIC_ENDPOINTS = ("generate", "warmup", "status")
+PUBLIC_ENDPOINTS = ("generate", "inpaint", "warmup", "status")
 OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and while shutting down; GET and HEAD only
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
@@ -52,6 +53,10 @@ class Refusal:
     status: int
     message: str
     headers: tuple[tuple[str, str], ...] = ()
+
+
+class ForeignFile(ValueError):
+    """A call names a file outside the app's own folder (uploads and results)."""
 
 
 class Gate:
@@ -122,7 +127,10 @@ class Gate:
         if named:
             route, name = named.groups()
             if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
-                return await self.with_full_paths(receive), None, False  # Gradio refuses queued ones (api_open=False)
+                try:  # Gradio refuses queued ones (api_open=False)
+                    return await self.with_full_paths(receive), None, False
+                except ForeignFile as error:
+                    return receive, Refusal(403, str(error)), False
             if name not in PUBLIC_ENDPOINTS:
                 return receive, Refusal(404, f"there is no /{name}; this API has {endpoint_list()}"), False
             if route in ("run", "api"):
@@ -132,7 +140,10 @@ class Gate:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return replay(body, receive), None, False  # Gradio says what is wrong with the JSON
-        receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
+        try:
+            receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
+        except ForeignFile as error:
+            return receive, Refusal(403, str(error)), False
         if not isinstance(data, dict):
             return receive, None, False
         if named:
@@ -164,16 +175,20 @@ class Gate:
             return replay(body, receive)
 
     def full_paths(self, value: Any) -> Any:
-        """The browser sends back files it was shown (a gallery's selected image) by the relative path Outbound
-        gave it; Gradio wants the path on the server."""
+        """The browser sends back files it was shown (a gallery's selected image) or uploaded by the relative path
+        Outbound gave it; Gradio wants the path on the server. A file anywhere else is refused (ForeignFile):
+        the API takes files as is (preprocess=False), so a path the caller makes up would be read from disk."""
         if isinstance(value, list):
             return [self.full_paths(item) for item in value]
         if not isinstance(value, dict):
             return value
         value = {key: self.full_paths(item) for key, item in value.items()}
         path = value.get("path")
-        if isinstance(value.get("meta"), dict) and isinstance(path, str) and path and not path.startswith("/"):
-            value["path"] = self.server.files_prefix + path
+        if isinstance(value.get("meta"), dict) and isinstance(path, str) and path:
+            full = path if path.startswith("/") else self.server.files_prefix + path
+            if not os.path.realpath(full).startswith(os.path.realpath(self.server.files_prefix) + os.sep):
+                raise ForeignFile(f"{path!r} is not a file of this app: upload it first (POST /gradio_api/upload)")
+            value["path"] = full
         return value
 
     def logged_in(self, scope: dict) -> bool:
