@@ -151,9 +151,10 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         leader = engine.runner
         _, demo = build_app(settings, engine)
         launch(engine, demo, settings, server)
-        health.serving()
-        logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)", group.degree,
-                    health.startup_seconds, launch_info.restart_count, launch_info.max_restarts)
+        health.serving(group.seconds_since_last_break())
+        logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)%s", group.degree,
+                    health.startup_seconds, launch_info.restart_count, launch_info.max_restarts,
+                    "" if health.restart_seconds is None else f"; back {health.restart_seconds:.0f} s after the group broke")
         if launch_info.restarts_left > 0:
             while not leader.broken_event.wait(0.5):  # a short wait, so SIGTERM gets through
                 pass

@@ -81,6 +81,7 @@ class ParallelGroup:
     control: object  # a gloo group for broadcasts and reports, whatever the device backend
     processes: list[tuple[str, int]]  # (host, pid) of every rank, to name a rank that died
     store: object  # this group's keys in the rendezvous store, which outlives any rank: why a follower failed
+    history: object  # keys every group of this torchrun shares: when each one broke, to time the restart
 
     @property
     def degree(self) -> int:
@@ -95,6 +96,23 @@ class ParallelGroup:
         keys = {rank: f"error/{rank}" for rank in range(1, self.degree)}
         return {rank: self.store.get(key).decode() for rank, key in keys.items() if self.store.check([key])}
 
+    def note_broken(self) -> None:
+        """Write when this group broke (wall clock; the first rank to notice wins), for the next group to read."""
+        key = f"broken/{self.launch.restart_count}"
+        try:
+            if not self.history.check([key]):
+                self.history.set(key, repr(time.time()))
+        except Exception as error:  # the store went with torchrun's agent: nobody is left to restart anyway
+            logger.warning("could not note the break in the rendezvous store: %s", error)
+
+    def seconds_since_last_break(self) -> float | None:
+        """How long the restart that made this group took: from the previous group's break to now (call it
+        when serving); None for the first group, or when no rank of the previous one lived to note it."""
+        key = f"broken/{self.launch.restart_count - 1}"
+        if self.launch.restart_count == 0 or not self.history.check([key]):
+            return None
+        return time.time() - float(self.history.get(key).decode())
+
 
 def init_parallel(launch: Launch, device: str) -> ParallelGroup:
     """Process group and mesh by device: neuron / NCCL / gloo; a gloo control group beside it."""
@@ -107,14 +125,28 @@ def init_parallel(launch: Launch, device: str) -> ParallelGroup:
     # group the same store, with the old group's addresses in it: every key goes under the restart count.
     store, rank, world_size = next(dist.rendezvous("env://", timeout=COLLECTIVE_TIMEOUT))
     store.set_timeout(COLLECTIVE_TIMEOUT)
+    history = dist.PrefixStore("neuron_ui/history", store)
     store = dist.PrefixStore(f"neuron_ui/{launch.restart_count}", store)
     dist.init_process_group(backend=PROCESS_GROUP_BACKENDS[device], store=dist.PrefixStore("default_pg", store),
                             rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     mesh = DeviceMesh(device, list(range(launch.world_size)))
+    _stabilise_mesh_hash(mesh)
     processes: list = [None] * launch.world_size
     dist.all_gather_object(processes, (socket.gethostname(), os.getpid()), group=control)
-    return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, store)
+    return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, store, history)
+
+
+def _stabilise_mesh_hash(mesh) -> None:
+    """LIFTED: a restarted group must find its graphs in the compile cache. torch 2.13 pickles the mesh's cached
+    `_hash` into inductor's FX graph and AOTAutograd cache keys (it rides on DTensor inputs), and DeviceMesh
+    computes it as hash((..., "cpu", None, None)): Python's per-process string hash seed and, on 3.11, id(None),
+    which moves with ASLR, so PYTHONHASHSEED alone does not steady it. Measured: every sharded graph missed the
+    cache in a new process (4 misses, 0 hits) and hit it with this (4 hits). We set it, before anything hashes
+    the mesh, from torch's own DeviceMesh._stable_hash of the fields __eq__ compares; the group makes this one
+    mesh, so no equal mesh hashes otherwise. Never 0: __hash__ recomputes a falsy _hash."""
+    if getattr(mesh, "_hash", None) is None and hasattr(mesh, "_stable_hash"):
+        mesh._hash = int(mesh._stable_hash(), 16) % (2**61 - 1) or 1
 
 
 def rank_device(device: str, local_rank: int) -> str:
@@ -177,22 +209,28 @@ class FollowerGone(EngineError):
 
 @dataclass
 class GroupHealth:
-    """What /healthz says about the group (None: fine), and how long this group took to start: the wait that a
-    restart means. Made before the server and the leader, which both hold it; only the leader writes `problem`."""
+    """What /healthz says about the group (None: fine), and how long a restart takes. Made before the server
+    and the leader, which both hold it; only the leader writes `problem`."""
 
     started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
     startup_seconds: float | None = None
+    restart_seconds: float | None = None  # measured: the previous group's break to this group serving
     problem: str | None = None
 
     def __call__(self) -> str | None:
         return self.problem
 
-    def serving(self) -> None:
+    def serving(self, restart_seconds: float | None) -> None:
         self.startup_seconds = time.monotonic() - self.started
+        self.restart_seconds = restart_seconds
 
-    def restart_estimate(self) -> int:
-        """Seconds until a restarted group serves again: this group's own start-up, and rank 0's drain."""
-        return math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
+    def restart_wait(self) -> str:
+        """How long until a restarted group serves again, in words: the restart that made this group when
+        there was one (measured), else this group's own start-up plus rank 0's drain (an estimate)."""
+        if self.restart_seconds is not None:
+            return f"about {math.ceil(self.restart_seconds)} s (the last restart took that long)"
+        seconds = math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
+        return f"about {seconds} s (an estimate: this group's start-up plus {DRAIN_SECONDS:.0f} s)"
 
 
 def seconds_since_start() -> float:
@@ -337,6 +375,7 @@ class LeaderRunner:
         for rank in ranks:
             self.reports[rank].alive = False
         restarting = self.group.launch.restarts_left > 0
+        self.group.note_broken()
         self.health.problem = "restarting" if restarting else (
             f"degraded: rank {_ranks(ranks)} gone" if ranks else "degraded: tensor-parallel group broken")
         logger.error("tensor-parallel group broken: %s; %s", reason,
@@ -348,7 +387,7 @@ class LeaderRunner:
     def user_message(self) -> str:
         if self.group.launch.restarts_left > 0:
             return (f"a device process failed ({self.broken}); the server is restarting, "
-                    f"try again in about {self.health.restart_estimate()} s")
+                    f"try again in {self.health.restart_wait()}")
         return f"tensor-parallel {self.broken}; this server cannot make images until it is restarted"
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> None:
@@ -383,6 +422,7 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             dist.broadcast_object_list(message, src=0, group=group.control)
         except Exception as error:
             logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
+            group.note_broken()
             return 0
         call = message[0]
         if call is None:
@@ -394,11 +434,13 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
         except Exception as error:
             logger.exception("rank %d: pipeline call failed; leaving the group", rank)
             group.report_error(_short(error))
+            group.note_broken()
             return 1
         try:
             dist.gather_object(read_counters() - before, None, dst=0, group=group.control)
         except Exception as error:
             logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
+            group.note_broken()
             return 0
 
 

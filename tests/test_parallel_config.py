@@ -1,5 +1,6 @@
 """Tensor-parallel configuration checks: cheap, single process (tests/test_parallel.py runs torchrun)."""
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -65,9 +66,31 @@ def test_a_call_is_bounded_by_its_size_measured_time_with_a_floor_for_compiles()
     assert leader.bound(PipelineCall("a lighthouse", 256, 256, 1, 1, 1.0)) == 5  # never under the floor
 
 
-def test_the_wait_announced_after_a_rank_dies_is_this_group_start_up_and_the_drain():
-    from neuron_ui.parallel import DRAIN_SECONDS, GroupHealth
+def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was_measured():
+    from neuron_ui.parallel import GroupHealth
 
-    health = GroupHealth(started=100.0)
-    health.startup_seconds = 21.2
-    assert health.restart_estimate() == 22 + DRAIN_SECONDS and health() is None
+    first = GroupHealth(started=time.monotonic() - 21.2)
+    first.serving(restart_seconds=None)  # the first group: no restart to measure yet
+    assert first.restart_wait() == "about 32 s (an estimate: this group's start-up plus 10 s)" and first() is None
+    restarted = GroupHealth(started=time.monotonic() - 21.2)
+    restarted.serving(restart_seconds=33.4)
+    assert restarted.restart_wait() == "about 34 s (the last restart took that long)"
+
+
+def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
+    import torch.distributed as dist
+
+    from neuron_ui.parallel import ParallelGroup
+
+    history = dist.HashStore()  # torchrun's agent holds the real one, across restarts
+
+    def group(restart_count: int) -> ParallelGroup:
+        return ParallelGroup(Launch(0, 0, 2, restart_count, 3), "cpu", None, None, [], dist.HashStore(), history)
+
+    first = group(0)
+    assert first.seconds_since_last_break() is None
+    first.note_broken()
+    first.note_broken()  # a second rank noticing later does not move the time
+    time.sleep(0.2)
+    assert 0.2 <= group(1).seconds_since_last_break() < 5
+    assert group(2).seconds_since_last_break() is None  # group 1 never broke
