@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WARMUP_PROMPT = "warm-up"
+PROMPT_TOKENS = 512  # klein's max_sequence_length: the text encoder reads this many tokens of a prompt
 
 
 class EngineObserver(Protocol):
@@ -106,6 +107,7 @@ class _GraphState:
 @dataclass
 class _ShapeStats:
     hits: int = 0
+    images: int = 0
     last_latency: float | None = None
 
 
@@ -319,6 +321,14 @@ class Engine:
             strength=1.0 if request.strength is None else validate_strength(request.strength),
         )
 
+    def prompt_tokens(self, text: str) -> tuple[int, int]:
+        """The tokens the text encoder gets for `text` (klein's chat template included), and how many it reads:
+        past the limit, diffusers truncates and the rest of the prompt is ignored. No torch: the tokenizer only."""
+        tokenizer = self.pipe.tokenizer
+        templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                  add_generation_prompt=True, enable_thinking=False)
+        return len(tokenizer(templated, verbose=False)["input_ids"]), PROMPT_TOKENS
+
     def guidance_applied(self, guidance: float) -> float | None:
         """The guidance scale diffusers applies, recorded in place of the one asked for.
 
@@ -402,6 +412,7 @@ class Engine:
         with self._state_lock:
             stats = self._stats.setdefault(layout, _ShapeStats())
             stats.hits += event == compilation.MEMORY_HIT
+            stats.images += 1
             stats.last_latency = result.total_seconds
         logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
         return result
@@ -470,8 +481,11 @@ class Engine:
             self._graphs[layout.tokens] = _GraphState(COMPILING, compiled_by=layout)
         verb = "loading" if self._disk_records(layout) else "compiling"
         about = "load time not measured yet" if estimate is None else f"about {estimate:.0f} s"
+        guess = self._estimate_is_guess(layout)
+        about += ", a guess: nothing measured on this machine yet" if guess else ""
         where = " from the disk cache" if verb == "loading" else ""
-        report(ProgressUpdate("compiling", f"{verb} {layout}{where} for the first time ({about})"))
+        report(ProgressUpdate("compiling", f"{verb} {layout}{where} for the first time ({about})", phase=verb,
+                              estimate_seconds=estimate, guess=guess))
         logger.info("%s %s (%d tokens)%s, %s", verb, layout, layout.tokens, where, about)
         before = read_counters(self._neff_dir)
         start = time.perf_counter()
@@ -516,6 +530,11 @@ class Engine:
         return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.backend,
                                                     on_disk=self._disk_records(layout))
 
+    def _estimate_is_guess(self, layout: Layout) -> bool:
+        """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""
+        records = self.manifest.shapes(self.key).values()
+        return not self._disk_records(layout) and not any(map(compilation.measured_cold_seconds, records))
+
     # -- running ----------------------------------------------------------------------------------
 
     def _run(self, valid: ValidRequest, report: ProgressFn) -> Image.Image:
@@ -558,6 +577,7 @@ class Engine:
             on_disk=bool(disk),
             warmup_queued=layout.plain and layout.resolution in warmup,
             hits=stats.hits,
+            images=stats.images,
             last_latency=stats.last_latency,
             layout=None if layout.plain else str(layout),
         )
@@ -576,6 +596,7 @@ class Engine:
         if shape.state != READY:
             estimate = self._estimate(layout)
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
+            shape.estimate_guess = self._estimate_is_guess(layout)
             if disk and shape.compile_seconds is None and shape.load_seconds is None:
                 shape.compile_seconds = compilation.measured_cold_seconds(disk[0])
                 shape.load_seconds = compilation.measured_load_seconds(disk[0])

@@ -164,6 +164,11 @@ class ProgressUpdate:
     stage: str  # waiting, compiling, denoising, decoding
     message: str
     fraction: float | None = None
+    # While compiling: the phase (tracing, compiling, loading: from the disk cache), the estimate of the whole
+    # wait, and whether that estimate is a built-in guess (nothing measured on this machine yet).
+    phase: str | None = None
+    estimate_seconds: float | None = None
+    guess: bool = False
 
 
 ProgressFn = Callable[[ProgressUpdate], None]
@@ -224,7 +229,9 @@ class ShapeStatus:
     compile_seconds: float | None = None  # the latest compile from scratch
     load_seconds: float | None = None  # the latest load of its compiled graph from the disk cache
     estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile; None if unknown
-    hits: int = 0
+    estimate_guess: bool = False  # the estimate is a built-in guess: this machine has measured no compile yet
+    hits: int = 0  # images served from the compiled graph in memory (memory_hit)
+    images: int = 0  # images made at this size, whatever the cache did
     last_latency: float | None = None
     error: str | None = None
     layout: str | None = None  # e.g. "inpaint 512x512 + 1 ref 1024x1024"; None for a plain preset
