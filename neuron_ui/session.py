@@ -36,34 +36,35 @@ def session_id(session: Any) -> str | None:
     return value if isinstance(value, str) and _SESSION_ID.fullmatch(value) else None
 
 
-def inside(path: Any, folder: Path) -> bool:
-    """True for an existing file under `folder` (after resolving links and '..'): a path from the browser is
-    served only if the app made it."""
+def inside(path: Any, folder: Path, base: Path) -> str | None:
+    """The absolute path of an existing file under `folder` (after resolving links and '..'), else None: a path
+    from the browser is served only if the app made it. Gradio sends the paths of files in its own folder (`base`,
+    GRADIO_TEMP_DIR) relative to that folder."""
     if not isinstance(path, str) or not path:
-        return False
+        return None
     try:
-        resolved = Path(path).resolve()
+        resolved = (base / path).resolve()  # an absolute `path` stays itself
     except (OSError, RuntimeError, ValueError):
-        return False
-    return resolved.is_file() and resolved.is_relative_to(folder.resolve())
+        return None
+    return str(resolved) if resolved.is_file() and resolved.is_relative_to(folder.resolve()) else None
 
 
 def clean_paths(values: Any, folder: Path) -> list[str]:
-    return [p for p in values if inside(p, folder)] if isinstance(values, list) else []
+    paths = [inside(p, folder, folder) for p in values] if isinstance(values, list) else []
+    return [p for p in paths if p]
 
 
 def clean_entry(entry: Any, images: Path, uploads: Path) -> dict[str, Any] | None:
     """A history entry from the browser: its image must be one of ours; edit inputs are kept only if ours too."""
-    if not isinstance(entry, dict) or not inside(entry.get("path"), images):
+    path = inside(entry.get("path"), images, uploads) if isinstance(entry, dict) else None
+    if path is None or not isinstance(entry.get("seed"), int) or not isinstance(entry.get("resolution"), str):
         return None
-    if not isinstance(entry.get("seed"), int) or not isinstance(entry.get("resolution"), str):
-        return None
-    cleaned = dict(entry)
-    cleaned["info"] = str(entry.get("info", ""))[:2000]
+    cleaned = {**entry, "path": path, "info": str(entry.get("info", ""))[:2000]}
     cleaned["references"] = clean_paths(entry.get("references"), uploads)
     editor = entry.get("editor")
-    if isinstance(editor, dict) and inside(editor.get("background"), uploads):
-        cleaned["editor"] = {"background": editor["background"], "layers": clean_paths(editor.get("layers"), uploads),
+    background = inside(editor.get("background"), uploads, uploads) if isinstance(editor, dict) else None
+    if background:
+        cleaned["editor"] = {"background": background, "layers": clean_paths(editor.get("layers"), uploads),
                              "composite": None}
     else:
         cleaned.pop("editor", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextvars
 import itertools
 import logging
 import os
@@ -342,8 +343,10 @@ class ProgressReporter:
             self.on_compile(self.compile)
             self._show_compile()
             self._stop = threading.Event()
-            self._ticker = threading.Thread(target=self._tick, args=(self._stop,), name="compile-progress",
-                                            daemon=True)
+            # gr.Progress finds its request through context variables: the ticker runs in a copy of this context.
+            context = contextvars.copy_context()
+            self._ticker = threading.Thread(target=context.run, args=(self._tick, self._stop),
+                                            name="compile-progress", daemon=True)
             self._ticker.start()
             return
         if self.compile is not None:
@@ -620,7 +623,7 @@ class Handlers:
     def on_restore(self, session: Any):
         """On page load: the form and history the browser kept, with the results that finished while it was away;
         the newest image shows. Outputs: session, prompt, resolution, steps, seed, randomize, guidance, history,
-        history gallery, image, info."""
+        history gallery, image, info, and the collect timer: active while a request from before the load runs."""
         saved = session if isinstance(session, dict) else {}
         sid = sessions.session_id(saved) or sessions.new_session_id()
         kept = sessions.clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
@@ -639,7 +642,7 @@ class Handlers:
                     "it shows here when it is done.*")
         new_session = {**{k: saved.get(k) for k in FORM_FIELDS}, "id": sid, "history": history}
         return (new_session, *(form.get(k, gr.skip()) for k in FORM_FIELDS), history, gallery_items(history), image,
-                info)
+                info, gr.Timer(active=bool(running)))
 
     def _restore_form(self, saved: dict[str, Any]) -> dict[str, Any]:
         """The form fields the browser kept, each only if well-formed (the browser's copy is untrusted)."""
@@ -659,23 +662,30 @@ class Handlers:
 
     @staticmethod
     def on_save(session: Any, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                guidance: float, history: list[dict[str, Any]]) -> dict[str, Any]:
-        """The form and history into the browser's storage, under the session's id."""
-        sid = sessions.session_id(session) or sessions.new_session_id()
+                guidance: float, history: list[dict[str, Any]]) -> Any:
+        """The form and history into the browser's storage, under the session's id (given by on_restore: a change
+        before it is not saved, or it would save under another id)."""
+        sid = sessions.session_id(session)
+        if sid is None:
+            return gr.skip()
         values = dict(zip(FORM_FIELDS, (prompt, resolution, steps, seed, randomize, guidance)))
         return {**values, "id": sid, "history": history}
 
     def on_collect(self, session: Any, history: list[dict[str, Any]]):
-        """Every few seconds: a result made for this session that the page has not shown (it reloaded while the
-        image was being made) is shown and joins the history. Outputs: image, info, seed, history, gallery."""
-        held = self.held.results(sessions.session_id(session))
+        """The collect timer's tick, active only while the page awaits a request from before its load (it reloaded
+        while the image was being made; an event that outputs to the image, even skipped, takes its progress display
+        away from a request that runs): once done, the results the page has not shown are shown and the timer stops.
+        Outputs: image, info, seed, history, gallery, the timer."""
+        sid = sessions.session_id(session)
         known = {e["path"] for e in history}
-        arrived = [e for e in held if e["path"] not in known and Path(e["path"]).is_file()]
+        arrived = [e for e in self.held.results(sid) if e["path"] not in known and Path(e["path"]).is_file()]
         if not arrived:
-            return (gr.skip(),) * 5
+            still = self.held.running(sid) is not None  # else it failed, or nothing was asked: stop waiting
+            return (*(gr.skip(),) * 5, gr.skip() if still else gr.Timer(active=False))
         history = sessions.merge_history(history, arrived, HISTORY_SIZE)
         newest = arrived[0]
-        return newest["path"], newest["info"], newest["seed"], history, gallery_items(history)
+        return (newest["path"], newest["info"], newest["seed"], history, gallery_items(history),
+                gr.Timer(active=False))
 
     def on_reuse_seed(self, history: list[dict[str, Any]]):
         """Put the last seed back in the box and stop randomizing."""
@@ -856,10 +866,11 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
         prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **hidden)
         timer.tick(**refresh)
-        timer.tick(handlers.on_collect, [session, history], made, **hidden)
         # A reload or a new tab: the form, the history and any image finished meanwhile come back.
-        demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info],
+        collect = gr.Timer(REFRESH_SECONDS, active=False)
+        demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info, collect],
                   **hidden).then(**refresh)
+        collect.tick(handlers.on_collect, [session, history], [*made, collect], **hidden)
         gr.on([c.change for c in [*form, history]], handlers.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
         editing_handlers = editing.EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,

@@ -330,15 +330,15 @@ def test_ui_does_not_import_torch():
 
 
 def test_a_reload_finds_the_form_the_history_and_the_image_finished_meanwhile(handlers, tmp_path):
-    session, *form, history, gallery, image, info = handlers.on_restore(None)  # a first visit
+    session, *form, history, gallery, image, info, collect = handlers.on_restore(None)  # a first visit
     assert re.fullmatch(r"[\w-]{16,}", session["id"]) and form == [gr.skip()] * 6
-    assert history == [] and gallery == [] and image == info == gr.skip()
+    assert history == [] and gallery == [] and image == info == gr.skip() and collect.active is False
 
     # The browser keeps the form (on_save), the request runs, and the page reloads before its image is done.
     kept = handlers.on_save(session, "a red fox", "384x256", 2, 7, False, 1.0, [])
     assert kept["id"] == session["id"] and kept["prompt"] == "a red fox" and kept["history"] == []
     handlers.on_generate("a red fox", "384x256", 2, 7, False, 1.0, [], session=kept)
-    session2, prompt, resolution, steps, seed, randomize, guidance, history, gallery, image, info = \
+    session2, prompt, resolution, steps, seed, randomize, guidance, history, gallery, image, info, _ = \
         handlers.on_restore(kept)
     assert session2["id"] == session["id"]
     assert (prompt, resolution, steps, seed, randomize, guidance) == ("a red fox", "384x256", 2, 7, False, 1.0)
@@ -362,7 +362,7 @@ def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
                   {"path": ours, "seed": 3, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1,
                    "references": ["/etc/passwd"], "editor": {"background": "/etc/passwd", "layers": []}},
                   "not a dict"]}
-    session, *form, history, gallery, image, info = handlers.on_restore(forged)
+    session, *form, history, gallery, image, info, _ = handlers.on_restore(forged)
     assert form == [gr.skip()] * 5 + [2.0]  # only the well-formed guidance is kept
     assert [e["path"] for e in history] == [ours] and image == ours
     assert history[0]["references"] == [] and "editor" not in history[0]
@@ -391,13 +391,15 @@ def test_held_results_are_bounded_in_time_and_count():
 def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
     session = {"id": "z" * 20}
     handlers.held.start(session["id"], "256x256")
-    restored = handlers.on_restore(session)
-    assert "still being made" in restored[-1] and "256x256" in restored[-1]
-    assert handlers.on_collect(session, []) == (gr.skip(),) * 5
-    *_, history, _ = handlers.on_generate("a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
-    image, info, seed, history, gallery = handlers.on_collect(session, [])
-    assert seed == 11 and image == history[0]["path"] and "**seed** 11" in info
-    assert handlers.on_collect(session, history) == (gr.skip(),) * 5  # shown once
+    *_, info, collect = handlers.on_restore(session)
+    assert "still being made" in info and "256x256" in info and collect.active is True
+    assert handlers.on_collect(session, []) == (gr.skip(),) * 6  # still running: the timer goes on
+    handlers.on_generate("a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
+    image, info, seed, history, gallery, collect = handlers.on_collect(session, [])
+    assert seed == 11 and image == history[0]["path"] and "**seed** 11" in info and len(gallery) == 1
+    assert collect.active is False  # shown once, then the timer stops
+    *_, collect = handlers.on_collect({"id": "n" * 20}, [])  # nothing asked, nothing running: stop
+    assert collect.active is False
 
 
 def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_path):
