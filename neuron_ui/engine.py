@@ -36,6 +36,7 @@ from .schema import (
     ProgressUpdate,
     ShapeStatus,
     ValidRequest,
+    count_prompt_tokens,
     validate_guidance,
     validate_prompt,
     validate_resolution,
@@ -261,6 +262,10 @@ class Engine:
             strength=1.0 if request.strength is None else validate_strength(request.strength),
         )
 
+    def prompt_tokens(self, text: str) -> tuple[int, int]:
+        """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
+        return count_prompt_tokens(self.pipe.tokenizer, text)
+
     def guidance_applied(self, guidance: float) -> float | None:
         """The guidance scale diffusers applies, recorded in place of the one asked for.
 
@@ -401,7 +406,8 @@ class Engine:
         claim = self.graphs.claim(layout)
         if claim is None:
             return 0.0
-        report(ProgressUpdate("compiling", claim.describe()))
+        report(ProgressUpdate("compiling", claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
+                              guess=claim.guess))
         logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
         before = read_counters(self._neff_dir)
         start = time.perf_counter()

@@ -81,7 +81,8 @@ class GraphState:
 
 @dataclass
 class LayoutStats:
-    hits: int = 0  # images that found the graph in memory
+    images: int = 0  # images made at this layout, whatever the cache did
+    hits: int = 0  # ... of which found the graph in memory
     last_latency: float | None = None
 
 
@@ -92,12 +93,17 @@ class Claim:
     layout: Layout
     loading: bool  # its graph is on disk: a load, not a compile
     estimate: float | None  # seconds; None when no load was measured yet
+    guess: bool = False  # the estimate is the built-in default: nothing measured on this machine yet
+
+    @property
+    def phase(self) -> str:
+        return "loading" if self.loading else "compiling"
 
     def describe(self) -> str:
-        verb = "loading" if self.loading else "compiling"
         where = " from the disk cache" if self.loading else ""
         about = "load time not measured yet" if self.estimate is None else f"about {self.estimate:.0f} s"
-        return f"{verb} {self.layout}{where} for the first time ({about})"
+        about += ", a guess: nothing measured on this machine yet" if self.guess else ""
+        return f"{self.phase} {self.layout}{where} for the first time ({about})"
 
 
 class GraphBook:
@@ -125,7 +131,7 @@ class GraphBook:
             if graph is not None and graph.state == READY:
                 return None
             self._graphs[layout.tokens] = GraphState(COMPILING, compiled_by=layout)
-        return Claim(layout, bool(self.disk_records(layout)), self.estimate(layout))
+        return Claim(layout, bool(self.disk_records(layout)), self.estimate(layout), self.estimate_is_guess(layout))
 
     def failed(self, layout: Layout, reason: str) -> None:
         with self._lock:
@@ -141,6 +147,7 @@ class GraphBook:
     def image(self, layout: Layout, event: str, latency: float) -> None:
         with self._lock:
             stats = self._stats.setdefault(layout, LayoutStats())
+            stats.images += 1
             stats.hits += event == compilation.MEMORY_HIT
             stats.last_latency = latency
 
@@ -167,6 +174,11 @@ class GraphBook:
         return compilation.estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.backend,
                                                     on_disk=self.disk_records(layout))
 
+    def estimate_is_guess(self, layout: Layout) -> bool:
+        """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""
+        records = self.manifest.shapes(self.key).values()
+        return not self.disk_records(layout) and not any(map(compilation.measured_cold_seconds, records))
+
     def status(self, layout: Layout, warmup: list[Resolution] | tuple[Resolution, ...] = ()) -> ShapeStatus:
         """One layout's state, e.g. for the status table or the line under the form before the click."""
         with self._lock:
@@ -181,6 +193,7 @@ class GraphBook:
             on_disk=bool(disk),
             warmup_queued=layout.plain and layout.resolution in warmup,
             hits=stats.hits,
+            images=stats.images,
             last_latency=stats.last_latency,
             layout=None if layout.plain else str(layout),
         )
@@ -198,6 +211,7 @@ class GraphBook:
         if shape.state != READY:
             estimate = self.estimate(layout)
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
+            shape.estimate_guess = self.estimate_is_guess(layout)
             if disk and shape.compile_seconds is None and shape.load_seconds is None:
                 shape.compile_seconds = compilation.measured_cold_seconds(disk[0])
                 shape.load_seconds = compilation.measured_load_seconds(disk[0])

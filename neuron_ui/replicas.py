@@ -48,6 +48,7 @@ from .schema import (
     ProgressFn,
     ProgressUpdate,
     ShapeStatus,
+    count_prompt_tokens,
 )
 from .settings import Settings
 
@@ -136,6 +137,13 @@ class ReplicaBoard:
 
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._tokenizer: Any = None  # the model's tokenizer, for the front's prompt counter
+
+    def share_tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def tokenizer(self) -> Any:
+        return self._tokenizer
 
     def report(self, replica: str, snapshot: dict[str, Any]) -> None:
         self._reports[replica] = (time.time(), snapshot)
@@ -181,6 +189,7 @@ class EngineReplica:
         self.images = 0
         self.active = False
         self.board = ray.get_actor(board_name, namespace=NAMESPACE)
+        self.board.share_tokenizer.remote(self.engine.pipe.tokenizer)
         self.devices = describe_devices(settings.device if settings.device != "auto" else self.engine.device, threads)
         self._stop = threading.Event()
         self._reporter = threading.Thread(target=self._report_loop, name="replica-report", daemon=True)
@@ -376,6 +385,7 @@ class ReplicaClient:
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
         self._replica_states: dict[str, int] = {}  # Serve's count per replica state (RUNNING, STARTING, ...)
         self._last: EngineStatus | None = None
+        self._tokenizer: Any = None
         self._warmup_queue: list[str] = []
         self._warmup_thread: threading.Thread | None = None
         self._watch_once()
@@ -402,6 +412,14 @@ class ReplicaClient:
         result = self._call("generate", request, layout, progress)
         self._notify("on_generated", result)
         return result
+
+    def prompt_tokens(self, text: str) -> tuple[int, int]:
+        """Counted here, with the tokenizer a replica shared once (a call to a replica would wait behind images)."""
+        if self._tokenizer is None:
+            self._tokenizer = ray.get(self.board.tokenizer.remote(), timeout=10)
+        if self._tokenizer is None:
+            raise EngineError("no replica has shared its tokenizer yet", kind="no_replica")
+        return count_prompt_tokens(self._tokenizer, text)
 
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
         """Redo the masked part of `request.image`; a request without image and mask is refused."""
@@ -646,12 +664,14 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
         state=state,
         on_disk=any(s.on_disk for s in seen) or base.on_disk,
         hits=sum(s.hits for s in seen),
+        images=sum(s.images for s in seen),
         last_latency=latencies[0] if latencies else base.last_latency,
         compile_seconds=next((s.compile_seconds for s in held if s.compile_seconds), base.compile_seconds),
         load_seconds=next((s.load_seconds for s in held if s.load_seconds), base.load_seconds),
         shares_graph_with=next((s.shares_graph_with for s in held if s.shares_graph_with), None),
         error=next((s.error for s in seen if s.error), None) if state == FAILED else None,
         estimate_seconds=None if state == READY else base.estimate_seconds,
+        estimate_guess=state != READY and base.estimate_guess,
         ready_on=ready_on,
         replicas_total=total,
     )

@@ -89,6 +89,17 @@ def _shown(value: object, limit: int = 40) -> str:
 ALLOWED_CONTROLS = "\t\n\r"  # a pasted prompt may be on several lines
 
 
+PROMPT_TOKENS = 512  # klein's max_sequence_length: the text encoder reads this many tokens of a prompt
+
+
+def count_prompt_tokens(tokenizer: Any, text: str) -> tuple[int, int]:
+    """The tokens the text encoder gets for `text` (klein's chat template included), and how many it reads:
+    past the limit, diffusers truncates and the rest of the prompt is ignored. No torch: the tokenizer only."""
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True, enable_thinking=False)
+    return len(tokenizer(templated, verbose=False)["input_ids"]), PROMPT_TOKENS
+
+
 def validate_prompt(prompt: object) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
@@ -167,6 +178,11 @@ class ProgressUpdate:
     stage: str  # waiting, compiling, denoising, decoding
     message: str
     fraction: float | None = None
+    # While compiling: the phase (tracing, compiling, loading: from the disk cache), the estimate of the whole
+    # wait, and whether that estimate is a built-in guess (nothing measured on this machine yet).
+    phase: str | None = None
+    estimate_seconds: float | None = None
+    guess: bool = False
 
 
 ProgressFn = Callable[[ProgressUpdate], None]
@@ -227,7 +243,9 @@ class ShapeStatus:
     compile_seconds: float | None = None  # the latest compile from scratch
     load_seconds: float | None = None  # the latest load of its compiled graph from the disk cache
     estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile; None if unknown
-    hits: int = 0
+    estimate_guess: bool = False  # the estimate is a built-in guess: this machine has measured no compile yet
+    hits: int = 0  # images served from the compiled graph in memory (memory_hit)
+    images: int = 0  # images made at this size, whatever the cache did
     last_latency: float | None = None
     error: str | None = None
     layout: str | None = None  # e.g. "inpaint 512x512 + 1 ref 1024x1024"; None for a plain preset
@@ -281,6 +299,7 @@ class EngineLike(Protocol):
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
+    def prompt_tokens(self, text: str) -> tuple[int, int]: ...
     def start_warmup(self, resolutions: list[str]) -> None: ...
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextvars
 import itertools
 import logging
 import os
@@ -16,14 +17,16 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from . import session as sessions
 from . import ui_editing as editing
 from .resolutions import Resolution
 from .schema import (
@@ -31,6 +34,7 @@ from .schema import (
     COMPILING,
     FAILED,
     MAX_GUIDANCE,
+    MAX_PROMPT_CHARS,
     MAX_SEED,
     MAX_STEPS,
     READY,
@@ -51,8 +55,16 @@ DEVICE = "device"  # the concurrency group of every event that runs the pipeline
 HISTORY_SIZE = 24
 MAX_VARIATIONS = 4
 REFRESH_SECONDS = 2.0
+FORM_FIELDS = ("prompt", "resolution", "steps", "seed", "randomize", "guidance")  # kept in the browser
 REAL_MODEL = "black-forest-labs/FLUX.2-klein-4B"
-TABLE_HEADERS = ["size", "aspect", "state", "compile s", "hits", "last latency s"]
+TABLE_HEADERS = ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
+TABLE_LEGEND = (
+    "**graph ready in s**: how long the size's compiled graph took to become ready in this server (compiled, or "
+    "“load” from the disk cache); sizes that share one graph show that graph's time · **images**: images made at "
+    "the size since the server started · **last image s**: how long the latest one took, any compile included"
+)
+GUESS = "a guess: nothing measured on this machine yet"
+TICK_SECONDS = 1.0  # how often a compile's elapsed time is re-reported while it runs
 EVENT_WORDS = {
     "compiled": "compiled in {compile:.1f} s",
     "disk_hit": "compiled from disk cache in {compile:.1f} s",
@@ -83,6 +95,16 @@ def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
     )
 
 
+def describe_estimate(shape: ShapeStatus, short: bool = False) -> str:
+    """ "about 41 s", or a built-in guess said as one until this machine has measured a compile."""
+    if shape.estimate_seconds is None:
+        return "time unknown"
+    about = f"about {shape.estimate_seconds:.0f} s"
+    if shape.estimate_guess:
+        about += ", a guess" if short else f", {GUESS}"
+    return about
+
+
 def describe_state(shape: ShapeStatus) -> str:
     """A preset's state in a few words, for the dropdown and the status table."""
     if shape.state == READY and shape.replicas_total:
@@ -97,8 +119,7 @@ def describe_state(shape: ShapeStatus) -> str:
         words = ("cached on disk (load time not measured yet)" if shape.estimate_seconds is None
                  else f"cached on disk (loads in about {shape.estimate_seconds:.0f} s)")
     else:
-        about = "time unknown" if shape.estimate_seconds is None else f"about {shape.estimate_seconds:.0f} s"
-        words = f"compiles on first use ({about})"
+        words = f"compiles on first use ({describe_estimate(shape, short=True)})"
     return f"{words}, warm-up queued" if shape.warmup_queued else words
 
 
@@ -134,7 +155,7 @@ def describe_size(shape: ShapeStatus) -> str:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
     if shape.state == FAILED:
         return f"**Failed to compile** {size} ({shape.error}). Generate or warm up to try again, or pick another size."
-    about = f"about {shape.estimate_seconds:.0f} s" if shape.estimate_seconds is not None else "a while"
+    about = describe_estimate(shape) if shape.estimate_seconds is not None else "a while"
     if shape.on_disk:
         about = "load time not measured yet" if shape.estimate_seconds is None else about
         return (f"**Cached on disk.** The first image at {size} loads its compiled graph from the disk cache "
@@ -150,13 +171,24 @@ def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
     return [(f"{s.resolution} ({s.aspect}) — {describe_state(s)}", s.resolution) for s in status.shapes]
 
 
-def status_rows(status: EngineStatus) -> list[list[str]]:
-    def number(value: float | None, digits: int) -> str:
-        return "—" if value is None else f"{value:.{digits}f}"
+def graph_seconds(shape: ShapeStatus, status: EngineStatus) -> str:
+    """How long the size's graph took to be ready here; a size that shares a graph shows the sharer's time."""
+    if shape.shares_graph_with:
+        sharer = next((s for s in [*status.shapes, *status.layouts]
+                       if (s.layout or s.resolution) == shape.shares_graph_with), None)
+        shape = sharer or shape
+    if shape.compile_seconds is not None and shape.state == READY:
+        return f"{shape.compile_seconds:.1f}"
+    if shape.load_seconds is not None and shape.state == READY:
+        return f"{shape.load_seconds:.1f} load"
+    return "—"
 
+
+def status_rows(status: EngineStatus) -> list[list[str]]:
+    """One row per preset; every column means one thing (TABLE_LEGEND says which)."""
     return [
-        [s.resolution, s.aspect, describe_state(s), number(s.compile_seconds, 1), str(s.hits),
-         number(s.last_latency, 2)]
+        [s.resolution, s.aspect, describe_state(s), graph_seconds(s, status), str(s.images),
+         "—" if s.last_latency is None else f"{s.last_latency:.2f}"]
         for s in status.shapes
     ]
 
@@ -187,6 +219,32 @@ def describe_activity(status: EngineStatus) -> str:
                      "your requests go first)")
     parts.append(f"shared by everyone using this server, refreshed every {REFRESH_SECONDS:g} s")
     return " · ".join(parts)
+
+
+def describe_now(status: EngineStatus, compile_wait: CompileWait | None) -> str:
+    """The line under the buttons, in every browser: what the device does now and so what a new request waits for."""
+    if compile_wait is not None:
+        doing = compile_wait.describe(time.monotonic())[1]
+    else:
+        compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts] if s.state == COMPILING]
+        doing = f"compiling {', '.join(compiling)} (a warm-up)" if compiling else "making an image"
+    if not status.busy and compile_wait is None:
+        return ""
+    waiting = f"; {status.queue_depth} request{'s' if status.queue_depth != 1 else ''} waiting" \
+        if status.queue_depth else ""
+    return f"**Now on the device:** {doing}{waiting}. A new request waits for it."
+
+
+def describe_prompt(text: str, tokens: int, limit: int, first_ignored: str | None = None) -> str:
+    """The prompt's length against what the text encoder reads (its first `limit` tokens) and the box's cap."""
+    chars = f"{len(text)}/{MAX_PROMPT_CHARS} characters"
+    if len(text) >= MAX_PROMPT_CHARS:
+        chars = f"**{MAX_PROMPT_CHARS}/{MAX_PROMPT_CHARS} characters: the box takes no more**"
+    if tokens <= limit:
+        return f"{tokens}/{limit} tokens (the text encoder reads {limit}) · {chars}"
+    where = f" from “{first_ignored}”" if first_ignored else ""
+    return (f"**{tokens}/{limit} tokens: the text encoder reads only the first {limit}; the words{where} on are "
+            f"ignored** · {chars}")
 
 
 def tiny_banner(status: EngineStatus) -> str:
@@ -242,14 +300,98 @@ def user_errors() -> Iterator[None]:
         raise gr.Error(message, print_exception=False) from None
 
 
-def progress_reporter(progress: Callable[..., Any], prefix: str = "") -> ProgressFn:
-    """Map the engine's ProgressUpdate onto gr.Progress: compiling (no fraction), steps, decoding."""
+@dataclass
+class CompileWait:
+    """A compilation in progress as one request reported it: what, since when, and for about how long."""
 
-    def report(update: ProgressUpdate) -> None:
+    message: str  # the engine's words, e.g. "compiling 1344x768 for the first time (about 41 s)"
+    phase: str | None
+    estimate: float | None
+    guess: bool
+    started: float
+
+    def describe(self, now: float) -> tuple[float | tuple[int, None], str]:
+        """The progress bar's value and words: elapsed against the estimate, labelled as an estimate (or a guess)."""
+        elapsed = now - self.started
+        head = self.message.split(" (")[0]  # the engine's words without its "(about N s)"
+        phase = f"{self.phase}: " if self.phase and not head.startswith(self.phase) else ""
+        if self.estimate is None:
+            return (int(elapsed), None), f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
+        label = GUESS if self.guess else "estimate"
+        fraction = min(elapsed / self.estimate, 0.99) if self.estimate > 0 else 0.99
+        return fraction, f"{phase}{head} · {elapsed:.0f} s of about {self.estimate:.0f} s ({label})"
+
+
+class ProgressReporter:
+    """Maps the engine's ProgressUpdate onto gr.Progress: waiting, compiling, steps, decoding.
+
+    A compile reports once, at its start, then blocks for its whole length: a ticker thread re-reports it every
+    TICK_SECONDS with the time elapsed against the estimate, so the bar moves and says how long (it sat at 0.0%).
+    `on_compile` hears the compile start (a CompileWait) and end (None), for the line every browser sees.
+    Use it as a context manager, so the ticker stops when the request ends, however it ends.
+    """
+
+    def __init__(self, progress: Callable[..., Any], prefix: str = "",
+                 on_compile: Callable[[CompileWait | None], None] | None = None):
+        self.progress = progress
+        self.prefix = prefix
+        self.on_compile = on_compile or (lambda wait: None)
+        self.compile: CompileWait | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __enter__(self) -> ProgressReporter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __call__(self, update: ProgressUpdate) -> None:
+        self._stop_ticker()
+        if update.stage == "compiling":
+            started = self.compile.started if self.compile else time.monotonic()  # a new phase of the same wait
+            self.compile = CompileWait(update.message, update.phase, update.estimate_seconds, update.guess, started)
+            self.on_compile(self.compile)
+            self._show_compile()
+            self._stop = threading.Event()
+            # gr.Progress finds its request through context variables: the ticker runs in a copy of this context.
+            context = contextvars.copy_context()
+            self._ticker = threading.Thread(target=context.run, args=(self._tick, self._stop),
+                                            name="compile-progress", daemon=True)
+            self._ticker.start()
+            return
+        if self.compile is not None:
+            self.compile = None
+            self.on_compile(None)
         # Gradio shows no text for a None fraction, so a stage of unknown length shows as 0%.
-        progress(update.fraction or 0.0, desc=prefix + update.message)
+        self.progress(update.fraction or 0.0, desc=self.prefix + update.message)
 
-    return report
+    def close(self) -> None:
+        self._stop_ticker()
+        if self.compile is not None:
+            self.compile = None
+            self.on_compile(None)
+
+    def _show_compile(self) -> None:
+        wait = self.compile
+        if wait is not None:
+            value, words = wait.describe(time.monotonic())
+            self.progress(value, desc=self.prefix + words, unit="s")
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(TICK_SECONDS):
+            self._show_compile()
+
+    def _stop_ticker(self) -> None:
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=2)
+        self._ticker = None
+
+
+def progress_reporter(progress: Callable[..., Any], prefix: str = "") -> ProgressFn:
+    """A ProgressReporter without a compile listener (the CLI-style callers and tests)."""
+    return ProgressReporter(progress, prefix)
 
 
 class ImageStore:
@@ -342,11 +484,15 @@ def gallery_items(history: list[dict[str, Any]]) -> list[tuple[str, str]]:
 class Handlers:
     """The app's event handlers: UI values in, one engine call, UI values out."""
 
-    def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None):
+    def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
+                 held: sessions.HeldResults | None = None, uploads: Path | None = None):
         self.engine = engine
         self.store = store
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
         self.distilled = engine.status().distilled
+        self.held = held or sessions.HeldResults()  # results a reloaded page comes back for
+        self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
+        self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
 
     def status(self) -> EngineStatus:
         """The engine's status, its queue depth counting the requests still in Gradio's queue too."""
@@ -361,17 +507,36 @@ class Handlers:
                                references=editing.file_paths(references), reference_size=reference_size or None,
                                fit=fit)
 
-    def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "") -> dict[str, Any]:
-        """Generate, save the PNG, and return the history entry for it."""
-        with user_errors():
-            result = self.engine.generate(request, progress=progress_reporter(progress, prefix))
-            path = self.store.save(result)  # a full disk is told like any other server failure
-        return {
+    def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
+              session: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Generate, save the PNG, and return the history entry for it, held for the session's page too (it may
+        have reloaded by the time the image is done). `extra` joins the entry (the inpaint editor's value)."""
+        sid = sessions.session_id(session)
+        self.held.start(sid, request.resolution if isinstance(request.resolution, str) else "")
+        try:
+            with user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter:
+                result = self.engine.generate(request, progress=reporter)
+                path = self.store.save(result)  # a full disk is told like any other server failure
+        except gr.Error as error:
+            self.held.fail(sid, error.message)
+            raise
+        entry = {
             "path": path,
             "info": describe_result(result, show_guidance=not self.distilled) + editing.describe_inputs(result),
             "cache_event": result.cache_event,
-            **{key: getattr(result, key) for key in ("prompt", "resolution", "steps", "seed", "guidance")},
+            "made": time.time(),
+            **{key: getattr(result, key) for key in ("prompt", "resolution", "steps", "seed", "guidance", "mode",
+                                                     "strength")},
+            "references": [r for r in request.references if isinstance(r, str)],
+            "reference_size": request.reference_size,
+            "fit": request.fit,
+            **(extra or {}),
         }
+        self.held.hold(sid, entry)
+        return entry
+
+    def _on_compile(self, wait: CompileWait | None) -> None:
+        self.compile_wait = wait
 
     @staticmethod
     def _remember(entry: dict[str, Any], history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -380,22 +545,25 @@ class Handlers:
 
     def on_generate(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                     guidance: float, history: list[dict[str, Any]], references: Any = None,
-                    reference_size: str | None = None, fit: str = "crop", progress: gr.Progress = gr.Progress()):
+                    reference_size: str | None = None, fit: str = "crop", session: Any = None,
+                    progress: gr.Progress = gr.Progress()):
         """One image from the form; the seed box then shows the seed actually used."""
         request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
                                 reference_size, fit)
-        return self.run(request, history, progress)
+        return self.run(request, history, progress, session)
 
-    def run(self, request: GenerateRequest, history: list[dict[str, Any]], progress: Callable[..., Any]):
+    def run(self, request: GenerateRequest, history: list[dict[str, Any]], progress: Callable[..., Any],
+            session: Any = None, extra: dict[str, Any] | None = None):
         """One request (generate or inpaint) into the Generate button's outputs."""
-        entry = self._make(request, progress)
+        entry = self._make(request, progress, session=session, extra=extra)
         history = self._remember(entry, history)
         return entry["path"], entry["info"], entry["seed"], history, gallery_items(history)
 
     def on_variations(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                      guidance: float, count: float, history: list[dict[str, Any]],
+                      guidance: float, count: float, history: list[dict[str, Any]], session: Any = None,
                       progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
-        """N images at consecutive seeds, one after another at batch 1 (no new shape), each shown when done."""
+        """N images at consecutive seeds, one after another at batch 1 (no new shape), each shown when done; the
+        seed box shows the seed of the image shown."""
         count = int(count)
         if not 1 <= count <= MAX_VARIATIONS:
             raise gr.Error(f"variations must be 1 to {MAX_VARIATIONS}, got {count}", print_exception=False)
@@ -406,24 +574,129 @@ class Handlers:
             else:
                 next_seed = (first + index) % (MAX_SEED + 1)
             request = self._request(prompt, resolution, steps, next_seed, guidance)
-            entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ")
+            entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ", session=session)
             first = entry["seed"] if index == 0 else first
             gallery.append((entry["path"], f"seed {entry['seed']}"))
             history = self._remember(entry, history)
-            yield entry["path"], entry["info"], first, list(gallery), history, gallery_items(history)
+            yield entry["path"], entry["info"], entry["seed"], list(gallery), history, gallery_items(history)
 
     def on_warmup(self, resolution: str, progress: gr.Progress = gr.Progress()) -> str:
         """Compile the chosen size now, so the first image at it is fast."""
-        with user_errors():
-            return describe_size(self.engine.warmup(resolution, progress=progress_reporter(progress)))
+        with user_errors(), ProgressReporter(progress, on_compile=self._on_compile) as reporter:
+            return describe_size(self.engine.warmup(resolution, progress=reporter))
 
     def on_select(self, history: list[dict[str, Any]], event: gr.SelectData):
-        """Restore a history entry's parameters (and show its image) so it can be made again or varied."""
+        """Restore a history entry's parameters (and show its image) so it can be made again or varied: prompt,
+        size, steps, seed, then the edit's references, reference size, fit, and for an inpaint its image and mask
+        (the editor's value) and strength."""
         if not isinstance(event.index, int) or not 0 <= event.index < len(history):
             raise gr.Error("that image is no longer in this session's history", print_exception=False)
         entry = history[event.index]
+        inpaint = entry.get("mode") == "inpaint" and entry.get("editor")
         return (entry["prompt"], entry["resolution"], entry["steps"], entry["seed"], False, entry["path"],
-                entry["info"])
+                entry["info"], entry.get("references") or None, entry.get("reference_size") or gr.skip(),
+                entry.get("fit") or "crop", entry["editor"] if inpaint else gr.skip(),
+                entry["strength"] if inpaint else gr.skip())
+
+    @staticmethod
+    def on_seed_typed(seed: float | None) -> bool:
+        """A typed seed is the seed used: typing one unticks Randomize (emptying the box ticks it)."""
+        return seed is None
+
+    def on_failed(self, session: Any) -> str:
+        """The line under the image after an error: it says the error, never the previous image's parameters."""
+        error = self.held.take_error(sessions.session_id(session))
+        why = f" {error}" if error else " The message says why."
+        return f"**Not made:**{why} (The image above, if any, is the one before.)"
+
+    def on_prompt(self, text: str | None) -> str:
+        """The prompt's tokens against what the text encoder reads, and its characters against the box's cap."""
+        text = text or ""
+        if not text.strip():
+            return ""
+        tokens, limit = self.engine.prompt_tokens(text)
+        return describe_prompt(text, tokens, limit, self._first_ignored_word(text, limit) if tokens > limit else None)
+
+    def _first_ignored_word(self, text: str, limit: int) -> str | None:
+        """The first word past what the text encoder reads (a binary search over word ends: a few tokenizer calls)."""
+        words = list(re.finditer(r"\S+", text))
+        low, high = 0, len(words)
+        while low < high:
+            middle = (low + high) // 2
+            if self.engine.prompt_tokens(text[: words[middle].end()])[0] > limit:
+                high = middle
+            else:
+                low = middle + 1
+        return words[low].group()[:40] if low < len(words) else None
+
+    # -- the session: what a reload or a new tab finds -----------------------------------------------
+
+    def on_restore(self, session: Any):
+        """On page load: the form and history the browser kept, with the results that finished while it was away;
+        the newest image shows. Outputs: session, prompt, resolution, steps, seed, randomize, guidance, history,
+        history gallery, image, info, and the collect timer: active while a request from before the load runs."""
+        saved = session if isinstance(session, dict) else {}
+        sid = sessions.session_id(saved) or sessions.new_session_id()
+        kept = sessions.clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
+        held = self.held.results(sid)
+        history = sessions.merge_history(kept, held, HISTORY_SIZE)
+        arrived = [e for e in history if e not in kept]
+        form = self._restore_form(saved)
+        if arrived:
+            form["seed"] = arrived[0]["seed"]  # the seed box shows the seed of the image shown
+        image = info = gr.skip()
+        if history:
+            image, info = history[0]["path"], history[0]["info"]
+        running = self.held.running(sid)
+        if running:
+            info = (f"*Your image at {running} is still being made (asked for before this page loaded); "
+                    "it shows here when it is done.*")
+        new_session = {**{k: saved.get(k) for k in FORM_FIELDS}, "id": sid, "history": history}
+        return (new_session, *(form.get(k, gr.skip()) for k in FORM_FIELDS), history, gallery_items(history), image,
+                info, gr.Timer(active=bool(running)))
+
+    def _restore_form(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """The form fields the browser kept, each only if well-formed (the browser's copy is untrusted)."""
+        def number(value: Any, low: float, high: float) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+        presets = [str(p) for p in self.engine.presets]
+        checks = {
+            "prompt": lambda v: isinstance(v, str) and len(v) <= MAX_PROMPT_CHARS,
+            "resolution": lambda v: v in presets,
+            "steps": lambda v: number(v, 1, MAX_STEPS),
+            "seed": lambda v: v is None or (number(v, 0, MAX_SEED) and float(v).is_integer()),
+            "randomize": lambda v: isinstance(v, bool),
+            "guidance": lambda v: number(v, 0, MAX_GUIDANCE),
+        }
+        return {k: saved[k] for k, check in checks.items() if k in saved and check(saved[k])}
+
+    @staticmethod
+    def on_save(session: Any, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
+                guidance: float, history: list[dict[str, Any]]) -> Any:
+        """The form and history into the browser's storage, under the session's id (given by on_restore: a change
+        before it is not saved, or it would save under another id)."""
+        sid = sessions.session_id(session)
+        if sid is None:
+            return gr.skip()
+        values = dict(zip(FORM_FIELDS, (prompt, resolution, steps, seed, randomize, guidance)))
+        return {**values, "id": sid, "history": history}
+
+    def on_collect(self, session: Any, history: list[dict[str, Any]]):
+        """The collect timer's tick, active only while the page awaits a request from before its load (it reloaded
+        while the image was being made; an event that outputs to the image, even skipped, takes its progress display
+        away from a request that runs): once done, the results the page has not shown are shown and the timer stops.
+        Outputs: image, info, seed, history, gallery, the timer."""
+        sid = sessions.session_id(session)
+        known = {e["path"] for e in history}
+        arrived = [e for e in self.held.results(sid) if e["path"] not in known and Path(e["path"]).is_file()]
+        if not arrived:
+            still = self.held.running(sid) is not None  # else it failed, or nothing was asked: stop waiting
+            return (*(gr.skip(),) * 5, gr.skip() if still else gr.Timer(active=False))
+        history = sessions.merge_history(history, arrived, HISTORY_SIZE)
+        newest = arrived[0]
+        return (newest["path"], newest["info"], newest["seed"], history, gallery_items(history),
+                gr.Timer(active=False))
 
     def on_reuse_seed(self, history: list[dict[str, Any]]):
         """Put the last seed back in the box and stop randomizing."""
@@ -436,13 +709,15 @@ class Handlers:
         return self._size_hint(self.engine.status(), resolution)
 
     def on_tick(self, resolution: str, last: Any):
-        """Status table, activity line, dropdown labels and hint for every open browser; skipped when unchanged."""
+        """Status table, activity line, dropdown labels, hint and the line of what the device does now, for every
+        open browser; skipped when unchanged (a compile's elapsed seconds change it every tick)."""
         status = self.status()
-        signature = status.to_dict()
+        now = describe_now(status, self.compile_wait)
+        signature = {**status.to_dict(), "now": now}
         if signature == last:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
         return (status_rows(status), describe_activity(status), gr.Dropdown(choices=resolution_choices(status)),
-                self._size_hint(status, resolution), signature)
+                self._size_hint(status, resolution), now, signature)
 
     @staticmethod
     def _size_hint(status: EngineStatus, resolution: str) -> str:
@@ -509,91 +784,115 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
     """The whole app around one engine; queue() and launch() are the caller's (app.py)."""
     status = engine.status()
     # Gradio's queue is read at event time, from the demo built below (the closure binds `demo` late).
-    handlers = Handlers(engine, ImageStore(), waiting=lambda: device_queue_length(demo))
+    handlers = Handlers(engine, ImageStore(), waiting=lambda: device_queue_length(demo),
+                        uploads=private_file_folder())
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)
+        # The form and history in the browser (a reload or a new tab finds them), with this session's id.
+        session = gr.BrowserState({}, storage_key=sessions.STORAGE_KEY)
         gr.Markdown(f"# neuron-ui · FLUX.2-klein\n{describe_engine(status, settings)}", elem_id="header")
         if status.is_tiny:
             gr.Markdown(tiny_banner(status), elem_id="tiny-banner")
         if status.cache_error:
             gr.Markdown("Compiled sizes will not survive a restart: the compile cache is not persistent here.",
                         elem_id="cache-warning")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=2, min_width=340):
-                prompt = gr.Textbox(label="Prompt", placeholder="Describe the image, then press Enter",
-                                    lines=1, max_lines=4, max_length=2000, elem_id="prompt", autofocus=True)
-                resolution = gr.Dropdown(resolution_choices(status), value=first, label="Resolution",
-                                         elem_id="resolution")
-                hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
-                with gr.Row():
-                    generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                    warmup = gr.Button("Warm up this size", elem_id="warmup")
-                with gr.Row(equal_height=False, elem_id="variations-row"):
-                    count = gr.Radio(list(range(1, MAX_VARIATIONS + 1)), value=MAX_VARIATIONS, scale=2,
-                                     label="Variations", info="same prompt, consecutive seeds", elem_id="count")
-                    make_variations = gr.Button("Make variations", scale=1, elem_id="make-variations")
-                with gr.Accordion("Advanced", open=False, elem_id="advanced"):
-                    steps = gr.Slider(1, MAX_STEPS, value=status.default_steps, step=1, label="Steps",
-                                      info=f"the model's default is {status.default_steps}", elem_id="steps")
-                    with gr.Row(equal_height=True):
-                        seed = gr.Number(label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=2,
-                                         elem_id="seed")
-                        with gr.Column(scale=1, min_width=120):
-                            randomize = gr.Checkbox(True, label="Randomize", elem_id="randomize")
-                            reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
-                    guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
-                                         label="Guidance", visible=not status.distilled, elem_id="guidance")
-                edit_refs = editing.add_reference_panel(engine)
-                with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel") as inpaint_panel:
-                    edit_inpaint = editing.add_inpaint_tab()
-                examples = load_example_prompts()
-                if examples:
-                    gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
-            with gr.Column(scale=3, min_width=380):
+        # On a phone (assets/style.css) #controls dissolves, so the image comes right after #form's button.
+        with gr.Row(equal_height=False, elem_id="main-row"):
+            with gr.Column(scale=2, min_width=340, elem_id="controls"):
+                with gr.Column(elem_id="form"):
+                    prompt = gr.Textbox(label="Prompt", placeholder="Describe the image, then press Enter",
+                                        lines=1, max_lines=4, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
+                                        autofocus=True)
+                    prompt_count = gr.Markdown(elem_id="prompt-count")
+                    resolution = gr.Dropdown(resolution_choices(status), value=first, label="Resolution",
+                                             elem_id="resolution")
+                    hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
+                    with gr.Row():
+                        generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                        warmup = gr.Button("Warm up this size", elem_id="warmup")
+                    now = gr.Markdown(describe_now(status, None), elem_id="device-now")
+                with gr.Column(elem_id="form-more"):
+                    with gr.Row(equal_height=False, elem_id="variations-row"):
+                        count = gr.Radio(list(range(1, MAX_VARIATIONS + 1)), value=MAX_VARIATIONS, scale=2,
+                                         label="Variations", info="same prompt, consecutive seeds", elem_id="count")
+                        make_variations = gr.Button("Make variations", scale=1, elem_id="make-variations")
+                    with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+                        steps = gr.Slider(1, MAX_STEPS, value=status.default_steps, step=1, label="Steps",
+                                          info=f"the model's default is {status.default_steps}", elem_id="steps")
+                        with gr.Row(equal_height=True):
+                            seed = gr.Number(label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=2,
+                                             info="typing one unticks Randomize", elem_id="seed")
+                            with gr.Column(scale=1, min_width=120):
+                                randomize = gr.Checkbox(True, label="Randomize", elem_id="randomize")
+                                reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
+                        guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
+                                             label="Guidance", visible=not status.distilled, elem_id="guidance")
+                    edit_refs = editing.add_reference_panel(engine)
+                    with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel") as inpaint_panel:
+                        edit_inpaint = editing.add_inpaint_tab()
+                    examples = load_example_prompts()
+                    if examples:
+                        gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
+            with gr.Column(scale=3, min_width=340, elem_id="result"):
                 image = gr.Image(label="Image", type="filepath", format="png", interactive=False, height=440,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
                 edit_result = editing.add_result_buttons()
                 layout_hint = gr.Markdown(elem_id="layout-hint")
-                variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height=230,
+                variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
                 history_gallery = gr.Gallery(label="History: click an image to restore its settings", columns=6,
-                                             fit_columns=False, height=240, allow_preview=False, elem_id="history")
+                                             fit_columns=False, height="auto", allow_preview=False,
+                                             elem_id="history")
         with gr.Accordion("Sizes on this server", open=True, elem_id="status"):
             table = gr.Dataframe(status_rows(status), headers=TABLE_HEADERS, interactive=False,
                                  elem_id="status-table")
+            gr.Markdown(TABLE_LEGEND, elem_id="table-legend")
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
         # Every event that runs the pipeline: one at a time (per replica) across all users, in one bounded queue.
         on_device = {"concurrency_id": DEVICE, "concurrency_limit": max(1, settings.replicas)}  # one per replica
         private = {"api_visibility": "private"}
+        hidden = {"show_progress": "hidden", "queue": False, **private}
         refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
-                   "outputs": [table, activity, resolution, hint, seen], "show_progress": "hidden", "queue": False,
-                   **private}
+                   "outputs": [table, activity, resolution, hint, now, seen], **hidden}
+        failed = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
-        gr.on([generate.click, prompt.submit], handlers.on_generate, [*form, history, *ref_inputs],
-              [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device,
-              **private).then(**refresh)
-        make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
-                              **private).then(
-            handlers.on_variations, [*form, count, history], [image, info, seed, variations, history,
-                                                                history_gallery],
-            show_progress_on=[image, variations], **on_device, **private).then(**refresh)
-        warmup.click(handlers.on_warmup, [resolution], [hint], **on_device, **private).then(**refresh)
-        resolution.change(handlers.on_resolution, [resolution], [hint], show_progress="hidden", queue=False,
+        made = [image, info, seed, history, history_gallery]
+        generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
+                          [*form, history, *ref_inputs, session], made, show_progress_on=[image], **on_device,
                           **private)
-        history_gallery.select(handlers.on_select, [history],
-                               [prompt, resolution, steps, seed, randomize, image, info], queue=False, **private)
-        reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], queue=False, **private)
+        generated.then(**refresh)
+        generated.failure(**failed)
+        varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
+                                       **private).then(
+            handlers.on_variations, [*form, count, history, session],
+            [image, info, seed, variations, history, history_gallery],
+            show_progress_on=[image, variations], **on_device, **private)
+        varied.then(**refresh)
+        varied.failure(**failed)
+        warmup.click(handlers.on_warmup, [resolution], [hint], **on_device, **private).then(**refresh)
+        resolution.change(handlers.on_resolution, [resolution], [hint], **hidden)
+        seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
+        prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **hidden)
         timer.tick(**refresh)
-        demo.load(**refresh)
+        # A reload or a new tab: the form, the history and any image finished meanwhile come back.
+        collect = gr.Timer(REFRESH_SECONDS, active=False)
+        demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info, collect],
+                  **hidden).then(**refresh)
+        collect.tick(handlers.on_collect, [session, history], [*made, collect], **hidden)
+        gr.on([c.change for c in [*form, history]], handlers.on_save, [session, *form, history], [session],
+              trigger_mode="always_last", **hidden)
         editing_handlers = editing.EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
                                                    handlers.distilled)
+        history_gallery.select(handlers.on_select, [history],
+                               [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
+                                edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
+        reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **hidden)
         layout_inputs = [resolution, edit_refs["files"], edit_refs["size"]]
-        hidden = {"show_progress": "hidden", "queue": False, **private}
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
               editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
         gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click],
@@ -602,12 +901,14 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                                  edit_refs["files"], **hidden)
         edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],
                                   **hidden)
-        edit_inpaint["button"].click(
+        inpainted = edit_inpaint["button"].click(
             editing_handlers.on_inpaint,
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
-             *ref_inputs, history],
-            [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device, **private,
-        ).then(**refresh)
+             *ref_inputs, history, session],
+            made, show_progress_on=[image], **on_device, **private,
+        )
+        inpainted.then(**refresh)
+        inpainted.failure(**failed)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):

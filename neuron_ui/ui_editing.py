@@ -73,7 +73,10 @@ def describe_layout(shape: ShapeStatus) -> str:
         return f"**Compiling now**: {name}."
     if shape.state == "failed":
         return f"**Failed to compile** {name} ({shape.error})."
-    about = f"about {shape.estimate_seconds:.0f} s" if shape.estimate_seconds is not None else "a while"
+    about = "a while"
+    if shape.estimate_seconds is not None:
+        about = f"about {shape.estimate_seconds:.0f} s"
+        about += ", a guess: nothing measured on this machine yet" if shape.estimate_guess else ""
     where = "loads its compiled graph from disk" if shape.on_disk else "compiles first"
     return f"**Not compiled yet**: the first image as {name} {where} ({about}); later ones are fast."
 
@@ -148,7 +151,8 @@ class EditingHandlers:
 
     def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
-                   fit: str, history: list[dict[str, Any]], progress: gr.Progress = gr.Progress()):
+                   fit: str, history: list[dict[str, Any]], session: Any = None,
+                   progress: gr.Progress = gr.Progress()):
         image, mask = editor_inputs(editor)
         if image is None:
             raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",
@@ -156,7 +160,9 @@ class EditingHandlers:
         request = GenerateRequest(prompt, resolution, steps, None if randomize else seed,
                                   None if self.distilled else guidance, references=file_paths(files),
                                   reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength)
-        return self.run(request, history, progress)
+        # The editor's image and painted layers join the history entry, so picking it restores the mask too.
+        kept = {"background": image, "layers": file_paths(editor.get("layers")), "composite": None}
+        return self.run(request, history, progress, session, {"editor": kept})
 
     # -- the named API ---------------------------------------------------------------------------
 

@@ -62,6 +62,12 @@ def test_the_replicas_client_offers_the_whole_interface_the_ui_uses(deployment):
     assert missing_engine_members(deployment.engine) == []
 
 
+def test_the_prompt_counter_works_through_the_replicas(deployment):
+    count, limit = deployment.engine.prompt_tokens("a lighthouse at dusk")
+    longer, _ = deployment.engine.prompt_tokens("a lighthouse at dusk " * 20)
+    assert limit == 512 and 0 < count < longer
+
+
 def test_progress_streams_from_the_replica(deployment):
     updates = []
     result = deployment.engine.generate(request(steps=3), updates.append)

@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from neuron_ui import session as sessions
 from neuron_ui import ui
 from neuron_ui.compilation import CacheManifest
 from neuron_ui.device import configure_cache_env
@@ -79,7 +81,7 @@ def test_variations_use_consecutive_seeds_at_one_shape(handlers, engine):
     history = steps[-1][4]
     assert [e["seed"] for e in history] == [102, 101, 100]
     assert {e["cache_event"] for e in history} == {"memory_hit"}  # batch 1, same shape: nothing recompiled
-    assert all(step[2] == 100 for step in steps)  # the seed box keeps the first seed
+    assert [step[2] for step in steps] == [100, 101, 102]  # the seed box shows the seed of the image shown
     assert engine.status().shape("256x256").compile_seconds == compiled_before
 
 
@@ -107,9 +109,12 @@ def test_warmup_makes_a_cold_size_ready(handlers, engine):
 
 def test_history_select_restores_parameters(handlers, tmp_path):
     history = [fake_entry(tmp_path, 7, "384x256", "newer"), fake_entry(tmp_path, 5, "256x384", "older")]
-    prompt, resolution, steps, seed, randomize, image, info = handlers.on_select(history, select(1))
+    prompt, resolution, steps, seed, randomize, image, info, refs, ref_size, fit, editor, strength = \
+        handlers.on_select(history, select(1))
     assert (prompt, resolution, steps, seed, randomize) == ("older", "256x384", 3, 5, False)
     assert image == history[1]["path"] and info == "seed 5"
+    # A plain image empties the references and leaves the inpaint editor alone.
+    assert refs is None and ref_size == gr.skip() and fit == "crop" and editor == strength == gr.skip()
 
 
 def test_history_is_capped_and_newest_first(handlers, tmp_path):
@@ -128,12 +133,13 @@ def test_reuse_last_seed(handlers, tmp_path):
 
 
 def test_tick_updates_only_when_the_status_changed(handlers):
-    table, activity, dropdown, hint, seen = handlers.on_tick("256x384", None)
+    table, activity, dropdown, hint, now, seen = handlers.on_tick("256x384", None)
     assert [row[0] for row in table] == PRESETS.split(",")
     assert activity.startswith("**Device** idle")
     assert isinstance(dropdown, gr.Dropdown) and [c[1] for c in dropdown.choices] == PRESETS.split(",")
     assert "256x384" in hint
-    assert handlers.on_tick("256x384", seen) == (gr.skip(),) * 4 + (seen,)
+    assert now == ""  # nothing on the device
+    assert handlers.on_tick("256x384", seen) == (gr.skip(),) * 5 + (seen,)
 
 
 def test_engine_messages_become_gr_errors(handlers):
@@ -198,12 +204,45 @@ def test_server_failures_are_told_without_internals(engine, tmp_path):
 
 def test_progress_maps_engine_stages_onto_gradio():
     calls = []
-    report = ui.progress_reporter(lambda fraction, desc: calls.append((fraction, desc)), prefix="image 2/4: ")
-    report(ProgressUpdate("compiling", "compiling 1344x768 for the first time (about 41 s)"))
-    report(ProgressUpdate("denoising", "step 1/4", 0.25))
-    report(ProgressUpdate("decoding", "decoding the image", 1.0))
-    assert calls == [(0.0, "image 2/4: compiling 1344x768 for the first time (about 41 s)"),
+    with ui.ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)), "image 2/4: ") as report:
+        report(ProgressUpdate("compiling", "compiling 1344x768 for the first time (about 41 s)", phase="compiling",
+                              estimate_seconds=41.0))
+        report(ProgressUpdate("denoising", "step 1/4", 0.25))
+        report(ProgressUpdate("decoding", "decoding the image", 1.0))
+    assert calls[0][0] == pytest.approx(0.0, abs=0.01)
+    assert calls == [(calls[0][0], "image 2/4: compiling 1344x768 for the first time · 0 s of about 41 s (estimate)"),
                      (0.25, "image 2/4: step 1/4"), (1.0, "image 2/4: decoding the image")]
+
+
+def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent(monkeypatch):
+    """While a size compiles the bar moves with the time elapsed, labelled as an estimate (or as a guess)."""
+    monkeypatch.setattr(ui, "TICK_SECONDS", 0.05)
+    calls, waits = [], []
+    clock = [100.0]
+    monkeypatch.setattr(ui.time, "monotonic", lambda: clock[0])
+    with ui.ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)),
+                             on_compile=waits.append) as report:
+        report(ProgressUpdate("compiling", "compiling 512x512 for the first time (about 60 s, a guess)",
+                              phase="compiling", estimate_seconds=60.0, guess=True))
+        clock[0] = 130.0
+        deadline = time.time() + 10
+        while not any("30 s of about 60 s" in desc for _, desc in calls):
+            assert time.time() < deadline, calls
+            time.sleep(0.01)
+        assert waits and waits[-1] is not None  # every browser's "now" line hears the compile
+    assert waits[-1] is None  # ... and that it is over
+    fraction, desc = next(c for c in calls if "30 s of" in c[1])
+    assert fraction == pytest.approx(0.5)
+    assert desc == ("compiling 512x512 for the first time · 30 s of about 60 s "
+                    "(a guess: nothing measured on this machine yet)")
+    # Loading from the disk cache, no load measured yet: elapsed seconds, no made-up fraction.
+    wait = ui.CompileWait("loading 512x512 from the disk cache for the first time (load time not measured yet)",
+                          "loading", None, False, started=0.0)
+    assert wait.describe(7.2) == ((7, None), "loading 512x512 from the disk cache for the first time · 7 s so far "
+                                             "(time not measured yet)")
+    # A phase the engine names that its words do not: said first.
+    tracing = ui.CompileWait("compiling 512x512 (about 9 s)", "tracing", 9.0, False, started=0.0)
+    assert tracing.describe(3.0)[1] == "tracing: compiling 512x512 · 3 s of about 9 s (estimate)"
 
 
 def result_with(event: str, compile_seconds: float = 0.0, total: float = 0.42,
@@ -285,3 +324,161 @@ def test_ui_does_not_import_torch():
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# -- issue 12: a session that survives a reload, honest waits, seed, error line, prompt counter, table -------------
+
+
+def test_a_reload_finds_the_form_the_history_and_the_image_finished_meanwhile(handlers, tmp_path):
+    session, *form, history, gallery, image, info, collect = handlers.on_restore(None)  # a first visit
+    assert re.fullmatch(r"[\w-]{16,}", session["id"]) and form == [gr.skip()] * 6
+    assert history == [] and gallery == [] and image == info == gr.skip() and collect.active is False
+
+    # The browser keeps the form (on_save), the request runs, and the page reloads before its image is done.
+    kept = handlers.on_save(session, "a red fox", "384x256", 2, 7, False, 1.0, [])
+    assert kept["id"] == session["id"] and kept["prompt"] == "a red fox" and kept["history"] == []
+    handlers.on_generate("a red fox", "384x256", 2, 7, False, 1.0, [], session=kept)
+    session2, prompt, resolution, steps, seed, randomize, guidance, history, gallery, image, info, _ = \
+        handlers.on_restore(kept)
+    assert session2["id"] == session["id"]
+    assert (prompt, resolution, steps, seed, randomize, guidance) == ("a red fox", "384x256", 2, 7, False, 1.0)
+    assert [e["seed"] for e in history] == [7] and image == history[0]["path"] and "**seed** 7" in info
+    assert gallery == [(image, "384x256")]
+
+    # Another browser (another id) finds nothing of it.
+    other = handlers.on_restore({"id": "x" * 20})
+    assert other[0]["id"] == "x" * 20 and other[7] == []
+
+
+def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
+    """The BrowserState secret is sent to the page: a forged session may name any file; only ours are served."""
+    secret = tmp_path.parent / "secret.png"
+    Image.new("RGB", (8, 8)).save(secret)
+    ours = handlers.store.save(result_with("memory_hit"))
+    forged = {"id": "y" * 20, "prompt": 5, "resolution": "640x480", "steps": 1e9, "seed": -1, "randomize": "yes",
+              "guidance": 2.0, "history": [
+                  {"path": str(secret), "seed": 1, "resolution": "256x256", "info": "stolen"},
+                  {"path": handlers.store.folder.as_posix() + "/../../secret.png", "seed": 2, "resolution": "x"},
+                  {"path": ours, "seed": 3, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1,
+                   "references": ["/etc/passwd"], "editor": {"background": "/etc/passwd", "layers": []}},
+                  "not a dict"]}
+    session, *form, history, gallery, image, info, _ = handlers.on_restore(forged)
+    assert form == [gr.skip()] * 5 + [2.0]  # only the well-formed guidance is kept
+    assert [e["path"] for e in history] == [ours] and image == ours
+    assert history[0]["references"] == [] and "editor" not in history[0]
+
+
+def test_held_results_are_bounded_in_time_and_count():
+    clock = [0.0]
+    held = sessions.HeldResults(hold_seconds=600, max_sessions=3, max_held=2, clock=lambda: clock[0])
+    for index in range(5):
+        held.hold(f"session-{index:012d}", {"path": f"{index}.png"})
+    assert len(held) == 3  # the oldest sessions made room
+    assert held.results("session-000000000000") == []
+    for index in range(4):
+        held.hold("session-000000000004", {"path": f"again-{index}.png"})
+    assert [e["path"] for e in held.results("session-000000000004")] == ["again-3.png", "again-2.png"]
+    held.start("session-000000000009", "512x512")  # a long compile is never dropped while it runs
+    clock[0] = 601.0
+    assert len(held) == 1 and held.running("session-000000000009") == "512x512"
+    held.fail("session-000000000009", "boom")
+    clock[0] = 1300.0
+    assert len(held) == 0
+    held.hold(None, {"path": "nobody.png"})  # no session id: nothing held
+    assert len(held) == 0
+
+
+def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
+    session = {"id": "z" * 20}
+    handlers.held.start(session["id"], "256x256")
+    *_, info, collect = handlers.on_restore(session)
+    assert "still being made" in info and "256x256" in info and collect.active is True
+    assert handlers.on_collect(session, []) == (gr.skip(),) * 6  # still running: the timer goes on
+    handlers.on_generate("a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
+    image, info, seed, history, gallery, collect = handlers.on_collect(session, [])
+    assert seed == 11 and image == history[0]["path"] and "**seed** 11" in info and len(gallery) == 1
+    assert collect.active is False  # shown once, then the timer stops
+    *_, collect = handlers.on_collect({"id": "n" * 20}, [])  # nothing asked, nothing running: stop
+    assert collect.active is False
+
+
+def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_path):
+    handlers = ui.Handlers(engine, ui.ImageStore(tmp_path / "images"), uploads=tmp_path)
+    editing_handlers = ui.editing.EditingHandlers(engine, handlers.run, handlers.store.save, ui.user_errors, True)
+    source, reference, layer = tmp_path / "source.png", tmp_path / "ref.png", tmp_path / "layer.png"
+    Image.new("RGB", (300, 200), (10, 200, 30)).save(source)
+    Image.new("RGB", (640, 480), (200, 10, 30)).save(reference)
+    painted = Image.new("RGBA", (300, 200), (0, 0, 0, 0))
+    painted.paste((255, 0, 255, 255), (0, 0, 150, 100))
+    painted.save(layer)
+    editor = {"background": str(source), "layers": [str(layer)], "composite": str(source)}
+    session = {"id": "e" * 20}
+    *_, history, _ = editing_handlers.on_inpaint(editor, "at night", "256x256", 0.5, 2, 3, False, 1.0,
+                                                 [str(reference)], "512x512", "pad", [], session)
+    # Through the browser's storage and back, then picked from the history.
+    kept = handlers.on_save(session, "at night", "256x256", 2, 3, False, 1.0, history)
+    restored_history = handlers.on_restore(kept)[7]
+    *_, refs, ref_size, fit, restored_editor, strength = handlers.on_select(restored_history, select(0))
+    assert refs == [str(reference)] and ref_size == "512x512" and fit == "pad" and strength == 0.5
+    assert restored_editor == {"background": str(source), "layers": [str(layer)], "composite": None}
+
+
+def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):
+    assert handlers.on_seed_typed(1234) is False
+    assert handlers.on_seed_typed(None) is True  # an emptied box randomizes again
+    *_, seed, _, _ = handlers.on_generate("a red fox", "256x256", 1, 1234, handlers.on_seed_typed(1234), 1.0, [])
+    assert seed == 1234
+
+
+def test_after_an_error_the_line_under_the_image_says_the_error(engine, tmp_path):
+    failing = ui.Handlers(FailingEngine(EngineError("generation failed at 256x256: OOM"), engine.status()),
+                          ui.ImageStore(tmp_path))
+    session = {"id": "f" * 20}
+    with pytest.raises(gr.Error):
+        failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [], session=session)
+    line = failing.on_failed(session)
+    assert "Not made" in line and "generation failed at 256x256: OOM" in line and "seed" not in line
+    assert "Not made" in failing.on_failed({"id": "g" * 20})  # no recorded error: still no stale line
+
+
+def test_the_prompt_counter_says_what_the_text_encoder_reads(handlers, engine):
+    assert handlers.on_prompt("") == ""
+    tokens, limit = engine.prompt_tokens("a red fox")
+    assert limit == 512 and 9 < tokens < 60  # the tiny tokenizer is byte-level; klein's chat template adds some
+    assert handlers.on_prompt("a red fox").startswith(f"{tokens}/512 tokens (the text encoder reads 512)")
+    long = " ".join(f"w{index}" for index in range(300))
+    line = handlers.on_prompt(long)
+    first = re.search(r"from “(w\d+)”", line).group(1)
+    assert "the text encoder reads only the first 512" in line and "ignored" in line
+    end = long.index(first + " ") + len(first)
+    assert engine.prompt_tokens(long[:end])[0] > 512 >= engine.prompt_tokens(long[:end - len(first) - 1])[0]
+    assert "the box takes no more" in handlers.on_prompt("x" * 2000)
+    assert "1999/2000 characters" in handlers.on_prompt("x" * 1999)
+
+
+def test_table_columns_count_images_and_show_a_shared_graphs_time(handlers, engine):
+    engine.warmup("384x256")
+    before = {r[0]: r for r in ui.status_rows(engine.status())}
+    handlers.on_generate("a red fox", "384x256", 1, 1, False, 1.0, [])
+    handlers.on_generate("a red fox", "256x384", 1, 1, False, 1.0, [])  # same tokens: the graph of 384x256
+    rows = {r[0]: r for r in ui.status_rows(engine.status())}
+    assert ui.TABLE_HEADERS == ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
+    assert int(rows["384x256"][4]) == int(before["384x256"][4]) + 1
+    assert int(rows["256x384"][4]) == int(before["256x384"][4]) + 1  # counted although no compile happened
+    assert rows["256x384"][2] == "ready (graph of 384x256)"
+    assert rows["256x384"][3] == rows["384x256"][3] != "—"
+
+
+def test_a_built_in_estimate_is_called_a_guess_until_this_machine_measured_one(make_engine):
+    engine = make_engine(compile_mode="regional", backend="eager")
+    shape = engine.status().shape("512x512")
+    assert shape.estimate_guess and shape.estimate_seconds == 10.0
+    assert ui.describe_state(shape) == "compiles on first use (about 10 s, a guess)"
+    assert "about 10 s, a guess: nothing measured on this machine yet" in ui.describe_size(shape)
+    updates = []
+    engine.warmup("256x256", progress=updates.append)
+    compiling = next(u for u in updates if u.stage == "compiling")
+    assert compiling.guess and compiling.phase == "compiling" and compiling.estimate_seconds == 10.0
+    assert "a guess: nothing measured on this machine yet" in compiling.message
+    measured = engine.status().shape("512x512")  # the median of what this machine measured
+    assert not measured.estimate_guess and "guess" not in ui.describe_size(measured)
