@@ -85,3 +85,20 @@ def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces
     assert after["ranks"][1][1] != follower_pid
     again = client.generate(GenerateRequest("a lighthouse", "256x256", steps=4, seed=3, guidance=1.0))
     assert again.replica == after["replica"] and again.image.size == (256, 256)
+
+
+def test_each_rank_asks_for_its_own_device_in_a_packed_bundle():
+    import app
+    from neuron_ui.replicas import plan_replicas
+
+    def plan(device, resources):
+        return plan_replicas(app.parse_settings(["--model", "tiny", "--device", device, "--replicas", "2",
+                                                 "--tp", "2"]), resources)
+
+    neuron = plan("neuron", {"CPU": 32, "neuron_cores": 32})
+    assert neuron.bundles == [{"CPU": 1.0, "neuron_cores": 1.0}] * 2
+    assert neuron.actor_options == {"num_cpus": 1.0, "num_gpus": 0.0, "resources": {"neuron_cores": 1.0}}
+    cuda = plan("cuda", {"CPU": 16, "GPU": 4})
+    assert cuda.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 and cuda.actor_options["num_gpus"] == 1.0
+    cpu = plan("cpu", {"CPU": 16})
+    assert cpu.bundles == [{"CPU": 4.0}] * 2 and cpu.threads == 4
