@@ -338,8 +338,10 @@ def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 namespace=NAMESPACE, object_store_memory=256 * 2**20)
+        # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
+        # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20)
 
 
 def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):

@@ -55,3 +55,20 @@ def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(c
     compiled = [node for event, node in events if event == "compiled"]
     assert len(compiled) == 1, f"compiled more than once in the cluster: {events}"
     assert any(event == "disk_hit" and node != compiled[0] for event, node in events), events
+
+
+def test_replicas_without_an_address_start_their_own_ray_beside_a_running_cluster(cluster, tmp_path):
+    """A running cluster leaves its address in /tmp/ray/ray_current_cluster, which a bare ray.init() joins:
+    `--replicas` without `--ray-address` must still start a Ray of its own (loopback, its own CPUs)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ray, app; from neuron_ui import replicas; "
+            "s = app.parse_settings(['--model', 'tiny', '--replicas', '1', '--cache-dir', " + repr(str(tmp_path)) + "]); "
+            "replicas.start_ray(s, num_cpus=1); print('GCS', ray.get_runtime_context().gcs_address); ray.shutdown()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    (gcs,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("GCS")]
+    assert gcs != cluster.address
