@@ -82,9 +82,6 @@ def detect_device(settings: Settings) -> str:
 class RankFollower:
     """Rank k > 0 of a replica's group: loads its shard, then runs every call rank 0 broadcasts, as under torchrun."""
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def run(self, settings: Settings, launch: Launch, address: tuple[str, int], threads: int | None) -> int:
         """parallel.follow's exit code: 0 when rank 0 stopped or vanished, 1 when a call failed here."""
         cache = configure_cache_env(settings.cache_dir)  # before torch loads
@@ -106,7 +103,7 @@ class ReplicaGroup:
 
     group: Any  # parallel.ParallelGroup
     health: Any  # parallel.GroupHealth, written by the LeaderRunner
-    followers: list[Any]  # RankFollower handles, rank 1 first
+    followers: list[Any]  # RankFollower handles, rank 1 first; held, as Ray stops an actor nobody references
     runs: list[Any]  # their run() results: one that is ready means that rank left the group
     min_seconds: float
 
