@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     if launch_info is not None:
         serve_tensor_parallel(settings, launch_info)
         return
-    if settings.tp not in (None, 1):
-        sys.exit(f"error: --tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp} app.py ...")
+    if settings.tp not in (None, 1) and not settings.replicas:  # replicas start their own tensor-parallel ranks
+        sys.exit(f"error: --tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp} "
+                 f"app.py ..., or --replicas N --tp {settings.tp}")
     server = start_server(settings)
     stop_on_sigterm(server)
     try:

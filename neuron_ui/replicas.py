@@ -35,6 +35,7 @@ from ray import serve
 from . import references as refs
 from .compilation import CacheManifest
 from .graphs import GraphBook, Layout, Layouts
+from .replica_group import ReplicaGroup, actor_options, rank_bundle
 from .resolutions import Resolution
 from .schema import (
     COLD,
@@ -75,6 +76,7 @@ class ReplicaPlan:
     threads: int | None  # CPU: torch threads per replica (the cores split between replicas)
     actor_options: dict[str, Any]
     max_ongoing_requests: int = 1  # one image at a time: a second request waits in the router, where it can move
+    bundles: list[dict[str, float]] | None = None  # tp > 1: one per rank, packed on one node; rank 0 takes the first
 
 
 def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPlan:
@@ -83,6 +85,8 @@ def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPla
     device = settings.device
     if device == "auto":
         device = "neuron" if resources.get("neuron_cores") else "cuda" if resources.get("GPU") else "cpu"
+    if tp > 1:
+        return plan_groups(settings.replicas, tp, device, resources)
     if device == "neuron":
         return ReplicaPlan(settings.replicas, device, None, {"num_cpus": 1, "resources": {"neuron_cores": tp}})
     if device == "cuda":
@@ -92,6 +96,18 @@ def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPla
     threads = max(1, int(share))
     return ReplicaPlan(settings.replicas, device, threads,
                        {"num_cpus": share, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}}})
+
+
+def plan_groups(replicas: int, tp: int, device: str, resources: dict[str, float]) -> ReplicaPlan:
+    """tp > 1: each replica a placement group of tp bundles (neuron_ui.replica_group), on CPU the cores split
+    between all replicas' ranks."""
+    share = resources.get("CPU", 1.0) / (replicas * tp)
+    threads = max(1, int(share)) if device == "cpu" else None
+    bundle = rank_bundle(device, share)
+    options = actor_options(bundle)
+    if threads:
+        options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+    return ReplicaPlan(replicas, device, threads, options, bundles=[bundle] * tp)
 
 
 # -- compile once in the whole deployment -------------------------------------------------------------------
@@ -181,7 +197,11 @@ class EngineReplica:
 
         if threads:
             torch.set_num_threads(threads)
-        self.engine = Engine.from_settings(settings, cache)
+        self.group = ReplicaGroup.start(settings, threads) if (settings.tp or 1) > 1 else None
+        if self.group:
+            self.engine = Engine.from_settings(settings, cache, self.group.group, self.group.leader)
+        else:
+            self.engine = Engine.from_settings(settings, cache)
         self.name = serve.get_replica_context().replica_id.unique_id
         self.lock_dir = cache.root / "locks"
         self.compiles: list[tuple[str, str, float]] = []  # (resolution, event, seconds) since the last request
@@ -191,6 +211,9 @@ class EngineReplica:
         self.board = ray.get_actor(board_name, namespace=NAMESPACE)
         self.board.share_tokenizer.remote(self.engine.pipe.tokenizer)
         self.devices = describe_devices(settings.device if settings.device != "auto" else self.engine.device, threads)
+        if self.group:
+            self.devices += f", {self.group.describe()}"
+            self.group.health.serving(None)  # no restart measured: a lost replica is Serve's to replace
         self._stop = threading.Event()
         self._reporter = threading.Thread(target=self._report_loop, name="replica-report", daemon=True)
         self._reporter.start()
@@ -277,6 +300,7 @@ class EngineReplica:
         return {
             "replica": self.name,
             "pid": os.getpid(),
+            "ranks": self.group.group.processes if self.group else [],  # (host, pid) of each tensor-parallel rank
             "node": ray.get_runtime_context().get_node_id()[:8],
             "devices": self.devices,
             "busy": self.active,
@@ -298,17 +322,21 @@ class EngineReplica:
             self._report()
 
     def check_health(self) -> None:
-        """Serve calls this every few seconds; raising gets the replica replaced: its reporter died, or its idle
-        device fails a one-element op (a busy device is left alone: its request fails by itself if it is dead)."""
+        """Serve calls this every few seconds; raising gets the replica replaced (placement group and all): its
+        reporter died, its tensor-parallel group broke (a follower died, failed or hung), or its idle device fails
+        a one-element op (a busy device is left alone: its request fails by itself if the device is dead)."""
         if not self._reporter.is_alive():
             raise RuntimeError("the replica's reporter thread stopped")
+        if self.group and (problem := self.group.problem()):
+            raise RuntimeError(problem)
         if not self.active:
             from .device import probe_device
 
             probe_device(self.engine.device)
 
     def __del__(self) -> None:
-        self._stop.set()
+        if stop := getattr(self, "_stop", None):  # absent when the constructor failed
+            stop.set()
 
 
 def describe_devices(device: str, threads: int | None) -> str:
@@ -329,19 +357,23 @@ def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 namespace=NAMESPACE, object_store_memory=256 * 2**20)
+        # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
+        # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20)
 
 
 def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):
     """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
     serve.start(proxy_location="Disabled")
+    group_options = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
     deployment = serve.deployment(EngineReplica, name="engine").options(
         num_replicas=plan.replicas,
         max_ongoing_requests=plan.max_ongoing_requests,
         ray_actor_options=plan.actor_options,
         health_check_period_s=5,
         graceful_shutdown_timeout_s=5,
+        **(group_options if plan.bundles else {}),
     )
     return serve.run(deployment.bind(settings, plan.threads, board_name), name=app_name, route_prefix=None)
 
@@ -538,12 +570,15 @@ class ReplicaClient:
     # -- what the replicas report --------------------------------------------------------------------------
 
     def _watch(self) -> None:
-        while not self._closed:
+        # Ends with Ray: a Ray call after ray.shutdown() would start a new local Ray (Ray's auto-init).
+        while not self._closed and ray.is_initialized():
             time.sleep(REPORT_SECONDS / 2)
             self._watch_once()
 
     def _watch_once(self) -> None:
         """Read the board and Serve's replica states; a failed read keeps the last (its ages then grow)."""
+        if not ray.is_initialized():
+            return
         try:
             reports = ray.get(self.board.read.remote(), timeout=10)
             deployment = serve.status().applications[self.app_name].deployments["engine"]

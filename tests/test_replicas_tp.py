@@ -1,0 +1,105 @@
+"""A tensor-parallel replica on Ray Serve (--replicas 1 --tp 2): two processes in one placement group, in lockstep.
+
+Its own Ray instance (2 CPUs: one bundle of 1 CPU per rank), the tiny model, the eager backend.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from neuron_ui.engine import PipelineCall, run_pipeline
+from neuron_ui.loading import build_tiny_pipeline
+from neuron_ui.schema import EngineError, GenerateRequest
+from serving import TIMEOUT, wait_until
+
+pytestmark = pytest.mark.slow  # Ray, a replica and a follower: a minute to start on 2 cores
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    import app
+
+    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
+                                   "--cache-dir", str(tmp_path_factory.mktemp("tp") / "cache"),
+                                   "--replicas", "1", "--tp", "2"])
+    yield app.build_replicas(settings, num_cpus=2)
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def pixels(image) -> np.ndarray:
+    return np.asarray(image.convert("RGB"), dtype=int)
+
+
+def test_the_replica_matches_one_process_and_reports_degree_2(client):
+    result = client.generate(GenerateRequest("a lighthouse", "256x256", steps=4, seed=3, guidance=1.0))
+    single = pixels(run_pipeline(build_tiny_pipeline(), PipelineCall("a lighthouse", 256, 256, 4, 3, 1.0)))
+    assert np.abs(pixels(result.image) - single).max() <= 2, "tensor-parallel pixels differ from the single process"
+    status = wait_until(lambda: (s := client.status()).tensor_parallel["ranks"][0]["calls"] and s,
+                        "the replica reported its call")  # reports arrive about every second
+    assert status.tensor_parallel["degree"] == 2, status.tensor_parallel
+    leader, follower = status.tensor_parallel["ranks"]
+    assert leader["calls"] == follower["calls"] >= 1 and follower["alive"], status.tensor_parallel  # in lockstep
+    (snapshot,) = [snap for _, snap in client.reports().values()]
+    assert snapshot["key"].tp_degree == 2
+    assert len(snapshot["ranks"]) == 2 and "tensor-parallel x2" in snapshot["devices"]
+
+
+def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces_the_replica(client):
+    slow = GenerateRequest("a lighthouse", "256x256", steps=60, seed=7)
+    (before,) = [snap for _, snap in client.reports().values()]
+    follower_pid = before["ranks"][1][1]
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = client.generate(slow)
+        except EngineError as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    wait_until(lambda: any(snap["busy"] for _, snap in client.reports().values()), "the replica is busy",
+               timeout=TIMEOUT)
+    os.kill(follower_pid, signal.SIGKILL)
+    worker.join(TIMEOUT)
+    assert not worker.is_alive(), "the request never ended"
+    if "error" in outcome:  # the group broke under the request: one line naming the rank
+        message = str(outcome["error"])
+        assert "\n" not in message and "rank 1" in message, message
+    else:  # or Serve replaced the replica first and the request was sent again
+        assert outcome["result"].replica != before["replica"]
+
+    def replaced():
+        return [snap for age, snap in client.reports().values()
+                if age < 4 and snap["replica"] != before["replica"]]
+
+    (after,) = wait_until(replaced, "Serve replaced the replica with a new group", timeout=240)
+    assert after["ranks"][1][1] != follower_pid
+    again = client.generate(GenerateRequest("a lighthouse", "256x256", steps=4, seed=3, guidance=1.0))
+    assert again.replica == after["replica"] and again.image.size == (256, 256)
+
+
+def test_each_rank_asks_for_its_own_device_in_a_packed_bundle():
+    import app
+    from neuron_ui.replicas import plan_replicas
+
+    def plan(device, resources):
+        return plan_replicas(app.parse_settings(["--model", "tiny", "--device", device, "--replicas", "2",
+                                                 "--tp", "2"]), resources)
+
+    neuron = plan("neuron", {"CPU": 32, "neuron_cores": 32})
+    assert neuron.bundles == [{"CPU": 1.0, "neuron_cores": 1.0}] * 2
+    assert neuron.actor_options == {"num_cpus": 1.0, "num_gpus": 0.0, "resources": {"neuron_cores": 1.0}}
+    cuda = plan("cuda", {"CPU": 16, "GPU": 4})
+    assert cuda.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 and cuda.actor_options["num_gpus"] == 1.0
+    cpu = plan("cpu", {"CPU": 16})
+    assert cpu.bundles == [{"CPU": 4.0}] * 2 and cpu.threads == 4
