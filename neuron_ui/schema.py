@@ -188,6 +188,10 @@ class GenerateResult:
     strength: float | None = None  # inpaint only
     tokens: int | None = None  # the transformer's image sequence: output + source image + references
     inputs: list[dict[str, Any]] = field(default_factory=list)  # FittedImage.meta() of each input image
+    # Time before this request had the device (the queue, someone else's compile), apart from its own time
+    # (total_seconds): e.g. "1152x896 to compile", "2 images ahead"; None when it did not wait.
+    waited_seconds: float = 0.0
+    waited_for: str | None = None
 
     def info(self) -> dict[str, Any]:
         """Everything but the image, JSON-ready."""
