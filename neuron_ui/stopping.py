@@ -30,10 +30,11 @@ class Stopped(EngineError):
 class StopToken:
     """One request's stop signal: set from any thread, read by the engine between steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, event_id: str | None = None) -> None:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._listeners: list[Callable[[], None]] = []
+        self.event_id = event_id  # the Gradio event it serves, so a cancel of that one event finds it
         self.phase = QUEUED
         self.reason: str | None = None
 
@@ -83,9 +84,9 @@ class SessionStops:
         self._tokens: dict[str, list[StopToken]] = {}
 
     @contextmanager
-    def track(self, session: str | None) -> Iterator[StopToken]:
-        """A token for one request of `session`, findable by stop() until the request ends."""
-        token = StopToken()
+    def track(self, session: str | None, event_id: str | None = None) -> Iterator[StopToken]:
+        """A token for one request of `session` (Gradio event `event_id`), findable by stop() until it ends."""
+        token = StopToken(event_id)
         key = session or ""
         with self._lock:
             self._tokens.setdefault(key, []).append(token)
@@ -100,15 +101,15 @@ class SessionStops:
                 if not tokens:
                     self._tokens.pop(key, None)
 
-    def stop(self, session: str | None, reason: str = STOPPED_BY_USER) -> list[str]:
-        """Stop every running request of `session`; the phases they were in.
+    def stop(self, session: str | None, reason: str = STOPPED_BY_USER, event_id: str | None = None) -> list[str]:
+        """Stop every running request of `session` (only event `event_id`'s when given); the phases they were in.
 
         A browser that goes away while its size compiles does not stop the image: the compile cannot be cut
         short anyway, and the image (a step's cost next to the compile's) is kept for the page when it reloads."""
         if not session:
             return []
         with self._lock:
-            tokens = list(self._tokens.get(session, []))
+            tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
         return [token.stop(reason) for token in tokens
                 if not (reason == DISCONNECTED and token.phase == COMPILING)]
 

@@ -42,6 +42,8 @@ from .schema import (
     ShapeStatus,
 )
 from .settings import Settings
+from .stopping import COMPILING as STOP_COMPILING
+from .stopping import DONE, QUEUED, RUNNING, SessionStops
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class EngineLike(Protocol):
 
     presets: tuple[Resolution, ...]
 
-    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
+    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None, stop: Any = None) -> GenerateResult: ...
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
     def status(self) -> EngineStatus: ...
     def drain(self, timeout: float) -> bool: ...
@@ -87,10 +89,26 @@ def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
     else:
         guidance = " · no guidance" if result.guidance is None else f" · guidance {result.guidance:g}"
     total = f" · {result.total_seconds:.2f} s total" if result.cache_event in ("compiled", "disk_hit") else ""
+    waited = f"waited {result.waited_seconds:.0f} s for {result.waited_for} · " if result.waited_for else ""
     return (
         f"**seed** {result.seed} · **{result.resolution}** · {result.steps} steps{guidance} · "
-        f"{describe_cache_event(result)}{total}"
+        f"{waited}{describe_cache_event(result)}{total}"
     )
+
+
+STOP_WORDS = {
+    RUNNING: "**Stopped.** The image stops at the next step; the device is free for the next person.",
+    QUEUED: "**Stopped.** Your request left the queue; no image was made.",
+    STOP_COMPILING: "**Stopping.** The size keeps compiling and will be ready; your image is not made.",
+    DONE: "Nothing to stop: the image was already made.",
+}
+
+
+def describe_stop(phases: list[str]) -> str:
+    """What a Stop did, by where the session's requests were when it came (stopping.StopToken.stop)."""
+    if not phases:
+        return "Nothing to stop: no image of yours is being made or waiting."
+    return " ".join(STOP_WORDS[phase] for phase in sorted(set(phases), key=list(STOP_WORDS).index))
 
 
 def describe_state(shape: ShapeStatus) -> str:
@@ -334,6 +352,7 @@ class Handlers:
         self.engine = engine
         self.store = store
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
+        self.stops = SessionStops()  # the running requests of each Gradio session, for Stop, /stop and disconnects
         self.distilled = engine.status().distilled
 
     def status(self) -> EngineStatus:
@@ -351,8 +370,8 @@ class Handlers:
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "") -> dict[str, Any]:
         """Generate, save the PNG, and return the history entry for it."""
-        with user_errors():
-            result = self.engine.generate(request, progress=progress_reporter(progress, prefix))
+        with user_errors(), self.stops.track(*current_event()) as stop:
+            result = self.engine.generate(request, progress=progress_reporter(progress, prefix), stop=stop)
             path = self.store.save(result)  # a full disk is told like any other server failure
         return {
             "path": path,
@@ -420,6 +439,10 @@ class Handlers:
             return gr.skip(), gr.skip()
         return history[0]["seed"], False
 
+    def on_stop(self, request: gr.Request) -> str:
+        """Stop this browser's image at the next step, or take it out of the queue; the line says which."""
+        return describe_stop(self.stops.stop(request.session_hash))
+
     def on_resolution(self, resolution: str) -> str:
         return self._size_hint(self.engine.status(), resolution)
 
@@ -446,7 +469,8 @@ class Handlers:
         with user_errors():
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
                                       references=editing.file_paths(references), reference_size=reference_size or None)
-            result = self.engine.generate(request)
+            with self.stops.track(*current_event()) as stop:
+                result = self.engine.generate(request, stop=stop)
             return self.store.save(result), result.info()
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
@@ -454,12 +478,44 @@ class Handlers:
         with user_errors():
             return asdict(self.engine.warmup(resolution))
 
+    def api_stop(self, request: gr.Request) -> dict[str, Any]:
+        """Stop this client's requests (its session): a running image at the next step, a queued one at once."""
+        phases = self.stops.stop(request.session_hash)
+        return {"stopped": phases, "message": describe_stop(phases).replace("**", "")}
+
     def api_status(self) -> dict[str, Any]:
         """The engine status: every preset's state, compile seconds, hits and last latency."""
         return public_status(self.status())
 
 
 # -- layout and wiring ----------------------------------------------------------------------------------
+
+
+def current_event() -> tuple[str | None, str | None]:
+    """The Gradio session and event this handler runs for (None, None outside an event).
+
+    Gradio sets them in context variables around every handler (gradio/utils.py, before_fn); they key the
+    request's StopToken, so Stop, /stop and a client's cancel or disconnect find it. tests/test_stop_api.py fails
+    if Gradio moves them."""
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
+
+
+def session_stops(demo: gr.Blocks) -> SessionStops:
+    """The demo's registry of running requests by session (the Handlers' own), for the server's gate."""
+    return next(fn.fn.__self__.stops for fn in demo.fns.values() if fn.api_name == "stop")
+
+
+def device_events(demo: gr.Blocks) -> int:
+    """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
+    engine's queue or holds the device). doors.Gate bounds this by --max-queue + 1."""
+    try:
+        event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
+        return 0 if event_queue is None else len(event_queue.queue) + event_queue.current_concurrency
+    except AttributeError:
+        return device_queue_length(demo)
 
 
 def device_queue_length(demo: gr.Blocks) -> int:
@@ -515,6 +571,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                 hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
                     warmup = gr.Button("Warm up this size", elem_id="warmup")
                 with gr.Row(equal_height=False, elem_id="variations-row"):
                     count = gr.Radio(list(range(1, MAX_VARIATIONS + 1)), value=MAX_VARIATIONS, scale=2,
@@ -553,22 +610,26 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: one at a time across all users, waiting in one bounded queue.
-        on_device = {"concurrency_id": DEVICE, "concurrency_limit": 1}
+        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device (doors.Gate
+        # bounds it), each then waits in the engine's queue, where it hears what it waits for, can be stopped, and
+        # the next image starts on the device while the previous one is encoded and sent.
+        on_device = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
         private = {"api_visibility": "private"}
         refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                    "outputs": [table, activity, resolution, hint, seen], "show_progress": "hidden", "queue": False,
                    **private}
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
-        gr.on([generate.click, prompt.submit], handlers.on_generate, [*form, history, *ref_inputs],
-              [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device,
-              **private).then(**refresh)
-        make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
-                              **private).then(
+        generating = gr.on([generate.click, prompt.submit], handlers.on_generate, [*form, history, *ref_inputs],
+                           [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device,
+                           **private)
+        generating.then(**refresh)
+        varying = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
+                                        **private).then(
             handlers.on_variations, [*form, count, history], [image, info, seed, variations, history,
                                                                 history_gallery],
-            show_progress_on=[image, variations], **on_device, **private).then(**refresh)
+            show_progress_on=[image, variations], **on_device, **private)
+        varying.then(**refresh)
         warmup.click(handlers.on_warmup, [resolution], [hint], **on_device, **private).then(**refresh)
         resolution.change(handlers.on_resolution, [resolution], [hint], show_progress="hidden", queue=False,
                           **private)
@@ -589,12 +650,15 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                                  edit_refs["files"], **hidden)
         edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],
                                   **hidden)
-        edit_inpaint["button"].click(
+        inpainting = edit_inpaint["button"].click(
             editing_handlers.on_inpaint,
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history],
             [image, info, seed, history, history_gallery], show_progress_on=[image], **on_device, **private,
-        ).then(**refresh)
+        )
+        inpainting.then(**refresh)
+        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running).
+        stop.click(handlers.on_stop, None, info, cancels=[generating, varying, inpainting], queue=False, **private)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):
@@ -608,5 +672,6 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         editing.add_inpaint_api(editing_handlers, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
+        gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)
     handlers.waiting = lambda: device_queue_length(demo)
     return demo

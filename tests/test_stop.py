@@ -171,3 +171,16 @@ def test_a_waiting_user_hears_the_compile_ahead_then_the_images_ahead_and_the_wa
     assert result.waited_seconds >= 0.5 and result.waited_for == "512x512 to compile"
     assert result.total_seconds < result.waited_seconds  # its own time, apart from the wait
     assert ahead_box["result"].waited_for == "512x512 to compile"
+
+
+def test_the_line_under_the_image_keeps_the_wait_apart_from_the_images_own_time(eager):
+    from dataclasses import replace
+
+    from neuron_ui import ui
+
+    engine, _ = eager
+    result = engine.generate(GenerateRequest("x", "256x256", steps=1, seed=1))
+    assert "waited" not in ui.describe_result(result)
+    waited = replace(result, waited_seconds=32.4, waited_for="1152x896 to compile", cache_event="memory_hit",
+                     total_seconds=0.42)
+    assert "waited 32 s for 1152x896 to compile · cache hit, 0.42 s" in ui.describe_result(waited)
