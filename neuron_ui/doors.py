@@ -8,10 +8,15 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
   show_error=False;
 - results name the file's absolute path on the server.
 
-So this gate lets through only the named endpoints (generate, warmup, status) by name, bounds the device's queue
-itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on
+So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
+queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on
 `cancel` and `reset`, gives every error a one-line message, and keeps the server's file folder out of what it
 sends (a relative `file=` path is read inside that folder, so gradio_client still downloads the image).
+
+It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
+job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
+pipeline, and a client that closes its event stream only marks its events dead. The gate sees both (the cancel's
+body, the stream's disconnect) and tells the server, which stops that session's requests.
 """
 
 from __future__ import annotations
@@ -24,17 +29,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
 logger = logging.getLogger(__name__)
 
-PUBLIC_ENDPOINTS = ("generate", "inpaint", "warmup", "status")
+PUBLIC_ENDPOINTS = ("generate", "inpaint", "warmup", "status", "stop")
 OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and while shutting down; GET and HEAD only
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
 FILE_ROUTE = "/gradio_api/file="
 LOGIN_ONLY = ("/gradio_api/cancel", "/gradio_api/reset")  # Gradio leaves these open even with auth
+CANCEL = "/gradio_api/cancel"
+EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
 MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
@@ -94,8 +102,12 @@ class Gate:
         if refusal is not None:
             await reply(send, refusal)
             return
+        if path == CANCEL and method == "POST":
+            receive = await self.stop_cancelled(receive)
         scope = self.inbound(scope)
         send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
+        if path == EVENT_STREAM and method == "GET":
+            receive = self.stop_on_disconnect(scope, receive, send)
         if device:
             self.admitting += 1
             send.on_start = self._admitted
@@ -161,11 +173,35 @@ class Gate:
             return receive, Refusal(422, f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {len(values)}"), False
         if fn.concurrency_id != self.server.device_group:
             return receive, None, False
-        waiting = self.server.device_queue_length() + self.admitting
-        if waiting >= self.server.settings.max_queue:
-            message = f"Queue is full: {waiting} requests are waiting for the device; try again in a moment"
+        admitted = self.server.device_events() + self.admitting  # the one on the device and those waiting
+        if admitted > self.server.settings.max_queue:
+            message = f"Queue is full: {admitted - 1} requests are waiting for the device; try again in a moment"
             return receive, Refusal(503, message, (("retry-after", "5"),)), False
         return receive, None, True
+
+    async def stop_cancelled(self, receive: Receive) -> Receive:
+        """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
+        body = await read_body(receive)
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("session_hash"), str):
+            event_id = data.get("event_id")
+            self.server.stop_cancelled(data["session_hash"], event_id if isinstance(event_id, str) else None)
+        return replay(body, receive)
+
+    def stop_on_disconnect(self, scope: dict, receive: Receive, send: "Outbound") -> Receive:
+        """A session's event stream closed by its client before the server ended it: the client has gone."""
+        session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+
+        async def watched() -> dict:
+            message = await receive()
+            if message["type"] == "http.disconnect" and session and not send.finished:
+                self.server.stop_disconnected(session)
+            return message
+
+        return watched
 
     async def with_full_paths(self, receive: Receive) -> Receive:
         body = await read_body(receive)
@@ -223,6 +259,7 @@ class Outbound:
         self.cut = files_prefix.encode()
         self.rewrite = rewrite
         self.started = False
+        self.finished = False  # the last body was sent: the response ended on the server's side
         self.on_start: Callable[[], None] | None = None
         self._start: dict | None = None
         self._held: list[bytes] = []
@@ -243,6 +280,7 @@ class Outbound:
             await self.send(message)
             return
         body = message.get("body", b"")
+        self.finished = not message.get("more_body", False)
         if self.rewrite:
             body = fill_empty_errors(body.replace(self.cut, b""))
         if self._start["status"] < 400:

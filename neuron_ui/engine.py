@@ -45,6 +45,7 @@ from .schema import (
     validate_strength,
 )
 from .settings import Settings
+from .stopping import COMPILING as COMPILING_NOW, RUNNING, Stopped, StopToken
 
 if TYPE_CHECKING:
     from .parallel import ParallelGroup
@@ -66,6 +67,16 @@ class EngineObserver(Protocol):
 
 def _ignore(update: ProgressUpdate) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class _OnDevice:
+    """What holds the device now, for the users waiting behind it: a compile or an image, and since when."""
+
+    kind: str  # "compile" or "image"
+    layout: Layout
+    started: float  # time.perf_counter()
+    expected: float | None  # seconds it should take in all, from the engine's estimates; None when unknown
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,8 @@ class Engine:
         self._warmup_thread: threading.Thread | None = None
         self.allowed = Layouts(presets, reference_sizes, max_references)
         self.graphs = GraphBook(self.key, manifest, compile_mode, backend, presets)
+        self._on_device: _OnDevice | None = None
+        self._image_seconds: dict[Layout, float] = {}  # each layout's latest pipeline run, for waiting users
         # Every sequence a request can make: each preset plain or inpainted, with 0..max references of one size.
         compilation.raise_recompile_limit(len({layout.tokens for layout in self.allowed.all()}))
         compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
@@ -278,16 +291,18 @@ class Engine:
     def _layout_of(valid: ValidRequest) -> Layout:
         return Layout(valid.resolution, tuple(r.size for r in valid.references), valid.source is not None)
 
-    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
+    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
+                stop: StopToken | None = None) -> GenerateResult:
         """Redo the masked part of `request.image`; a request without image and mask is refused."""
         if request.image is None or request.mask is None:
             raise ValueError("inpainting needs both an image and a mask")
-        return self.generate(request, progress)
+        return self.generate(request, progress, stop)
 
-    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
-        """Make one image, compiling its shape first if this process has not."""
+    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None,
+                 stop: StopToken | None = None) -> GenerateResult:
+        """Make one image, compiling its shape first if this process has not; `stop` ends it early (Stopped)."""
         with self._counting_failures():
-            result = self._generate(request, progress or _ignore)
+            result = self._generate(request, progress or _ignore, stop or StopToken())
         self._notify("on_generated", result)
         return result
 
@@ -310,24 +325,36 @@ class Engine:
             except Exception:  # an observer's bug must never fail a user's request
                 logger.exception("observer %r failed in %s", observer, method)
 
-    def _generate(self, request: GenerateRequest, report: ProgressFn) -> GenerateResult:
+    def _generate(self, request: GenerateRequest, report: ProgressFn, stop: StopToken) -> GenerateResult:
         valid = self.validate(request)
         layout = self._layout_of(valid)
-        if self._device.busy or self._device.waiting:
-            report(ProgressUpdate("waiting", "waiting in queue: another request is on the device"))
-        with self._device.user():
+        waited = _Wait()
+        queued = time.perf_counter()
+        with self._device.user(stop, job=layout, on_wait=lambda ahead: report(self._waiting(ahead, waited))):
             start = time.perf_counter()
             before = read_counters(self._neff_dir)
+            stop.enter(COMPILING_NOW)
             compile_seconds = self._ensure_compiled(layout, report)
+            if stop.stopped:  # a compile cannot be cut short; the image it was for is not made
+                what = f"{layout} compiled and is ready" if compile_seconds else f"{layout} is ready"
+                raise Stopped(f"stopped: {what}; your image was not made")
+            stop.enter(RUNNING)
             run_start = time.perf_counter()
+            with self._state_lock:
+                self._on_device = _OnDevice("image", layout, run_start, self._image_seconds.get(layout))
             try:
-                image = self._run(valid, report)
-            except EngineError:  # already one line for the user (a tensor-parallel rank failed)
+                image = self._run(valid, report, stop)
+            except EngineError:  # already one line for the user (stopped; a tensor-parallel rank failed)
                 raise
             except Exception as error:
                 logger.exception("generation failed at %s", valid.resolution)
                 raise EngineError(f"generation failed at {valid.resolution}: {_short(error)}") from error
+            finally:
+                with self._state_lock:
+                    self._on_device = None
             end = time.perf_counter()
+            with self._state_lock:
+                self._image_seconds[layout] = end - run_start
             event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         result = GenerateResult(
             image=image,
@@ -345,10 +372,52 @@ class Engine:
             strength=valid.strength if layout.inpaint else None,
             tokens=layout.tokens,
             inputs=[f.meta() for f in valid.inputs],
+            waited_seconds=round(start - queued, 3),
+            waited_for=waited.what if start - queued >= WAIT_WORTH_TELLING else None,
         )
         self.graphs.image(layout, event, result.total_seconds)
         logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
         return result
+
+    def _waiting(self, ahead: list[Layout], waited: "_Wait") -> ProgressUpdate:
+        """What a waiting user waits for and about how long, from the engine's estimates: what holds the device
+        (a compile: its estimate minus the time it has run), then each request ahead at its layout's latency."""
+        now = time.perf_counter()
+        with self._state_lock:
+            current = self._on_device
+            ahead_seconds = [self._expected_seconds(layout) for layout in ahead]
+        parts = []
+        if current is not None:
+            left = None if current.expected is None else max(current.expected - (now - current.started), 0.0)
+            if current.kind == "compile":
+                waited.what = f"{current.layout} to compile"
+                about = ("compile time not measured yet" if left is None
+                         else f"about {_seconds(left)} (estimate)")
+                parts.append(f"waiting for {current.layout} to compile, {about}")
+            else:
+                about = "" if left is None else f", about {_seconds(left)}"
+                parts.append(f"waiting for an image at {current.layout} to finish{about}")
+        if ahead:
+            known = [s for s in ahead_seconds if s is not None]
+            count = f"{len(ahead)} image{'s' if len(ahead) > 1 else ''} ahead"
+            about = (f"about {_seconds(sum(known))}" if len(known) == len(ahead)
+                     else "time not measured yet for some sizes")
+            parts.append(f"{'then ' if parts else 'waiting: '}{count}, {about}")
+            if waited.what is None:
+                waited.what = count
+        if not parts:
+            parts.append("waiting for the device")
+        return ProgressUpdate("waiting", " · ".join(parts))
+
+    def _expected_seconds(self, layout: Layout) -> float | None:
+        """Seconds a request at `layout` should hold the device: its compile (unless ready) and its image."""
+        image = self._image_seconds.get(layout)
+        if image is None or self.compile_mode == "eager":
+            return image
+        if layout.tokens in self.graphs.held():
+            return image
+        estimate = self.graphs.estimate(layout)
+        return None if estimate is None else estimate + image
 
     def warmup(self, resolution: str, progress: ProgressFn | None = None, *, references: int = 0,
                reference_size: str | None = None, inpaint: bool = False) -> ShapeStatus:
@@ -406,6 +475,8 @@ class Engine:
         claim = self.graphs.claim(layout)
         if claim is None:
             return 0.0
+        with self._state_lock:
+            self._on_device = _OnDevice("compile", layout, time.perf_counter(), claim.estimate)
         report(ProgressUpdate("compiling", claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
                               guess=claim.guess))
         logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
@@ -416,11 +487,15 @@ class Engine:
         except Exception as error:
             reason = _short(error)
             logger.exception("compiling %s failed", layout)
+            with self._state_lock:
+                self._on_device = None
             self.graphs.failed(layout, reason)
             raise EngineError(f"compiling {layout} failed: {reason}. Try again, or pick another size.",
                               kind="compile_failed") from error
         seconds = time.perf_counter() - start
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
+        with self._state_lock:
+            self._on_device = None
         # else it compiled in a temporary folder: nothing kept to record
         self.graphs.ready(layout, seconds, event, persistent=self.compile_folder.persistent)
         self._notify("on_compiled", str(layout), event, seconds)
@@ -440,11 +515,15 @@ class Engine:
 
     # -- running ----------------------------------------------------------------------------------
 
-    def _run(self, valid: ValidRequest, report: ProgressFn) -> Image.Image:
+    def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
 
         def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             done = step + 1
+            if stop.stopped:
+                # Raised, not diffusers' `interrupt`: with interrupt the loop runs out its steps as no-ops and then
+                # decodes the latents with the VAE for nobody; raising frees the device right after this step.
+                raise Stopped(f"stopped after step {done}/{steps}; no image was made")
             report(ProgressUpdate("denoising", f"step {done}/{steps}", done / steps))
             if done == steps:
                 report(ProgressUpdate("decoding", "decoding the image", 1.0))
@@ -500,6 +579,20 @@ class Engine:
             reference_sizes=[str(r) for r in self.reference_sizes],
             max_references=self.max_references,
         )
+
+
+WAIT_WORTH_TELLING = 0.5  # seconds of waiting below which the line under the image does not mention it
+
+
+@dataclass
+class _Wait:
+    """What one request waited for, as it learns it while waiting."""
+
+    what: str | None = None
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 def _short(error: BaseException) -> str:

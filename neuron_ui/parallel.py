@@ -6,7 +6,9 @@
 
 Rank 0 runs the Gradio server and the engine; before each pipeline call it broadcasts the call (prompt,
 size, steps, seed) on a gloo control group, and every rank runs it in lockstep with the same seed, so a
-new shape compiles on every rank in the same request. Followers report their compile counters back, so
+new shape compiles on every rank in the same request. At the end of every denoising step rank 0 broadcasts
+whether to stop there (a user's Stop), so every rank leaves the loop at the same step and none waits in a
+collective for the others. Followers report their compile counters back, so
 the status shows what each rank compiled.
 """
 
@@ -33,6 +35,7 @@ from .compilation import CompileCounters, read_counters
 from .device import Launch
 from .engine import PipelineCall, Runner, _short
 from .schema import EngineError
+from .stopping import Stopped
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +336,7 @@ class LeaderRunner:
         self._collective(dist.broadcast_object_list, [call], src=0, group=self.group.control)
         error = None
         try:
-            image = self.runner(call, callback)
+            image = self.runner(call, self._steps_in_lockstep(callback))
         except Exception as failure:  # the followers still report back below: stay in step with them
             error = failure
         deltas: list[CompileCounters | None] = [None] * self.group.degree
@@ -347,6 +350,24 @@ class LeaderRunner:
         if all(delta.graphs == 0 for delta in deltas):  # a call that compiled says nothing about the next one
             self._seconds_per_step[(call.width, call.height)] = seconds / (call.steps + 1)
         return image
+
+    def _steps_in_lockstep(self, callback):
+        """The step callback on rank 0: run the engine's (progress, stop), then tell the followers whether to
+        stop after this step; they learn it at the same step (follower_steps) and stop there too."""
+
+        def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+            failure = None
+            try:
+                result = callback(pipe, step, timestep, callback_kwargs) if callback else {}
+            except Exception as error:  # Stopped, or anything else: the followers must stop at this step too
+                failure = error
+            self._collective(dist.broadcast, torch.tensor([failure is not None], dtype=torch.int32), src=0,
+                             group=self.group.control)
+            if failure is not None:
+                raise failure
+            return result
+
+        return on_step_end
 
     def _collective(self, op, *args, **kwargs) -> None:
         try:
@@ -430,7 +451,9 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             return 0
         before = read_counters()
         try:
-            runner(call)
+            runner(call, follower_steps(group))
+        except Stopped:
+            logger.info("rank %d: stopped with rank 0", rank)
         except Exception as error:
             logger.exception("rank %d: pipeline call failed; leaving the group", rank)
             group.report_error(_short(error))
@@ -442,6 +465,19 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
             group.note_broken()
             return 0
+
+
+def follower_steps(group: ParallelGroup):
+    """A follower's step callback: hear from rank 0 whether to stop after this step (LeaderRunner._steps_in_lockstep)."""
+
+    def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+        flag = torch.zeros(1, dtype=torch.int32)
+        dist.broadcast(flag, src=0, group=group.control)
+        if flag.item():
+            raise Stopped("stopped with rank 0")
+        return {}
+
+    return on_step_end
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray.serve.exceptions import RequestCancelledError
 
 from . import references as refs
 from .compilation import CacheManifest
@@ -52,6 +53,7 @@ from .schema import (
     count_prompt_tokens,
 )
 from .settings import Settings
+from .stopping import COMPILING as COMPILING_NOW, QUEUED, RUNNING, Stopped, StopToken
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,12 @@ REPORT_SECONDS = 1.0  # how often a replica tells the board what it holds
 STALE_SECONDS = 4.0  # a replica silent this long is "not responding" (killed, or its process stuck)
 FORGET_SECONDS = 60.0  # ... and this long, gone from the status
 REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+# What a stopped request answers, by where it was when the front cancelled its stream (stopping's phases).
+STOPPED_WORDS = {
+    QUEUED: "stopped: you left the queue; no image was made",
+    COMPILING_NOW: "stopped: {layout} keeps compiling and will be ready; your image was not made",
+    RUNNING: "stopped at the next step; no image was made",
+}
 
 
 # -- the plan: how many replicas, on which devices ----------------------------------------------------------
@@ -241,16 +249,17 @@ class EngineReplica:
         return lease
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[tuple]:
-        async for item in self._serve(lambda report: self.engine.generate(request, report)):
+        async for item in self._serve(lambda report, stop: self.engine.generate(request, report, stop)):
             yield item
 
     async def warmup(self, resolution: str) -> AsyncIterator[tuple]:
-        async for item in self._serve(lambda report: self.engine.warmup(resolution, report)):
+        async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report)):
             yield item
 
-    async def _serve(self, work: Callable[[ProgressFn], Any]) -> AsyncIterator[tuple]:
-        """Stream ("started", replica), ("progress", update)..., ("compiled", ...)..., then ("done", value) or
-        ("error", kind, message): errors travel as values, so their kind survives the trip."""
+    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any]) -> AsyncIterator[tuple]:
+        """Stream ("started", replica), ("progress", update) and ("phase", where)..., ("compiled", ...)..., then
+        ("done", value) or ("error", kind, message): errors travel as values, so their kind survives the trip.
+        The front cancelling the stream (a Stop) stops the engine's request at its next step."""
         yield ("started", self.name)
         model_id = serve.get_multiplexed_model_id()
         if self.lease(int(model_id)).held_elsewhere():
@@ -263,10 +272,12 @@ class EngineReplica:
         def report(update: ProgressUpdate) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, ("progress", update))
 
+        stop = StopToken()
+
         def run() -> tuple:
             self.active = True
             try:
-                value = work(report)
+                value = work(report, stop)
                 if isinstance(value, GenerateResult):
                     value = ReplicaResult(**{**vars(value), "replica": self.name})
                 return ("done", value)
@@ -283,13 +294,21 @@ class EngineReplica:
                 self._report()
 
         task = loop.run_in_executor(None, run)
-        while not task.done() or not queue.empty():
-            getter = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                yield getter.result()
-            else:
-                getter.cancel()
+        phase = QUEUED
+        try:
+            while not task.done() or not queue.empty():
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                else:
+                    getter.cancel()
+                if stop.phase != phase:
+                    phase = stop.phase
+                    yield ("phase", phase)
+        except (asyncio.CancelledError, GeneratorExit):
+            stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
+            raise
         for compiled in self.compiles:
             yield ("compiled", *compiled)
         self.compiles.clear()
@@ -430,8 +449,10 @@ class ReplicaClient:
                inpaint: bool = False) -> Layout:
         return self.allowed.layout(resolution, references, reference_size, inpaint)
 
-    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
-        """One image on the replica that holds its graph; a fixed seed, so a retry makes the same image."""
+    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None,
+                 stop: StopToken | None = None) -> GenerateResult:
+        """One image on the replica that holds its graph; a fixed seed, so a retry makes the same image.
+        `stop` cancels the request's stream, which stops it on its replica at the next step (Stopped here)."""
         try:
             layout = self.layout(request.resolution, len(request.references), request.reference_size,
                                  inpaint=request.image is not None or request.mask is not None)
@@ -441,7 +462,7 @@ class ReplicaClient:
             raise
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(2**32))
-        result = self._call("generate", request, layout, progress)
+        result = self._call("generate", request, layout, progress, stop)
         self._notify("on_generated", result)
         return result
 
@@ -453,12 +474,13 @@ class ReplicaClient:
             raise EngineError("no replica has shared its tokenizer yet", kind="no_replica")
         return count_prompt_tokens(self._tokenizer, text)
 
-    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult:
+    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
+                stop: StopToken | None = None) -> GenerateResult:
         """Redo the masked part of `request.image`; a request without image and mask is refused."""
         if request.image is None or request.mask is None:
             self._notify("on_failed", "invalid_request")
             raise ValueError("inpainting needs both an image and a mask")
-        return self.generate(request, progress)
+        return self.generate(request, progress, stop)
 
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
         """Compile one preset on one replica; the others load it from the cache when asked for it."""
@@ -507,13 +529,14 @@ class ReplicaClient:
                 with self._lock:
                     self._warmup_queue.remove(resolution)
 
-    def _call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None) -> Any:
+    def _call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
+              stop: StopToken | None = None) -> Any:
         if self._closed:
             raise EngineError("the server is shutting down; try again in a minute", kind="shutting_down")
         report = progress or (lambda update: None)
         for attempt in (1, 2):
             try:
-                return self._stream(method, argument, layout, report)
+                return self._stream(method, argument, layout, report, stop or StopToken())
             except REPLICA_LOST as error:
                 if attempt == 2:
                     self._notify("on_failed", "replica_lost")
@@ -523,7 +546,7 @@ class ReplicaClient:
                                type(error).__name__)
                 report(ProgressUpdate("waiting", "a replica stopped; trying again on another"))
 
-    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn) -> Any:
+    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
         with self._lock:
             ahead = self._waiting
             self._waiting += 1
@@ -533,25 +556,21 @@ class ReplicaClient:
         try:
             handle = self.handle.options(stream=True, multiplexed_model_id=str(layout.tokens))
             done = []
-            # Read to the end of the stream, not just to "done": the replica counts as busy until its request
-            # ends, and the next request for this graph should find it free, not spill to another replica.
-            for kind, *payload in getattr(handle, method).remote(argument):
-                if kind == "started" and waiting:
-                    with self._lock:
-                        self._waiting -= 1
-                    waiting = False
-                elif kind == "progress":
-                    report(payload[0])
-                elif kind == "compiled":
-                    self._notify("on_compiled", *payload)
-                elif kind == "error":
-                    error_kind, message = payload
-                    self._notify("on_failed", error_kind)
-                    if error_kind == "invalid_request":
-                        raise ValueError(message)
-                    raise EngineError(message, kind=error_kind)
-                elif kind == "done":
-                    done.append(payload[0])
+            stream = getattr(handle, method).remote(argument)
+            forget = stop.listen(stream.cancel)
+            if stop.stopped:  # stopped before the stream existed
+                stream.cancel()
+            try:
+                # Read to the end of the stream, not just to "done": the replica counts as busy until its request
+                # ends, and the next request for this graph should find it free, not spill to another replica.
+                for item in stream:
+                    self._take(item, report, stop, done, waiting)
+                    waiting = waiting and item[0] != "started"
+            except RequestCancelledError:
+                self._notify("on_failed", "stopped")
+                raise Stopped(STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[QUEUED]).format(layout=layout)) from None
+            finally:
+                forget()
             if done:
                 return done[0]
             raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
@@ -559,6 +578,27 @@ class ReplicaClient:
             if waiting:
                 with self._lock:
                     self._waiting -= 1
+
+    def _take(self, item: tuple, report: ProgressFn, stop: StopToken, done: list, waiting: bool) -> None:
+        """One item of a replica's stream (EngineReplica._serve says what each is)."""
+        kind, *payload = item
+        if kind == "started" and waiting:
+            with self._lock:
+                self._waiting -= 1
+        elif kind == "progress":
+            report(payload[0])
+        elif kind == "phase":
+            stop.enter(payload[0])
+        elif kind == "compiled":
+            self._notify("on_compiled", *payload)
+        elif kind == "error":
+            error_kind, message = payload
+            self._notify("on_failed", error_kind)
+            if error_kind == "invalid_request":
+                raise ValueError(message)
+            raise (Stopped(message) if error_kind == "stopped" else EngineError(message, kind=error_kind))
+        elif kind == "done":
+            done.append(payload[0])
 
     def _notify(self, method: str, *args) -> None:
         for observer in self.observers:

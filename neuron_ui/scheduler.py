@@ -6,25 +6,38 @@ serve users in the order they came.
 
 close() is the first half of a graceful shutdown: nothing new gets the device, everyone waiting is told so at
 once, and the caller waits (bounded) for the run already on the device to finish.
+
+A user's StopToken takes them out of the queue at once; while they wait, `on_wait` hears what is ahead of them
+(the `job` each waiting user came with) when they join, whenever the queue moves, and every REPORT_SECONDS.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 from .schema import EngineError
+from .stopping import StopToken, Stopped
 
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
+LEFT_THE_QUEUE = "stopped: you left the queue; no image was made"
+REPORT_SECONDS = 1.0  # how often a waiting user hears how long is left
+
+
+@dataclass(eq=False)
+class _Ticket:
+    job: Any
 
 
 class DeviceQueue:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._busy = False
-        self._waiting: deque[object] = deque()
+        self._waiting: deque[_Ticket] = deque()
         self._closed = False
 
     @property
@@ -37,21 +50,53 @@ class DeviceQueue:
         return len(self._waiting)
 
     @contextmanager
-    def user(self) -> Iterator[None]:
-        """Hold the device for a user's request, after every user who came before."""
-        ticket = object()
-        with self._cond:
-            self._waiting.append(ticket)
+    def user(self, stop: StopToken | None = None, job: Any = None,
+             on_wait: Callable[[list[Any]], None] | None = None) -> Iterator[None]:
+        """Hold the device for a user's request, after every user who came before; a stop leaves the queue."""
+        ticket = _Ticket(job)
+        forget = stop.listen(self._wake) if stop is not None else (lambda: None)
+        try:
+            with self._cond:
+                self._waiting.append(ticket)
             try:
-                self._cond.wait_for(lambda: self._closed or (not self._busy and self._waiting[0] is ticket))
+                self._wait_turn(ticket, stop, on_wait)
             finally:
-                self._waiting.remove(ticket)
-            self._refuse_if_closed()
-            self._busy = True
+                with self._cond:
+                    self._waiting.remove(ticket)
+                    self._cond.notify_all()  # the users behind moved up
+        finally:
+            forget()
         try:
             yield
         finally:
             self._release()
+
+    def _wait_turn(self, ticket: _Ticket, stop: StopToken | None, on_wait: Callable[[list[Any]], None] | None) -> None:
+        def done() -> bool:
+            return (self._closed or (stop is not None and stop.stopped)
+                    or (not self._busy and self._waiting[0] is ticket))
+
+        while True:
+            with self._cond:
+                if not done() and on_wait is None:
+                    self._cond.wait_for(done)
+                if done():
+                    self._refuse_if_closed()
+                    if stop is not None and stop.stopped:
+                        raise Stopped(LEFT_THE_QUEUE)
+                    self._busy = True
+                    return
+                ahead = [t.job for t in list(self._waiting)[: self._ahead(ticket)]]
+            on_wait(ahead)  # outside the lock: it may take its time (an engine's estimates, a progress bar)
+            with self._cond:
+                self._cond.wait_for(lambda: done() or self._ahead(ticket) != len(ahead), REPORT_SECONDS)
+
+    def _ahead(self, ticket: _Ticket) -> int:
+        return self._waiting.index(ticket)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     @contextmanager
     def background(self) -> Iterator[None]:

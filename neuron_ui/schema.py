@@ -207,6 +207,10 @@ class GenerateResult:
     strength: float | None = None  # inpaint only
     tokens: int | None = None  # the transformer's image sequence: output + source image + references
     inputs: list[dict[str, Any]] = field(default_factory=list)  # FittedImage.meta() of each input image
+    # Time before this request had the device (the queue, someone else's compile), apart from its own time
+    # (total_seconds): e.g. "1152x896 to compile", "2 images ahead"; None when it did not wait.
+    waited_seconds: float = 0.0
+    waited_for: str | None = None
 
     def info(self) -> dict[str, Any]:
         """Everything but the image, JSON-ready."""
@@ -296,8 +300,10 @@ class EngineLike(Protocol):
     max_references: int
     reference_sizes: tuple[Resolution, ...]
 
-    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
-    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None) -> GenerateResult: ...
+    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None,
+                 stop: Any = None) -> GenerateResult: ...  # stop: a neuron_ui.stopping.StopToken
+    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
+                stop: Any = None) -> GenerateResult: ...
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
     def prompt_tokens(self, text: str) -> tuple[int, int]: ...
     def start_warmup(self, resolutions: list[str]) -> None: ...

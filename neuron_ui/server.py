@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Mount
 
-from . import doors, ui
+from . import doors, stopping, ui
 from .metrics import EngineMetrics
 from .settings import Settings
 
@@ -160,8 +160,22 @@ class Server:
         gradio_app.startup_events_triggered = True  # so Gradio's /startup-events route never starts a second queue
 
     def device_queue_length(self) -> int:
-        """Requests in Gradio's queue for the device (doors.Gate bounds it by --max-queue)."""
+        """Requests in Gradio's queue for the device, not yet in the engine's."""
         return ui.device_queue_length(self.demo) if self.demo is not None else 0
+
+    def device_events(self) -> int:
+        """Device requests accepted and not finished (doors.Gate bounds them by --max-queue + 1)."""
+        return ui.device_events(self.demo) if self.demo is not None else 0
+
+    def stop_cancelled(self, session: str, event_id: str | None) -> None:
+        """A client cancelled an event (doors.Gate saw its /cancel): stop the engine's request for it."""
+        if self.demo is not None:
+            ui.session_stops(self.demo).stop(session, stopping.CANCELLED, event_id)
+
+    def stop_disconnected(self, session: str) -> None:
+        """A client closed its event stream (doors.Gate saw it): stop its requests, except a compile's image."""
+        if self.demo is not None:
+            ui.session_stops(self.demo).stop(session, stopping.DISCONNECTED)
 
     def request_drain(self) -> None:
         """Safe in a signal handler: serve_forever() drains and returns."""

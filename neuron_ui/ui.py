@@ -47,6 +47,8 @@ from .schema import (
     ShapeStatus,
 )
 from .settings import Settings
+from .stopping import COMPILING as STOP_COMPILING
+from .stopping import DONE, QUEUED, RUNNING, SessionStops
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +91,10 @@ def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
     else:
         guidance = " · no guidance" if result.guidance is None else f" · guidance {result.guidance:g}"
     total = f" · {result.total_seconds:.2f} s total" if result.cache_event in ("compiled", "disk_hit") else ""
+    waited = f"waited {result.waited_seconds:.0f} s for {result.waited_for} · " if result.waited_for else ""
     return (
         f"**seed** {result.seed} · **{result.resolution}** · {result.steps} steps{guidance} · "
-        f"{describe_cache_event(result)}{total}"
+        f"{waited}{describe_cache_event(result)}{total}"
     )
 
 
@@ -103,6 +106,21 @@ def describe_estimate(shape: ShapeStatus, short: bool = False) -> str:
     if shape.estimate_guess:
         about += ", a guess" if short else f", {GUESS}"
     return about
+
+
+STOP_WORDS = {
+    RUNNING: "**Stopped.** The image stops at the next step; the device is free for the next person.",
+    QUEUED: "**Stopped.** Your request left the queue; no image was made.",
+    STOP_COMPILING: "**Stopping.** The size keeps compiling and will be ready; your image is not made.",
+    DONE: "Nothing to stop: the image was already made.",
+}
+
+
+def describe_stop(phases: list[str]) -> str:
+    """What a Stop did, by where the session's requests were when it came (stopping.StopToken.stop)."""
+    if not phases:
+        return "Nothing to stop: no image of yours is being made or waiting."
+    return " ".join(STOP_WORDS[phase] for phase in sorted(set(phases), key=list(STOP_WORDS).index))
 
 
 def describe_state(shape: ShapeStatus) -> str:
@@ -489,6 +507,7 @@ class Handlers:
         self.engine = engine
         self.store = store
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
+        self.stops = SessionStops()  # the running requests of each Gradio session, for Stop, /stop and disconnects
         self.distilled = engine.status().distilled
         self.held = held or sessions.HeldResults()  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
@@ -514,8 +533,9 @@ class Handlers:
         sid = sessions.session_id(session)
         self.held.start(sid, request.resolution if isinstance(request.resolution, str) else "")
         try:
-            with user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter:
-                result = self.engine.generate(request, progress=reporter)
+            with (user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter,
+                  self.stops.track(*current_event()) as stop):
+                result = self.engine.generate(request, progress=reporter, stop=stop)
                 path = self.store.save(result)  # a full disk is told like any other server failure
         except gr.Error as error:
             self.held.fail(sid, error.message)
@@ -705,6 +725,10 @@ class Handlers:
             return gr.skip(), gr.skip()
         return history[0]["seed"], False
 
+    def on_stop(self, request: gr.Request) -> str:
+        """Stop this browser's image at the next step, or take it out of the queue; the line says which."""
+        return describe_stop(self.stops.stop(request.session_hash))
+
     def on_resolution(self, resolution: str) -> str:
         return self._size_hint(self.engine.status(), resolution)
 
@@ -733,7 +757,8 @@ class Handlers:
         with user_errors():
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
                                       references=editing.file_paths(references), reference_size=reference_size or None)
-            result = self.engine.generate(request)
+            with self.stops.track(*current_event()) as stop:
+                result = self.engine.generate(request, stop=stop)
             return self.store.save(result), result.info()
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
@@ -741,12 +766,44 @@ class Handlers:
         with user_errors():
             return asdict(self.engine.warmup(resolution))
 
+    def api_stop(self, request: gr.Request) -> dict[str, Any]:
+        """Stop this client's requests (its session): a running image at the next step, a queued one at once."""
+        phases = self.stops.stop(request.session_hash)
+        return {"stopped": phases, "message": describe_stop(phases).replace("**", "")}
+
     def api_status(self) -> dict[str, Any]:
         """The engine status: every preset's state, compile seconds, hits and last latency."""
         return public_status(self.status())
 
 
 # -- layout and wiring ----------------------------------------------------------------------------------
+
+
+def current_event() -> tuple[str | None, str | None]:
+    """The Gradio session and event this handler runs for (None, None outside an event).
+
+    Gradio sets them in context variables around every handler (gradio/utils.py, before_fn); they key the
+    request's StopToken, so Stop, /stop and a client's cancel or disconnect find it. tests/test_stop_api.py fails
+    if Gradio moves them."""
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
+
+
+def session_stops(demo: gr.Blocks) -> SessionStops:
+    """The demo's registry of running requests by session (the Handlers' own), for the server's gate."""
+    return next(fn.fn.__self__.stops for fn in demo.fns.values() if fn.api_name == "stop")
+
+
+def device_events(demo: gr.Blocks) -> int:
+    """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
+    engine's queue or holds the device). doors.Gate bounds this by --max-queue + 1."""
+    try:
+        event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
+        return 0 if event_queue is None else len(event_queue.queue) + event_queue.current_concurrency
+    except AttributeError:
+        return device_queue_length(demo)
 
 
 def device_queue_length(demo: gr.Blocks) -> int:
@@ -810,6 +867,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                     hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                        stop = gr.Button("Stop", variant="stop", elem_id="stop")
                         warmup = gr.Button("Warm up this size", elem_id="warmup")
                     now = gr.Markdown(describe_now(status, None), elem_id="device-now")
                 with gr.Column(elem_id="form-more"):
@@ -852,8 +910,10 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: one at a time (per replica) across all users, in one bounded queue.
-        on_device = {"concurrency_id": DEVICE, "concurrency_limit": max(1, settings.replicas)}  # one per replica
+        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device (doors.Gate
+        # bounds it), each then waits in the engine's queue, where it hears what it waits for, can be stopped, and
+        # the next image starts on the device while the previous one is encoded and sent.
+        on_device = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
         private = {"api_visibility": "private"}
         hidden = {"show_progress": "hidden", "queue": False, **private}
         refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
@@ -909,6 +969,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         )
         inpainted.then(**refresh)
         inpainted.failure(**failed)
+        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running).
+        stop.click(handlers.on_stop, None, info, cancels=[generated, varied, inpainted], queue=False, **private)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):
@@ -922,4 +984,5 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         editing.add_inpaint_api(editing_handlers, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
+        gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)
     return demo

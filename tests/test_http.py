@@ -81,7 +81,9 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
     refused = [r for r in answers if r.status_code == 503]
     assert len(accepted) == 2 and len(refused) == 48, [r.status_code for r in answers]
     assert "Queue is full" in refused[0].json()["detail"]
-    assert s.server.device_queue_length() == 2 and len(s.runner.calls) == 0  # nothing ran past the gate
+    # The two accepted wait in the engine's queue (where they hear what they wait for and can be stopped).
+    wait_until(lambda: s.engine.status().queue_depth == 2, "the two accepted wait for the device")
+    assert s.server.device_events() == 3 and len(s.runner.calls) == 0  # nothing ran past the gate
     # The clients run in this process and share its GIL with the server: a loose bound while they burst...
     assert max(health) < 5.0, health
     for _ in range(5):  # ...and a tight one with the device busy and its queue full
@@ -100,7 +102,7 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
 def test_ui_handlers_are_not_callable_by_name(gated, path):
     response = post(gated, path, json={"data": ["a fox", "256x256", 1, 1, False, 0, 1, []]})
     assert response.status_code == 404, response.text
-    assert response.json()["detail"].endswith("this API has /generate, /inpaint, /warmup, /status")
+    assert response.json()["detail"].endswith("this API has /generate, /inpaint, /warmup, /status, /stop")
 
 
 def test_status_answers_while_the_device_queue_is_full(gated):

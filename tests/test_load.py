@@ -57,7 +57,7 @@ def queue_in_order(s, clients, seeds, already: int = 0):
     jobs = []
     for n, (client, seed) in enumerate(zip(clients, seeds), start=already + 1):
         jobs.append(client.submit(f"user {seed}", "256x256", 1, seed, api_name="/generate"))
-        wait_until(lambda n=n: s.handlers().waiting() == n, f"{n} requests waiting in Gradio's queue")
+        wait_until(lambda n=n: s.handlers().status().queue_depth == n, f"{n} requests waiting for the device")
     return jobs
 
 
@@ -66,12 +66,12 @@ def test_twenty_users_each_get_their_image_first_come_first_served_one_at_a_time
     runner.calls.clear()
     blocker = hold_the_device(s, runner, clients[-1])
     jobs = queue_in_order(s, clients[:10], range(10))
-    # Queue depth is honest while they wait: /status counts Gradio's queue, as /metrics does (a Gradio change
-    # that moved its queue would show here as 0).
+    # Queue depth is honest while they wait: /status counts those waiting in the engine's queue (and in Gradio's,
+    # empty while the device's events are admitted up to --max-queue), as /metrics does.
     assert call(clients[-2], api_name="/status")["queue_depth"] == 10
     jobs += queue_in_order(s, clients[10:USERS], range(10, USERS), already=10)
     assert s.metric("neuron_ui_queue_depth") == USERS
-    assert s.get("/gradio_api/queue/status").json()["queue_size"] == USERS  # Gradio's own count agrees
+    assert s.server.device_events() == USERS + 1  # Gradio's own count of accepted events agrees
     runner.open()
 
     results = [job.result(timeout=TIMEOUT) for job in jobs]

@@ -328,3 +328,27 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused():
     with pytest.raises(ValueError, match="degree 5 does not divide the transformer's 24 attention heads; "
                                          r"use one of \[1, 2, 3, 4, 6, 8, 12, 24\]"):
         check_heads(Group(), 24)
+
+
+def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(tmp_path):
+    """Rank 0 tells the followers at every step whether to stop: none is left waiting in a collective."""
+    from gradio_client.exceptions import AppError
+
+    with torchrun_app(tmp_path) as (proc, client, log, _):
+        generate(client, steps=1)  # 256x256 compiled on both ranks
+        job = client.submit("a long one", "256x256", 100, 5, api_name="/generate")
+        deadline = time.monotonic() + 120
+        while not client.predict(api_name="/status")["busy"]:
+            assert time.monotonic() < deadline and not job.done(), "the long request never started"
+            time.sleep(0.1)
+        time.sleep(0.5)  # a few steps in
+        stopped = client.predict(api_name="/stop")["stopped"]
+        assert stopped == ["running"], stopped
+        with pytest.raises(AppError, match="no image was made"):
+            job.result(timeout=120)
+        start = time.monotonic()
+        _, info = generate(client, seed=6)  # both ranks answer the next call: nobody deadlocked
+        assert info["seed"] == 6 and time.monotonic() - start < 60
+        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] is None
+        client.close()
+        stop([proc], timeout=60)

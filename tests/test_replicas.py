@@ -147,6 +147,37 @@ def test_the_browser_shows_both_replicas(deployment):
             browser.close()
 
 
+def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deployment):
+    """The Stop button's token cancels the stream; the replica stops the image at its next step."""
+    from neuron_ui.stopping import StopToken, Stopped
+
+    client = deployment.engine
+    started = time.monotonic()
+    client.generate(request(seed=11, steps=100))
+    whole = time.monotonic() - started  # what the image takes when nobody stops it
+    stop, outcome = StopToken(), {}
+
+    def long_request():
+        try:
+            outcome["result"] = client.generate(request(seed=11, steps=100), stop=stop)
+        except Stopped as error:
+            outcome["stopped"] = str(error)
+
+    worker = threading.Thread(target=long_request, daemon=True)
+    worker.start()
+    busy = wait_until(lambda: next((s for _, s in client.reports().values() if s["busy"]), None), "a replica is busy",
+                      timeout=TIMEOUT)
+    wait_until(lambda: stop.phase == "running", "the replica said the image is running", timeout=TIMEOUT)
+    stopped_at = time.monotonic()
+    stop.stop()
+    worker.join(TIMEOUT)
+    assert outcome.get("stopped") == "stopped at the next step; no image was made", outcome
+    wait_until(lambda: not any(s["busy"] for _, s in client.reports().values() if s["replica"] == busy["replica"]),
+               "the replica is free again", timeout=30)
+    freed = time.monotonic() - stopped_at
+    assert freed < whole / 2, f"the replica stayed busy {freed:.1f} s after the stop; a whole image takes {whole:.1f} s"
+
+
 def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(deployment):
     """Everything of ours that listens (this process, Ray's daemons, the replicas) is on loopback, but one port per
     Serve replica: ray/serve/_private/replica.py (2.60) binds its inter-deployment gRPC server to [::]:0."""

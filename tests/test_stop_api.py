@@ -1,0 +1,137 @@
+"""Stop through the served app: the /stop endpoint (gradio_client and raw HTTP through the gate), a client's
+job.cancel(), a closed event stream, and a queued request stopped before it ran (tiny model, eager backend)."""
+
+import time
+
+import httpx
+import pytest
+from gradio_client.exceptions import AppError
+from serving import TIMEOUT, connect, served, wait_until
+from test_stop import LONG, StepClock
+
+from neuron_ui import ui
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stop")
+    with served(folder / "cache", "--max-queue", "4") as s:
+        s.engine.warmup("256x256")
+        s.engine.runner = s.clock = StepClock(s.engine.runner)
+        s.folder = folder
+        yield s
+
+
+def long_request(client, seed=1):
+    return client.submit("a long one", "256x256", LONG, seed, None, None, None, api_name="/generate")
+
+
+def running(s, steps=3):
+    """Wait until the request on the device has run `steps` steps; returns the time one step takes."""
+    count = len(s.clock.step_ends)
+    wait_until(lambda: len(s.clock.step_ends) >= count + steps, f"{steps} steps ran")
+    ends = s.clock.step_ends
+    return ends[-1] - ends[-2]
+
+
+def freed_within(s, bound: float) -> float:
+    """Seconds until the device is free; fails past `bound` (generous: the machine is shared)."""
+    start = time.perf_counter()
+    wait_until(lambda: not s.engine.status().busy, "the device is free", timeout=bound)
+    return time.perf_counter() - start
+
+
+def the_next_request_runs(s, client):
+    _, info = client.submit("next", "256x256", 1, 7, None, None, None, api_name="/generate").result(TIMEOUT)
+    assert info["seed"] == 7
+
+
+def test_stop_through_the_api_stops_the_image_at_the_next_step(app):
+    s = app
+    client = connect(s.url, s.folder)
+    job = long_request(client)
+    step = running(s)
+    before = len(s.clock.step_ends)
+    answer = client.predict(api_name="/stop")
+    freed = freed_within(s, 10)
+    assert answer["stopped"] == ["running"] and "stops at the next step" in answer["message"]
+    with pytest.raises(AppError, match="no image was made"):
+        job.result(TIMEOUT)
+    assert len(s.clock.step_ends) - before <= 3 and freed < 5 * step + 1.0, (freed, step)
+    assert client.predict(api_name="/stop")["stopped"] == []  # nothing left to stop
+    the_next_request_runs(s, client)
+
+
+def test_a_cancelled_job_stops_its_image(app):
+    s = app
+    client = connect(s.url, s.folder)
+    before = len(s.clock.step_ends)
+    job = long_request(client, seed=2)
+    running(s)
+    job.cancel()
+    freed_within(s, 10)
+    assert len(s.clock.step_ends) - before < LONG
+    the_next_request_runs(s, client)
+
+
+def test_the_stop_route_through_raw_http(app):
+    s = app
+    client = connect(s.url, s.folder)
+    job = long_request(client, seed=3)
+    running(s)
+    # Someone else's session stops nothing.
+    other = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": "not-theirs"}, timeout=TIMEOUT)
+    assert other.status_code == 200
+    assert s.engine.status().busy
+    # The same session as the client's running request (its event stream reads the answer of this call).
+    posted = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": client.session_hash},
+                        timeout=TIMEOUT)
+    assert posted.status_code == 200 and posted.json()["event_id"], posted.text
+    freed_within(s, 10)
+    with pytest.raises(AppError, match="no image was made"):
+        job.result(TIMEOUT)
+    # The gate still refuses what is not ours, by name.
+    refused = httpx.post(s.url + "/gradio_api/call/stop_everything", json={"data": []}, timeout=TIMEOUT)
+    assert refused.status_code == 404 and "/stop" in refused.json()["detail"]
+
+
+def test_a_queued_request_that_is_stopped_never_runs(app):
+    s = app
+    holder, queued = connect(s.url, s.folder), connect(s.url, s.folder)
+    s.clock.hold()
+    first = holder.submit("on the device", "256x256", 1, 10, None, None, None, api_name="/generate")
+    assert s.clock.holding.wait(TIMEOUT)
+    job = queued.submit("queued", "256x256", 1, 99, None, None, None, api_name="/generate")
+    wait_until(lambda: s.engine.status().queue_depth == 1, "the second request waits in the engine's queue")
+    assert queued.predict(api_name="/stop")["stopped"] == ["queued"]
+    with pytest.raises(AppError, match="left the queue"):
+        job.result(TIMEOUT)
+    s.clock.open()
+    assert first.result(TIMEOUT)[1]["seed"] == 10
+    assert 99 not in s.clock.seeds
+
+
+def test_a_client_that_closes_its_event_stream_stops_its_image(app):
+    s = app
+    generate = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "generate")
+    session = "closes-its-stream"
+    before = len(s.clock.step_ends)
+    s.clock.hold()  # the image waits at the device until this client is listening
+    with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
+        joined = http.post("/gradio_api/queue/join", json={
+            "data": ["a long one", "256x256", LONG, 4, None, None, None], "fn_index": generate,
+            "session_hash": session, "event_data": None, "trigger_id": None})
+        assert joined.status_code == 200, joined.text
+        with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:
+            for line in stream.iter_lines():
+                if "process_starts" in line:  # (leaving this loop closes the stream)
+                    s.clock.open()
+                    running(s)
+                    break  # the image is on the device; now the client goes away
+    freed_within(s, 10)
+    assert len(s.clock.step_ends) - before < LONG  # it stopped: not all of its steps ran
+
+
+def test_gradio_still_hands_handlers_their_session_and_event():
+    """ui.current_event reads Gradio's context variables; outside an event both are None."""
+    assert ui.current_event() == (None, None)
