@@ -171,7 +171,7 @@ class FailingEngine:
     def __init__(self, error: Exception, status: EngineStatus):
         self.error, self._status = error, status
 
-    def generate(self, request, progress=None):
+    def generate(self, request, progress=None, stop=None):
         raise self.error
 
     def warmup(self, resolution, progress=None):
