@@ -5,6 +5,7 @@ them without dynamo; the other tests copy that folder and damage or re-key it, o
 """
 
 import json
+from dataclasses import replace
 import os
 import shutil
 import subprocess
@@ -16,13 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
-from neuron_ui import aot, bundles
+from neuron_ui import aot, bundles, ui
 from neuron_ui.compilation import COMPILED, DISK_HIT, MEMORY_HIT, CacheManifest
 from neuron_ui.device import configure_cache_env
 from neuron_ui.engine import Engine
 from neuron_ui.loading import LoadedModel, build_tiny_pipeline
 from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import GenerateRequest
+from neuron_ui.schema import EngineStatus, GenerateRequest
 from neuron_ui.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -170,3 +171,10 @@ def test_aot_is_refused_on_neuron_with_a_clear_message():
     with pytest.raises(ValueError, match="tensor-parallel"):
         aot.check_runtime("cuda", "inductor", tp_degree=2)
     aot.check_runtime("cuda", "inductor")
+
+
+def test_status_line_names_the_aot_mode():
+    fields = {f: None for f in EngineStatus.__dataclass_fields__}
+    status = replace(EngineStatus(**fields), model="tiny", device="cpu", dtype="float32", compile_mode="aot",
+                     compile_backend="inductor")
+    assert "**Compile** ahead-of-time (AOTInductor packages)" in ui.describe_engine(status, Settings())
