@@ -5,8 +5,8 @@ and single-stream blocks) is exported once per input shape, with the block's wei
 graph, so one package serves every instance of its class and each call passes that instance's own weights (no
 copy: the package reads the parameters in place). A package is a `.pt2` file in `aot/<compile-key digest>/`,
 named after the block class and its sequence length; it carries the key digest and the input signature in its
-AOTInductor metadata, and is loaded only when both match. A new process loads packages with `aoti_load_package`:
-no dynamo, no inductor, no C++ compiler; that is what makes a warm restart as quick as an eager start.
+AOTInductor metadata, and is loaded only when both match. A new process loads packages with AOTInductor's loader:
+no dynamo, no inductor, no C++ compiler; that is what makes a warm restart about as quick as an eager start.
 
 Packages are made lazily, at a block's first call with a new shape (the engine's first run of a layout, once,
 under its device queue). What happened is counted in dynamo's `counters[PACKAGE_COUNTERS]` ("compiled",
@@ -16,10 +16,12 @@ under its device queue). What happened is counted in dynamo's `counters[PACKAGE_
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import inspect
 import logging
 import os
+import platform
 import shutil
 import tempfile
 import threading
@@ -89,7 +91,7 @@ class PackageStore:
         if not path.is_file():
             return None
         try:
-            package = torch._inductor.aoti_load_package(str(path))
+            package = load_package(path)
             metadata = package.get_metadata()
         except Exception as error:  # a truncated or overwritten file: compile it again rather than fail the request
             logger.warning("ignoring unreadable AOT package %s (%s); compiling it again", path,
@@ -120,7 +122,30 @@ class PackageStore:
             Path(tmp).unlink(missing_ok=True)
         _counters()[PACKAGE_COUNTERS]["compiled"] += 1
         logger.info("compiled AOT package %s", path.name)
-        return torch._inductor.aoti_load_package(str(path))
+        return load_package(path)
+
+
+def load_package(path: Path) -> Any:
+    """`aoti_load_package` without its machine check, which costs 2.7 s per process on CPU in torch 2.13: it
+    compiles and runs ten probe programs to list the CPU's vector ISAs (`get_device_information` ->
+    `pick_vec_isa`). The signature of every package names the machine it was compiled for instead
+    (`machine_signature`), so a package from another CPU or GPU has another name and is never opened."""
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
+    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1))
+
+
+@functools.lru_cache(maxsize=None)
+def machine_signature(device: torch.device) -> str:
+    """What the compiled kernels assume of the machine: the GPU's compute capability, or the CPU's feature flags."""
+    if device.type == "cuda":
+        return "cuda:%d.%d" % torch.cuda.get_device_capability(device)
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = next((line for line in handle if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return f"{platform.machine()}:{torch.backends.cpu.get_cpu_capability()}:{' '.join(sorted(flags.split()[2:]))}"
 
 
 class _Functional(torch.nn.Module):
@@ -165,7 +190,8 @@ class AOTBlock:
         return package(weights, inputs)
 
     def signature(self, weights: tuple[torch.Tensor, ...], inputs: dict[str, Any], fixed: dict[str, Any]) -> str:
-        """Everything a package is specialized on: class, weight and input shapes/dtypes/devices, fixed arguments."""
+        """Everything a package is specialized on: class, machine, weight and input shapes/dtypes/devices, fixed
+        arguments."""
         def describe(value: Any) -> str:
             if isinstance(value, torch.Tensor):
                 return f"{tuple(value.shape)}:{value.dtype}:{value.device.type}"
@@ -173,7 +199,8 @@ class AOTBlock:
                 return "(" + ",".join(describe(v) for v in value) + ")"
             return repr(value)
 
-        text = "|".join([type(self.block).__qualname__, *(describe(w) for w in weights),
+        text = "|".join([type(self.block).__qualname__, machine_signature(weights[0].device),
+                         *(describe(w) for w in weights),
                          *(f"{k}={describe(v)}" for k, v in sorted(inputs.items())),
                          *(f"{k}={describe(v)}" for k, v in sorted(fixed.items()))])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
