@@ -3,9 +3,9 @@
 A bundle is a `.tar.gz` whose first member is `bundle.json` (format, compile key, the manifest entries
 for the shapes it carries, and every file with its size and sha256), followed by the compiled
 artifacts: `inductor/...` (TORCHINDUCTOR_CACHE_DIR) and, for the neuron backend, `neff/...`
-(TORCH_NEURONX_NEFF_CACHE_DIR). We ship the cache folders themselves rather than
-`torch.compiler.save_cache_artifacts()`: on CPU the artifacts lack the compiled C++ kernels, so g++ runs
-again (measured here: 35-50% of the cold time saved, against 80-85% for a copied folder).
+(TORCH_NEURONX_NEFF_CACHE_DIR); for `--compile aot`, only that key's AOTInductor packages, `aot/<digest>/...`.
+We ship the cache folders themselves rather than `torch.compiler.save_cache_artifacts()`: on CPU the
+artifacts lack the compiled C++ kernels, so g++ runs again (measured here: 35-50% of the cold time saved, against 80-85% for a copied folder).
 
 Importing never half-applies: everything is extracted to a staging folder inside the cache root and
 verified first; files then move into place, and the manifest is merged last, so an interrupted import
@@ -47,7 +47,8 @@ BUNDLE_JSON = "bundle.json"
 MAX_BUNDLE_JSON = 16 * 2**20
 # Which cache folders hold a backend's compiled artifacts; other backends (eager, aot_eager) keep none.
 ARTIFACTS = {"inductor": ("inductor",), "neuron": ("neff", "inductor")}
-SECTIONS = {name for names in ARTIFACTS.values() for name in names}
+AOT = "aot"  # --compile aot keeps its AOTInductor packages in aot/<key digest>/ and nothing else
+SECTIONS = {name for names in ARTIFACTS.values() for name in names} | {AOT}
 SKIPPED_DIRS = {"locks"}  # inductor's empty filelock files, recreated on demand
 CHUNK = 2**20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -155,7 +156,8 @@ def list_cache(cache: CachePaths) -> CacheListing:
     for digest, entry in sorted(entries.items(), key=lambda item: describe_key(item[1].get("key", {}))):
         shapes = [ShapeRecord(**rec) for rec in entry.get("shapes", {}).values()]
         keys.append(KeyListing(digest, entry.get("key", {}), sorted(shapes, key=lambda s: (s.tokens, s.resolution))))
-    return CacheListing(cache.root, keys, {"inductor": folder_usage(cache.inductor), "neff": folder_usage(cache.neff)})
+    return CacheListing(cache.root, keys, {"inductor": folder_usage(cache.inductor), "neff": folder_usage(cache.neff),
+                                           "aot": folder_usage(cache.aot)})
 
 
 def format_listing(listing: CacheListing, current: CompileKey | None = None) -> str:
@@ -213,7 +215,7 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
         raise ValueError(f"backend {key.backend!r} keeps no compiled artifacts on disk: nothing to export "
                          f"(bundles carry {', '.join(ARTIFACTS)} caches)")
     out = Path(out) / bundle_name(key) if Path(out).is_dir() else Path(out)
-    sections = {name: getattr(cache, name) for name in ARTIFACTS[key.backend]}
+    sections = _sections(cache, key)
     sources = {f"{name}/{path.relative_to(folder).as_posix()}": path
                for name, folder in sections.items() for path in _walk_files(folder)}
     if not sources:
@@ -243,6 +245,13 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
     _write_tar(out, header, files, sources)
     logger.info("exported %s: %s, %d files, %s", out, ", ".join(chosen), len(files), human_bytes(info.bytes))
     return info
+
+
+def _sections(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
+    """The folders holding this key's artifacts: its own AOT packages, or the compiler caches of its backend."""
+    if key.mode == AOT:
+        return {f"{AOT}/{key.digest}": cache.aot / key.digest}
+    return {name: getattr(cache, name) for name in ARTIFACTS[key.backend]}
 
 
 def _write_tar(out: Path, header: dict, files: list[BundleFile], sources: dict[str, Path]) -> None:
@@ -561,7 +570,7 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
                              f"recorded: {', '.join(sorted(shapes)) or 'none'}")
     result = ClearResult(removed_shapes=manifest.forget(key.digest if key else None, wanted))
     if key is None:
-        for folder in (cache.inductor, cache.neff):
+        for folder in (cache.inductor, cache.neff, cache.aot):
             if not folder.resolve().is_relative_to(cache.root.resolve()):
                 logger.warning("not emptying %s: it is outside the cache folder %s", folder, cache.root)
                 result.skipped_folders.append(folder)
@@ -569,7 +578,8 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
             usage = folder_usage(folder)
             result.removed_files += usage.files
             result.freed_bytes += usage.bytes
-            _empty(folder)
+            if folder.is_dir():
+                _empty(folder)
         sweep_staging(cache.root)  # left by imports that were killed
     logger.info("cleared %d shapes, %d files (%s)", len(result.removed_shapes), result.removed_files,
                 human_bytes(result.freed_bytes))

@@ -1,7 +1,8 @@
-"""Compile strategies (eager, regional, full) and honest cache accounting.
+"""Compile strategies (eager, regional, full, aot) and honest cache accounting.
 
 What a request compiled is read from real signals: dynamo's graph counter, inductor's and AOTAutograd's
-cache hit/miss counters, and new files in the NEFF cache folder; never assumed from our own bookkeeping.
+cache hit/miss counters, new files in the NEFF cache folder, and AOTInductor packages compiled or loaded
+(neuron_ui/aot.py); never assumed from our own bookkeeping.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def compile_transformer(transformer: torch.nn.Module, mode: str, backend: Backen
     elif mode == "full":
         transformer.compile(backend=backend, fullgraph=True, dynamic=False)
     elif mode != "eager":
-        raise ValueError(f"compile mode {mode!r} is not one of eager, regional, full")
+        raise ValueError(f"compile mode {mode!r} is not one of eager, regional, full (aot: neuron_ui/aot.py)")
 
 
 def raise_recompile_limit(graphs: int) -> None:
@@ -73,6 +74,8 @@ class CompileCounters:
     cache_misses: int
     cache_bypasses: int  # inductor compiled without looking in its cache (a graph it cannot cache)
     neff_files: int
+    packages_compiled: int = 0  # --compile aot: AOTInductor packages made from scratch
+    packages_loaded: int = 0  # and loaded from the cache folder
 
     def __sub__(self, other: "CompileCounters") -> "CompileCounters":
         return CompileCounters(*(a - b for a, b in zip(asdict(self).values(), asdict(other).values())))
@@ -97,7 +100,9 @@ def read_counters(neff_dir: Path | None = None) -> CompileCounters:
     from torch._dynamo.utils import counters
 
     cache = {field: sum(counters[group][name] for group, name in names) for field, names in CACHE_COUNTERS.items()}
-    return CompileCounters(graphs=counters["stats"]["unique_graphs"], neff_files=count_files(neff_dir), **cache)
+    return CompileCounters(graphs=counters["stats"]["unique_graphs"], neff_files=count_files(neff_dir),
+                           packages_compiled=counters["aot_package"]["compiled"],
+                           packages_loaded=counters["aot_package"]["loaded"], **cache)
 
 
 def classify_event(delta: CompileCounters, mode: str, backend: Backend) -> str:
@@ -105,7 +110,10 @@ def classify_event(delta: CompileCounters, mode: str, backend: Backend) -> str:
 
     `disk_hit` only when every cache lookup hit: one miss or one bypass (inductor compiling a graph it cannot
     cache, so nothing came from disk for it) means the compiler ran in this request, which is `compiled`.
+    With `aot` only AOTInductor packages count: one compiled is `compiled`, else one loaded is `disk_hit`.
     """
+    if mode == "aot":
+        return COMPILED if delta.packages_compiled else DISK_HIT if delta.packages_loaded else MEMORY_HIT
     if delta.graphs == 0 and delta.neff_files == 0:
         return EAGER if mode == "eager" else MEMORY_HIT
     if backend == "neuron":

@@ -44,6 +44,11 @@ class CachePaths:
     manifest: Path
     problem: str | None = None  # why the folder cannot keep anything (then the compilers use a temp folder)
 
+    @property
+    def aot(self) -> Path:
+        """--compile aot's AOTInductor packages, a folder per compile key (neuron_ui/aot.py)."""
+        return self.root / "aot"
+
 
 def configure_cache_env(cache_dir: Path, environ: os._Environ | dict = os.environ) -> CachePaths:
     """Set the cache env vars inside cache_dir (a user's own TORCH_NEURONX_NEFF_CACHE_DIR wins).

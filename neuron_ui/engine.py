@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 import torch
 from PIL import Image
 
-from . import compilation
+from . import aot, compilation
 from .compilation import Backend, CacheManifest, CompileKey, backend_name, classify_event, read_counters
 from .device import CachePaths, CompileFolder, Runtime
 from .graphs import GraphBook, Layout, Layouts
@@ -217,7 +217,11 @@ class Engine:
         self._image_seconds: dict[Layout, float] = {}  # each layout's latest pipeline run, for waiting users
         # Every sequence a request can make: each preset plain or inpainted, with 0..max references of one size.
         compilation.raise_recompile_limit(len({layout.tokens for layout in self.allowed.all()}))
-        compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
+        if compile_mode == "aot":  # the repeated blocks run from AOTInductor packages, made or loaded per shape
+            aot.check_runtime(device, backend_name(backend), tp_degree)
+            aot.install(self.pipe.transformer, aot.PackageStore(aot.package_folder(cache, self.key), self.key))
+        else:
+            compilation.compile_transformer(self.pipe.transformer, compile_mode, backend)
 
     @classmethod
     def from_settings(cls, settings: Settings, cache: CachePaths, group: "ParallelGroup | None" = None,
@@ -225,6 +229,8 @@ class Engine:
         """Detect the device, load the model (sharded over `group` under torchrun), set up compilation;
         `wrap_runner` wraps the pipeline runner (rank 0's LeaderRunner under torchrun)."""
         runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
+        if settings.compile == "aot":  # before the model loads: say it at start-up
+            aot.check_runtime(runtime.device, runtime.backend, group.degree if group else 1)
         loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype), group)
         logger.info("serving %s on %s in %s, compile %s/%s%s", loaded.name, runtime.device, runtime.dtype,
                     settings.compile, runtime.backend, f", tensor-parallel x{group.degree}" if group else "")

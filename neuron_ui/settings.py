@@ -15,7 +15,7 @@ from .resolutions import DEFAULT_RESOLUTIONS, Resolution, parse_resolutions
 
 DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-COMPILE_MODES = ("eager", "regional", "full")
+COMPILE_MODES = ("eager", "regional", "full", "aot")
 DEFAULT_MODEL = "auto"
 
 
@@ -58,6 +58,9 @@ class Settings:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.compile == "aot" and (self.device == "neuron" or self.compile_backend not in (None, "inductor")):
+            raise ValueError("--compile aot (AOTInductor packages) is for CUDA and CPU with the inductor backend; "
+                             "on Neuron the NEFF cache already restores compiled graphs: use --compile regional")
         if self.tp_timeout <= 0:
             raise ValueError(f"--tp-timeout must be positive, got {self.tp_timeout}")
         if self.max_queue < 1:
@@ -110,7 +113,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="'auto', 'tiny', a Hugging Face repo id or a local folder (env NEURON_UI_MODEL)")
     parser.add_argument("--device", choices=DEVICES, help="env NEURON_UI_DEVICE; default auto")
     parser.add_argument("--dtype", choices=DTYPES, help="env NEURON_UI_DTYPE; default auto (bf16 on accelerators)")
-    parser.add_argument("--compile", choices=COMPILE_MODES, help="env NEURON_UI_COMPILE; default regional")
+    parser.add_argument("--compile", choices=COMPILE_MODES, help="env NEURON_UI_COMPILE; default regional; "
+                        "aot: AOTInductor packages, CUDA and CPU only")
     parser.add_argument("--compile-backend", help="torch.compile backend (default: neuron on Neuron, else inductor)")
     parser.add_argument("--resolutions", help="comma-separated WIDTHxHEIGHT presets (env NEURON_UI_RESOLUTIONS)")
     parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")

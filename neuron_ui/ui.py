@@ -213,7 +213,8 @@ def status_rows(status: EngineStatus) -> list[list[str]]:
 
 def describe_engine(status: EngineStatus, settings: Settings) -> str:
     eager = status.compile_mode == "eager"
-    compile_text = "none (eager)" if eager else f"{status.compile_mode}, {status.compile_backend}"
+    compile_text = ("none (eager)" if eager else "ahead-of-time (AOTInductor packages)" if status.compile_mode == "aot"
+                    else f"{status.compile_mode}, {status.compile_backend}")
     parallel = f" x{status.tensor_parallel['degree']} tensor-parallel" if status.tensor_parallel else ""
     per = f" on each of {settings.replicas} replicas" if settings.replicas else ""
     return (

@@ -1,0 +1,180 @@
+"""`--compile aot`: real AOTInductor packages on the tiny model on CPU.
+
+One cold process compiles the packages into a shared cache folder (module scope); a second, new process loads
+them without dynamo; the other tests copy that folder and damage or re-key it, or ship it in a bundle.
+"""
+
+import json
+from dataclasses import replace
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from neuron_ui import aot, bundles, ui
+from neuron_ui.compilation import COMPILED, DISK_HIT, MEMORY_HIT, CacheManifest
+from neuron_ui.device import configure_cache_env
+from neuron_ui.engine import Engine
+from neuron_ui.loading import LoadedModel, build_tiny_pipeline
+from neuron_ui.resolutions import parse_resolutions
+from neuron_ui.schema import EngineStatus, GenerateRequest
+from neuron_ui.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+RESOLUTION = "256x256"
+REQUEST = dict(prompt="a lighthouse at dusk", resolution=RESOLUTION, seed=7, steps=2)
+# Pixels (0-255) an aot image may differ from regional torch.compile's for the same seed: both are inductor
+# kernels, but AOTInductor takes the weights as inputs and fuses differently, so float32 sums round differently.
+TOLERANCE = 2
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from neuron_ui.device import configure_cache_env
+cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
+import torch
+from torch._dynamo.utils import counters
+from neuron_ui.engine import Engine
+from neuron_ui.resolutions import parse_resolutions
+from neuron_ui.schema import GenerateRequest
+from neuron_ui.settings import Settings
+request = json.loads(sys.argv[3])
+settings = Settings(model="tiny", device="cpu", compile="aot", resolutions=parse_resolutions(request["resolution"]),
+                    cache_dir=Path(sys.argv[1]))
+engine = Engine.from_settings(settings, cache)
+first = engine.generate(GenerateRequest(**request))
+second = engine.generate(GenerateRequest(**request))
+first.image.save(sys.argv[2])
+traced = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"]}
+torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))  # the control: dynamo tracing shows in the counts
+control = counters["frames"]["total"]
+print(json.dumps({"events": [first.cache_event, second.cache_event], "compile_s": first.compile_seconds,
+                  "traced": traced, "control_frames": control, "status_mode": engine.status().compile_mode}))
+"""
+
+
+def run_child(cache_dir: Path, image: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}
+    env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", CHILD, str(cache_dir), str(image), json.dumps(REQUEST)],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A cold process compiles the packages, then a new process on the same folder loads them."""
+    root = tmp_path_factory.mktemp("aot")
+    cold = run_child(root / "cache", root / "cold.png")
+    warm = run_child(root / "cache", root / "warm.png")
+    return root, cold, warm
+
+
+def pixels(image) -> np.ndarray:
+    image = Image.open(image) if isinstance(image, Path) else image
+    return np.asarray(image.convert("RGB")).astype(int)
+
+
+def aot_engine(cache_dir: Path, name: str = "tiny") -> Engine:
+    cache = configure_cache_env(cache_dir, environ={})
+    return Engine(LoadedModel(build_tiny_pipeline(), name=name, is_tiny=True), presets=parse_resolutions(RESOLUTION),
+                  compile_mode="aot", backend="inductor", cache=cache, manifest=CacheManifest(cache.manifest))
+
+
+def packages(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "aot").rglob("*.pt2"))
+
+
+def test_cold_process_compiles_one_package_per_block_class(warm):
+    root, cold, _ = warm
+    assert cold["events"] == [COMPILED, MEMORY_HIT]
+    assert cold["status_mode"] == "aot"
+    names = [p.name.split("-")[0] for p in packages(root / "cache")]
+    assert names == ["Flux2SingleTransformerBlock", "Flux2TransformerBlock"]  # 2 + 4 blocks, 2 packages
+    assert cold["traced"]["graphs"] == 0  # export is not dynamo: nothing is traced by torch.compile
+
+
+def test_new_process_loads_packages_without_dynamo(warm):
+    root, cold, warm_run = warm
+    assert warm_run["events"] == [DISK_HIT, MEMORY_HIT]
+    assert warm_run["traced"] == {"frames": 0, "graphs": 0}
+    assert warm_run["control_frames"] > 0  # the counter does count dynamo's frames when it traces
+    assert warm_run["compile_s"] < cold["compile_s"] / 3, (warm_run, cold)
+    assert (pixels(root / "warm.png") == pixels(root / "cold.png")).all()  # the same package, the same kernels
+
+
+def test_images_match_regional_torch_compile(warm, make_engine, tmp_path):
+    root, _, _ = warm
+    regional = make_engine(presets=RESOLUTION, compile_mode="regional", backend="inductor",
+                           cache_dir=tmp_path / "regional")
+    image = regional.generate(GenerateRequest(**REQUEST)).image
+    difference = np.abs(pixels(image) - pixels(root / "cold.png"))
+    assert difference.max() <= TOLERANCE, difference.max()
+
+
+def test_package_of_another_compile_key_is_not_loaded(warm, tmp_path, caplog):
+    root, _, _ = warm
+    engine = aot_engine(tmp_path / "cache", name="tiny-other")
+    theirs = packages(root / "cache")
+    ours = aot.package_folder(engine.cache, engine.key)
+    ours.mkdir(parents=True)
+    for package in theirs:  # the names match (same blocks, same shapes); only the key inside differs
+        shutil.copy(package, ours / package.name)
+    result = engine.generate(GenerateRequest(**REQUEST))
+    assert result.cache_event == COMPILED
+    assert "built for key" in caplog.text
+    assert [p.name for p in packages(tmp_path / "cache")] == [p.name for p in theirs]
+
+
+def test_corrupt_package_is_compiled_again(warm, tmp_path):
+    root, _, _ = warm
+    shutil.copytree(root / "cache" / "aot", tmp_path / "cache" / "aot")
+    single, double = packages(tmp_path / "cache")
+    single.write_bytes(single.read_bytes()[: single.stat().st_size // 2])  # cut short
+    double.write_bytes(b"not a package")
+    result = aot_engine(tmp_path / "cache").generate(GenerateRequest(**REQUEST))
+    assert result.cache_event == COMPILED
+    assert (pixels(result.image) == pixels(root / "cold.png")).all()
+    torch._dynamo.reset()
+    again = aot_engine(tmp_path / "cache").generate(GenerateRequest(**REQUEST))  # the rewritten packages load
+    assert again.cache_event == DISK_HIT
+
+
+def test_bundle_carries_the_packages(warm, tmp_path):
+    root, _, _ = warm
+    key = bundles.key_for_settings(Settings(model="tiny", device="cpu", compile="aot",
+                                            resolutions=parse_resolutions(RESOLUTION)))
+    exported = bundles.export_bundle(configure_cache_env(root / "cache", environ={}), key, tmp_path / "b.tar.gz")
+    assert sorted(f.path for f in exported.files) == [
+        f"aot/{key.digest}/{p.name}" for p in packages(root / "cache")]  # its packages only, no inductor folder
+    fresh = configure_cache_env(tmp_path / "fresh", environ={})
+    bundles.import_bundle(fresh, key, exported.path)
+    result = aot_engine(tmp_path / "fresh").generate(GenerateRequest(**REQUEST))
+    assert result.cache_event == DISK_HIT
+    assert (pixels(result.image) == pixels(root / "cold.png")).all()
+
+
+def test_aot_is_refused_on_neuron_with_a_clear_message():
+    with pytest.raises(ValueError, match="CUDA and CPU"):
+        Settings(compile="aot", device="neuron")
+    with pytest.raises(ValueError, match="--compile regional"):
+        aot.check_runtime("neuron", "neuron")
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        aot.check_runtime("cuda", "inductor", tp_degree=2)
+    aot.check_runtime("cuda", "inductor")
+
+
+def test_status_line_names_the_aot_mode():
+    fields = {f: None for f in EngineStatus.__dataclass_fields__}
+    status = replace(EngineStatus(**fields), model="tiny", device="cpu", dtype="float32", compile_mode="aot",
+                     compile_backend="inductor")
+    assert "**Compile** ahead-of-time (AOTInductor packages)" in ui.describe_engine(status, Settings())
