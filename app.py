@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 from neuron_ui.device import CachePaths, Launch, configure_cache_env, detect_launch
-from neuron_ui.settings import Settings, build_parser, settings_from_args
+from neuron_ui.settings import Settings, StartupError, build_parser, settings_from_args
 
 if TYPE_CHECKING:  # both import heavy modules (torch, gradio), which must load after the env is set
     import gradio as gr
@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine, demo = build_app(settings)
         drained = launch(engine, demo, settings, server).serve_forever()
+    except StartupError as error:
+        sys.exit(f"error: {error}")
     finally:
         server.stop()
     if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)

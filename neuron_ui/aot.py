@@ -33,6 +33,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from .compilation import CompileKey
 from .device import CachePaths
+from .settings import StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +43,15 @@ SIGNATURE_FIELD = "neuron_ui_signature"  # and the block class, weights and inpu
 
 
 def check_runtime(device: str, backend: str, tp_degree: int = 1) -> None:
-    """`--compile aot` is for CUDA and CPU with inductor, one process; ValueError says what to use instead."""
+    """`--compile aot` is for CUDA and CPU with inductor, one process; StartupError says what to use instead."""
     if device.startswith("neuron") or backend == "neuron":
-        raise ValueError("--compile aot (AOTInductor packages) is for CUDA and CPU; on Neuron the NEFF cache already "
+        raise StartupError("--compile aot (AOTInductor packages) is for CUDA and CPU; on Neuron the NEFF cache already "
                          "restores compiled graphs: use --compile regional")
     if backend != "inductor":
-        raise ValueError(f"--compile aot compiles with AOTInductor; --compile-backend {backend!r} does not apply "
+        raise StartupError(f"--compile aot compiles with AOTInductor; --compile-backend {backend!r} does not apply "
                          "(leave it unset or use inductor)")
     if tp_degree != 1:
-        raise ValueError("--compile aot does not export tensor-parallel (sharded) blocks; use --compile regional "
+        raise StartupError("--compile aot does not export tensor-parallel (sharded) blocks; use --compile regional "
                          "with --tp")
 
 

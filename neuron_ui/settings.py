@@ -79,6 +79,10 @@ class Settings:
             raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
 
 
+class StartupError(ValueError):
+    """A launch that cannot work on this machine, found once the device is known: app.py says it in one line."""
+
+
 def parse_sha256(value: str) -> str:
     """A bundle digest as `sha256sum` prints it (64 hex digits), lower-cased; ValueError otherwise."""
     digest = value.strip().lower()

@@ -178,3 +178,19 @@ def test_status_line_names_the_aot_mode():
     status = replace(EngineStatus(**fields), model="tiny", device="cpu", dtype="float32", compile_mode="aot",
                      compile_backend="inductor")
     assert "**Compile** ahead-of-time (AOTInductor packages)" in ui.describe_engine(status, Settings())
+
+
+def test_an_auto_detected_neuron_device_stops_aot_at_start_up_in_one_line(monkeypatch, tmp_path):
+    """No Trainium here: device detection is faked to answer "neuron", the rest is app.py's own start-up."""
+    import signal
+
+    import app
+    from neuron_ui import device
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # main's SIGTERM handler would outlive the test
+    monkeypatch.setattr(device, "detect_device", lambda requested="auto": "neuron")
+    monkeypatch.setattr(device, "default_compile_backend", lambda chosen: "neuron")
+    with pytest.raises(SystemExit) as stopped:
+        app.main(["--compile", "aot", "--model", "tiny", "--cache-dir", str(tmp_path), "--port", "0",
+                  "--host", "127.0.0.1"])
+    assert str(stopped.value.code).startswith("error: --compile aot (AOTInductor packages) is for CUDA and CPU")
