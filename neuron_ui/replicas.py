@@ -216,7 +216,7 @@ class EngineReplica:
         self.engine.observers.append(self)
         self.images = 0
         self.active = False
-        self.board = ray.get_actor(board_name, namespace=NAMESPACE)
+        self.board = find_board(board_name)
         self.board.share_tokenizer.remote(self.engine.pipe.tokenizer)
         self.devices = describe_devices(settings.device if settings.device != "auto" else self.engine.device, threads)
         if self.group:
@@ -358,6 +358,18 @@ class EngineReplica:
             stop.set()
 
 
+def find_board(name: str, timeout: float = 30.0):
+    """The front's board actor; on a loaded cluster its name may register a moment after a replica looks for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:  # "Failed to look up actor with name ..."
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def describe_devices(device: str, threads: int | None) -> str:
     if device == "neuron":
         return f"neuron cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '?')}"
@@ -403,6 +415,7 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     start_ray(settings, num_cpus)
     board_name = f"{app_name}-board"
     board = ReplicaBoard.options(name=board_name, namespace=NAMESPACE, get_if_exists=True).remote()
+    ray.get(board.read.remote(), timeout=timeout)  # up and named before any replica looks for it
     plan = plan_replicas(settings, ray.cluster_resources())
     started = time.perf_counter()
     handle = deploy(settings, plan, app_name, board_name)

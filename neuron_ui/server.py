@@ -28,6 +28,7 @@ from starlette.routing import Mount
 
 from . import doors, stopping, ui
 from .metrics import EngineMetrics
+from .references import MAX_UPLOAD_BYTES
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
-MAX_UPLOAD = "1mb"  # the app takes no files; Gradio's upload route stays, capped
+MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"  # Gradio's upload route takes what editing accepts, no more
 
 
 class Server:

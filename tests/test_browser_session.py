@@ -218,3 +218,57 @@ def test_phone_and_laptop_layouts(browser, url):  # noqa: F811
             shot(page, f"26-layout-{width}x{height}")
         finally:
             page.context.close()
+
+
+def engine_status(url: str) -> dict:
+    """/status through gradio_client, as a script would read it."""
+    from gradio_client import Client
+
+    client = Client(url, analytics_enabled=False, verbose=False)
+    try:
+        return client.predict(api_name="/status")
+    finally:
+        client.close()
+
+
+def images_at(url: str, size: str) -> int:
+    return next(s["images"] for s in engine_status(url)["shapes"] if s["resolution"] == size)
+
+
+def start_long_image(page, size: str) -> None:
+    """100 steps at `size` (compiled already), and wait until the progress counts steps."""
+    page.locator("#advanced").get_by_text("Advanced").click()
+    page.locator("#steps input[type=number]").fill("100")
+    page.locator("#steps input[type=number]").press("Enter")
+    pick_size(page, size)
+    page.locator("#prompt textarea").fill("a long night")
+    page.locator("#generate").click()
+    page.locator("#image").get_by_text(re.compile(r"step \d+/100")).wait_for()
+
+
+def test_stop_in_the_browser_frees_the_device_and_makes_no_image(page, url):
+    page.locator("#prompt textarea").fill("a warm-up image")
+    page.locator("#generate").click()  # 256x256 compiled (if this module had not already)
+    page.locator("#info").get_by_text("256x256").wait_for()
+    before = images_at(url, "256x256")
+    start_long_image(page, "256x256")
+    stopped = time.monotonic()
+    page.locator("#stop").click()
+    page.locator("#info").get_by_text("Stopped.").wait_for()
+    wait_until(lambda: not engine_status(url)["busy"], "the device is free after the stop")
+    freed = time.monotonic() - stopped
+    assert images_at(url, "256x256") == before, "the stopped image was made anyway"
+    assert freed < 30, f"the device stayed busy {freed:.1f} s after Stop"
+    shot(page, "30-stopped")
+
+
+def test_a_closed_browser_stops_its_image(browser, url):  # noqa: F811
+    page = open_page(browser, url)
+    page.locator("#prompt textarea").fill("a warm-up image")
+    page.locator("#generate").click()
+    page.locator("#info").get_by_text("256x256").wait_for()
+    before = images_at(url, "256x256")
+    start_long_image(page, "256x256")
+    page.context.close()  # the user closes the tab mid-image
+    wait_until(lambda: not engine_status(url)["busy"], "the device is free after the browser closed")
+    assert images_at(url, "256x256") == before, "the image was finished for a closed browser"

@@ -164,7 +164,11 @@ def test_a_dead_process_folder_is_swept_at_start(tmp_path):
 
 
 def test_uploads_are_capped(gated):
-    big = post(gated, "/gradio_api/upload", files={"files": ("big.bin", b"x" * (2 << 20))})
+    from neuron_ui.references import MAX_UPLOAD_BYTES
+
+    photo = post(gated, "/gradio_api/upload", files={"files": ("photo.jpg", b"x" * (3 << 20))})
+    assert photo.status_code == 200, photo.text  # a designer's photo as a reference fits
+    big = post(gated, "/gradio_api/upload", files={"files": ("big.bin", b"x" * (MAX_UPLOAD_BYTES + 1))})
     assert big.status_code == 413 and "maximum allowed size" in big.text
 
 
