@@ -22,7 +22,7 @@ from PIL import Image
 from . import aot, compilation
 from .compilation import Backend, CacheManifest, CompileKey, backend_name, classify_event, read_counters
 from .device import CachePaths, CompileFolder, Runtime
-from .graphs import GraphBook, Layout, Layouts
+from .graphs import GraphBook, Layout, Layouts, WarmupList
 from . import references as refs
 from .loading import LoadedModel, choose_model, load_model
 from .resolutions import Resolution
@@ -209,8 +209,7 @@ class Engine:
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self._device = DeviceQueue()
         self._state_lock = threading.Lock()
-        self._warmup_queue: list[Resolution] = []
-        self._warmup_thread: threading.Thread | None = None
+        self._warmups: WarmupList[Resolution] = WarmupList(self._warm_one)
         self.allowed = Layouts(presets, reference_sizes, max_references)
         self.graphs = GraphBook(self.key, manifest, compile_mode, backend, presets)
         self._on_device: _OnDevice | None = None
@@ -437,42 +436,28 @@ class Engine:
 
     def start_warmup(self, resolutions: list[str]) -> None:
         """Compile these presets in the background; any user request goes first."""
-        presets = [validate_resolution(r, self.presets) for r in resolutions]
-        with self._state_lock:
-            self._warmup_queue.extend(p for p in presets if p not in self._warmup_queue)
-            if self._warmup_thread is None or not self._warmup_thread.is_alive():
-                self._warmup_thread = threading.Thread(target=self._warmup_loop, name="warmup", daemon=True)
-                self._warmup_thread.start()
+        self._warmups.add([validate_resolution(r, self.presets) for r in resolutions])
 
     def wait_for_warmup(self, timeout: float | None = None) -> bool:
         """True once the warm-up list is done (for tests and for scripts that want a warm server)."""
-        thread = self._warmup_thread
-        if thread is not None:
-            thread.join(timeout)
-        return thread is None or not thread.is_alive()
+        return self._warmups.wait(timeout)
 
     def drain(self, timeout: float) -> bool:
         """Shutting down: refuse new requests ("the server is shutting down"), tell the waiting ones so, and wait up
         to `timeout` s for the run on the device; True if it finished."""
         return self._device.close(timeout)
 
-    def _warmup_loop(self) -> None:
+    def _warm_one(self, preset: Resolution) -> bool:
+        """One preset of the warm-up list, when the device is free of users; False once shutting down."""
         try:
-            while True:
-                with self._device.background():
-                    with self._state_lock:
-                        if not self._warmup_queue:
-                            return
-                        preset = self._warmup_queue[0]
-                    try:
-                        self._ensure_compiled(Layout(preset), _ignore)
-                    except EngineError:
-                        pass  # recorded as failed in the status; the next preset still warms up
-                    finally:
-                        with self._state_lock:
-                            self._warmup_queue.remove(preset)
+            with self._device.background():
+                try:
+                    self._ensure_compiled(Layout(preset), _ignore)
+                except EngineError:
+                    pass  # recorded as failed in the status; the next preset still warms up
         except EngineError:  # the device is closed (shutting down): the rest of the list is not compiled
-            return
+            return False
+        return True
 
     # -- compilation ------------------------------------------------------------------------------
 
@@ -551,14 +536,12 @@ class Engine:
 
     def layout_status(self, layout: Layout) -> ShapeStatus:
         """One layout's state, e.g. for the line under the form before the click."""
-        with self._state_lock:
-            warmup = list(self._warmup_queue)
+        warmup = self._warmups.pending()
         return self.graphs.status(layout, warmup)
 
     def status(self) -> EngineStatus:
         """A snapshot for the UI's status table and the /status API; never waits for the device."""
-        with self._state_lock:
-            warmup = list(self._warmup_queue)
+        warmup = self._warmups.pending()
         shapes = [self.graphs.status(Layout(preset), warmup) for preset in self.presets]
         layouts = [self.graphs.status(layout, warmup) for layout in self.graphs.used()]
         return EngineStatus(

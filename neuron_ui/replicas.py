@@ -35,7 +35,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from . import references as refs
 from .compilation import CacheManifest
-from .graphs import GraphBook, Layout, Layouts
+from .graphs import GraphBook, Layout, Layouts, WarmupList
 from .replica_group import ReplicaGroup, actor_options, rank_bundle
 from .resolutions import Resolution
 from .schema import (
@@ -450,8 +450,7 @@ class ReplicaClient:
         self._replica_states: dict[str, int] = {}  # Serve's count per replica state (RUNNING, STARTING, ...)
         self._last: EngineStatus | None = None
         self._tokenizer: Any = None
-        self._warmup_queue: list[str] = []
-        self._warmup_thread: threading.Thread | None = None
+        self._warmups: WarmupList[str] = WarmupList(self._warm_one)
         self._watch_once()
         self._watcher = threading.Thread(target=self._watch, name="replica-watch", daemon=True)
         self._watcher.start()
@@ -503,18 +502,10 @@ class ReplicaClient:
 
     def start_warmup(self, resolutions: list[str]) -> None:
         """Warm these presets up one after another in the background, each compiled once in the deployment."""
-        presets = [str(self.layout(r)) for r in resolutions]
-        with self._lock:
-            self._warmup_queue.extend(p for p in presets if p not in self._warmup_queue)
-            if self._warmup_thread is None or not self._warmup_thread.is_alive():
-                self._warmup_thread = threading.Thread(target=self._warmup_loop, name="warmup", daemon=True)
-                self._warmup_thread.start()
+        self._warmups.add([str(self.layout(r)) for r in resolutions])
 
     def wait_for_warmup(self, timeout: float | None = None) -> bool:
-        thread = self._warmup_thread
-        if thread is not None:
-            thread.join(timeout)
-        return thread is None or not thread.is_alive()
+        return self._warmups.wait(timeout)
 
     def drain(self, timeout: float) -> bool:
         """Shutting down: no new requests from this front; True once none it sent is still running."""
@@ -528,19 +519,14 @@ class ReplicaClient:
         with self._lock:
             return sum(1 for age, snap in self._reports.values() if age < STALE_SECONDS and snap["busy"])
 
-    def _warmup_loop(self) -> None:
-        while True:
-            with self._lock:
-                if not self._warmup_queue or self._closed:
-                    return
-                resolution = self._warmup_queue[0]
-            try:
-                self.warmup(resolution)
-            except (ValueError, EngineError) as error:
-                logger.warning("warm-up of %s failed: %s", resolution, error)
-            finally:
-                with self._lock:
-                    self._warmup_queue.remove(resolution)
+    def _warm_one(self, resolution: str) -> bool:
+        if self._closed:
+            return False
+        try:
+            self.warmup(resolution)
+        except (ValueError, EngineError) as error:
+            logger.warning("warm-up of %s failed: %s", resolution, error)
+        return True
 
     def _call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
               stop: StopToken | None = None) -> Any:
@@ -670,8 +656,7 @@ class ReplicaClient:
         return self._merge(layout, healthy, self._book(healthy[0]), self.warmup_presets())
 
     def warmup_presets(self) -> list[Resolution]:
-        with self._lock:
-            return [self.allowed.layout(r).resolution for r in self._warmup_queue]
+        return [self.allowed.layout(r).resolution for r in self._warmups.pending()]
 
     def _healthy(self) -> list[dict[str, Any]]:
         return [snap for age, snap in self.reports().values() if age < STALE_SECONDS]
@@ -701,7 +686,7 @@ class ReplicaClient:
         shapes = [self._merge(Layout(p), healthy, book, warmup) for p in self.presets]
         with self._lock:
             waiting = self._waiting
-            warmup_names = list(self._warmup_queue)
+        warmup_names = self._warmups.pending()
         rows = [replica_row(snap, age) for age, snap in sorted(reports.values(), key=lambda r: r[1]["replica"])]
         status = replace(
             healthy[0]["status"],
