@@ -1,18 +1,22 @@
 """The app against the plain diffusers script, measured side by side in one run, on the tiny model on the CPU.
 
-    python bench/benchmark.py                     # everything; about 10 minutes on 2 cores
-    python bench/benchmark.py --sections overhead # one section
+    python bench/benchmark.py                     # everything; about 15 minutes on 2 cores
+    python bench/benchmark.py --sections overhead,throughput,stop   # what the app adds per image (issue 12)
 
 Sections: overhead (plain call vs engine vs gradio_client round trip at a ready shape, plus the prompt
-embedding cache before/after), compilation (time to first image and steady latency for eager, regional
+embedding cache before/after), throughput (4 gradio_client clients submitting back to back against a plain
+loop of pipeline calls), stop (a long request stopped through the API: seconds until the next request starts
+on the device, against one step's time); these three share one app served in this process. compilation (time to first image and steady latency for eager, regional
 and full, two resolutions, each in a fresh process with an empty cache), recompilations (after warm-up,
 while prompt, seed and steps change), memory (peak resident memory of the app against the plain script).
-Prints a table, writes bench/results/benchmark.json and draws bench/results/benchmark.png.
+Prints a table, writes bench/results/benchmark.json (the sections run replace theirs; the others are kept) and
+draws bench/results/benchmark.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -21,7 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,50 +55,115 @@ def median_time(fn, runs: int) -> float:
     return statistics.median(times)
 
 
-# -- sections that run in this process ------------------------------------------------------------------
+# -- sections that run against one served app, in this process ------------------------------------------
 
 
-def overhead(resolution: str, runs: int) -> dict:
-    """Plain call, engine, round trip: the same pipeline object and compiled graphs, interleaved runs."""
+class BenchRunner:
+    """The engine's pipeline runner, timed: when each call started (the moment a request has the device and its
+    pipeline begins) and when each step ended; `use_cache` picks the runner with or without the prompt cache."""
+
+    def __init__(self, cached, uncached):
+        self.cached, self.uncached = cached, uncached
+        self.use_cache = True
+        self.starts: dict[int, float] = {}  # seed -> when its pipeline call started
+        self.step_ends: list[float] = []
+
+    def __call__(self, call, callback=None):
+        self.starts[call.seed] = time.perf_counter()
+
+        def timed(pipe, step, timestep, kwargs):
+            self.step_ends.append(time.perf_counter())
+            return callback(pipe, step, timestep, kwargs) if callback else {}
+
+        return (self.cached if self.use_cache else self.uncached)(call, timed)
+
+
+@dataclass
+class Bench:
+    """The served app (in this process, as app.py builds it), its engine's timed runner and clients."""
+
+    engine: Any
+    runner: BenchRunner
+    url: str
+    resolution: str
+    seeds: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def client(self):
+        from gradio_client import Client
+
+        return Client(self.url, analytics_enabled=False, verbose=False, download_files=tempfile.mkdtemp())
+
+    def submit(self, client, steps: int | None = None, seed: int | None = None):
+        seed = next(self.seeds) if seed is None else seed
+        return client.submit(PROMPT, self.resolution, steps or self.engine.default_steps, seed, api_name="/generate")
+
+    def wait_until(self, condition, what: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.002)
+
+
+@contextmanager
+def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[Bench]:
     import app
-    from gradio_client import Client
+    from neuron_ui.engine import PipelineRunner
+    from neuron_ui.resolutions import parse_resolutions
+    from neuron_ui.settings import Settings
+
+    settings = Settings(model="tiny", device="cpu", compile=compile_mode, compile_backend=backend,
+                        resolutions=parse_resolutions(resolution), cache_dir=Path(tempfile.mkdtemp(prefix="neuron-ui-bench-")),
+                        port=free_port())
+    runners: list[BenchRunner] = []
+
+    def wrap(cached):
+        runners.append(BenchRunner(cached, PipelineRunner(cached.pipe, cache_size=0)))
+        return runners[0]
+
+    engine, demo = app.build_app(settings, app.build_engine(settings, wrap_runner=wrap))
+    server = app.launch(engine, demo, settings)
+    try:
+        engine.warmup(resolution)
+        yield Bench(engine, runners[0], server.url, resolution)
+    finally:
+        server.stop()
+
+
+def overhead(bench: Bench, runs: int) -> dict:
+    """Plain call, engine, round trip: the same pipeline object and compiled graphs, interleaved runs."""
     from torch._dynamo.utils import counters
 
-    from neuron_ui.engine import PipelineCall, PipelineRunner, run_pipeline
+    from neuron_ui.engine import PipelineCall, run_pipeline
     from neuron_ui.schema import GenerateRequest
-    from neuron_ui.settings import Settings
-    from neuron_ui.resolutions import parse_resolutions
 
-    cache = tempfile.mkdtemp(prefix="neuron-ui-bench-")
-    settings = Settings(model="tiny", device="cpu", compile="regional", resolutions=parse_resolutions(resolution),
-                        cache_dir=Path(cache), port=free_port())
-    engine, demo = app.build_app(settings)
-    server = app.launch(engine, demo, settings)
-    client = Client(f"http://127.0.0.1:{settings.port}", analytics_enabled=False, verbose=False,
-                    download_files=tempfile.mkdtemp())
+    engine, resolution, steps = bench.engine, bench.resolution, bench.engine.default_steps
     width, height = map(int, resolution.split("x"))
-    steps = engine.default_steps
-    engine.warmup(resolution)
-    seeds = iter(range(10**6))
+    client = bench.client()
 
-    plain = lambda: run_pipeline(engine.pipe, PipelineCall(PROMPT, width, height, steps, next(seeds), 1.0))  # noqa: E731
-    generate = lambda: engine.generate(GenerateRequest(PROMPT, resolution, steps, next(seeds)))  # noqa: E731
-    round_trip = lambda: client.submit(PROMPT, resolution, steps, next(seeds), api_name="/generate").result(600)  # noqa: E731
-    cached_runner = engine.runner
-    uncached_runner = PipelineRunner(engine.pipe, cache_size=0)
+    def plain():
+        run_pipeline(engine.pipe, PipelineCall(PROMPT, width, height, steps, next(bench.seeds), 1.0))
+
+    def generate():
+        engine.generate(GenerateRequest(PROMPT, resolution, steps, next(bench.seeds)))
+
+    def round_trip():
+        bench.submit(client).result(600)
 
     def generate_without_cache():
-        engine.runner = uncached_runner
+        bench.runner.use_cache = False
         try:
             generate()
         finally:
-            engine.runner = cached_runner
+            bench.runner.use_cache = True
 
-    for fn in (plain, generate, round_trip, generate_without_cache):  # one untimed run each
+    variants = {"plain": plain, "engine": generate, "round_trip": round_trip,
+                "engine_no_prompt_cache": generate_without_cache}
+    for fn in variants.values():  # one untimed run each
         fn()
-    samples: dict[str, list[float]] = {"plain": [], "engine": [], "round_trip": [], "engine_no_prompt_cache": []}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(runs):  # interleaved, so drift on a shared machine hits every variant alike
-        for name, fn in zip(samples, (plain, generate, round_trip, generate_without_cache)):
+        for name, fn in variants.items():
             samples[name].append(median_time(fn, 1))
     medians = {name: statistics.median(values) for name, values in samples.items()}
 
@@ -98,14 +172,102 @@ def overhead(resolution: str, runs: int) -> dict:
         engine.generate(GenerateRequest(prompt, resolution, steps_i, 100 + i))
     recompilations = counters["stats"]["unique_graphs"] - graphs_before
     client.close()
-    server.stop()
     return {
         "resolution": resolution,
         "runs": runs,
         "median_s": {k: round(v, 4) for k, v in medians.items()},
+        "spread_s": {k: [round(min(v), 4), round(max(v), 4)] for k, v in samples.items()},
         "ratio_to_plain": {k: round(v / medians["plain"], 3) for k, v in medians.items()},
         "prompt_cache_speedup": round(medians["engine_no_prompt_cache"] / medians["engine"], 3),
         "recompilations_after_warmup": recompilations,
+    }
+
+
+def throughput(bench: Bench, runs: int, images: int, clients: int = 4) -> dict:
+    """Images per second: `clients` gradio_client clients each submitting back to back (the next request as soon as
+    its previous image arrived) against a plain loop of the same number of pipeline calls; interleaved rounds."""
+    from neuron_ui.engine import PipelineCall, run_pipeline
+
+    engine, steps = bench.engine, bench.engine.default_steps
+    width, height = map(int, bench.resolution.split("x"))
+    pool = [bench.client() for _ in range(clients)]
+
+    def plain_loop() -> float:
+        start = time.perf_counter()
+        for _ in range(images):
+            run_pipeline(engine.pipe, PipelineCall(PROMPT, width, height, steps, next(bench.seeds), 1.0))
+        return images / (time.perf_counter() - start)
+
+    def served_clients() -> float:
+        def one(client, count):
+            for _ in range(count):
+                bench.submit(client).result(600)
+
+        shares = [images // clients + (i < images % clients) for i in range(clients)]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as threads:
+            list(threads.map(one, pool, shares))
+        return images / (time.perf_counter() - start)
+
+    served_clients()  # untimed: every client connected and warm
+    samples: dict[str, list[float]] = {"plain_loop": [], "clients": []}
+    for _ in range(runs):
+        samples["plain_loop"].append(plain_loop())
+        samples["clients"].append(served_clients())
+    for client in pool:
+        client.close()
+    ratios = [c / p for c, p in zip(samples["clients"], samples["plain_loop"])]
+    return {
+        "resolution": bench.resolution,
+        "clients": clients,
+        "images_per_round": images,
+        "rounds": runs,
+        "images_per_s": {k: round(statistics.median(v), 4) for k, v in samples.items()},
+        "ratio": round(statistics.median(samples["clients"]) / statistics.median(samples["plain_loop"]), 3),
+        "ratio_per_round": [round(r, 3) for r in ratios],
+    }
+
+
+def stop_to_free(bench: Bench, runs: int, long_steps: int) -> dict:
+    """A long request stopped through the API (the /stop endpoint, then job.cancel()) while another client's request
+    waits: seconds from the stop until the waiting request's pipeline starts, against one step's time."""
+    stopper, waiter = bench.client(), bench.client()
+    rows: dict[str, list[float]] = {"stop_endpoint": [], "job_cancel": []}
+    step_times: list[float] = []
+    for _ in range(runs):
+        for how in rows:
+            job = bench.submit(stopper, steps=long_steps)
+            ends = len(bench.runner.step_ends)
+            bench.wait_until(lambda: len(bench.runner.step_ends) >= ends + 4, "the long request to run 4 steps")
+            nxt_seed = next(bench.seeds)
+            nxt = bench.submit(waiter, seed=nxt_seed)
+            bench.wait_until(lambda: bench.engine.status().queue_depth >= 1, "the next request to wait for the device")
+            steps = bench.runner.step_ends[ends:]
+            step_times.append(statistics.median(b - a for a, b in zip(steps, steps[1:])))
+            stopped = time.perf_counter()
+            if how == "stop_endpoint":
+                stopper.predict(api_name="/stop")
+            else:
+                job.cancel()
+            bench.wait_until(lambda: nxt_seed in bench.runner.starts, "the next request to start")
+            rows[how].append(bench.runner.starts[nxt_seed] - stopped)
+            nxt.result(600)
+            try:
+                job.result(600)
+            except Exception:  # noqa: BLE001 - the stopped request ends in an error ("no image was made"), or cancelled
+                pass
+    stopper.close()
+    waiter.close()
+    step = statistics.median(step_times)
+    medians = {k: statistics.median(v) for k, v in rows.items()}
+    return {
+        "resolution": bench.resolution,
+        "long_steps": long_steps,
+        "runs": runs,
+        "step_s": round(step, 4),
+        "stop_to_next_start_s": {k: round(v, 4) for k, v in medians.items()},
+        "spread_s": {k: [round(min(v), 4), round(max(v), 4)] for k, v in rows.items()},
+        "in_steps": {k: round(v / step, 2) for k, v in medians.items()},
     }
 
 
@@ -235,12 +397,59 @@ def chart(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+TARGETS = {  # issue 12: what the app may add per image, as ratios to the plain diffusers call in the same run
+    "round_trip_over_plain": ("<=", 1.05),
+    "clients_throughput_over_plain_loop": (">=", 0.95),
+    "engine_no_prompt_cache_over_plain": ("<=", 1.01),
+}
+
+
+def targets(results: dict) -> dict:
+    measured = {}
+    if "overhead" in results:
+        ratios = results["overhead"]["ratio_to_plain"]
+        measured["round_trip_over_plain"] = ratios["round_trip"]
+        measured["engine_no_prompt_cache_over_plain"] = ratios["engine_no_prompt_cache"]
+    if "throughput" in results:
+        measured["clients_throughput_over_plain_loop"] = results["throughput"]["ratio"]
+    return {name: {"measured": value, "target": f"{TARGETS[name][0]} {TARGETS[name][1]}",
+                   "holds": value <= TARGETS[name][1] if TARGETS[name][0] == "<=" else value >= TARGETS[name][1]}
+            for name, value in measured.items()}
+
+
+def report_served(results: dict) -> None:
+    if "overhead" in results:
+        o = results["overhead"]
+        print(f"\nOverhead at {o['resolution']} (median of {o['runs']}, same compiled pipeline):")
+        for name, seconds in o["median_s"].items():
+            low, high = o["spread_s"][name]
+            print(f"  {name:24} {seconds:8.3f} s   x{o['ratio_to_plain'][name]:.3f} of plain   ({low:.3f}-{high:.3f} s)")
+        print(f"  prompt-embedding cache: engine {o['prompt_cache_speedup']:.3f}x faster with it than without")
+        print(f"  recompilations after warm-up while prompt, seed and steps change: {o['recompilations_after_warmup']}")
+    if "throughput" in results:
+        t = results["throughput"]
+        print(f"\nThroughput at {t['resolution']}, {t['images_per_round']} images a round, median of {t['rounds']}:")
+        print(f"  plain loop {t['images_per_s']['plain_loop']:.3f} img/s, {t['clients']} gradio_client clients "
+              f"{t['images_per_s']['clients']:.3f} img/s: x{t['ratio']:.3f} (rounds {t['ratio_per_round']})")
+    if "stop" in results:
+        s = results["stop"]
+        print(f"\nStop to free at {s['resolution']} (one step {s['step_s']:.3f} s, median of {s['runs']}):")
+        for how, seconds in s["stop_to_next_start_s"].items():
+            print(f"  {how:14} {seconds:.3f} s from the stop to the next request's start ({s['in_steps'][how]} steps)")
+    for name, t in results.get("targets", {}).items():
+        print(f"  target {name} {t['target']}: {t['measured']} {'holds' if t['holds'] else 'MISSED'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="overhead,compilation,memory")
+    parser.add_argument("--sections", default="overhead,throughput,stop,compilation,memory")
     parser.add_argument("--resolution", default="1024x1024", help="the ready shape for overhead and memory")
     parser.add_argument("--resolutions", default="512x512,1024x1024", help="the shapes for compilation")
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--images", type=int, default=8, help="images per throughput round (shared by 4 clients)")
+    parser.add_argument("--long-steps", type=int, default=40, help="steps of the request that the stop section stops")
+    parser.add_argument("--compile", default="regional", help="compile mode of the served app (eager: quick runs)")
+    parser.add_argument("--compile-backend", default=None, help="its backend (default: the device's)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "benchmark.json"))
     parser.add_argument("--worker", choices=["compile", "plain-memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -253,15 +462,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sections = args.sections.split(",")
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores"}
-    if "overhead" in sections:
-        results["overhead"] = overhead(args.resolution, args.runs)
-        o = results["overhead"]
-        print(f"\nOverhead at {o['resolution']} (median of {o['runs']}, same compiled pipeline):")
-        for name, seconds in o["median_s"].items():
-            print(f"  {name:24} {seconds:8.3f} s   x{o['ratio_to_plain'][name]:.3f} of plain")
-        print(f"  prompt-embedding cache: engine {o['prompt_cache_speedup']:.3f}x faster with it than without")
-        print(f"  recompilations after warm-up while prompt, seed and steps change: {o['recompilations_after_warmup']}")
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores",
+                     "load_before": round(os.getloadavg()[0], 2)}
+    if {"overhead", "throughput", "stop"} & set(sections):
+        with served(args.resolution, args.compile, args.compile_backend) as bench:
+            if "overhead" in sections:
+                results["overhead"] = overhead(bench, args.runs)
+            if "throughput" in sections:
+                results["throughput"] = throughput(bench, max(1, args.runs // 2), args.images)
+            if "stop" in sections:
+                results["stop"] = stop_to_free(bench, max(1, args.runs // 2), args.long_steps)
+        results["targets"] = targets(results)
+        report_served(results)
     if "compilation" in sections:
         results["compilation"] = compilation(args.resolutions.split(","), max(3, args.runs // 2))
         print("\nCompilation (fresh process, empty cache):")
@@ -272,8 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         m = results["memory"]
         print(f"\nPeak memory at {m['resolution']}: plain script {m['plain_peak_mb']:.0f} MB, "
               f"app {m['app_peak_mb']:.0f} MB (x{m['ratio']:.2f})")
+    results["load_after"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    kept = json.loads(out.read_text()) if out.is_file() else {}
+    results = {**kept, **results, "sections_run": {**kept.get("sections_run", {}),
+                                                   **{name: results["date"] for name in sections}}}
     out.write_text(json.dumps(results, indent=1))
     chart(results, out.with_suffix(".png"))
     print(f"\nwrote {out} and {out.with_suffix('.png')}")

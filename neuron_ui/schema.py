@@ -188,6 +188,10 @@ class ProgressUpdate:
 ProgressFn = Callable[[ProgressUpdate], None]
 
 
+# zlib level 1, not PIL's 6: every image waits for its PNG before it is sent. On a 1024x1024 photo level 1 took
+# 0.14 s against 0.21 s for a file 15% larger (1.44 MB vs 1.25 MB); level 0 (0.05 s) made it 2.2x larger (3.1 MB).
+PNG_COMPRESS_LEVEL = 1
+
 @dataclass
 class GenerateResult:
     """An image and the truth about how it was made."""
@@ -229,7 +233,7 @@ class GenerateResult:
 
     def save_png(self, path: Path | str) -> Path:
         path = Path(path)
-        self.image.save(path, format="PNG", pnginfo=self.png_info())
+        self.image.save(path, format="PNG", pnginfo=self.png_info(), compress_level=PNG_COMPRESS_LEVEL)
         return path
 
 

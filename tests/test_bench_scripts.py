@@ -19,3 +19,24 @@ def test_gpu_script_runs_on_cpu_at_toy_size(tmp_path):
     assert row["resolution"] == "256x256" and row["steps"] == 4
     assert row["image_s"] > row["step_s"] > 0
     assert row["transformer_tflop_per_step"] > 0 and row["achieved_tflops"] > 0
+
+
+def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
+    """The overhead, 4-client throughput and stop-to-free sections, on one eager app at toy size."""
+    out = tmp_path / "benchmark.json"
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "benchmark.py"), "--sections", "overhead,throughput,stop",
+         "--resolution", "256x256", "--runs", "1", "--images", "4", "--long-steps", "30", "--compile", "eager",
+         "--out", str(out)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    results = json.loads(out.read_text())
+    assert set(results["overhead"]["ratio_to_plain"]) == {"plain", "engine", "round_trip", "engine_no_prompt_cache"}
+    throughput = results["throughput"]
+    assert throughput["clients"] == 4 and throughput["images_per_s"]["clients"] > 0 < throughput["ratio"]
+    stop = results["stop"]
+    assert stop["step_s"] > 0 and set(stop["stop_to_next_start_s"]) == {"stop_endpoint", "job_cancel"}
+    # Generous: the next request starts well before the stopped one would have finished its 30 steps.
+    assert all(0 < seconds < 20 * stop["step_s"] + 2 for seconds in stop["stop_to_next_start_s"].values())
+    assert set(results["targets"]) == {"round_trip_over_plain", "clients_throughput_over_plain_loop",
+                                       "engine_no_prompt_cache_over_plain"}

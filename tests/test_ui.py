@@ -72,6 +72,22 @@ def test_generate_compiles_a_new_size_then_hits_the_cache(handlers):
     assert [item[0] for item in gallery2] == [path2, path]
 
 
+
+def idat_zlib_level(path: str) -> int:
+    """FLEVEL from the zlib header of a PNG's first IDAT chunk: 0 fastest, 1 fast, 2 default, 3 maximum."""
+    data = Path(path).read_bytes()
+    start = data.index(b"IDAT") + 4
+    return data[start + 1] >> 6
+
+
+def test_the_store_writes_a_fast_png_that_keeps_its_parameters(handlers):
+    """Every image waits for its PNG before it is sent: zlib's fastest levels, not PIL's default (level 6)."""
+    path, _, seed, _, _ = handlers.on_generate("a fast png", "256x256", 1, 5, False, 1.0, [])
+    assert idat_zlib_level(path) == 0  # levels 0-1 write FLEVEL 0; PIL's default 6 writes 2
+    saved = Image.open(path)
+    saved.load()
+    assert json.loads(saved.text["parameters"])["seed"] == seed == 5 and saved.text["prompt"] == "a fast png"
+
 def test_variations_use_consecutive_seeds_at_one_shape(handlers, engine):
     engine.warmup("256x256")
     compiled_before = engine.status().shape("256x256").compile_seconds
