@@ -414,7 +414,10 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     """Ray, the board, the replicas and the client; returns once every replica has reported."""
     start_ray(settings, num_cpus)
     board_name = f"{app_name}-board"
-    board = ReplicaBoard.options(name=board_name, namespace=NAMESPACE, get_if_exists=True).remote()
+    # Detached: the board lives by its name, not by this driver's reference count (in a long test session an
+    # owned board was once collected before it ran); on a local Ray, ray.shutdown() ends it with everything else.
+    board = ReplicaBoard.options(name=board_name, namespace=NAMESPACE, get_if_exists=True,
+                                 lifetime="detached").remote()
     ray.get(board.read.remote(), timeout=timeout)  # up and named before any replica looks for it
     plan = plan_replicas(settings, ray.cluster_resources())
     started = time.perf_counter()
