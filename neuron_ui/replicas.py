@@ -61,6 +61,7 @@ NAMESPACE = "neuron-ui"
 APP_NAME = "neuron-ui"
 MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the process anyway
 REPORT_SECONDS = 1.0  # how often a replica tells the board what it holds
+STATES_SECONDS = 1.0  # how often the front asks Serve's controller for its replica states
 STALE_SECONDS = 4.0  # a replica silent this long is "not responding" (killed, or its process stuck)
 FORGET_SECONDS = 60.0  # ... and this long, gone from the status
 REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
@@ -451,6 +452,7 @@ class ReplicaClient:
         self._closed = False
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
         self._replica_states: dict[str, int] = {}  # Serve's count per replica state (RUNNING, STARTING, ...)
+        self._states_read = -STATES_SECONDS  # when they were last read (time.monotonic())
         self._last: EngineStatus | None = None
         self._tokenizer: Any = None
         self._warmups: WarmupList[str] = WarmupList(self._warm_one)
@@ -623,14 +625,18 @@ class ReplicaClient:
             return
         try:
             reports = ray.get(self.board.read.remote(), timeout=10)
-            deployment = serve.status().applications[self.app_name].deployments["engine"]
-            states = {str(getattr(k, "value", k)): v for k, v in deployment.replica_states.items()}
+            states = None
+            if time.monotonic() - self._states_read > STATES_SECONDS:  # the controller is asked less often
+                deployment = serve.status().applications[self.app_name].deployments["engine"]
+                states = {str(getattr(k, "value", k)): v for k, v in deployment.replica_states.items()}
+                self._states_read = time.monotonic()
         except Exception as error:  # noqa: BLE001 - Ray busy or shutting down: the status says so by its ages
             logger.debug("cannot read the replicas' reports: %s", error)
             return
         with self._lock:
             self._reports = reports
-            self._replica_states = states
+            if states is not None:
+                self._replica_states = states
 
     def reports(self) -> dict[str, tuple[float, dict[str, Any]]]:
         """Each replica's last report and its age in seconds, as the watcher last read them."""
