@@ -25,15 +25,16 @@ WAIT_MS = int(os.environ.get("NEURON_UI_BROWSER_WAIT_MS", "60000"))  # a first c
 
 
 @contextmanager
-def served(cache_dir):
-    """app.py's flow on the tiny model with the cheap eager backend, on a free local port."""
+def served(cache_dir, presets: str = PRESETS, wrap_runner=None):
+    """app.py's flow on the tiny model with the cheap eager backend, on a free local port; `wrap_runner` wraps the
+    engine's pipeline runner (e.g. a compile that takes longer)."""
     saved = dict(os.environ)
     torch._dynamo.reset()
-    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", PRESETS,
+    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", presets,
                                    "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port())])
     server = None
     try:
-        engine, demo = app.build_app(settings)
+        engine, demo = app.build_app(settings, app.build_engine(settings, wrap_runner=wrap_runner))
         server = app.launch(engine, demo, settings)
         yield server.url
     finally:

@@ -6,18 +6,13 @@ A compile here would take about 3 s; the runner sleeps in every warm-up call (th
 a compile lasts long enough to reload the page, or to open a second browser, while it runs.
 """
 
-import os
 import re
 import time
-from contextlib import contextmanager
 
 import pytest
-import torch
-from serving import free_port
-from test_browser import CHROMIUM, WAIT_MS, shot, status_table, wait_until  # noqa: F401
+from test_browser import CHROMIUM, WAIT_MS, served, shot, status_table, wait_until  # noqa: F401
 from test_browser import browser  # noqa: F401  (the module-scoped chromium fixture)
 
-import app
 from neuron_ui import engine as engine_module
 from neuron_ui import ui
 
@@ -39,28 +34,9 @@ class SlowCompile:
         return self.inner(call, callback)
 
 
-@contextmanager
-def served(cache_dir):
-    saved = dict(os.environ)
-    torch._dynamo.reset()
-    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", PRESETS,
-                                   "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port())])
-    server = None
-    try:
-        engine, demo = app.build_app(settings, app.build_engine(settings, wrap_runner=SlowCompile))
-        server = app.launch(engine, demo, settings)
-        yield server.url
-    finally:
-        if server is not None:
-            server.stop()
-        os.environ.clear()
-        os.environ.update(saved)
-        torch._dynamo.reset()
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    with served(tmp_path_factory.mktemp("cache")) as url:
+    with served(tmp_path_factory.mktemp("cache"), PRESETS, wrap_runner=SlowCompile) as url:
         yield url
 
 
