@@ -277,6 +277,7 @@ class EngineReplica:
 
         def run() -> tuple:
             self.active = True
+            self._report()  # busy now, not at the next tick: a short image would otherwise never show as busy
             try:
                 value = work(report, stop)
                 if isinstance(value, GenerateResult):

@@ -22,8 +22,13 @@ PRESETS = "256x256,384x256,512x512,512x768"
 COMPILE_SLEEP = 6.0  # seconds each compile takes on top of its own (about 3 s)
 
 
+LONG_PROMPT = "a long night"  # an image whose every step sleeps STEP_SLEEP, so it is still running when we look
+STEP_SLEEP = 0.2
+
+
 class SlowCompile:
-    """The pipeline runner, sleeping in the compile's warm-up call: a compile that takes a few seconds."""
+    """The pipeline runner, sleeping in the compile's warm-up call (a compile that takes a few seconds) and in
+    each step of LONG_PROMPT's image (a tiny-model step takes milliseconds: 100 of them could end unseen)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -31,6 +36,13 @@ class SlowCompile:
     def __call__(self, call, callback=None):
         if call.prompt == engine_module.WARMUP_PROMPT:
             time.sleep(COMPILE_SLEEP)
+        if call.prompt == LONG_PROMPT and callback is not None:
+            inner_callback = callback
+
+            def callback(*args, **kwargs):
+                time.sleep(STEP_SLEEP)
+                return inner_callback(*args, **kwargs)
+
         return self.inner(call, callback)
 
 
@@ -214,10 +226,12 @@ def images_at(url: str, size: str) -> int:
 def start_long_image(page, size: str) -> None:
     """100 steps at `size` (compiled already), and wait until the progress counts steps."""
     page.locator("#advanced").get_by_text("Advanced").click()
+    # Typed, then committed (Tab): a click at once after typing has sent the slider's old value (4 steps).
     page.locator("#steps input[type=number]").fill("100")
-    page.locator("#steps input[type=number]").press("Enter")
+    page.locator("#steps input[type=number]").press("Tab")
+    page.wait_for_function("() => document.querySelector('#steps input[type=range]').value === '100'")
     pick_size(page, size)
-    page.locator("#prompt textarea").fill("a long night")
+    page.locator("#prompt textarea").fill(LONG_PROMPT)
     page.locator("#generate").click()
     page.locator("#image").get_by_text(re.compile(r"step \d+/100")).wait_for()
 

@@ -63,7 +63,7 @@ def test_concurrent_first_requests_compile_exactly_once(make_engine):
         except Exception as error:  # pragma: no cover - reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    threads = [threading.Thread(target=worker, args=(seed,), daemon=True) for seed in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -152,7 +152,8 @@ def test_waiting_is_reported_while_another_request_runs(make_engine):
     gen(engine)
     updates = []
     with engine._device.user():  # another user's image is on the device
-        waiter = threading.Thread(target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append))
+        waiter = threading.Thread(
+            target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append), daemon=True)
         waiter.start()
         waiter.join(timeout=0.5)
         assert engine.status().busy

@@ -67,7 +67,7 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
         with lock:
             answers.append(response)
 
-    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(50)]
+    threads = [threading.Thread(target=one, args=(seed,), daemon=True) for seed in range(50)]
     for t in threads:
         t.start()
     health = []

@@ -30,14 +30,14 @@ def load(tmp_path_factory):
         def open_client(i):
             clients[i] = connect(s.url, folder)
 
-        threads = [threading.Thread(target=open_client, args=(i,)) for i in range(len(clients))]
+        threads = [threading.Thread(target=open_client, args=(i,), daemon=True) for i in range(len(clients))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(TIMEOUT)
         assert all(clients), "a client failed to connect"
         yield s, runner, clients
-        closing = [threading.Thread(target=client.close) for client in clients]  # each waits up to 1 s
+        closing = [threading.Thread(target=client.close, daemon=True) for client in clients]  # each waits up to 1 s
         for t in closing:
             t.start()
         for t in closing:
@@ -116,7 +116,7 @@ def test_five_users_at_one_cold_size_share_one_compilation(load):
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=user, args=(i,)) for i in range(5)]
+    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(5)]
     for t in threads:
         t.start()
     for t in threads:

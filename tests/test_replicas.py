@@ -19,7 +19,8 @@ import pytest
 from neuron_ui.schema import GenerateRequest
 from serving import TIMEOUT, served, wait_until
 
-pytestmark = pytest.mark.slow  # a Ray instance and replicas: about a minute to start on 2 cores
+# A Ray instance and replicas: about a minute to start on 2 cores.
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +199,7 @@ def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(de
 
 def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     client = deployment.engine
-    slow = request(seed=7, steps=60)
+    slow = request(seed=7, steps=100)
     reference = client.generate(slow)
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow)), daemon=True)
@@ -251,7 +252,7 @@ def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replic
     compiles = Compiles()
     client.observers.append(compiles)
     results: list = []
-    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request(seed=i))))
+    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request(seed=i))), daemon=True)
                for i in range(5)]
     for thread in threads:
         thread.start()

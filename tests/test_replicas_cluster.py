@@ -13,7 +13,8 @@ import pytest
 
 from neuron_ui.schema import GenerateRequest
 
-pytestmark = pytest.mark.slow  # a two-node Ray cluster and inductor compiling: about 2 minutes on 2 cores
+# A two-node Ray cluster and inductor compiling: about 2 minutes on 2 cores.
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(c
 
     results: list = []
     threads = [threading.Thread(target=lambda i=i: results.append(
-        client.generate(GenerateRequest("a lighthouse", "256x256", steps=2, seed=i)))) for i in range(3)]
+        client.generate(GenerateRequest("a lighthouse", "256x256", steps=2, seed=i))), daemon=True) for i in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:

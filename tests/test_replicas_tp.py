@@ -17,7 +17,8 @@ from neuron_ui.loading import build_tiny_pipeline
 from neuron_ui.schema import EngineError, GenerateRequest
 from serving import TIMEOUT, wait_until
 
-pytestmark = pytest.mark.slow  # Ray, a replica and a follower: a minute to start on 2 cores
+# Ray, a replica and a follower: a minute to start on 2 cores.
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ def take(queue: DeviceQueue, kind: str, log: list, name) -> threading.Thread:
         with getattr(queue, kind)():
             log.append(name)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 

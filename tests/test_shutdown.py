@@ -35,7 +35,7 @@ def test_sigterm_mid_generation_finishes_the_image_refuses_the_rest_and_exits_0(
         wait_until(lambda: "neuron_ui_device_busy 1.0" in httpx.get(url + "/metrics").text, "the device is busy")
         waiting = httpx.post(url + "/gradio_api/call/generate", json={"data": SLOW}).json()["event_id"]
         results: dict = {}
-        readers = [threading.Thread(target=stream, args=(url, e, results)) for e in (running, waiting)]
+        readers = [threading.Thread(target=stream, args=(url, e, results), daemon=True) for e in (running, waiting)]
         for reader in readers:
             reader.start()
         time.sleep(0.5)  # both streams open

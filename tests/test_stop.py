@@ -56,7 +56,7 @@ def in_thread(fn, *args, **kwargs):
         except BaseException as error:  # noqa: BLE001 - the test reads it
             box["error"] = error
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
 
