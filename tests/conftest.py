@@ -83,6 +83,7 @@ class ModuleInChild:
 
     def _run(self) -> dict[str, tuple[str, str]]:
         import json
+        import signal
         import subprocess
         import sys
         import tempfile
@@ -91,25 +92,34 @@ class ModuleInChild:
             results = os.path.join(folder, "results.jsonl")
             log = os.path.join(folder, "output.txt")
             with open(log, "w") as out:
+                # A session of its own, so a timeout kills the child and what it started (Ray's daemons) together.
+                child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                          *self.nodeids], cwd=self.rootdir, env={**os.environ, CHILD: results},
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
-                    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *self.nodeids],
-                                   cwd=self.rootdir, env={**os.environ, CHILD: results}, stdout=out,
-                                   stderr=subprocess.STDOUT, timeout=CHILD_TIMEOUT)
+                    child.wait(timeout=CHILD_TIMEOUT)
                 except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
                     out.write(f"\n[the child pytest ran past {CHILD_TIMEOUT} s and was killed]\n")
             with open(log, errors="replace") as out:
                 self.tail = out.read()[-4000:]
-            outcomes: dict[str, tuple[str, str]] = {}
+            phases: dict[str, list[dict]] = {}
             if os.path.exists(results):
                 with open(results) as lines:
                     for line in lines:
                         phase = json.loads(line)
-                        before = outcomes.get(phase["nodeid"], ("passed", ""))
-                        if before[0] == "passed" and phase["outcome"] != "passed":
-                            outcomes[phase["nodeid"]] = (phase["outcome"], phase["text"])
-                        else:
-                            outcomes.setdefault(phase["nodeid"], before)
-            return outcomes
+                        phases.setdefault(phase["nodeid"], []).append(phase)
+            return {nodeid: outcome for nodeid, seen in phases.items() if (outcome := combine(seen))}
+
+
+def combine(phases: list[dict]) -> tuple[str, str] | None:
+    """A test's outcome from its phases (setup, call, teardown): the first that did not pass, else passed once its
+    call passed; None while its call is missing (the child died or was killed inside it)."""
+    for phase in phases:
+        if phase["outcome"] != "passed":
+            return phase["outcome"], phase["text"]
+    return ("passed", "") if any(phase["when"] == "call" for phase in phases) else None
 
 
 class InChild(pytest.Item):
@@ -165,4 +175,5 @@ def pytest_runtest_logreport(report):
         else:
             text = report.longreprtext
         with open(path, "a") as out:
-            out.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome, "text": text}) + "\n")
+            out.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                                 "text": text}) + "\n")
