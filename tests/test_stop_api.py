@@ -50,14 +50,14 @@ def test_stop_through_the_api_stops_the_image_at_the_next_step(app):
     s = app
     client = connect(s.url, s.folder)
     job = long_request(client)
-    step = running(s)
-    before = len(s.clock.step_ends)
+    running(s)
     answer = client.predict(api_name="/stop")
-    freed = freed_within(s, 10)
+    acknowledged = len(s.clock.step_ends)  # the stop is set once /stop answers; steps are ~20 ms, a call more
+    freed_within(s, 10)
     assert answer["stopped"] == ["running"] and "stops at the next step" in answer["message"]
     with pytest.raises(AppError, match="no image was made"):
         job.result(TIMEOUT)
-    assert len(s.clock.step_ends) - before <= 3 and freed < 5 * step + 1.0, (freed, step)
+    assert len(s.clock.step_ends) - acknowledged <= 1, "more than the step in flight ran after the stop"
     assert client.predict(api_name="/stop")["stopped"] == []  # nothing left to stop
     the_next_request_runs(s, client)
 
