@@ -37,13 +37,17 @@ class SlowCompile:
         if call.prompt == engine_module.WARMUP_PROMPT:
             time.sleep(COMPILE_SLEEP)
         if call.prompt == LONG_PROMPT and callback is not None:
-            inner_callback = callback
-
-            def callback(*args, **kwargs):
-                time.sleep(STEP_SLEEP)
-                return inner_callback(*args, **kwargs)
-
+            callback = slowed(callback)
         return self.inner(call, callback)
+
+
+def slowed(callback):
+    """A step callback that sleeps STEP_SLEEP first."""
+    def sleep_then_call(*args, **kwargs):
+        time.sleep(STEP_SLEEP)
+        return callback(*args, **kwargs)
+
+    return sleep_then_call
 
 
 @pytest.fixture(scope="module")
