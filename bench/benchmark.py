@@ -37,6 +37,9 @@ sys.path.insert(0, str(ROOT))
 for _name, _value in {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}.items():
     os.environ.setdefault(_name, _value)
 
+from neuron_ui.main import build_app, launch  # noqa: E402
+from neuron_ui.serving import build_engine  # noqa: E402
+
 PROMPT = "a lighthouse on a cliff at dusk"
 
 
@@ -107,10 +110,9 @@ class Bench:
 
 @contextmanager
 def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[Bench]:
-    import app
-    from neuron_ui.engine import PipelineRunner
-    from neuron_ui.resolutions import parse_resolutions
-    from neuron_ui.settings import Settings
+    from neuron_ui.config.resolutions import parse_resolutions
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.model.runner import PipelineRunner
 
     settings = Settings(model="tiny", device="cpu", compile=compile_mode, compile_backend=backend,
                         resolutions=parse_resolutions(resolution), cache_dir=Path(tempfile.mkdtemp(prefix="neuron-ui-bench-")),
@@ -121,8 +123,8 @@ def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[
         runners.append(BenchRunner(cached, PipelineRunner(cached.pipe, cache_size=0)))
         return runners[0]
 
-    engine, demo = app.build_app(settings, app.build_engine(settings, wrap_runner=wrap))
-    server = app.launch(engine, demo, settings)
+    engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap))
+    server = launch(engine, demo, settings)
     try:
         engine.warmup(resolution)
         yield Bench(engine, runners[0], server.url, resolution)
@@ -134,8 +136,8 @@ def overhead(bench: Bench, runs: int) -> dict:
     """Plain call, engine, round trip: the same pipeline object and compiled graphs, interleaved runs."""
     from torch._dynamo.utils import counters
 
-    from neuron_ui.engine import PipelineCall, run_pipeline
-    from neuron_ui.schema import GenerateRequest
+    from neuron_ui.contract.requests import GenerateRequest
+    from neuron_ui.model.runner import PipelineCall, run_pipeline
 
     engine, resolution, steps = bench.engine, bench.resolution, bench.engine.default_steps
     width, height = map(int, resolution.split("x"))
@@ -186,7 +188,7 @@ def overhead(bench: Bench, runs: int) -> dict:
 def throughput(bench: Bench, runs: int, images: int, clients: int = 4) -> dict:
     """Images per second: `clients` gradio_client clients each submitting back to back (the next request as soon as
     its previous image arrived) against a plain loop of the same number of pipeline calls; interleaved rounds."""
-    from neuron_ui.engine import PipelineCall, run_pipeline
+    from neuron_ui.model.runner import PipelineCall, run_pipeline
 
     engine, steps = bench.engine, bench.engine.default_steps
     width, height = map(int, bench.resolution.split("x"))
@@ -325,12 +327,12 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 
 
 def worker_compile(mode: str, resolutions: list[str], runs: int) -> None:
-    from neuron_ui.device import configure_cache_env
+    from neuron_ui.config.cache_paths import configure_cache_env
 
     configure_cache_env(tempfile.mkdtemp(prefix="neuron-ui-bench-"))  # empty: a cold cache
-    from neuron_ui.compilation import compile_transformer, raise_recompile_limit
-    from neuron_ui.engine import PipelineCall, run_pipeline
-    from neuron_ui.loading import build_tiny_pipeline
+    from neuron_ui.compile.strategies import compile_transformer, raise_recompile_limit
+    from neuron_ui.model.runner import PipelineCall, run_pipeline
+    from neuron_ui.model.tiny import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
@@ -349,12 +351,12 @@ def worker_compile(mode: str, resolutions: list[str], runs: int) -> None:
 
 def worker_plain_memory(resolution: str) -> None:
     """The plain diffusers script, as the upstream guide writes it (regional compile, like the app's default)."""
-    from neuron_ui.device import configure_cache_env
+    from neuron_ui.config.cache_paths import configure_cache_env
 
     configure_cache_env(tempfile.mkdtemp(prefix="neuron-ui-bench-"))
-    from neuron_ui.compilation import compile_transformer
-    from neuron_ui.engine import PipelineCall, run_pipeline
-    from neuron_ui.loading import build_tiny_pipeline
+    from neuron_ui.compile.strategies import compile_transformer
+    from neuron_ui.model.runner import PipelineCall, run_pipeline
+    from neuron_ui.model.tiny import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)

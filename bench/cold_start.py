@@ -33,10 +33,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
 
-from neuron_ui import bundles  # noqa: E402
-from neuron_ui.device import configure_cache_env  # noqa: E402
-from neuron_ui.resolutions import parse_resolution, parse_resolutions  # noqa: E402
-from neuron_ui.settings import Settings  # noqa: E402
+from neuron_ui.cache.admin import key_for_settings
+from neuron_ui.cache.bundle_export import export_bundle
+from neuron_ui.cache.bundle_import import import_bundle
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
+from neuron_ui.config.settings import Settings
 
 logger = logging.getLogger("cold_start")
 
@@ -45,13 +47,13 @@ import time
 started = time.time()
 import hashlib, json, sys
 from pathlib import Path
-from neuron_ui.device import configure_cache_env
+from neuron_ui.config.cache_paths import configure_cache_env
 cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
 from dataclasses import asdict
-from neuron_ui.engine import Engine
-from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import GenerateRequest
-from neuron_ui.settings import Settings
+from neuron_ui.engine.engine import Engine
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.config.settings import Settings
 spawned, resolution, mode = float(sys.argv[2]), sys.argv[3], sys.argv[4]
 settings = Settings(model="tiny", device="cpu", compile=mode, compile_backend=None if mode == "aot" else "inductor",
                     resolutions=parse_resolutions(resolution), cache_dir=Path(sys.argv[1]))
@@ -85,7 +87,7 @@ def first_image(cache_dir: Path, resolution: str, mode: str) -> dict:
 
 def cold_warm_bundle(work: Path, resolution: str, name: str, mode: str) -> tuple[dict, dict]:
     """A cold run, a warm restart on its folder, and a run on a fresh folder that imported its bundle."""
-    key = bundles.key_for_settings(Settings(model="tiny", device="cpu", compile=mode,
+    key = key_for_settings(Settings(model="tiny", device="cpu", compile=mode,
                                             compile_backend=None if mode == "aot" else "inductor",
                                             resolutions=parse_resolutions(resolution)))
     compiled = work / f"{name}-cold"
@@ -96,11 +98,11 @@ def cold_warm_bundle(work: Path, resolution: str, name: str, mode: str) -> tuple
 
     source = configure_cache_env(compiled, environ={})
     start = time.perf_counter()
-    exported = bundles.export_bundle(source, key, work / f"{name}-bundle.tar.gz", [resolution])
+    exported = export_bundle(source, key, work / f"{name}-bundle.tar.gz", [resolution])
     export_s = time.perf_counter() - start
     fresh = configure_cache_env(work / f"{name}-bundle", environ={})
     start = time.perf_counter()
-    bundles.import_bundle(fresh, key, exported.path)
+    import_bundle(fresh, key, exported.path)
     import_s = time.perf_counter() - start
     runs["bundle"] = first_image(fresh.root, resolution, mode)
     return runs, {"export_s": round(export_s, 2), "import_s": round(import_s, 2),

@@ -10,13 +10,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from neuron_ui.device import configure_cache_env  # noqa: E402
+from neuron_ui.config.cache_paths import configure_cache_env
 
 configure_cache_env(tempfile.mkdtemp())  # a cold cache, set before torch loads
 import torch  # noqa: E402
 
-from neuron_ui.compilation import compile_transformer  # noqa: E402
-from neuron_ui.loading import build_tiny_pipeline  # noqa: E402
+from neuron_ui.compile.strategies import compile_transformer
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 dtype, mode = getattr(torch, sys.argv[1]), sys.argv[2]
 torch.set_num_threads(2)

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from neuron_ui.compilation import compile_transformer, raise_recompile_limit  # noqa: E402
-from neuron_ui.engine import PipelineCall, run_pipeline  # noqa: E402
-from neuron_ui.loading import KleinShape, build_random_klein_pipeline  # noqa: E402
-from neuron_ui.resolutions import parse_resolutions  # noqa: E402
+from neuron_ui.compile.strategies import compile_transformer, raise_recompile_limit
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.model.runner import PipelineCall, run_pipeline
+from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline
 
 SMALL = KleinShape(num_layers=1, num_single_layers=2, attention_head_dim=32, num_attention_heads=2,
                    text_hidden_size=32, text_layers=28, text_heads=2, text_kv_heads=1,

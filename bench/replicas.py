@@ -29,9 +29,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
 
-import app  # noqa: E402
-from neuron_ui.resolutions import parse_resolution  # noqa: E402
-from neuron_ui.schema import GenerateRequest  # noqa: E402
+from neuron_ui.config.resolutions import parse_resolution
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.main import parse_settings
+from neuron_ui.serving import build_engine, build_replicas
 
 logger = logging.getLogger("bench.replicas")
 
@@ -92,12 +93,12 @@ def main() -> None:
 
     threads = max(1, (os.cpu_count() or 1) // args.replicas)
     torch.set_num_threads(threads)  # one replica's share, so the two paths run the same work alike
-    local = app.build_engine(app.parse_settings([*flags, "--cache-dir", str(folder / "local")]))
+    local = build_engine(parse_settings([*flags, "--cache-dir", str(folder / "local")]))
     local_s = per_image(local, args.images, args.steps)
 
-    settings = app.parse_settings([*flags, "--cache-dir", str(folder / "ray"), "--replicas", str(args.replicas)])
+    settings = parse_settings([*flags, "--cache-dir", str(folder / "ray"), "--replicas", str(args.replicas)])
     start = time.perf_counter()
-    client = app.build_replicas(settings)
+    client = build_replicas(settings)
     startup_s = time.perf_counter() - start
     rss = tree_rss_mib()
     counter = Compilations()

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from neuron_ui.cli import main
 
 sys.exit(main())

@@ -20,9 +20,14 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .device import CachePaths, configure_cache_env
-from .settings import Settings, add_bundle_pin_argument, add_engine_arguments, settings_from_args
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
+
+if TYPE_CHECKING:
+    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.config.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     cache = configure_cache_env(settings.cache_dir)  # before torch loads: it reads the cache env vars then
     if args.command == "cache":
         return run_cache(args, settings, cache)
-    from .engine import Engine, EngineError
-    from .schema import GenerateRequest
+    from neuron_ui.contract.errors import EngineError
+    from neuron_ui.contract.requests import GenerateRequest
+    from neuron_ui.engine.engine import Engine
 
     engine = Engine.from_settings(settings, cache)
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
@@ -89,23 +95,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths) -> int:
-    from . import bundles
+    from neuron_ui.cache.admin import clear_cache, format_listing, key_for_settings, list_cache
+    from neuron_ui.cache.bundle_export import export_bundle
+    from neuron_ui.cache.bundle_import import import_bundle
 
     shapes = [str(r) for r in settings.resolutions] if args.resolutions else None
     try:
         if args.action == "ls":
-            print(bundles.format_listing(bundles.list_cache(cache), bundles.key_for_settings(settings)))
+            print(format_listing(list_cache(cache), key_for_settings(settings)))
         elif args.action == "export":
-            info = bundles.export_bundle(cache, bundles.key_for_settings(settings), Path(args.out), shapes)
+            info = export_bundle(cache, key_for_settings(settings), Path(args.out), shapes)
             print(f"wrote {info.path}: {', '.join(info.resolutions)} ({len(info.files)} files)")
         elif args.action == "import":
-            info = bundles.import_bundle(cache, bundles.key_for_settings(settings), Path(args.bundle),
+            info = import_bundle(cache, key_for_settings(settings), Path(args.bundle),
                                          settings.cache_bundle_sha256)
             print(f"imported {info.path}: added {', '.join(info.added_shapes) or 'nothing new'}"
                   + (f"; kept this cache's own {', '.join(info.kept_shapes)}" if info.kept_shapes else ""))
         else:
-            key = bundles.key_for_settings(settings) if shapes else None
-            result = bundles.clear_cache(cache, key, shapes)
+            key = key_for_settings(settings) if shapes else None
+            result = clear_cache(cache, key, shapes)
             print(f"cleared {len(result.removed_shapes)} shape record(s), {result.removed_files} file(s)")
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

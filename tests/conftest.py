@@ -14,11 +14,12 @@ for _name, _value in {
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from neuron_ui.compilation import CacheManifest  # noqa: E402
-from neuron_ui.device import configure_cache_env  # noqa: E402
-from neuron_ui.engine import Engine  # noqa: E402
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline  # noqa: E402
-from neuron_ui.resolutions import parse_resolutions  # noqa: E402
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.engine.engine import Engine
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -48,7 +49,7 @@ def make_engine(tmp_path):
 
 def missing_engine_members(engine) -> list[str]:
     """What `engine` lacks of the one interface the UI and the server use (neuron_ui.schema.EngineLike)."""
-    from neuron_ui.schema import EngineLike
+    from neuron_ui.contract.engine_like import EngineLike
 
     names = [n for n in vars(EngineLike) if not n.startswith("_")] + list(EngineLike.__annotations__)
     return sorted(n for n in set(names) if not hasattr(engine, n))

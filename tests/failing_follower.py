@@ -6,17 +6,17 @@ import runpy
 import sys
 from pathlib import Path
 
-from neuron_ui import engine
+from neuron_ui.model.runner import PipelineRunner
 
 if os.environ.get("RANK") == os.environ.get("FAIL_RANK"):
-    run = engine.PipelineRunner.__call__
+    run = PipelineRunner.__call__
 
     def failing(self, call, callback=None):
         if call.seed == 13:
             raise RuntimeError("injected device fault")
         return run(self, call, callback)
 
-    engine.PipelineRunner.__call__ = failing
+    PipelineRunner.__call__ = failing
 
 app = Path(__file__).resolve().parent.parent / "app.py"
 sys.argv[0] = str(app)

@@ -18,8 +18,8 @@ import httpx
 import torch
 from gradio_client import Client
 
-import app
-from neuron_ui import ui
+from neuron_ui.main import build_app, launch, parse_settings, start_server
+from neuron_ui.ui.handlers import Handlers
 
 TIMEOUT = 120  # seconds for any one call; nothing here should take a tenth of that
 
@@ -44,7 +44,7 @@ class Served:
     def get(self, path: str, **kwargs) -> httpx.Response:
         return httpx.get(self.url + path, timeout=TIMEOUT, **kwargs)
 
-    def handlers(self) -> ui.Handlers:
+    def handlers(self) -> Handlers:
         """The demo's Handlers object (the one behind the /generate endpoint)."""
         return next(fn.fn.__self__ for fn in self.demo.fns.values() if fn.api_name == "generate")
 
@@ -77,10 +77,10 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
             "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port()), *flags]
     server = None
     try:
-        settings = app.parse_settings(argv)
-        server = app.start_server(settings)
-        built, demo = app.build_app(settings, engine(settings) if engine else None)
-        app.launch(built, demo, settings, server)
+        settings = parse_settings(argv)
+        server = start_server(settings)
+        built, demo = build_app(settings, engine(settings) if engine else None)
+        launch(built, demo, settings, server)
         yield Served(built, demo, server, settings)
     finally:
         if server is not None:

@@ -3,9 +3,9 @@ applied, every refused request counted, and prompts and messages that carry only
 
 import inspect
 import json
-from dataclasses import asdict
 import re
 import time
+from dataclasses import asdict
 
 import httpx
 import pytest
@@ -14,24 +14,27 @@ from PIL import Image
 from serving import TIMEOUT, served
 from torch._dynamo.utils import counters as dynamo_counters
 
-from neuron_ui import compilation, ui
-from neuron_ui.compilation import (
+from neuron_ui.cache.estimates import estimate_compile_seconds
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.counters import (
+    CACHE_COUNTERS,
     COMPILED,
     DISK_HIT,
     EAGER,
     MEMORY_HIT,
-    CacheManifest,
     CompileCounters,
-    CompileKey,
     classify_event,
-    estimate_compile_seconds,
     read_counters,
 )
-from neuron_ui.device import configure_cache_env
-from neuron_ui.engine import Engine
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import GenerateRequest
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.engine import Engine
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.ui.errors import redact_paths
+from neuron_ui.ui.words import describe_result, describe_size, describe_state
 
 
 def seen(graphs=0, hits=0, misses=0, bypasses=0, neffs=0) -> CompileCounters:
@@ -70,7 +73,7 @@ def test_read_counters_reads_the_names_torch_itself_increments():
     import torch._inductor.codecache as codecache
 
     source = inspect.getsource(codecache) + inspect.getsource(autograd_cache)
-    for names in compilation.CACHE_COUNTERS.values():
+    for names in CACHE_COUNTERS.values():
         for group, name in names:
             assert f'counters["{group}"]["{name}"] += 1' in source, f"torch no longer counts {group}/{name}"
     added = {("inductor", "fxgraph_cache_bypass"): 1, ("aot_autograd", "autograd_cache_bypass"): 2,
@@ -133,7 +136,7 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
     assert shape.on_disk and shape.compile_seconds == pytest.approx(cold["256x256"].compile_seconds, abs=0.01)
     # Nothing has loaded from disk yet: say so, rather than announce the compile time as the wait.
     assert shape.estimate_seconds is None
-    assert ui.describe_state(shape) == "cached on disk (load time not measured yet)"
+    assert describe_state(shape) == "cached on disk (load time not measured yet)"
     updates = []
     loaded = restarted.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1), progress=updates.append)
     assert loaded.cache_event == DISK_HIT
@@ -141,7 +144,7 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
     assert updates[0].message == "loading 256x256 from the disk cache for the first time (load time not measured yet)"
     ready = restarted.status().shape("256x256")
     assert ready.load_seconds == pytest.approx(loaded.compile_seconds, abs=0.01) and ready.compile_seconds is None
-    assert ui.describe_size(ready).startswith(f"**Ready.** Loading it from the disk cache took {ready.load_seconds:.1f} s")
+    assert describe_size(ready).startswith(f"**Ready.** Loading it from the disk cache took {ready.load_seconds:.1f} s")
 
     (entry,) = json.loads((tmp_path / "cache" / "manifest.json").read_text())["entries"].values()
     record = entry["shapes"]["256x256"]
@@ -156,7 +159,7 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
     # 512x512 never loaded here: the other size's load is the best guess, far below its own compile time.
     assert status.shape("512x512").estimate_seconds == pytest.approx(record["load_seconds"], abs=0.05)
     assert status.shape("512x512").estimate_seconds < cold["512x512"].compile_seconds
-    assert ui.describe_state(status.shape("256x256")) == (
+    assert describe_state(status.shape("256x256")) == (
         f"cached on disk (loads in about {status.shape('256x256').estimate_seconds:.0f} s)")
     # A size with no graph on disk is still estimated from the cold compiles.
     assert status.shape("384x256").estimate_seconds >= min(r.compile_seconds for r in cold.values()) - 0.05
@@ -203,7 +206,7 @@ def test_guidance_given_to_a_distilled_model_is_recorded_as_not_used(tmp_path):
     assert not engine.pipe.do_classifier_free_guidance  # diffusers' own word: it applied none
     png = Image.open(result.save_png(tmp_path / "fox.png"))
     assert json.loads(png.text["parameters"])["guidance"] is None and png.text["guidance"] == "not used"
-    assert ui.describe_result(result, show_guidance=True).startswith("**seed** 1 · **256x256** · 1 steps · no guidance")
+    assert describe_result(result, show_guidance=True).startswith("**seed** 1 · **256x256** · 1 steps · no guidance")
 
 
 @pytest.mark.parametrize("asked, applied", [(4.0, 4.0), (1.0, None), (None, 4.0)])
@@ -285,7 +288,7 @@ def test_invisible_and_nul_prompts_are_refused_over_http(server, prompt, message
 def test_a_compile_error_still_has_its_server_paths_redacted():
     message = ("compiling 256x256 failed: CppCompileError: /tmp/torchinductor_root/ab/cabcdef.cpp:12: error; "
                "see C:\\Users\\svc\\neuron\\log.txt")
-    assert ui.redact_paths(message) == "compiling 256x256 failed: CppCompileError: <path>:12: error; see <path>"
-    assert ui.redact_paths("resolution '../../etc/passwd' is not of the form") == (
+    assert redact_paths(message) == "compiling 256x256 failed: CppCompileError: <path>:12: error; see <path>"
+    assert redact_paths("resolution '../../etc/passwd' is not of the form") == (
         "resolution '../../etc/passwd' is not of the form")
 

@@ -5,11 +5,11 @@ them without dynamo; the other tests copy that folder and damage or re-key it, o
 """
 
 import json
-from dataclasses import replace
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +17,22 @@ import pytest
 import torch
 from PIL import Image
 
-from neuron_ui import aot, bundles, ui
-from neuron_ui.compilation import COMPILED, DISK_HIT, MEMORY_HIT, CacheManifest
-from neuron_ui.device import configure_cache_env
-from neuron_ui.engine import Engine
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import EngineStatus, GenerateRequest
-from neuron_ui.settings import Settings
+from neuron_ui.cache.admin import key_for_settings
+from neuron_ui.cache.bundle_export import export_bundle
+from neuron_ui.cache.bundle_import import import_bundle
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile import aot
+from neuron_ui.compile.counters import COMPILED, DISK_HIT, MEMORY_HIT
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.results import EngineStatus
+from neuron_ui.engine.engine import Engine
+from neuron_ui.main import main
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.ui.words import describe_engine
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +46,14 @@ TOLERANCE = 2
 CHILD = """
 import json, sys
 from pathlib import Path
-from neuron_ui.device import configure_cache_env
+from neuron_ui.config.cache_paths import configure_cache_env
 cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
 import torch
 from torch._dynamo.utils import counters
-from neuron_ui.engine import Engine
-from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import GenerateRequest
-from neuron_ui.settings import Settings
+from neuron_ui.engine.engine import Engine
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.config.settings import Settings
 request = json.loads(sys.argv[3])
 settings = Settings(model="tiny", device="cpu", compile="aot", resolutions=parse_resolutions(request["resolution"]),
                     cache_dir=Path(sys.argv[1]))
@@ -151,13 +159,13 @@ def test_corrupt_package_is_compiled_again(warm, tmp_path):
 
 def test_bundle_carries_the_packages(warm, tmp_path):
     root, _, _ = warm
-    key = bundles.key_for_settings(Settings(model="tiny", device="cpu", compile="aot",
+    key = key_for_settings(Settings(model="tiny", device="cpu", compile="aot",
                                             resolutions=parse_resolutions(RESOLUTION)))
-    exported = bundles.export_bundle(configure_cache_env(root / "cache", environ={}), key, tmp_path / "b.tar.gz")
+    exported = export_bundle(configure_cache_env(root / "cache", environ={}), key, tmp_path / "b.tar.gz")
     assert sorted(f.path for f in exported.files) == [
         f"aot/{key.digest}/{p.name}" for p in packages(root / "cache")]  # its packages only, no inductor folder
     fresh = configure_cache_env(tmp_path / "fresh", environ={})
-    bundles.import_bundle(fresh, key, exported.path)
+    import_bundle(fresh, key, exported.path)
     result = aot_engine(tmp_path / "fresh").generate(GenerateRequest(**REQUEST))
     assert result.cache_event == DISK_HIT
     assert (pixels(result.image) == pixels(root / "cold.png")).all()
@@ -177,20 +185,17 @@ def test_status_line_names_the_aot_mode():
     fields = {f: None for f in EngineStatus.__dataclass_fields__}
     status = replace(EngineStatus(**fields), model="tiny", device="cpu", dtype="float32", compile_mode="aot",
                      compile_backend="inductor")
-    assert "**Compile** ahead-of-time (AOTInductor packages)" in ui.describe_engine(status, Settings())
+    assert "**Compile** ahead-of-time (AOTInductor packages)" in describe_engine(status, Settings())
 
 
 def test_an_auto_detected_neuron_device_stops_aot_at_start_up_in_one_line(monkeypatch, tmp_path):
     """No Trainium here: device detection is faked to answer "neuron", the rest is app.py's own start-up."""
     import signal
 
-    import app
-    from neuron_ui import device
-
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # main's SIGTERM handler would outlive the test
-    monkeypatch.setattr(device, "detect_device", lambda requested="auto": "neuron")
-    monkeypatch.setattr(device, "default_compile_backend", lambda chosen: "neuron")
+    monkeypatch.setattr("neuron_ui.config.runtime.detect_device", lambda requested="auto": "neuron")
+    monkeypatch.setattr("neuron_ui.config.runtime.default_compile_backend", lambda chosen: "neuron")
     with pytest.raises(SystemExit) as stopped:
-        app.main(["--compile", "aot", "--model", "tiny", "--cache-dir", str(tmp_path), "--port", "0",
+        main(["--compile", "aot", "--model", "tiny", "--cache-dir", str(tmp_path), "--port", "0",
                   "--host", "127.0.0.1"])
     assert str(stopped.value.code).startswith("error: --compile aot (AOTInductor packages) is for CUDA and CPU")

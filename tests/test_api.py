@@ -12,7 +12,7 @@ from gradio_client.utils import QueueError
 from PIL import Image
 from serving import TIMEOUT, connect
 
-import app
+from neuron_ui.main import main, set_offline_defaults
 
 PRESETS = "256x256,384x256,256x384,512x512"
 
@@ -154,16 +154,16 @@ def test_bad_settings_exit_with_the_reason(argv, environ, message, capsys, monke
     def must_not_start(settings):
         raise AssertionError("the app started despite a bad setting")
 
-    monkeypatch.setattr(app, "build_app", must_not_start)
+    monkeypatch.setattr("neuron_ui.main.build_app", must_not_start)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as exited:
-        app.main(argv)
+        main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_offline_defaults_leave_user_values_alone():
     environ = {"GRADIO_ANALYTICS_ENABLED": "True"}
-    app.set_offline_defaults(environ)
+    set_offline_defaults(environ)
     assert environ == {"GRADIO_ANALYTICS_ENABLED": "True", "HF_HUB_DISABLE_TELEMETRY": "1"}

@@ -14,7 +14,8 @@ import pytest
 import torch
 from serving import free_port
 
-import app
+from neuron_ui.main import build_app, launch, parse_settings
+from neuron_ui.serving import build_engine
 
 pytestmark = pytest.mark.browser
 
@@ -30,12 +31,12 @@ def served(cache_dir, presets: str = PRESETS, wrap_runner=None):
     engine's pipeline runner (e.g. a compile that takes longer)."""
     saved = dict(os.environ)
     torch._dynamo.reset()
-    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", presets,
+    settings = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", presets,
                                    "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port())])
     server = None
     try:
-        engine, demo = app.build_app(settings, app.build_engine(settings, wrap_runner=wrap_runner))
-        server = app.launch(engine, demo, settings)
+        engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap_runner))
+        server = launch(engine, demo, settings)
         yield server.url
     finally:
         if server is not None:

@@ -6,8 +6,15 @@ import re
 import numpy as np
 import pytest
 from PIL import Image
-from test_browser import CHROMIUM, WAIT_MS, served, shot, status_table, wait_until  # noqa: F401
-from test_browser import browser  # noqa: F401  (the module-scoped chromium fixture)
+from test_browser import (  # noqa: F401
+    CHROMIUM,
+    WAIT_MS,
+    browser,  # noqa: F401  (the module-scoped chromium fixture)
+    served,
+    shot,
+    status_table,
+    wait_until,
+)
 
 pytestmark = pytest.mark.browser
 

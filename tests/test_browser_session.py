@@ -10,11 +10,18 @@ import re
 import time
 
 import pytest
-from test_browser import CHROMIUM, WAIT_MS, served, shot, status_table, wait_until  # noqa: F401
-from test_browser import browser  # noqa: F401  (the module-scoped chromium fixture)
+from test_browser import (  # noqa: F401
+    CHROMIUM,
+    WAIT_MS,
+    browser,  # noqa: F401  (the module-scoped chromium fixture)
+    served,
+    shot,
+    status_table,
+    wait_until,
+)
 
-from neuron_ui import engine as engine_module
-from neuron_ui import ui
+from neuron_ui.engine.engine import WARMUP_PROMPT
+from neuron_ui.ui.words import TABLE_HEADERS
 
 pytestmark = pytest.mark.browser
 
@@ -34,7 +41,7 @@ class SlowCompile:
         self.inner = inner
 
     def __call__(self, call, callback=None):
-        if call.prompt == engine_module.WARMUP_PROMPT:
+        if call.prompt == WARMUP_PROMPT:
             time.sleep(COMPILE_SLEEP)
         if call.prompt == LONG_PROMPT and callback is not None:
             callback = slowed(callback)
@@ -177,7 +184,7 @@ def test_seed_error_line_prompt_counter_and_table_columns(page):
     # The status table: columns that each mean one thing, and the legend that says which.
     headers = page.evaluate("""() => [...document.querySelectorAll('#status-table [role=columnheader]')]
         .map(cell => cell.innerText.trim())""")
-    assert [h for h in headers if h] == ui.TABLE_HEADERS
+    assert [h for h in headers if h] == TABLE_HEADERS
     assert "images made at the size" in page.locator("#table-legend").inner_text()
     wait_until(lambda: int(status_table(page)["256x256"][4]) >= 1, "the table counts the image made")
 

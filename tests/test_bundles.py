@@ -19,12 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from neuron_ui import bundles
-from neuron_ui.bundles import BundleError, clear_cache, export_bundle, import_bundle, list_cache
-from neuron_ui.compilation import COMPILED, DISK_HIT, CacheManifest, CompileKey
-from neuron_ui.device import configure_cache_env
-from neuron_ui.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.settings import Settings
+from neuron_ui.cache.admin import clear_cache, format_listing, key_for_settings, list_cache
+from neuron_ui.cache.bundle_export import export_bundle
+from neuron_ui.cache.bundle_format import BUNDLE_JSON, BundleError
+from neuron_ui.cache.bundle_import import import_bundle, inspect_bundle
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.counters import COMPILED, DISK_HIT
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
+from neuron_ui.config.settings import Settings
+from neuron_ui.main import parse_settings
+from neuron_ui.serving import build_engine
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = CompileKey.current("tiny", "regional", "inductor", "float32")
@@ -112,13 +118,13 @@ def test_ls_groups_shapes_by_key_with_sizes(source):
     assert listing.folders["inductor"].bytes == sum(len(d) for d in ARTIFACTS.values())
     assert listing.folders["neff"].files == 0
 
-    text = bundles.format_listing(listing, current=KEY)
+    text = format_listing(listing, current=KEY)
     assert f"* key {KEY.digest}" in text and f"  key {OTHER_KEY.digest}" in text
     assert "512x512" in text and f"torch={KEY.torch}" in text
 
 
 def test_ls_of_an_empty_cache(tmp_path):
-    text = bundles.format_listing(list_cache(configure_cache_env(tmp_path / "empty", environ={})))
+    text = format_listing(list_cache(configure_cache_env(tmp_path / "empty", environ={})))
     assert "no compiled shapes recorded" in text
 
 
@@ -126,7 +132,7 @@ def test_ls_of_an_empty_cache(tmp_path):
 
 
 def test_export_then_import_into_an_empty_cache(source, bundle, tmp_path):
-    header = json.loads(tarfile.open(bundle, "r:gz").extractfile(bundles.BUNDLE_JSON).read())
+    header = json.loads(tarfile.open(bundle, "r:gz").extractfile(BUNDLE_JSON).read())
     assert header["key"] == dataclasses.asdict(KEY)
     assert list(header["entries"][KEY.digest]["shapes"]) == ["512x512"]  # only what was asked for
     assert {f["path"] for f in header["files"]} == set(ARTIFACTS)  # the inductor folder whole, locks aside
@@ -151,8 +157,8 @@ def test_export_into_a_folder_names_the_bundle_by_key_and_inspect_reads_it(sourc
     info = export_bundle(source, KEY, tmp_path)
 
     assert info.path == tmp_path / f"neuron-ui-{KEY.digest}.tar.gz"
-    assert tarfile.open(info.path, "r:gz").getnames()[0] == bundles.BUNDLE_JSON  # readable without extracting
-    seen = bundles.inspect_bundle(info.path)
+    assert tarfile.open(info.path, "r:gz").getnames()[0] == BUNDLE_JSON  # readable without extracting
+    seen = inspect_bundle(info.path)
     assert seen.resolutions == ["256x256", "512x512"] and seen.key == dataclasses.asdict(KEY)
     assert seen.bytes == sum(len(d) for d in ARTIFACTS.values())
 
@@ -267,7 +273,7 @@ def with_header(bundle: Path, out: Path, edit) -> Path:
 
     def members(ms):
         for info, data in ms:
-            if info.name == bundles.BUNDLE_JSON:
+            if info.name == BUNDLE_JSON:
                 new = edit(json.loads(data))
                 data = new if isinstance(new, bytes) else json.dumps(new).encode()
                 info.size = len(data)
@@ -306,7 +312,7 @@ def test_a_bundle_json_outside_the_schema_is_refused_naming_record_and_field(wha
     bad = with_header(bundle, tmp_path / "bad.tar.gz", edit)
     before = snapshot(target.root)
 
-    for read in (lambda: import_bundle(target, KEY, bad), lambda: bundles.inspect_bundle(bad)):
+    for read in (lambda: import_bundle(target, KEY, bad), lambda: inspect_bundle(bad)):
         with pytest.raises(BundleError, match="nothing was changed") as error:
             read()
         assert re.search(reason, str(error.value)), str(error.value)
@@ -323,16 +329,15 @@ def test_a_newer_bundles_extra_fields_are_ignored(bundle, target, tmp_path):
 
 
 def test_the_app_starts_cold_on_a_200k_deep_bundle_json_and_logs_why(bundle, tmp_path, monkeypatch, caplog):
-    import app
-    from neuron_ui.device import NEFF_CACHE_ENV
+    from neuron_ui.config.cache_paths import NEFF_CACHE_ENV
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
     monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
     nested = with_header(bundle, tmp_path / "nested.tar.gz", lambda h: DEEP)
-    settings = app.parse_settings(["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512",
+    settings = parse_settings(["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512",
                                    "--cache-dir", str(tmp_path / "cache"), "--cache-bundle", str(nested)])
 
-    status = app.build_engine(settings).status()
+    status = build_engine(settings).status()
 
     assert not status.shape("512x512").on_disk
     assert "not using --cache-bundle" in caplog.text and "nests 200000 levels deep" in caplog.text
@@ -359,7 +364,7 @@ def test_a_pinned_sha256_admits_that_bundle_and_refuses_any_other(bundle, target
 
 
 def test_the_pin_is_a_flag_and_an_env_var_checked_at_start_up():
-    from neuron_ui.settings import build_parser, settings_from_args
+    from neuron_ui.config.settings import build_parser, settings_from_args
 
     digest = "ab" * 32
     args = build_parser().parse_args(["--cache-bundle", "b.tar.gz", "--cache-bundle-sha256", digest.upper()])
@@ -371,16 +376,15 @@ def test_the_pin_is_a_flag_and_an_env_var_checked_at_start_up():
 
 
 def test_the_app_starts_cold_on_a_bundle_that_is_not_the_pinned_one(bundle, tmp_path, monkeypatch, caplog):
-    import app
-    from neuron_ui.device import NEFF_CACHE_ENV
+    from neuron_ui.config.cache_paths import NEFF_CACHE_ENV
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
     monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
     monkeypatch.setenv("NEURON_UI_CACHE_BUNDLE_SHA256", "0" * 64)
-    settings = app.parse_settings(["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512",
+    settings = parse_settings(["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512",
                                    "--cache-dir", str(tmp_path / "cache"), "--cache-bundle", str(bundle)])
 
-    status = app.build_engine(settings).status()
+    status = build_engine(settings).status()
 
     assert not status.shape("512x512").on_disk
     assert f"expected sha256 {'0' * 64}, got {sha256_of(bundle)}" in caplog.text and "starting cold" in caplog.text
@@ -399,16 +403,16 @@ def test_a_bundle_larger_than_the_free_space_is_refused_before_extracting(bundle
 KILLED_IMPORT = """
 import json, os, signal, sys
 from pathlib import Path
-from neuron_ui import bundles
-from neuron_ui.compilation import CompileKey
-from neuron_ui.device import configure_cache_env
+from neuron_ui.cache import bundle_import
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.cache_paths import configure_cache_env
 
 def killed(*args):  # the import is killed once everything is staged, before anything moves into the cache
     os.kill(os.getpid(), signal.SIGKILL)
 
 cache = configure_cache_env(Path(sys.argv[1]), environ={})
-bundles._place = killed
-bundles.import_bundle(cache, CompileKey(**json.loads(sys.argv[3])), Path(sys.argv[2]))
+bundle_import._place = killed
+bundle_import.import_bundle(cache, CompileKey(**json.loads(sys.argv[3])), Path(sys.argv[2]))
 """
 
 
@@ -485,14 +489,14 @@ def test_full_clear_leaves_a_neff_folder_outside_the_cache_alone(tmp_path):
 FIRST_IMAGE = """
 import hashlib, json, sys
 from pathlib import Path
-from neuron_ui.device import configure_cache_env
+from neuron_ui.config.cache_paths import configure_cache_env
 cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
 assert "torch" not in sys.modules
 from dataclasses import asdict
-from neuron_ui.engine import Engine
-from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import GenerateRequest
-from neuron_ui.settings import Settings
+from neuron_ui.engine.engine import Engine
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.config.settings import Settings
 settings = Settings(model="tiny", device="cpu", compile="regional", compile_backend="inductor",
                     resolutions=parse_resolutions(sys.argv[2]), cache_dir=Path(sys.argv[1]))
 engine = Engine.from_settings(settings, cache)
@@ -516,7 +520,7 @@ def first_image(cache_dir: Path, resolution: str) -> dict:
 def test_an_imported_bundle_starts_a_new_process_warm(tmp_path):
     cold = first_image(tmp_path / "compiled-here", "256x256")
     assert cold["event"] == COMPILED  # the empty folder really was cold
-    key = bundles.key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
+    key = key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
                                             resolutions=parse_resolutions("256x256")))
     assert dataclasses.asdict(key) == cold["key"]  # the CLI's key is the engine's key
 
@@ -571,19 +575,18 @@ def test_cache_cli_ls_export_import_clear(source, tmp_path):
 
 
 def test_app_imports_a_cache_bundle_before_serving_and_starts_cold_on_a_bad_one(bundle, tmp_path, monkeypatch, caplog):
-    import app
-    from neuron_ui.device import NEFF_CACHE_ENV
+    from neuron_ui.config.cache_paths import NEFF_CACHE_ENV
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
     monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
     flags = ["--model", "tiny", "--device", "cpu", "--resolutions", "256x256,512x512"]
-    settings = app.parse_settings([*flags, "--cache-dir", str(tmp_path / "warm"), "--cache-bundle", str(bundle)])
-    status = app.build_engine(settings).status()
+    settings = parse_settings([*flags, "--cache-dir", str(tmp_path / "warm"), "--cache-bundle", str(bundle)])
+    status = build_engine(settings).status()
     assert status.shape("512x512").on_disk and not status.shape("256x256").on_disk
 
     monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
-    settings = app.parse_settings([*flags, "--compile", "full", "--cache-dir", str(tmp_path / "cold"),
+    settings = parse_settings([*flags, "--compile", "full", "--cache-dir", str(tmp_path / "cold"),
                                    "--cache-bundle", str(bundle)])
-    status = app.build_engine(settings).status()
+    status = build_engine(settings).status()
     assert not status.shape("512x512").on_disk
     assert "not using --cache-bundle" in caplog.text and "mode: bundle regional, here full" in caplog.text

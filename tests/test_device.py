@@ -8,7 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from neuron_ui.device import NEFF_CACHE_ENV, Runtime, configure_cache_env, detect_device, probe_device
+from neuron_ui.config.cache_paths import NEFF_CACHE_ENV, configure_cache_env
+from neuron_ui.config.runtime import Runtime, detect_device, probe_device
 
 FAKE_TORCH_NEURONX = textwrap.dedent(
     """
@@ -78,7 +79,7 @@ def test_cache_env_is_set_before_torch_is_imported(tmp_path):
     code = textwrap.dedent(
         f"""
         import os, sys
-        from neuron_ui.device import configure_cache_env
+        from neuron_ui.config.cache_paths import configure_cache_env
         configure_cache_env({str(tmp_path)!r})
         assert "torch" not in sys.modules, "configuring the cache imported torch"
         import torch

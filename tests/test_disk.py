@@ -14,11 +14,13 @@ import torch
 from serving import served
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-from neuron_ui.compilation import CacheManifest
-from neuron_ui.device import CompileFolder, configure_cache_env, free_bytes, is_disk_full
-from neuron_ui.engine import Engine
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-from neuron_ui.schema import GenerateRequest
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.folder import CompileFolder
+from neuron_ui.config.cache_paths import configure_cache_env, free_bytes, is_disk_full
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.engine import Engine
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 MiB = 2**20
 FULL = "not persistent: disk full"
@@ -204,7 +206,7 @@ def test_the_app_says_disk_full_everywhere_and_persists_again_once_there_is_room
 def test_a_manifest_write_that_hits_a_full_disk_recovers_with_the_next_write(tmp_path, monkeypatch):
     manifest = CacheManifest(tmp_path / "manifest.json")
     key_args = ("tiny", "regional", "eager", "float32")
-    from neuron_ui.compilation import CompileKey
+    from neuron_ui.compile.key import CompileKey
 
     key = CompileKey.current(*key_args)
     real_fsync = os.fsync
@@ -212,11 +214,11 @@ def test_a_manifest_write_that_hits_a_full_disk_recovers_with_the_next_write(tmp
     def no_room(fd):
         raise no_space()
 
-    monkeypatch.setattr("neuron_ui.compilation.os.fsync", no_room)
+    monkeypatch.setattr("neuron_ui.cache.manifest.os.fsync", no_room)
     manifest.record(key, "256x256", 256, 1.0, "compiled")
     assert not manifest.persistent and "No space left" in manifest.error
 
-    monkeypatch.setattr("neuron_ui.compilation.os.fsync", real_fsync)
+    monkeypatch.setattr("neuron_ui.cache.manifest.os.fsync", real_fsync)
     manifest.record(key, "384x256", 384, 1.0, "compiled")
     assert manifest.persistent and manifest.error is None
     assert set(CacheManifest(tmp_path / "manifest.json").shapes(key)) == {"256x256", "384x256"}

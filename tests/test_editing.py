@@ -11,13 +11,17 @@ import pytest
 import torch
 from PIL import Image
 
-from neuron_ui import references as refs
-from neuron_ui.compilation import CacheManifest, read_counters
-from neuron_ui.device import configure_cache_env
-from neuron_ui.engine import Engine, Layout, build_inpaint_pipeline
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-from neuron_ui.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.schema import GenerateRequest
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.counters import read_counters
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
+from neuron_ui.contract import references as refs
+from neuron_ui.contract.layouts import Layout
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.engine import Engine
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.runner import build_inpaint_pipeline
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 REF_SIZES = "256x256,384x256,256x384"
 
@@ -298,7 +302,7 @@ def test_layout_names_and_tokens():
 
 
 def test_max_references_flag_and_environment():
-    from neuron_ui.settings import build_parser, settings_from_args
+    from neuron_ui.config.settings import build_parser, settings_from_args
 
     parser = build_parser()
     assert settings_from_args(parser.parse_args([]), environ={}).max_references == 2

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_ui.compilation import read_counters
-from neuron_ui.engine import EngineError
-from neuron_ui.schema import GenerateRequest
+from neuron_ui.compile.counters import read_counters
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.requests import GenerateRequest
 
 
 def gen(engine, resolution="256x256", prompt="a lighthouse", **kw):
@@ -269,7 +269,7 @@ def test_a_user_waits_for_at_most_the_compilation_in_progress(make_engine):
 
 
 def test_cached_prompt_embeddings_give_the_plain_pipelines_image(make_engine):
-    from neuron_ui.engine import PipelineCall, run_pipeline
+    from neuron_ui.model.runner import PipelineCall, run_pipeline
 
     engine = make_engine(compile_mode="eager")
     call = PipelineCall("a heron in the reeds", 256, 256, 2, 11, 1.0)
@@ -285,10 +285,11 @@ def test_cached_prompt_embeddings_give_the_plain_pipelines_image(make_engine):
 
 
 def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
-    from neuron_ui.device import configure_cache_env
-    from neuron_ui.engine import Engine
-    from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-    from neuron_ui.resolutions import parse_resolutions
+    from neuron_ui.config.cache_paths import configure_cache_env
+    from neuron_ui.config.resolutions import parse_resolutions
+    from neuron_ui.engine.engine import Engine
+    from neuron_ui.model.loading import LoadedModel
+    from neuron_ui.model.tiny import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     pipe.register_to_config(is_distilled=False)  # as a base (not step-distilled) checkpoint says

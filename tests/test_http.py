@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
-from neuron_ui import ui
+from neuron_ui.ui.files import private_file_folder
 
 GENERATE = ["a fox", "256x256", 1, 1, None, None, None]  # prompt, resolution, steps, seed, guidance, references, reference size
 
@@ -147,7 +147,7 @@ def test_the_file_route_serves_only_this_apps_files(gated):
     finally:
         planted.unlink()
     folder = s.handlers().store.folder
-    assert folder.parent == ui.private_file_folder() and folder.parent.stat().st_mode & 0o077 == 0
+    assert folder.parent == private_file_folder() and folder.parent.stat().st_mode & 0o077 == 0
 
 
 def test_a_dead_process_folder_is_swept_at_start(tmp_path):
@@ -157,14 +157,14 @@ def test_a_dead_process_folder_is_swept_at_start(tmp_path):
     for folder in (dead, alive, other):
         (folder / "images").mkdir(parents=True)
     environ = {"GRADIO_TEMP_DIR": str(tmp_path)}
-    mine = ui.private_file_folder(environ)
+    mine = private_file_folder(environ)
     assert not dead.exists() and alive.exists() and other.exists()
     assert mine.parent == tmp_path and environ["GRADIO_TEMP_DIR"] == str(mine)
-    assert ui.private_file_folder(environ) == mine  # once per process
+    assert private_file_folder(environ) == mine  # once per process
 
 
 def test_uploads_are_capped(gated):
-    from neuron_ui.references import MAX_UPLOAD_BYTES
+    from neuron_ui.contract.references import MAX_UPLOAD_BYTES
 
     photo = post(gated, "/gradio_api/upload", files={"files": ("photo.jpg", b"x" * (3 << 20))})
     assert photo.status_code == 200, photo.text  # a designer's photo as a reference fits

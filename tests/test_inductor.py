@@ -54,7 +54,7 @@ def test_in_process_inductor_engine_then_memory_hit(two_processes, make_engine, 
     root, _, _ = two_processes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "cache" / "inductor"))
     engine = make_engine(presets="512x512", backend="inductor", cache_dir=root / "cache")
-    from neuron_ui.schema import GenerateRequest
+    from neuron_ui.contract.requests import GenerateRequest
 
     first = engine.generate(GenerateRequest("x", "512x512", seed=2))
     assert first.cache_event == "disk_hit"

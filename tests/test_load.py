@@ -11,7 +11,7 @@ import pytest
 from gradio_client.utils import QueueError
 from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
-from neuron_ui.compilation import read_counters
+from neuron_ui.compile.counters import read_counters
 
 USERS = 20
 

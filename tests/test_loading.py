@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_ui.loading import TINY, ModelChoice, build_tiny_pipeline, choose_model, load_model
+from neuron_ui.model.loading import TINY, ModelChoice, choose_model, load_model
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 
 def image_of(pipe, seed=3):

@@ -2,15 +2,17 @@
 goes through one schema, a bad record is dropped with a warning naming it, and the app always starts."""
 
 import json
-from dataclasses import asdict
 import logging
+from dataclasses import asdict
 
 import pytest
 from serving import served
 
-from neuron_ui.bundles import list_cache
-from neuron_ui.compilation import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, CacheManifest, CompileKey, load_json
-from neuron_ui.device import configure_cache_env
+from neuron_ui.cache.admin import list_cache
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.cache.records import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, load_json
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.cache_paths import configure_cache_env
 
 KEY = CompileKey.current("tiny", "regional", "eager", "float32")  # what served() compiles under
 GOOD = {"resolution": "256x256", "tokens": 256, "seconds": 1.5, "cold_seconds": 1.5, "event": "compiled",

@@ -9,8 +9,8 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import threading
+import time
 from concurrent.futures import CancelledError
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,10 +24,10 @@ from gradio_client.utils import Status
 from PIL import Image
 from serving import free_port
 
-import app
-from neuron_ui.engine import PipelineCall, run_pipeline
-from neuron_ui.loading import build_tiny_pipeline
-from neuron_ui.parallel import check_heads
+from neuron_ui.main import main
+from neuron_ui.model.runner import PipelineCall, run_pipeline
+from neuron_ui.model.sharding import check_heads
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +295,7 @@ def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path):
 
 # os._exit after printing: gloo's threads may abort a normal interpreter exit ("terminate called ..."), which is
 # not what this test is about.
-MESH_HASH = "import os; from neuron_ui.device import Launch; from neuron_ui.parallel import init_parallel; " \
+MESH_HASH = "import os; from neuron_ui.config.runtime import Launch; from neuron_ui.parallel.group import init_parallel; " \
             "print(hash(init_parallel(Launch(0, 0, 1), 'cpu').mesh), flush=True); os._exit(0)"
 
 
@@ -316,20 +316,17 @@ def test_bad_launches_fail_at_start_up(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(SystemExit, match="--tp 4 disagrees with the launch"):
-        app.main(["--device", "cpu", "--model", "tiny", "--tp", "4"])
+        main(["--device", "cpu", "--model", "tiny", "--tp", "4"])
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(SystemExit, match="--tp 2 needs one process per device"):
-        app.main(["--device", "cpu", "--model", "tiny", "--tp", "2"])
+        main(["--device", "cpu", "--model", "tiny", "--tp", "2"])
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused():
-    class Group:
-        degree = 5
-
-    check_heads(type("Eight", (), {"degree": 8})(), 24)  # klein-4B on 8 NeuronCores
+    check_heads(8, 24)  # klein-4B on 8 NeuronCores
     with pytest.raises(ValueError, match="degree 5 does not divide the transformer's 24 attention heads; "
                                          r"use one of \[1, 2, 3, 4, 6, 8, 12, 24\]"):
-        check_heads(Group(), 24)
+        check_heads(5, 24)
 
 
 def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(tmp_path):

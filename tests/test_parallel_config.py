@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from neuron_ui.device import Launch, detect_launch
-from neuron_ui.parallel import check_launch
+from neuron_ui.config.runtime import Launch, detect_launch
+from neuron_ui.parallel.group import check_launch
 
 
 def test_detect_launch_from_the_torchrun_environment():
@@ -27,9 +27,8 @@ def test_tp_flag_must_agree_with_the_launch():
 
 
 def test_more_processes_than_devices_fails(monkeypatch):
-    import neuron_ui.parallel as parallel
 
-    monkeypatch.setattr(parallel, "count_devices", lambda device: 2)
+    monkeypatch.setattr("neuron_ui.parallel.group.count_devices", lambda device: 2)
     with pytest.raises(ValueError, match="3 processes but only 2 cuda device"):
         check_launch(Launch(2, 2, 3), None, "cuda")
 
@@ -44,7 +43,7 @@ def test_torchrun_restarts_are_read_from_its_environment():
 def test_a_neuron_rank_device_is_a_device_string_even_when_torch_neuron_gives_an_index(monkeypatch):
     import torch
 
-    from neuron_ui.parallel import rank_device
+    from neuron_ui.parallel.group import rank_device
 
     monkeypatch.setattr(torch, "neuron", SimpleNamespace(current_device=lambda: 3), raising=False)
     assert rank_device("neuron", 3) == "neuron:3"
@@ -54,8 +53,8 @@ def test_a_neuron_rank_device_is_a_device_string_even_when_torch_neuron_gives_an
 
 
 def test_a_call_is_bounded_by_its_size_measured_time_with_a_floor_for_compiles():
-    from neuron_ui.engine import PipelineCall
-    from neuron_ui.parallel import COMPILE_FLOOR, GroupHealth, LeaderRunner
+    from neuron_ui.model.runner import PipelineCall
+    from neuron_ui.parallel.leader import COMPILE_FLOOR, GroupHealth, LeaderRunner
 
     group = SimpleNamespace(degree=2, launch=Launch(0, 0, 2))
     leader = LeaderRunner(lambda call, callback=None: None, group, GroupHealth(), min_seconds=5)
@@ -67,7 +66,7 @@ def test_a_call_is_bounded_by_its_size_measured_time_with_a_floor_for_compiles()
 
 
 def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was_measured():
-    from neuron_ui.parallel import GroupHealth
+    from neuron_ui.parallel.leader import GroupHealth
 
     first = GroupHealth(started=time.monotonic() - 21.2)
     first.serving(restart_seconds=None)  # the first group: no restart to measure yet
@@ -80,7 +79,7 @@ def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was
 def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
     import torch.distributed as dist
 
-    from neuron_ui.parallel import ParallelGroup
+    from neuron_ui.parallel.group import ParallelGroup
 
     history = dist.HashStore()  # torchrun's agent holds the real one, across restarts
 

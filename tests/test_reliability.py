@@ -25,15 +25,18 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from serving import TIMEOUT, call, connect, free_port, served, wait_until
 
-import app
-from neuron_ui import ui
-from neuron_ui.compilation import CacheManifest, CompileKey
-from neuron_ui.device import configure_cache_env
-from neuron_ui.engine import Engine
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-from neuron_ui.schema import GenerateRequest
-from neuron_ui.server import Server, basic_auth_ok
-from neuron_ui.settings import Settings
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.engine import Engine
+from neuron_ui.main import build_app, launch, parse_settings, start_server
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.server.server import Server, basic_auth_ok
+from neuron_ui.ui.files import ImageStore, private_file_folder
+from neuron_ui.ui.handlers import Handlers
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOWED = "allowed: 256x256, 384x256"
@@ -195,7 +198,7 @@ UI_BAD_VALUES = [  # what the form's widgets would never send, but a crafted req
 @pytest.mark.parametrize("values, message", UI_BAD_VALUES, ids=[m for _, m in UI_BAD_VALUES])
 def test_bad_values_through_the_ui_handler_are_told_and_the_next_works(server, tmp_path, values, message):
     s, _ = server
-    handlers = ui.Handlers(s.engine, ui.ImageStore(tmp_path))
+    handlers = Handlers(s.engine, ImageStore(tmp_path))
     prompt, resolution, steps, seed = values
     with pytest.raises(gr.Error, match=message) as raised:
         handlers.on_generate(prompt, resolution, steps, seed, False, 1.0, [])
@@ -319,7 +322,7 @@ def full_folder(tmp_path, monkeypatch):
             def no_space(*args):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-            monkeypatch.setattr("neuron_ui.compilation.os.fsync", no_space)
+            monkeypatch.setattr("neuron_ui.cache.manifest.os.fsync", no_space)
             logging.getLogger(__name__).warning("no tmpfs here: a full disk is simulated with an injected ENOSPC")
         yield folder / "cache"
     finally:
@@ -414,8 +417,9 @@ def test_killed_mid_compilation_then_restarted_the_manifest_is_valid_and_the_sha
 WRITER = """
 import sys, types
 sys.modules["torch"] = types.ModuleType("torch")  # the manifest needs no torch; a stub keeps this process fast
-from neuron_ui.compilation import CacheManifest, CompileKey
-from neuron_ui.resolutions import Resolution
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.resolutions import Resolution
 manifest = CacheManifest(sys.argv[1])
 key = CompileKey("tiny", "regional", "eager", "float32", "2.x", "0.x")
 print("writing", flush=True)
@@ -451,10 +455,10 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     assert Settings().host == "127.0.0.1"
     saved = dict(os.environ)
-    defaults = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
+    defaults = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path), "--port", str(free_port())])
     assert defaults.host == "127.0.0.1"
-    server = app.start_server(defaults)
+    server = start_server(defaults)
     try:
         (socket,) = [sock for s in server._uvicorn.servers for sock in s.sockets]
         assert socket.getsockname()[0] == "127.0.0.1"
@@ -466,8 +470,8 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
         metrics = httpx.get(server.url + "/metrics")
         assert metrics.status_code == 200 and "neuron_ui_model_loaded 0.0" in metrics.text
 
-        engine, demo = app.build_app(defaults)
-        app.launch(engine, demo, defaults, server)
+        engine, demo = build_app(defaults)
+        launch(engine, demo, defaults, server)
         assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(server.url + "/").status_code == 200
         assert "neuron_ui_model_loaded 1.0" in httpx.get(server.url + "/metrics").text
@@ -522,12 +526,12 @@ def test_no_input_becomes_a_file_path(server):
 def test_generated_files_stay_in_one_folder_with_bounded_retention(server, tmp_path):
     s, _ = server
     store = s.handlers().store
-    assert store.folder.parent == ui.private_file_folder()
-    outside = {p for p in ui.private_file_folder().rglob("*") if store.folder not in p.parents}
+    assert store.folder.parent == private_file_folder()
+    outside = {p for p in private_file_folder().rglob("*") if store.folder not in p.parents}
     client = connect(s.url, tmp_path, download_files=False)  # answers carry the path inside the private folder
     keep, store.keep = store.keep, 3
     try:
-        served_paths = [ui.private_file_folder() / call(client, "a fox", "256x256", 1, seed)[0]["path"]
+        served_paths = [private_file_folder() / call(client, "a fox", "256x256", 1, seed)[0]["path"]
                         for seed in range(5)]
     finally:
         store.keep = keep
@@ -535,7 +539,7 @@ def test_generated_files_stay_in_one_folder_with_bounded_retention(server, tmp_p
     assert all(p.parent == store.folder for p in served_paths)  # served in place, not copied into Gradio's cache
     assert [p.is_file() for p in served_paths] == [False, False, True, True, True]
     assert len(list(store.folder.glob("*.png"))) <= 3
-    assert {p for p in ui.private_file_folder().rglob("*") if store.folder not in p.parents} == outside
+    assert {p for p in private_file_folder().rglob("*") if store.folder not in p.parents} == outside
 
 
 # -- operations -------------------------------------------------------------------------------------------
@@ -566,7 +570,7 @@ def test_metrics_are_prometheus_text_with_the_operator_counters(server):
 
 def test_one_log_line_per_compilation_and_per_generation(make_engine, caplog):
     engine = make_engine()
-    caplog.set_level(logging.INFO, logger="neuron_ui.engine")
+    caplog.set_level(logging.INFO, logger="neuron_ui.engine.engine")
     engine.generate(GenerateRequest("a fox", "384x256", steps=1, seed=1))
     engine.generate(GenerateRequest("a fox", "384x256", steps=1, seed=2))
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]

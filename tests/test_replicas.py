@@ -15,9 +15,13 @@ import time
 
 import psutil
 import pytest
-
-from neuron_ui.schema import GenerateRequest
 from serving import TIMEOUT, served, wait_until
+
+from neuron_ui.cache.bundle_export import export_bundle
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.main import parse_settings
+from neuron_ui.replicas.board import APP_NAME
+from neuron_ui.replicas.launch import launch
 
 # A Ray instance and replicas: about a minute to start on 2 cores.
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
@@ -27,9 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 def deployment(tmp_path_factory):
     with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2") as s:
         yield s
-    from ray import serve
-
     import ray
+    from ray import serve
 
     serve.shutdown()
     ray.shutdown()
@@ -40,8 +43,8 @@ def request(resolution="256x256", seed=1, steps=2):
 
 
 def test_single_process_app_does_not_import_ray(tmp_path):
-    code = ("import sys, app; s = app.parse_settings(['--model', 'tiny', '--compile-backend', 'eager', "
-            f"'--resolutions', '256x256', '--cache-dir', {str(tmp_path)!r}]); app.build_app(s); "
+    code = ("import sys; from neuron_ui.main import build_app, parse_settings; s = parse_settings(['--model', 'tiny', '--compile-backend', 'eager', "
+            f"'--resolutions', '256x256', '--cache-dir', {str(tmp_path)!r}]); build_app(s); "
             "assert 'ray' not in sys.modules, 'ray was imported'; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
@@ -86,7 +89,7 @@ def test_status_health_and_metrics_cover_the_replicas(deployment):
     assert [r["state"] for r in status.replicas] == ["healthy", "healthy"]
     (holder,) = [r for r in status.replicas if r["replica"] == made.replica]
     assert shape.tokens in holder["graphs"]
-    from neuron_ui.ui import describe_activity, describe_state
+    from neuron_ui.ui.words import describe_activity, describe_state
 
     assert describe_state(shape) == "ready on 1 of 2"
     assert "**Replicas** 2 healthy" in describe_activity(status)
@@ -126,7 +129,6 @@ def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, t
 def test_the_browser_shows_both_replicas(deployment):
     """The same UI over the deployment: the activity line counts the replicas, the table says where each size is."""
     from playwright.sync_api import sync_playwright
-
     from test_browser import CHROMIUM
 
     with sync_playwright() as playwright:
@@ -150,7 +152,7 @@ def test_the_browser_shows_both_replicas(deployment):
 
 def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deployment):
     """The Stop button's token cancels the stream; the replica stops the image at its next step."""
-    from neuron_ui.stopping import StopToken, Stopped
+    from neuron_ui.contract.stopping import Stopped, StopToken
 
     client = deployment.engine
     started = time.monotonic()
@@ -207,7 +209,7 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     busy = wait_until(lambda: next((snap for _, snap in client.reports().values() if snap["busy"]), None),
                       "a replica is busy", timeout=TIMEOUT)
     os.kill(busy["pid"], signal.SIGKILL)
-    from neuron_ui.ui import describe_activity
+    from neuron_ui.ui.words import describe_activity
 
     wait_until(lambda: "restarting" in describe_activity(client.status()), "the status shows a replica restarting",
                timeout=TIMEOUT)
@@ -238,17 +240,15 @@ class Compiles:
 def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replica_start(deployment, tmp_path):
     """Inductor (a persistent cache) on 2 replicas: 5 concurrent first requests for 256x256 compile it once; a
     --warmup size compiles once and is ready on one replica; a bundle of that cache starts a new deployment warm."""
-    import app
     import ray
     from ray import serve
 
-    from neuron_ui import bundles, replicas
-    from neuron_ui.device import CachePaths
+    from neuron_ui.config.cache_paths import CachePaths
 
-    serve.delete(replicas.APP_NAME)
+    serve.delete(APP_NAME)
     cache = tmp_path / "cache"
     flags = ["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256,384x256", "--replicas", "2"]
-    client = replicas.launch(app.parse_settings([*flags, "--cache-dir", str(cache)]), app_name="neuron-ui-inductor")
+    client = launch(parse_settings([*flags, "--cache-dir", str(cache)]), app_name="neuron-ui-inductor")
     compiles = Compiles()
     client.observers.append(compiles)
     results: list = []
@@ -272,12 +272,12 @@ def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replic
 
     key = next(iter(client.reports().values()))[1]["key"]
     paths = CachePaths(cache, cache / "neff", cache / "inductor", cache / "manifest.json")
-    bundle = bundles.export_bundle(paths, key, tmp_path / "fleet.tar.gz")
+    bundle = export_bundle(paths, key, tmp_path / "fleet.tar.gz")
     assert {"256x256", "384x256"} <= set(bundle.resolutions)
     serve.delete("neuron-ui-inductor")
-    fresh = app.parse_settings([*flags, "--cache-dir", str(tmp_path / "fresh"), "--cache-bundle",
+    fresh = parse_settings([*flags, "--cache-dir", str(tmp_path / "fresh"), "--cache-bundle",
                                 str(tmp_path / "fleet.tar.gz")])
-    warm = replicas.launch(fresh, app_name="neuron-ui-bundle")
+    warm = launch(fresh, app_name="neuron-ui-bundle")
     assert {s.resolution for s in warm.status().shapes if s.on_disk} == {"256x256", "384x256"}
     assert warm.generate(request("384x256", seed=3)).cache_event == "disk_hit"
     serve.delete("neuron-ui-bundle")

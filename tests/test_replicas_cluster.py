@@ -11,7 +11,9 @@ import threading
 
 import pytest
 
-from neuron_ui.schema import GenerateRequest
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.main import parse_settings
+from neuron_ui.replicas.launch import launch
 
 # A two-node Ray cluster and inductor compiling: about 2 minutes on 2 cores.
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
@@ -34,13 +36,11 @@ def cluster():
 
 
 def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(cluster, tmp_path):
-    import app
-    from neuron_ui import replicas
 
-    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
+    settings = parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path / "shared-cache"), "--replicas", "2",
                                    "--ray-address", cluster.address])
-    client = replicas.launch(settings)
+    client = launch(settings)
     nodes = {snap["replica"]: snap["node"] for _, snap in client.reports().values()}
     assert len(set(nodes.values())) == 2, f"the 2 replicas did not land one per node: {nodes}"
 
@@ -65,9 +65,9 @@ def test_replicas_without_an_address_start_their_own_ray_beside_a_running_cluste
     import subprocess
     import sys
 
-    code = ("import ray, app; from neuron_ui import replicas; "
-            "s = app.parse_settings(['--model', 'tiny', '--replicas', '1', '--cache-dir', " + repr(str(tmp_path)) + "]); "
-            "replicas.start_ray(s, num_cpus=1); print('GCS', ray.get_runtime_context().gcs_address); ray.shutdown()")
+    code = ("import ray; from neuron_ui.main import parse_settings; from neuron_ui.replicas.launch import start_ray; "
+            "s = parse_settings(['--model', 'tiny', '--replicas', '1', '--cache-dir', " + repr(str(tmp_path)) + "]); "
+            "start_ray(s, num_cpus=1); print('GCS', ray.get_runtime_context().gcs_address); ray.shutdown()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0, done.stderr[-2000:]

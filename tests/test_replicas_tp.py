@@ -11,11 +11,14 @@ import threading
 
 import numpy as np
 import pytest
-
-from neuron_ui.engine import PipelineCall, run_pipeline
-from neuron_ui.loading import build_tiny_pipeline
-from neuron_ui.schema import EngineError, GenerateRequest
 from serving import TIMEOUT, wait_until
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.main import parse_settings
+from neuron_ui.model.runner import PipelineCall, run_pipeline
+from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.serving import build_replicas
 
 # Ray, a replica and a follower: a minute to start on 2 cores.
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
@@ -23,12 +26,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    import app
 
-    settings = app.parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
+    settings = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path_factory.mktemp("tp") / "cache"),
                                    "--replicas", "1", "--tp", "2"])
-    yield app.build_replicas(settings, num_cpus=2)
+    yield build_replicas(settings, num_cpus=2)
     import ray
     from ray import serve
 
@@ -90,11 +92,10 @@ def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces
 
 
 def test_each_rank_asks_for_its_own_device_in_a_packed_bundle():
-    import app
-    from neuron_ui.replicas import plan_replicas
+    from neuron_ui.replicas.plan import plan_replicas
 
     def plan(device, resources):
-        return plan_replicas(app.parse_settings(["--model", "tiny", "--device", device, "--replicas", "2",
+        return plan_replicas(parse_settings(["--model", "tiny", "--device", device, "--replicas", "2",
                                                  "--tp", "2"]), resources)
 
     neuron = plan("neuron", {"CPU": 32, "neuron_cores": 32})

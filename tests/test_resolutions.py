@@ -1,6 +1,6 @@
 import pytest
 
-from neuron_ui.resolutions import DEFAULT_RESOLUTIONS, Resolution, parse_resolution, parse_resolutions
+from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, Resolution, parse_resolution, parse_resolutions
 
 
 def test_default_presets_are_valid_and_include_the_preview():

@@ -1,7 +1,7 @@
 import threading
 import time
 
-from neuron_ui.scheduler import DeviceQueue
+from neuron_ui.engine.device_queue import DeviceQueue
 
 
 def take(queue: DeviceQueue, kind: str, log: list, name) -> threading.Thread:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_ui.settings import Settings, build_parser, default_cache_dir, settings_from_args
+from neuron_ui.config.settings import Settings, build_parser, default_cache_dir, settings_from_args
 
 
 def parse(argv, environ=None):

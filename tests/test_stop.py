@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from neuron_ui.schema import GenerateRequest
-from neuron_ui.stopping import DISCONNECTED, SessionStops, Stopped, StopToken
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.stopping import DISCONNECTED, SessionStops, Stopped, StopToken
+from neuron_ui.ui.words import describe_result
 
 LONG = 100  # steps: a request that runs for seconds on the tiny model
 
@@ -176,11 +177,9 @@ def test_a_waiting_user_hears_the_compile_ahead_then_the_images_ahead_and_the_wa
 def test_the_line_under_the_image_keeps_the_wait_apart_from_the_images_own_time(eager):
     from dataclasses import replace
 
-    from neuron_ui import ui
-
     engine, _ = eager
     result = engine.generate(GenerateRequest("x", "256x256", steps=1, seed=1))
-    assert "waited" not in ui.describe_result(result)
+    assert "waited" not in describe_result(result)
     waited = replace(result, waited_seconds=32.4, waited_for="1152x896 to compile", cache_event="memory_hit",
                      total_seconds=0.42)
-    assert "waited 32 s for 1152x896 to compile · cache hit, 0.42 s" in ui.describe_result(waited)
+    assert "waited 32 s for 1152x896 to compile · cache hit, 0.42 s" in describe_result(waited)

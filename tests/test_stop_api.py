@@ -9,7 +9,7 @@ from gradio_client.exceptions import AppError
 from serving import TIMEOUT, connect, served, wait_until
 from test_stop import LONG, StepClock
 
-from neuron_ui import ui
+from neuron_ui.ui.gradio_bridge import current_event
 
 
 @pytest.fixture(scope="module")
@@ -133,5 +133,5 @@ def test_a_client_that_closes_its_event_stream_stops_its_image(app):
 
 
 def test_gradio_still_hands_handlers_their_session_and_event():
-    """ui.current_event reads Gradio's context variables; outside an event both are None."""
-    assert ui.current_event() == (None, None)
+    """current_event reads Gradio's context variables; outside an event both are None."""
+    assert current_event() == (None, None)

@@ -13,15 +13,36 @@ import pytest
 import torch
 from PIL import Image
 
-from neuron_ui import session as sessions
-from neuron_ui import ui
-from neuron_ui.compilation import CacheManifest
-from neuron_ui.device import configure_cache_env
-from neuron_ui.engine import Engine, EngineError
-from neuron_ui.loading import LoadedModel, build_tiny_pipeline
-from neuron_ui.resolutions import parse_resolutions
-from neuron_ui.schema import EngineStatus, GenerateResult, ProgressUpdate, ShapeStatus
-from neuron_ui.settings import Settings
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate, ShapeStatus
+from neuron_ui.engine.engine import Engine
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.ui import session as sessions
+from neuron_ui.ui.blocks import build_demo
+from neuron_ui.ui.editing import EditingHandlers
+from neuron_ui.ui.errors import public_status, user_errors
+from neuron_ui.ui.files import ImageStore
+from neuron_ui.ui.gradio_bridge import DEVICE
+from neuron_ui.ui.handlers import HISTORY_SIZE, Handlers
+from neuron_ui.ui.progress import ProgressReporter
+from neuron_ui.ui.words import (
+    TABLE_HEADERS,
+    CompileWait,
+    describe_activity,
+    describe_cache_event,
+    describe_engine,
+    describe_result,
+    describe_size,
+    describe_state,
+    resolution_choices,
+    status_rows,
+    tiny_banner,
+)
 
 PRESETS = "256x256,384x256,256x384,512x512"
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +61,7 @@ def engine(tmp_path_factory):
 
 @pytest.fixture
 def handlers(engine, tmp_path):
-    return ui.Handlers(engine, ui.ImageStore(tmp_path / "images"))
+    return Handlers(engine, ImageStore(tmp_path / "images"))
 
 
 def select(index: int) -> gr.SelectData:
@@ -108,7 +129,7 @@ def test_variations_count_is_bounded(handlers):
 
 def test_warmup_makes_a_cold_size_ready(handlers, engine):
     assert engine.status().shape("512x512").state == "cold"
-    labels = {value: label for label, value in ui.resolution_choices(engine.status())}
+    labels = {value: label for label, value in resolution_choices(engine.status())}
     assert "512x512 (1:1) — compiles on first use (about" in labels["512x512"]
     assert "Not compiled yet" in handlers.on_resolution("512x512")
 
@@ -117,8 +138,8 @@ def test_warmup_makes_a_cold_size_ready(handlers, engine):
                         message), message
     status = engine.status()
     assert status.shape("512x512").state == "ready"
-    assert {v: label for label, v in ui.resolution_choices(status)}["512x512"] == "512x512 (1:1) — ready"
-    row = next(r for r in ui.status_rows(status) if r[0] == "512x512")
+    assert {v: label for label, v in resolution_choices(status)}["512x512"] == "512x512 (1:1) — ready"
+    row = next(r for r in status_rows(status) if r[0] == "512x512")
     assert row[2] == "ready" and float(row[3]) > 0
     assert handlers.on_resolution("512x512") == message  # the hint keeps saying so
 
@@ -134,11 +155,11 @@ def test_history_select_restores_parameters(handlers, tmp_path):
 
 
 def test_history_is_capped_and_newest_first(handlers, tmp_path):
-    history = [fake_entry(tmp_path, seed) for seed in range(ui.HISTORY_SIZE)]
+    history = [fake_entry(tmp_path, seed) for seed in range(HISTORY_SIZE)]
     *_, new_history, gallery = handlers.on_generate("a red fox", "256x256", 1, 999, False, 1.0, history)
-    assert len(new_history) == len(gallery) == ui.HISTORY_SIZE
+    assert len(new_history) == len(gallery) == HISTORY_SIZE
     assert new_history[0]["seed"] == 999 and new_history[1]["seed"] == 0
-    assert ui.HISTORY_SIZE - 1 not in [e["seed"] for e in new_history]  # the oldest fell off
+    assert HISTORY_SIZE - 1 not in [e["seed"] for e in new_history]  # the oldest fell off
 
 
 def test_reuse_last_seed(handlers, tmp_path):
@@ -199,20 +220,20 @@ class FailingEngine:
 
 def test_server_failures_are_told_without_internals(engine, tmp_path):
     status = engine.status()
-    failing = ui.Handlers(FailingEngine(EngineError("compiling 256x256 failed: OOM. Try again."), status),
-                          ui.ImageStore(tmp_path))
+    failing = Handlers(FailingEngine(EngineError("compiling 256x256 failed: OOM. Try again."), status),
+                          ImageStore(tmp_path))
     with pytest.raises(gr.Error) as raised:
         failing.on_warmup("256x256")
     assert raised.value.message == "compiling 256x256 failed: OOM. Try again."
 
     compiler = EngineError("compiling 256x256 failed: CppCompileError: /tmp/torchinductor_root/ab/cab.cpp:3: error")
-    failing = ui.Handlers(FailingEngine(compiler, status), ui.ImageStore(tmp_path))
+    failing = Handlers(FailingEngine(compiler, status), ImageStore(tmp_path))
     with pytest.raises(gr.Error) as raised:
         failing.on_warmup("256x256")
     assert raised.value.message == "compiling 256x256 failed: CppCompileError: <path>:3: error"
 
     secret = "/srv/secret/cache/inductor/abc.py"
-    failing = ui.Handlers(FailingEngine(RuntimeError(f"g++ failed in {secret}"), status), ui.ImageStore(tmp_path))
+    failing = Handlers(FailingEngine(RuntimeError(f"g++ failed in {secret}"), status), ImageStore(tmp_path))
     with pytest.raises(gr.Error) as raised:
         failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [])
     assert secret not in raised.value.message and "server log" in raised.value.message
@@ -220,7 +241,7 @@ def test_server_failures_are_told_without_internals(engine, tmp_path):
 
 def test_progress_maps_engine_stages_onto_gradio():
     calls = []
-    with ui.ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)), "image 2/4: ") as report:
+    with ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)), "image 2/4: ") as report:
         report(ProgressUpdate("compiling", "compiling 1344x768 for the first time (about 41 s)", phase="compiling",
                               estimate_seconds=41.0))
         report(ProgressUpdate("denoising", "step 1/4", 0.25))
@@ -232,11 +253,11 @@ def test_progress_maps_engine_stages_onto_gradio():
 
 def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent(monkeypatch):
     """While a size compiles the bar moves with the time elapsed, labelled as an estimate (or as a guess)."""
-    monkeypatch.setattr(ui, "TICK_SECONDS", 0.05)
+    monkeypatch.setattr("neuron_ui.ui.progress.TICK_SECONDS", 0.05)
     calls, waits = [], []
     clock = [100.0]
-    monkeypatch.setattr(ui.time, "monotonic", lambda: clock[0])
-    with ui.ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)),
+    monkeypatch.setattr("neuron_ui.ui.progress.time.monotonic", lambda: clock[0])
+    with ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)),
                              on_compile=waits.append) as report:
         report(ProgressUpdate("compiling", "compiling 512x512 for the first time (about 60 s, a guess)",
                               phase="compiling", estimate_seconds=60.0, guess=True))
@@ -252,12 +273,12 @@ def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent(monkeypat
     assert desc == ("compiling 512x512 for the first time · 30 s of about 60 s "
                     "(a guess: nothing measured on this machine yet)")
     # Loading from the disk cache, no load measured yet: elapsed seconds, no made-up fraction.
-    wait = ui.CompileWait("loading 512x512 from the disk cache for the first time (load time not measured yet)",
+    wait = CompileWait("loading 512x512 from the disk cache for the first time (load time not measured yet)",
                           "loading", None, False, started=0.0)
     assert wait.describe(7.2) == ((7, None), "loading 512x512 from the disk cache for the first time · 7 s so far "
                                              "(time not measured yet)")
     # A phase the engine names that its words do not: said first.
-    tracing = ui.CompileWait("compiling 512x512 (about 9 s)", "tracing", 9.0, False, started=0.0)
+    tracing = CompileWait("compiling 512x512 (about 9 s)", "tracing", 9.0, False, started=0.0)
     assert tracing.describe(3.0)[1] == "tracing: compiling 512x512 · 3 s of about 9 s (estimate)"
 
 
@@ -268,17 +289,17 @@ def result_with(event: str, compile_seconds: float = 0.0, total: float = 0.42,
 
 
 def test_cache_events_in_words():
-    assert ui.describe_cache_event(result_with("compiled", 41.2, 42.0)) == "compiled in 41.2 s"
-    assert ui.describe_cache_event(result_with("disk_hit", 3.1, 3.5)) == "compiled from disk cache in 3.1 s"
-    assert ui.describe_cache_event(result_with("memory_hit")) == "cache hit, 0.42 s"
-    assert ui.describe_cache_event(result_with("eager", total=0.4)) == "eager, 0.4 s"
-    assert ui.describe_result(result_with("compiled", 41.2, 42.0)).endswith("compiled in 41.2 s · 42.00 s total")
+    assert describe_cache_event(result_with("compiled", 41.2, 42.0)) == "compiled in 41.2 s"
+    assert describe_cache_event(result_with("disk_hit", 3.1, 3.5)) == "compiled from disk cache in 3.1 s"
+    assert describe_cache_event(result_with("memory_hit")) == "cache hit, 0.42 s"
+    assert describe_cache_event(result_with("eager", total=0.4)) == "eager, 0.4 s"
+    assert describe_result(result_with("compiled", 41.2, 42.0)).endswith("compiled in 41.2 s · 42.00 s total")
 
 
 def test_the_result_line_tells_the_guidance_applied():
-    assert " · guidance 3.5 · " in ui.describe_result(result_with("memory_hit", guidance=3.5), show_guidance=True)
-    assert " · no guidance · " in ui.describe_result(result_with("memory_hit", guidance=None), show_guidance=True)
-    assert "guidance" not in ui.describe_result(result_with("memory_hit", guidance=None))
+    assert " · guidance 3.5 · " in describe_result(result_with("memory_hit", guidance=3.5), show_guidance=True)
+    assert " · no guidance · " in describe_result(result_with("memory_hit", guidance=None), show_guidance=True)
+    assert "guidance" not in describe_result(result_with("memory_hit", guidance=None))
 
 
 def shape(**changes) -> ShapeStatus:
@@ -286,50 +307,50 @@ def shape(**changes) -> ShapeStatus:
 
 
 def test_every_state_has_words():
-    assert ui.describe_state(shape()) == "compiles on first use (about 41 s)"
-    assert ui.describe_state(shape(on_disk=True, estimate_seconds=3.0)) == "cached on disk (loads in about 3 s)"
-    assert ui.describe_state(shape(on_disk=True, estimate_seconds=None)) == "cached on disk (load time not measured yet)"
-    assert "from the disk cache (about 3 s)" in ui.describe_size(shape(on_disk=True, estimate_seconds=3.0))
-    assert "(load time not measured yet)" in ui.describe_size(shape(on_disk=True, estimate_seconds=None))
-    assert ui.describe_size(shape(state="ready", load_seconds=1.6)) == (
+    assert describe_state(shape()) == "compiles on first use (about 41 s)"
+    assert describe_state(shape(on_disk=True, estimate_seconds=3.0)) == "cached on disk (loads in about 3 s)"
+    assert describe_state(shape(on_disk=True, estimate_seconds=None)) == "cached on disk (load time not measured yet)"
+    assert "from the disk cache (about 3 s)" in describe_size(shape(on_disk=True, estimate_seconds=3.0))
+    assert "(load time not measured yet)" in describe_size(shape(on_disk=True, estimate_seconds=None))
+    assert describe_size(shape(state="ready", load_seconds=1.6)) == (
         "**Ready.** Loading it from the disk cache took 1.6 s; images at **1344x768** come at full speed.")
-    assert ui.describe_state(shape(state="compiling")) == "compiling now"
-    assert ui.describe_state(shape(state="failed", error="OOM")) == "failed"
-    assert ui.describe_state(shape(state="ready")) == "ready"
-    assert ui.describe_state(shape(state="ready", shares_graph_with="768x1344")) == "ready (graph of 768x1344)"
-    assert ui.describe_state(shape(warmup_queued=True)) == "compiles on first use (about 41 s), warm-up queued"
-    assert "OOM" in ui.describe_size(shape(state="failed", error="OOM"))
-    assert "about 41 s" in ui.describe_size(shape()) and "Warm up this size" in ui.describe_size(shape())
+    assert describe_state(shape(state="compiling")) == "compiling now"
+    assert describe_state(shape(state="failed", error="OOM")) == "failed"
+    assert describe_state(shape(state="ready")) == "ready"
+    assert describe_state(shape(state="ready", shares_graph_with="768x1344")) == "ready (graph of 768x1344)"
+    assert describe_state(shape(warmup_queued=True)) == "compiles on first use (about 41 s), warm-up queued"
+    assert "OOM" in describe_size(shape(state="failed", error="OOM"))
+    assert "about 41 s" in describe_size(shape()) and "Warm up this size" in describe_size(shape())
 
 
 def test_activity_line_tells_what_the_device_does(engine):
     status = replace(engine.status(), busy=True, queue_depth=2, warmup_queue=["512x512", "384x256"],
                      warmup_seconds_left=81.0)
-    assert ui.describe_activity(status).startswith(
+    assert describe_activity(status).startswith(
         "**Device** busy, 2 waiting · **Warm-up** 512x512, 384x256 (about 81 s left; your requests go first)")
 
 
 def test_header_banner_and_public_status(engine):
     status = replace(engine.status(), fallback_reason="the Hub did not answer within 5 s",
                      cache_error="cache folder /secret/x is not writable")
-    header = ui.describe_engine(status, Settings(max_queue=7))
+    header = describe_engine(status, Settings(max_queue=7))
     for part in ("**Model** tiny", "**Device** cpu", "**dtype** float32", "regional, eager", "up to 7 waiting"):
         assert part in header
-    banner = ui.tiny_banner(status)
+    banner = tiny_banner(status)
     assert "noise by design" in banner and "--model black-forest-labs/FLUX.2-klein-4B" in banner
     assert "the Hub did not answer" in banner
-    public = ui.public_status(status)
+    public = public_status(status)
     assert "cache_dir" not in public and "/secret" not in json.dumps(public)
     assert [s["resolution"] for s in public["shapes"]] == PRESETS.split(",")
 
 
 def test_demo_admits_device_runs_up_to_the_queue_bound_and_the_engine_serves_one_at_a_time(engine):
     settings = Settings(resolutions=engine.presets)
-    demo = ui.build_demo(engine, settings)
+    demo = build_demo(engine, settings)
     fns = list(demo.fns.values())
     public = {fn.api_name for fn in fns if fn.api_visibility == "public"}
     assert public == {"generate", "inpaint", "warmup", "status", "stop"}
-    device_fns = [fn for fn in fns if fn.concurrency_id == ui.DEVICE]
+    device_fns = [fn for fn in fns if fn.concurrency_id == DEVICE]
     # generate (button and Enter), variations, warm-up, inpaint, and the /generate, /inpaint and /warmup endpoints;
     # admitted up to --max-queue waiting + 1 on the device, they wait in the engine's queue (one run at a time)
     assert len(device_fns) == 7 and {fn.concurrency_limit for fn in device_fns} == {settings.max_queue + 1}
@@ -337,7 +358,7 @@ def test_demo_admits_device_runs_up_to_the_queue_bound_and_the_engine_serves_one
 
 
 def test_ui_does_not_import_torch():
-    code = "import sys, neuron_ui.ui; print('torch' in sys.modules)"
+    code = "import sys, neuron_ui.ui.blocks, neuron_ui.ui.handlers; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          check=False)
     assert out.returncode == 0, out.stderr
@@ -421,8 +442,8 @@ def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
 
 
 def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_path):
-    handlers = ui.Handlers(engine, ui.ImageStore(tmp_path / "images"), uploads=tmp_path)
-    editing_handlers = ui.editing.EditingHandlers(engine, handlers.run, handlers.store.save, ui.user_errors, True)
+    handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
+    editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors, True)
     source, reference, layer = tmp_path / "source.png", tmp_path / "ref.png", tmp_path / "layer.png"
     Image.new("RGB", (300, 200), (10, 200, 30)).save(source)
     Image.new("RGB", (640, 480), (200, 10, 30)).save(reference)
@@ -449,8 +470,8 @@ def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):
 
 
 def test_after_an_error_the_line_under_the_image_says_the_error(engine, tmp_path):
-    failing = ui.Handlers(FailingEngine(EngineError("generation failed at 256x256: OOM"), engine.status()),
-                          ui.ImageStore(tmp_path))
+    failing = Handlers(FailingEngine(EngineError("generation failed at 256x256: OOM"), engine.status()),
+                          ImageStore(tmp_path))
     session = {"id": "f" * 20}
     with pytest.raises(gr.Error):
         failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [], session=session)
@@ -476,11 +497,11 @@ def test_the_prompt_counter_says_what_the_text_encoder_reads(handlers, engine):
 
 def test_table_columns_count_images_and_show_a_shared_graphs_time(handlers, engine):
     engine.warmup("384x256")
-    before = {r[0]: r for r in ui.status_rows(engine.status())}
+    before = {r[0]: r for r in status_rows(engine.status())}
     handlers.on_generate("a red fox", "384x256", 1, 1, False, 1.0, [])
     handlers.on_generate("a red fox", "256x384", 1, 1, False, 1.0, [])  # same tokens: the graph of 384x256
-    rows = {r[0]: r for r in ui.status_rows(engine.status())}
-    assert ui.TABLE_HEADERS == ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
+    rows = {r[0]: r for r in status_rows(engine.status())}
+    assert TABLE_HEADERS == ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
     assert int(rows["384x256"][4]) == int(before["384x256"][4]) + 1
     assert int(rows["256x384"][4]) == int(before["256x384"][4]) + 1  # counted although no compile happened
     assert rows["256x384"][2] == "ready (graph of 384x256)"
@@ -491,12 +512,12 @@ def test_a_built_in_estimate_is_called_a_guess_until_this_machine_measured_one(m
     engine = make_engine(compile_mode="regional", backend="eager")
     shape = engine.status().shape("512x512")
     assert shape.estimate_guess and shape.estimate_seconds == 10.0
-    assert ui.describe_state(shape) == "compiles on first use (about 10 s, a guess)"
-    assert "about 10 s, a guess: nothing measured on this machine yet" in ui.describe_size(shape)
+    assert describe_state(shape) == "compiles on first use (about 10 s, a guess)"
+    assert "about 10 s, a guess: nothing measured on this machine yet" in describe_size(shape)
     updates = []
     engine.warmup("256x256", progress=updates.append)
     compiling = next(u for u in updates if u.stage == "compiling")
     assert compiling.guess and compiling.phase == "compiling" and compiling.estimate_seconds == 10.0
     assert "a guess: nothing measured on this machine yet" in compiling.message
     measured = engine.status().shape("512x512")  # the median of what this machine measured
-    assert not measured.estimate_guess and "guess" not in ui.describe_size(measured)
+    assert not measured.estimate_guess and "guess" not in describe_size(measured)

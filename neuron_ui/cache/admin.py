@@ -1,0 +1,179 @@
+"""Cache admin: what is on disk per compile key (ls) and clearing it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_ui.cache.bundle_format import _walk_files
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.cache.records import ShapeRecord
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.config.cache_paths import sweep_staging
+from neuron_ui.config.resolutions import parse_resolution
+from neuron_ui.config.runtime import Runtime, detect_launch
+
+if TYPE_CHECKING:
+    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.config.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FolderUsage:
+    path: Path
+    files: int
+    bytes: int
+
+
+@dataclass
+class KeyListing:
+    digest: str
+    key: dict
+    shapes: list[ShapeRecord]
+
+
+@dataclass
+class CacheListing:
+    """The manifest grouped by compile key, and what the artifact folders weigh (they are shared by all keys)."""
+
+    root: Path
+    keys: list[KeyListing]
+    folders: dict[str, FolderUsage]
+
+
+@dataclass
+class ClearResult:
+    removed_shapes: list[str]  # "digest/resolution"
+    removed_files: int = 0
+    freed_bytes: int = 0
+    skipped_folders: list[Path] = field(default_factory=list)  # outside the cache root: the user's own
+
+
+def key_for_settings(settings: Settings, model_name: str | None = None) -> CompileKey:
+    """This machine's compile key for `settings`, as the engine will compute it, without loading the model.
+
+    Pass `model_name` (a `choose_model(...).name` already made) to skip deciding again what `--model auto` means.
+    """
+    from neuron_ui.model.loading import choose_model
+
+    runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
+    name = model_name or choose_model(settings.model, settings.hub_timeout).name
+    launch = detect_launch()
+    tp_degree = launch.world_size if launch else settings.tp or 1
+    return CompileKey.current(name, settings.compile, runtime.backend, runtime.dtype, tp_degree)
+
+
+def describe_key(key: CompileKey | dict) -> str:
+    k = asdict(key) if isinstance(key, CompileKey) else key
+    return " ".join(f"{name}={k.get(name)}" for name in (f.name for f in fields(CompileKey)))
+
+
+def folder_usage(folder: Path) -> FolderUsage:
+    files = size = 0
+    for path in _walk_files(folder):
+        files += 1
+        size += path.stat().st_size
+    return FolderUsage(folder, files, size)
+
+
+def list_cache(cache: CachePaths) -> CacheListing:
+    """What the cache folder holds, for `cache ls`."""
+    entries = CacheManifest(cache.manifest).entries()
+    keys = []
+    for digest, entry in sorted(entries.items(), key=lambda item: describe_key(item[1].get("key", {}))):
+        shapes = [ShapeRecord(**rec) for rec in entry.get("shapes", {}).values()]
+        keys.append(KeyListing(digest, entry.get("key", {}), sorted(shapes, key=lambda s: (s.tokens, s.resolution))))
+    return CacheListing(cache.root, keys, {"inductor": folder_usage(cache.inductor), "neff": folder_usage(cache.neff),
+                                           "aot": folder_usage(cache.aot)})
+
+
+def format_listing(listing: CacheListing, current: CompileKey | None = None) -> str:
+    """A plain-text table; `current` (this machine's key) is marked with '*'."""
+    lines = [f"cache {listing.root}"]
+    for name, usage in listing.folders.items():
+        lines.append(f"  {name:<9}{human_bytes(usage.bytes):>10} in {usage.files} files  {usage.path}")
+    if not listing.keys:
+        lines.append("no compiled shapes recorded")
+    for entry in listing.keys:
+        mark = "*" if current is not None and entry.digest == current.digest else " "
+        lines.append(f"{mark} key {entry.digest}  {describe_key(entry.key)}")
+        lines.append(f"    {'resolution':<11}{'tokens':>7}{'seconds':>9}{'cold s':>9}  {'event':<10}date")
+        for s in entry.shapes:
+            cold = f"{s.cold_seconds:.1f}" if s.cold_seconds is not None else "-"
+            lines.append(f"    {s.resolution:<11}{s.tokens:>7}{s.seconds:>9.1f}{cold:>9}  {s.event:<10}{s.date}")
+    return "\n".join(lines)
+
+
+def human_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+
+
+def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: list[str] | None = None) -> ClearResult:
+    """Forget shapes; with no key, forget everything and empty the artifact folders too.
+
+    With a key, only manifest records go: the artifacts are shared by every key and cannot be told apart,
+    so those shapes become cold (the next compile may still hit what is left on disk). Folders outside the
+    cache root (a user's own TORCH_NEURONX_NEFF_CACHE_DIR) are never emptied. The manifest is written
+    first, so a clear cut short never leaves shapes recorded whose artifacts are gone.
+    """
+    if key is None and resolutions:
+        raise ValueError("clearing some resolutions needs a compile key (which model, mode, dtype)")
+    manifest = CacheManifest(cache.manifest)
+    wanted = None
+    if key is not None and resolutions is not None:
+        shapes = manifest.entries().get(key.digest, {}).get("shapes", {})
+        wanted = [str(parse_resolution(r)) for r in resolutions]
+        missing = [r for r in wanted if r not in shapes]
+        if missing:
+            raise ValueError(f"no record of {', '.join(missing)} for key {key.digest}; "
+                             f"recorded: {', '.join(sorted(shapes)) or 'none'}")
+    result = ClearResult(removed_shapes=manifest.forget(key.digest if key else None, wanted))
+    if key is None:
+        for folder in (cache.inductor, cache.neff, cache.aot):
+            if not folder.resolve().is_relative_to(cache.root.resolve()):
+                logger.warning("not emptying %s: it is outside the cache folder %s", folder, cache.root)
+                result.skipped_folders.append(folder)
+                continue
+            usage = folder_usage(folder)
+            result.removed_files += usage.files
+            result.freed_bytes += usage.bytes
+            if folder.is_dir():
+                _empty(folder)
+        sweep_staging(cache.root)  # left by imports that were killed
+    logger.info("cleared %d shapes, %d files (%s)", len(result.removed_shapes), result.removed_files,
+                human_bytes(result.freed_bytes))
+    return result
+
+
+def _holds(cache: CachePaths) -> str:
+    entries = CacheManifest(cache.manifest).entries()
+    if not entries:
+        return "its manifest is empty"
+    return "it holds " + "; ".join(f"{describe_key(e.get('key', {}))}: {', '.join(sorted(e.get('shapes', {})))}"
+                                   for e in entries.values())
+
+
+def _empty(folder: Path) -> None:
+    for child in folder.iterdir():
+        _remove(child)
+
+
+def _remove(path: Path | None) -> None:
+    if path is None or not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+

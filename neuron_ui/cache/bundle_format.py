@@ -1,0 +1,238 @@
+"""The bundle format: bundle.json's schema, names and hashes, shared by export and import."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import re
+import tarfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, BinaryIO
+
+from neuron_ui.cache.records import DATE_PATTERN, load_json, parse_entries
+from neuron_ui.config.cache_paths import STAGING_PREFIX
+
+if TYPE_CHECKING:
+    from neuron_ui.compile.key import CompileKey
+    from neuron_ui.config.cache_paths import CachePaths
+
+logger = logging.getLogger(__name__)
+
+
+BUNDLE_FORMAT = 1
+
+
+BUNDLE_JSON = "bundle.json"
+
+
+MAX_BUNDLE_JSON = 16 * 2**20
+
+
+# Which cache folders hold a backend's compiled artifacts; other backends (eager, aot_eager) keep none.
+ARTIFACTS = {"inductor": ("inductor",), "neuron": ("neff", "inductor")}
+
+
+AOT = "aot"  # --compile aot keeps its AOTInductor packages in aot/<key digest>/ and nothing else
+
+
+SECTIONS = {name for names in ARTIFACTS.values() for name in names} | {AOT}
+
+
+SKIPPED_DIRS = {"locks"}  # inductor's empty filelock files, recreated on demand
+
+
+CHUNK = 2**20
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _why(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".strip()[:200]
+
+
+class BundleError(ValueError):
+    """A bundle this cache must not take; the message says why, and that nothing was changed."""
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    path: str  # "inductor/ab/xyz.so", always posix
+    size: int
+    sha256: str
+    mode: int = 0o644
+
+
+@dataclass
+class BundleInfo:
+    """What a bundle holds (export, inspect) or what an import did with it."""
+
+    path: Path
+    key: dict
+    resolutions: list[str]
+    files: list[BundleFile]
+    created: str = ""
+    built_on: dict = field(default_factory=dict)
+    added_shapes: list[str] = field(default_factory=list)  # import: new in this cache's manifest
+    kept_shapes: list[str] = field(default_factory=list)  # import: this cache already had a record
+    kept_files: int = 0  # import: already present here, left as they were
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def bundle_name(key: CompileKey) -> str:
+    return f"neuron-ui-{key.digest}.tar.gz"
+
+
+def _sections(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
+    """The folders holding this key's artifacts: its own AOT packages, or the compiler caches of its backend."""
+    if key.mode == AOT:
+        return {f"{AOT}/{key.digest}": cache.aot / key.digest}
+    return {name: getattr(cache, name) for name in ARTIFACTS[key.backend]}
+
+
+def _read_header(tar: tarfile.TarFile, bundle: Path) -> dict:
+    """bundle.json, checked against the schema before anything trusts it."""
+    member = tar.next()
+    if member is None or member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
+        raise BundleError(f"{bundle} is not a neuron-ui bundle: it does not start with {BUNDLE_JSON}; "
+                          "nothing was changed")
+    try:
+        return _parse_header(load_json(tar.extractfile(member).read(), BUNDLE_JSON, MAX_BUNDLE_JSON), bundle)
+    except ValueError as error:
+        if isinstance(error, BundleError):
+            raise
+        raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({_why(error)}); nothing was changed") from error
+
+
+def _parse_header(header: object, bundle: Path) -> dict:
+    """The header with only the fields we read, each checked; a bad shape record is named with its field."""
+    if not isinstance(header, dict):
+        raise ValueError("not a mapping")
+    if header.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{bundle} has bundle format {str(header.get('format'))[:20]!r}; this neuron-ui reads "
+                          f"format {BUNDLE_FORMAT}; nothing was changed. Export it again with this version.")
+    entries, problems = parse_entries(header.get("entries"))
+    if problems:
+        raise BundleError(f"{bundle} has a bad {problems[0]}; nothing was changed")
+    digest = header.get("digest")
+    if not isinstance(digest, str) or digest not in entries or len(entries) != 1:
+        raise ValueError("'entries' must hold exactly the entry of its 'digest'")
+    if header.get("key") != entries[digest]["key"]:
+        raise ValueError("'key' is not the key of its entry")
+    shapes = entries[digest]["shapes"]
+    resolutions = header.get("resolutions")
+    if not isinstance(resolutions, list) or sorted(map(str, resolutions)) != sorted(shapes):
+        raise ValueError("'resolutions' must list the shapes of its entry")
+    files = _parse_files(header.get("files"), bundle)
+    created, built_on = header.get("created", ""), header.get("built_on", {})
+    if not isinstance(created, str) or not DATE_PATTERN.fullmatch(created):
+        raise ValueError("'created' is not a date")
+    if not isinstance(built_on, dict) or not all(isinstance(v, str) and len(v) <= 100 for v in built_on.values()):
+        raise ValueError("'built_on' must map names to short strings")
+    return {"format": BUNDLE_FORMAT, "key": entries[digest]["key"], "digest": digest, "entries": entries,
+            "resolutions": sorted(shapes), "files": files, "created": created, "built_on": built_on}
+
+
+def _parse_files(files: object, bundle: Path) -> list[dict]:
+    """The file list, each entry with a safe path (listed once), a size, a sha256 and a mode."""
+    if not isinstance(files, list):
+        raise ValueError("'files' must be a list")
+    checked, seen = [], set()
+    for n, f in enumerate(files):
+        where = f"file {n} ({str(f.get('path'))[:60]!r})" if isinstance(f, dict) else f"file {n}"
+        if (not isinstance(f, dict) or not isinstance(f.get("path"), str)
+                or not isinstance(f.get("size"), int) or isinstance(f.get("size"), bool) or f["size"] < 0
+                or not isinstance(f.get("sha256"), str) or not _SHA256.fullmatch(f["sha256"])
+                or not isinstance(f.get("mode", 0o644), int) or not 0 <= f.get("mode", 0o644) <= 0o7777):
+            raise ValueError(f"{where} needs a 'path', a 'size' in bytes, a 'sha256' and a numeric 'mode'")
+        path = "/".join(_safe_parts(f["path"], bundle))
+        if path in seen:
+            raise ValueError(f"{where} is listed twice")
+        seen.add(path)
+        checked.append({"path": path, "size": f["size"], "sha256": f["sha256"], "mode": f.get("mode", 0o644)})
+    return checked
+
+
+def _info(bundle: Path, header: dict) -> BundleInfo:
+    return BundleInfo(path=bundle, key=header["key"], resolutions=list(header["resolutions"]),
+                      files=[BundleFile(**f) for f in header["files"]], created=header.get("created", ""),
+                      built_on=header.get("built_on", {}))
+
+
+def _check_key(header: dict, key: CompileKey, bundle: Path) -> None:
+    """Name every field that differs; a near miss is still a miss (the graphs would not match)."""
+    theirs, ours = header.get("key", {}), asdict(key)
+    diffs = [f"{name}: bundle {theirs.get(name, '(missing)')}, here {ours.get(name, '(missing)')}"
+             for name in sorted(set(theirs) | set(ours)) if theirs.get(name) != ours.get(name)]
+    if diffs:
+        raise BundleError(f"{bundle} was compiled under a different compile key; differs in {'; '.join(diffs)}. "
+                          "Nothing was changed. Export a bundle from an instance with the same settings and "
+                          "versions, or let this one compile.")
+    if header.get("digest") != key.digest:
+        raise BundleError(f"{bundle}: its digest {header.get('digest')} does not match its key; nothing was changed")
+    built_on = header.get("built_on", {})
+    here = {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
+    other = {k: v for k, v in built_on.items() if here.get(k) not in (None, v)}
+    if other:  # the compile key covers what changes a graph; these only risk cache misses
+        logger.warning("%s was built on %s, this machine is %s: expect cache misses", bundle, other, here)
+
+
+def _safe_parts(name: str, bundle: Path, is_file: bool = True) -> tuple[str, ...]:
+    """The path's parts when it is relative, plain and under a known section; else refuse the bundle."""
+    path = PurePosixPath(name)
+    parts = tuple(p for p in path.parts if p != ".")
+    if (path.is_absolute() or "\\" in name or not parts or ".." in parts or parts[0] not in SECTIONS
+            or (is_file and len(parts) < 2)):
+        raise BundleError(f"{bundle} holds an unsafe or unexpected path {name!r}; refusing it, nothing was changed")
+    return parts
+
+
+def _walk_files(folder: Path):
+    """Regular files under folder, sorted, skipping lock files and links (a bundle never carries links)."""
+    if not folder.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith(STAGING_PREFIX))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if path.is_symlink() or not path.is_file():
+                logger.warning("skipping %s: not a plain file", path)
+                continue
+            yield path
+
+
+def _hash_file(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _hash_stream(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := handle.read(CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _HashingReader:
+    """Hash what tarfile reads, so the bytes archived are the bytes listed."""
+
+    def __init__(self, handle: BinaryIO):
+        self.handle, self.digest = handle, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.digest.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()

@@ -1,0 +1,206 @@
+"""Import a bundle: verified, all-or-nothing, keys checked field by field."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import gzip
+import hashlib
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_ui.cache.admin import _remove, human_bytes, key_for_settings
+from neuron_ui.cache.bundle_format import (
+    BUNDLE_JSON,
+    CHUNK,
+    BundleError,
+    _check_key,
+    _hash_stream,
+    _HashingReader,
+    _info,
+    _read_header,
+    _safe_parts,
+    _why,
+)
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
+from neuron_ui.config.settings import parse_sha256
+
+if TYPE_CHECKING:
+    from neuron_ui.cache.bundle_format import BundleFile, BundleInfo
+    from neuron_ui.compile.key import CompileKey
+    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.config.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def import_at_start(settings: Settings, cache: CachePaths) -> None:
+    """--cache-bundle at start-up: a refused bundle (another compile key, damaged, missing) is logged and the app
+    starts cold. Replicas sharing a cache folder import one at a time (a lock in the folder); the later ones find
+    everything there already."""
+    try:
+        (cache.root / "locks").mkdir(parents=True, exist_ok=True)
+        with open(cache.root / "locks" / "bundle-import.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the kernel if this process dies
+            info = import_bundle(cache, key_for_settings(settings), settings.cache_bundle, settings.cache_bundle_sha256)
+    except (ValueError, OSError) as error:
+        logger.warning("not using --cache-bundle: %s; starting cold", error)
+        return
+    except Exception:  # a bug of ours must not keep the app from starting either
+        logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
+        return
+    logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
+
+
+def inspect_bundle(bundle: Path) -> BundleInfo:
+    """Read only bundle.json: what a bundle claims to hold, without verifying or extracting anything."""
+    try:
+        with gzip.open(bundle, "rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
+            return _info(Path(bundle), _read_header(tar, Path(bundle)))
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+        raise BundleError(f"{bundle} is not a readable bundle ({_why(error)})") from error
+
+
+def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None) -> BundleInfo:
+    """Verify a bundle against this machine's compile key and its own checksums, then add it to the cache.
+
+    Refused (BundleError, cache untouched) on a sha256 other than the pinned one (`sha256`, the digest of
+    the whole bundle file), a different compile key, a bundle.json outside the schema, more declared bytes
+    than the cache folder has free, a corrupt or truncated archive, a checksum mismatch, or any member that
+    is not a plain file at a relative path under inductor/ or neff/. Files already in the cache are kept:
+    their names are content hashes, so they hold the same thing.
+    """
+    bundle = Path(bundle)
+    staging: Path | None = None
+    header: dict | None = None
+    try:
+        with open(bundle, "rb") as raw:
+            if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
+                _check_sha256(_hash_stream(raw), sha256, bundle)
+                raw.seek(0)
+            reader = _HashingReader(raw)
+            # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
+            with gzip.GzipFile(fileobj=reader, mode="rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
+                header = _read_header(tar, bundle)
+                _check_key(header, key, bundle)
+                info = _info(bundle, header)
+                _check_space(cache, info)
+                staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
+                _extract_verified(tar, staging, {f.path: f for f in info.files}, bundle)
+                while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
+                    pass
+            while reader.read(CHUNK):
+                pass
+        if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
+            _check_sha256(reader.hexdigest(), sha256, bundle)
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+        _remove(staging)
+        raise BundleError(f"{bundle} is corrupt or truncated ({_why(error)}); nothing was changed. "
+                          "Copy it again or export a new one.") from error
+    except OSError as error:
+        _remove(staging)
+        if header is None:  # could not open or read the bundle file itself
+            raise BundleError(f"{bundle} is not a readable bundle ({_why(error)}); nothing was changed") from error
+        raise
+    except BaseException:
+        _remove(staging)
+        raise
+    try:
+        for f in info.files:
+            section, _, rest = f.path.partition("/")
+            if _place(staging / f.path, getattr(cache, section) / rest):
+                info.kept_files += 1
+    finally:
+        _remove(staging)
+    _merge_entries(cache, key, header["entries"][key.digest]["shapes"], info)
+    logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", bundle, len(info.files),
+                info.kept_files, info.added_shapes or "none", info.kept_shapes or "none")
+    return info
+
+
+def _check_sha256(got: str, expected: str, bundle: Path) -> None:
+    if got != parse_sha256(expected):
+        raise BundleError(f"{bundle} is not the pinned bundle: expected sha256 {parse_sha256(expected)}, got {got}; "
+                          "nothing was changed. Import only bundles you trust, and pin the digest of the one you "
+                          "exported (--cache-bundle-sha256).")
+
+
+def _check_space(cache: CachePaths, info: BundleInfo) -> None:
+    """Refuse before extracting when the declared files would fill the disk (sizes are verified on extraction)."""
+    free = free_bytes(cache.root)
+    if info.bytes > free - MIN_FREE_BYTES:
+        raise BundleError(f"{info.path} holds {human_bytes(info.bytes)}, more than {cache.root} can take: "
+                          f"{human_bytes(free)} free, {human_bytes(MIN_FREE_BYTES)} of it kept spare; "
+                          "nothing was changed. Free some space, or import fewer shapes.")
+
+
+def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, BundleFile], bundle: Path) -> None:
+    """Stream every member into `staging`, checking type, path, size and sha256; refuse anything else."""
+    seen: set[str] = set()
+    while (member := tar.next()) is not None:  # not `for member in tar`: that yields bundle.json again
+        if member.isdir():
+            _safe_parts(member.name, bundle, is_file=False)
+            continue
+        if not member.isreg():
+            raise BundleError(f"{bundle} holds {member.name!r}, which is not a plain file (a link or device); "
+                              "refusing it, nothing was changed")
+        parts = _safe_parts(member.name, bundle)
+        name = "/".join(parts)
+        want = expected.get(name)
+        if want is None or name in seen:
+            raise BundleError(f"{bundle} holds {member.name!r}, which its {BUNDLE_JSON} does not list "
+                              "(or lists once but holds twice); nothing was changed")
+        if member.size != want.size:  # before writing a byte: a forged size must not fill the disk
+            raise BundleError(f"{bundle}: {name} is {member.size} bytes, its {BUNDLE_JSON} says {want.size} "
+                              "(corrupt bundle); nothing was changed")
+        seen.add(name)
+        target = staging.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest, size = hashlib.sha256(), 0
+        with tar.extractfile(member) as source, open(target, "xb") as sink:
+            while chunk := source.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                sink.write(chunk)
+        if size != want.size or digest.hexdigest() != want.sha256:
+            raise BundleError(f"{bundle}: {name} does not match its checksum (corrupt bundle); nothing was changed")
+        os.chmod(target, (want.mode & 0o755) | 0o600)
+    absent = sorted(set(expected) - seen)
+    if absent:
+        raise BundleError(f"{bundle} lacks {len(absent)} listed files (truncated?), e.g. {absent[0]}; "
+                          "nothing was changed")
+
+
+def _place(source: Path, dest: Path) -> bool:
+    """Move one verified file into the cache; True when an identical-named file was already there (kept)."""
+    if dest.exists() or dest.is_symlink():
+        return True
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(source, dest)
+    except OSError as error:
+        if error.errno != errno.EXDEV:  # NEFF folder on another filesystem: copy, then rename there
+            raise
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=STAGING_PREFIX)
+        os.close(fd)
+        try:
+            shutil.copy2(source, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return False
+
+
+def _merge_entries(cache: CachePaths, key: CompileKey, shapes: dict, info: BundleInfo) -> None:
+    """Add the bundle's shape records; this cache's own records win, as they were measured here."""
+    added, kept = CacheManifest(cache.manifest).merge(key, shapes)
+    info.added_shapes.extend(added)
+    info.kept_shapes.extend(kept)

@@ -1,0 +1,84 @@
+"""Compile into the persistent folder while it has room, else into a temporary one, and say so."""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, is_disk_full
+
+if TYPE_CHECKING:
+    from neuron_ui.config.cache_paths import CachePaths
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+
+class CompileFolder:
+    """Keeps compiles in the persistent cache folder while it has room; a disk that fills after start-up
+    moves each compile to a temporary folder until there is room again.
+
+    Before each compile the free space is checked; with too little, or when the compile fails with ENOSPC,
+    that compile runs (again) in a temporary folder, and `problem` says "not persistent: disk full" until a
+    compile finds room. Only inductor's folder can move: torch reads TORCHINDUCTOR_CACHE_DIR each time it
+    writes (torch/_inductor/runtime/cache_dir_utils.py), while torch_neuronx reads its NEFF folder once,
+    at import. A folder unusable since start-up is left to configure_cache_env, which moved it already.
+    """
+
+    def __init__(self, cache: CachePaths | None, free: Callable[[Path], int] = free_bytes,
+                 min_free: int = MIN_FREE_BYTES):
+        self.cache = cache
+        self.free = free
+        self.min_free = min_free
+        self.problem: str | None = None
+        self._temp: str | None = None
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the last compile went to the persistent folder (so the manifest may record it)."""
+        return self.problem is None
+
+    def run(self, compile: Callable[[], T]) -> T:
+        """compile(), in the cache folder when it fits there, else in a temporary folder."""
+        if self.cache is None or self.cache.problem:
+            return compile()
+        try:
+            free = min(self.free(folder) for folder in (self.cache.inductor, self.cache.neff))
+        except OSError:
+            free = None  # cannot tell: try, and let ENOSPC say
+        if free is None or free >= self.min_free:
+            try:
+                result = compile()
+            except Exception as error:
+                if not is_disk_full(error):
+                    raise
+                self._full(f"a compile failed: {os.strerror(errno.ENOSPC)}")
+            else:
+                if self.problem:
+                    logger.warning("compile cache %s persistent again: room for compiles", self.cache.root)
+                self.problem = None
+                return result
+        else:
+            self._full(f"{free // 2**20} MiB free, {self.min_free // 2**20} MiB needed")
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+        with temporary_cache_dir(self._temp_folder()):  # also clears inductor's memoized paths, both ways
+            return compile()
+
+    def _full(self, why: str) -> None:
+        self.problem = (f"not persistent: disk full at {self.cache.root} ({why}); compiling in a temporary "
+                        "folder until there is room")
+        logger.warning(self.problem)
+
+    def _temp_folder(self) -> str:
+        """One per process, removed at exit: what compiled there stays loaded while the process runs."""
+        if self._temp is None or not Path(self._temp).is_dir():
+            self._temp = tempfile.mkdtemp(prefix="neuron-ui-compile-")
+            atexit.register(shutil.rmtree, self._temp, True)
+        return self._temp

@@ -1,0 +1,34 @@
+"""Compile strategies (eager, regional, full) applied to the transformer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+
+Backend = str | Callable
+
+
+def compile_transformer(transformer: torch.nn.Module, mode: str, backend: Backend) -> None:
+    """Compile the transformer in place; the text encoder stays eager (it reads intermediate hidden states)."""
+    if mode == "regional":
+        transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
+    elif mode == "full":
+        transformer.compile(backend=backend, fullgraph=True, dynamic=False)
+    elif mode != "eager":
+        raise ValueError(f"compile mode {mode!r} is not one of eager, regional, full (aot: neuron_ui/aot.py)")
+
+
+def raise_recompile_limit(graphs: int) -> None:
+    """Let every preset compile: past dynamo's limit (8 per code object) fullgraph calls fail outright."""
+    import torch._dynamo.config as dynamo_config
+
+    needed = graphs + 8  # headroom for the odd guard failure we did not foresee
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, needed)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * needed)
+
+
+def backend_name(backend: Backend) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)

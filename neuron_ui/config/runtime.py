@@ -1,0 +1,111 @@
+"""Where this process runs: the device, its dtype and compile backend, and the torchrun launch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, and its elastic restart count and limit)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT: how many times torchrun has restarted this group
+    max_restarts: int = 0  # TORCHELASTIC_MAX_RESTARTS: 0 by hand, or under torchrun without --max-restarts
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def restarts_left(self) -> int:
+        """How many more times torchrun will restart the whole group if a rank dies."""
+        return max(self.max_restarts - self.restart_count, 0)
+
+
+def detect_launch(environ: os._Environ | dict = os.environ) -> Launch | None:
+    """The torchrun environment, or None for a plain single process."""
+    if int(environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    return Launch(int(environ["RANK"]), int(environ.get("LOCAL_RANK", environ["RANK"])), int(environ["WORLD_SIZE"]),
+                  int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
+
+
+def load_neuron_backend() -> bool:
+    """Import torch_neuronx when present; needed when TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns autoload off."""
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return False
+    importlib.import_module("torch_neuronx")
+    return True
+
+
+def neuron_available() -> bool:
+    import torch
+
+    if not load_neuron_backend():
+        return False
+    neuron = getattr(torch, "neuron", None)
+    return bool(neuron is not None and neuron.is_available())
+
+
+def probe_device(device: str) -> None:
+    """A one-element op on `device`, read back; raises when the device is gone (a lost GPU, a failed NeuronCore)."""
+    import torch
+
+    value = (torch.ones(1, device=device) + 1).item()
+    if value != 2.0:
+        raise RuntimeError(f"{device} computed 1 + 1 = {value}")
+
+
+def detect_device(requested: str = "auto") -> str:
+    """auto: Neuron when torch_neuronx is present and a NeuronCore is visible, then CUDA, then CPU."""
+    import torch
+
+    if requested == "neuron" and not neuron_available():
+        raise RuntimeError("--device neuron: torch_neuronx is not installed or no NeuronCore is visible")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is visible")
+    if requested != "auto":
+        return requested
+    if neuron_available():
+        return "neuron"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how this process runs the model: device, dtype name and compile backend."""
+
+    device: str
+    dtype: str
+    backend: str
+
+    @classmethod
+    def detect(cls, device: str = "auto", dtype: str = "auto", backend: str | None = None) -> "Runtime":
+        chosen = detect_device(device)
+        return cls(chosen, default_dtype(chosen) if dtype == "auto" else dtype, backend or default_compile_backend(chosen))
+
+
+def default_dtype(device: str) -> str:
+    """bf16 on accelerators; fp32 on CPU, where the tiny model is for correctness (README: CPU dtype)."""
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def default_compile_backend(device: str) -> str:
+    return "neuron" if device == "neuron" else "inductor"

@@ -1,0 +1,202 @@
+"""One settings dataclass whose fields are the CLI flags; NEURON_UI_* and GRADIO_* env vars are read here only.
+
+No torch here: settings decide where the compile caches live, and that must happen before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
+
+if TYPE_CHECKING:
+    from neuron_ui.config.resolutions import Resolution
+
+
+DEVICES = ("auto", "neuron", "cuda", "cpu")
+
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+COMPILE_MODES = ("eager", "regional", "full", "aot")
+
+
+DEFAULT_MODEL = "auto"
+
+
+def default_cache_dir(environ: os._Environ | dict = os.environ, data: Path = Path("/data")) -> Path:
+    """/data/neuron-ui on Spaces persistent storage when /data is writable, else ~/.cache/neuron-ui."""
+    if data.is_dir() and os.access(data, os.W_OK):
+        return data / "neuron-ui"
+    home = Path(environ.get("HOME") or Path.home())
+    return home / ".cache" / "neuron-ui"
+
+
+@dataclass
+class Settings:
+    """Everything that configures one neuron-ui process."""
+
+    model: str = DEFAULT_MODEL
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: str = "regional"
+    compile_backend: str | None = None
+    resolutions: tuple[Resolution, ...] = DEFAULT_RESOLUTIONS
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    hub_timeout: float = 5.0
+    host: str = "127.0.0.1"
+    port: int = 7860
+    share: bool = False
+    max_queue: int = 16
+    auth: tuple[str, str] | None = None
+    warmup: tuple[Resolution, ...] = ()
+    cache_bundle: Path | None = None
+    cache_bundle_sha256: str | None = None
+    tp: int | None = None
+    tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
+    max_references: int = 2
+    replicas: int = 0  # engine replicas on Ray Serve; 0 serves in this process, without Ray
+    ray_address: str | None = None  # join this Ray cluster instead of starting a local one
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        if self.compile == "aot" and (self.device == "neuron" or self.compile_backend not in (None, "inductor")):
+            raise ValueError("--compile aot (AOTInductor packages) is for CUDA and CPU with the inductor backend; "
+                             "on Neuron the NEFF cache already restores compiled graphs: use --compile regional")
+        if self.tp_timeout <= 0:
+            raise ValueError(f"--tp-timeout must be positive, got {self.tp_timeout}")
+        if self.max_queue < 1:
+            raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
+        if not 0 <= self.max_references <= 5:
+            raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
+        self.cache_dir = Path(self.cache_dir).expanduser()
+        if self.cache_bundle_sha256 is not None:
+            self.cache_bundle_sha256 = parse_sha256(self.cache_bundle_sha256)
+        if self.replicas < 0:
+            raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
+        if self.ray_address and self.replicas == 0:
+            self.replicas = 1
+        missing = [str(r) for r in self.warmup if r not in self.resolutions]
+        if missing:
+            raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
+
+
+class StartupError(ValueError):
+    """A launch that cannot work on this machine, found once the device is known: app.py says it in one line."""
+
+
+def parse_sha256(value: str) -> str:
+    """A bundle digest as `sha256sum` prints it (64 hex digits), lower-cased; ValueError otherwise."""
+    digest = value.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"--cache-bundle-sha256 must be 64 hex digits, as `sha256sum bundle.tar.gz` prints; "
+                         f"got {value[:80]!r}")
+    return digest
+
+
+def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-bundle-sha256", help="import only a bundle with this sha256 "
+                        "(env NEURON_UI_CACHE_BUNDLE_SHA256)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The app's flags; `python -m neuron_ui generate` reuses the model and engine ones."""
+    parser = argparse.ArgumentParser(description="neuron-ui: FLUX.2-klein on Trainium, CUDA or CPU")
+    add_engine_arguments(parser)
+    parser.add_argument("--host", help="interface to bind (env GRADIO_SERVER_NAME; default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (env GRADIO_SERVER_PORT; default 7860)")
+    parser.add_argument("--share", action="store_true", help="open a public Gradio share link")
+    parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
+    parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
+    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving (env NEURON_UI_CACHE_BUNDLE)")
+    add_bundle_pin_argument(parser)
+    parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray (env NEURON_UI_REPLICAS)")
+    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local one (env NEURON_UI_RAY_ADDRESS)")
+    return parser
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="'auto', 'tiny', a Hugging Face repo id or a local folder (env NEURON_UI_MODEL)")
+    parser.add_argument("--device", choices=DEVICES, help="env NEURON_UI_DEVICE; default auto")
+    parser.add_argument("--dtype", choices=DTYPES, help="env NEURON_UI_DTYPE; default auto (bf16 on accelerators)")
+    parser.add_argument("--compile", choices=COMPILE_MODES, help="env NEURON_UI_COMPILE; default regional; "
+                        "aot: AOTInductor packages, CUDA and CPU only")
+    parser.add_argument("--compile-backend", help="torch.compile backend (default: neuron on Neuron, else inductor)")
+    parser.add_argument("--resolutions", help="comma-separated WIDTHxHEIGHT presets (env NEURON_UI_RESOLUTIONS)")
+    parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
+    parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
+    parser.add_argument("--tp", type=int, help="tensor-parallel degree; must match torchrun's --nproc_per_node")
+    parser.add_argument("--tp-timeout", type=float,
+                        help="seconds a tensor-parallel call may take at least before a rank counts as hung "
+                             "(env NEURON_UI_TP_TIMEOUT; default 60; a size's first call gets 30 min to compile)")
+    parser.add_argument("--max-references", type=int,
+                        help="reference images per request, 0-5 (env NEURON_UI_MAX_REFERENCES; default 2)")
+
+
+def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
+    """Flags win over env vars, env vars over defaults."""
+
+    def pick(flag: object, env: str) -> object:
+        return flag if flag is not None and flag is not False else environ.get(env)
+
+    values: dict[str, object] = {}
+    for name, env in (
+        ("model", "NEURON_UI_MODEL"),
+        ("device", "NEURON_UI_DEVICE"),
+        ("dtype", "NEURON_UI_DTYPE"),
+        ("compile", "NEURON_UI_COMPILE"),
+        ("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
+        ("cache_dir", "NEURON_UI_CACHE_DIR"),
+        ("host", "GRADIO_SERVER_NAME"),
+        ("ray_address", "NEURON_UI_RAY_ADDRESS"),
+    ):
+        value = pick(getattr(args, name, None), env)
+        if value:
+            values[name] = value
+    resolutions = pick(getattr(args, "resolutions", None), "NEURON_UI_RESOLUTIONS")
+    if resolutions:
+        values["resolutions"] = parse_resolutions(resolutions)
+    for name, env, kind in (
+        ("port", "GRADIO_SERVER_PORT", int),
+        ("max_queue", "NEURON_UI_MAX_QUEUE", int),
+        ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
+        ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
+        ("max_references", "NEURON_UI_MAX_REFERENCES", int),
+        ("replicas", "NEURON_UI_REPLICAS", int),
+    ):
+        value = pick(getattr(args, name, None), env)
+        if value is not None:
+            try:
+                values[name] = kind(value)
+            except ValueError:
+                raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
+    warmup = pick(getattr(args, "warmup", None), "NEURON_UI_WARMUP")
+    if warmup:
+        presets = values.get("resolutions", DEFAULT_RESOLUTIONS)
+        values["warmup"] = presets if warmup.strip() == "all" else parse_resolutions(warmup)
+    bundle = pick(getattr(args, "cache_bundle", None), "NEURON_UI_CACHE_BUNDLE")
+    if bundle:
+        values["cache_bundle"] = Path(bundle)
+    pin = pick(getattr(args, "cache_bundle_sha256", None), "NEURON_UI_CACHE_BUNDLE_SHA256")
+    if pin:
+        values["cache_bundle_sha256"] = pin
+    if getattr(args, "tp", None) is not None:
+        values["tp"] = args.tp
+    if getattr(args, "share", False):
+        values["share"] = True
+    auth = environ.get("NEURON_UI_AUTH")
+    if auth:
+        user, sep, password = auth.partition(":")
+        if not sep or not user or not password:
+            raise ValueError("NEURON_UI_AUTH must be 'user:password'")
+        values["auth"] = (user, password)
+    return Settings(**values)

@@ -1,0 +1,1 @@
+"""What crosses the seam between the UI and whatever makes images: plain values, no torch."""

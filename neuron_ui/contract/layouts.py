@@ -1,0 +1,63 @@
+"""Layouts: an output size with its reference images or inpaint source, one sequence length each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from neuron_ui.contract import references as refs
+from neuron_ui.contract.requests import validate_resolution
+
+if TYPE_CHECKING:
+    from neuron_ui.config.resolutions import Resolution
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the transformer's image sequence is made of: the output, the source image when inpainting (the
+    inpaint pipeline appends its latents as a condition), and each reference. Its length is the graph's shape."""
+
+    resolution: Resolution
+    references: tuple[Resolution, ...] = ()
+    inpaint: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.resolution.tokens * (2 if self.inpaint else 1) + sum(r.tokens for r in self.references)
+
+    @property
+    def plain(self) -> bool:
+        return not self.references and not self.inpaint
+
+    def __str__(self) -> str:
+        text = f"inpaint {self.resolution}" if self.inpaint else str(self.resolution)
+        if self.references:
+            sizes = sorted({str(r) for r in self.references})
+            count = len(self.references)
+            text += f" + {count} ref{'s' if count > 1 else ''} {', '.join(sizes)}"
+        return text
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts a server allows: its presets, plain or inpainted, with 0..max references of one size."""
+
+    presets: tuple[Resolution, ...]
+    reference_sizes: tuple[Resolution, ...] = refs.REFERENCE_SIZES
+    max_references: int = 2
+
+    def all(self) -> list[Layout]:
+        reference_sets = [()] + [(size,) * count for size in self.reference_sizes
+                                 for count in range(1, self.max_references + 1)]
+        return [Layout(p, r, inpaint) for p in self.presets for inpaint in (False, True) for r in reference_sets]
+
+    def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
+               inpaint: bool = False) -> Layout:
+        """The layout a request would make; ValueError names what is allowed."""
+        preset = validate_resolution(resolution, self.presets)
+        if not isinstance(references, int) or not 0 <= references <= self.max_references:
+            raise ValueError(f"references must be 0 to {self.max_references}, got {references!r}")
+        if not references:
+            return Layout(preset, (), inpaint)
+        size = refs.validate_reference_size(reference_size or str(self.reference_sizes[0]), self.reference_sizes)
+        return Layout(preset, (size,) * references, inpaint)

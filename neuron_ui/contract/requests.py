@@ -1,0 +1,159 @@
+"""What a caller asks for, and the checks every value passes before the engine takes it."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.config.resolutions import parse_resolution
+
+if TYPE_CHECKING:
+    from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.contract.references import FittedImage, ImageSource
+
+
+MAX_PROMPT_CHARS = 2000
+
+
+MAX_STEPS = 100
+
+
+MAX_SEED = 2**32 - 1
+
+
+MAX_GUIDANCE = 20.0
+
+
+@dataclass
+class GenerateRequest:
+    """One image: a prompt at one of the presets. None means the model's default (or a random seed)."""
+
+    prompt: str
+    resolution: str
+    steps: int | None = None
+    seed: int | None = None
+    guidance: float | None = None
+    # Editing: reference images fitted to `reference_size` (None: the default); with `image` and `mask` the
+    # request inpaints `image` (fitted to `resolution`) where the mask is white, at `strength` (None: 1.0).
+    references: tuple[ImageSource, ...] | list[ImageSource] = ()
+    reference_size: str | None = None
+    fit: str = "crop"
+    image: ImageSource | None = None
+    mask: ImageSource | None = None
+    strength: float | None = None
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """A request the engine accepted, with every default filled in."""
+
+    prompt: str
+    resolution: Resolution
+    steps: int
+    seed: int
+    guidance: float
+    references: tuple[FittedImage, ...] = ()
+    source: FittedImage | None = None  # the image to inpaint, fitted to `resolution`
+    mask: FittedImage | None = None
+    strength: float = 1.0
+
+    @property
+    def inputs(self) -> list[FittedImage]:
+        return [*self.references, *(f for f in (self.source, self.mask) if f is not None)]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """A rejected value as an error message quotes it: its repr, cut short (a request can send a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+ALLOWED_CONTROLS = "\t\n\r"  # a pasted prompt may be on several lines
+
+
+PROMPT_TOKENS = 512  # klein's max_sequence_length: the text encoder reads this many tokens of a prompt
+
+
+def count_prompt_tokens(tokenizer: Any, text: str) -> tuple[int, int]:
+    """The tokens the text encoder gets for `text` (klein's chat template included), and how many it reads:
+    past the limit, diffusers truncates and the rest of the prompt is ignored. No torch: the tokenizer only."""
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True, enable_thinking=False)
+    return len(tokenizer(templated, verbose=False)["input_ids"]), PROMPT_TOKENS
+
+
+def validate_prompt(prompt: object) -> str:
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be text, got {type(prompt).__name__}")
+    prompt = prompt.strip()
+    if not prompt:
+        raise ValueError("prompt is empty: describe the image you want")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    try:
+        prompt.encode("utf-8")  # the tokenizer and the PNG metadata need real text
+    except UnicodeEncodeError:
+        raise ValueError("prompt has characters that are not valid Unicode (unpaired surrogates)") from None
+    # Control characters (NUL, ESC, DEL, C1) are never words; they would reach the PNG's text chunks and logs.
+    controls = sorted({c for c in prompt if unicodedata.category(c) == "Cc" and c not in ALLOWED_CONTROLS})
+    if controls:
+        named = ", ".join(f"U+{ord(c):04X}" for c in controls[:5]) + (", …" if len(controls) > 5 else "")
+        raise ValueError(f"prompt must be plain text: it has control characters ({named}); remove them "
+                         "(tabs and new lines are fine)")
+    # Zero-width spaces, joiners and other format characters alone draw nothing: no prompt at all.
+    if not any(unicodedata.category(c)[0] in "LMNPS" for c in prompt):
+        raise ValueError("prompt is empty: it has no visible characters (only spaces, zero-width or format "
+                         "characters); describe the image you want")
+    return prompt
+
+
+def validate_resolution(resolution: object, presets: tuple[Resolution, ...]) -> Resolution:
+    allowed = ", ".join(str(p) for p in presets)
+    if isinstance(resolution, str) and len(resolution) > 40:  # longer than any "WxH": neither parsed nor echoed
+        raise ValueError(f"resolution {_shown(resolution)} is not a preset; allowed: {allowed}")
+    try:
+        parsed = parse_resolution(resolution)
+    except ValueError as error:
+        raise ValueError(f"{error}; allowed: {allowed}") from None
+    if parsed not in presets:
+        raise ValueError(f"resolution {parsed} is not a preset; allowed: {allowed}")
+    return parsed
+
+
+def validate_steps(steps: object) -> int:
+    if isinstance(steps, float) and steps.is_integer():
+        steps = int(steps)
+    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be a whole number from 1 to {MAX_STEPS}, got {_shown(steps)}")
+    return steps
+
+
+def validate_seed(seed: object) -> int:
+    if isinstance(seed, float) and seed.is_integer():
+        seed = int(seed)
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED} (or empty for random), got {_shown(seed)}")
+    return seed
+
+
+def validate_guidance(guidance: object) -> float:
+    if _is_int(guidance):
+        guidance = float(guidance)
+    if not isinstance(guidance, float) or not math.isfinite(guidance) or not 0.0 <= guidance <= MAX_GUIDANCE:
+        raise ValueError(f"guidance must be a number from 0 to {MAX_GUIDANCE:g}, got {_shown(guidance)}")
+    return guidance
+
+
+def validate_strength(strength: object) -> float:
+    """How much of the masked part is redone: above 0 (at least one step runs) up to 1 (from pure noise)."""
+    if _is_int(strength):
+        strength = float(strength)
+    if not isinstance(strength, float) or not math.isfinite(strength) or not 0.0 < strength <= 1.0:
+        raise ValueError(f"strength must be a number above 0 and at most 1, got {_shown(strength)}")
+    return strength

@@ -1,0 +1,120 @@
+"""Stopping a request: one StopToken per request, and the tokens of each Gradio session.
+
+A Stop button, the /stop endpoint, a cancelled gradio_client job and a browser that goes away all end in
+StopToken.stop(); the engine reads the token where it can act on it: in the device's queue (the request leaves
+it), after a compilation (a compile cannot be cut short: the size is ready, the image is not made) and at the
+end of every denoising step (the pipeline stops there, before the VAE decode). No torch and no Gradio here:
+the UI and the engine both use it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from neuron_ui.contract.errors import EngineError
+
+# Where a request is when a stop reaches it.
+QUEUED, COMPILING, RUNNING, DONE = "queued", "compiling", "running", "done"
+
+
+STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
+
+
+class Stopped(EngineError):
+    """The request was stopped before its image was made; the message says what happened instead."""
+
+    def __init__(self, message: str):
+        super().__init__(message, kind="stopped")
+
+
+class StopToken:
+    """One request's stop signal: set from any thread, read by the engine between steps."""
+
+    def __init__(self, event_id: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
+        self.event_id = event_id  # the Gradio event it serves, so a cancel of that one event finds it
+        self.phase = QUEUED
+        self.reason: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def stop(self, reason: str = STOPPED_BY_USER) -> str:
+        """Ask the request to stop; returns its phase then (what the stop can still save)."""
+        with self._lock:
+            if self.phase == DONE:
+                return DONE
+            if not self._stopped.is_set():
+                self.reason = reason
+                self._stopped.set()
+            listeners, phase = list(self._listeners), self.phase
+        for listener in listeners:
+            listener()
+        return phase
+
+    def enter(self, phase: str) -> None:
+        """The engine says where the request is now."""
+        with self._lock:
+            self.phase = phase
+
+    def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener` on stop (e.g. to wake the device's queue); returns what removes it."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return remove
+
+
+class SessionStops:
+    """The live tokens of each Gradio session (one per page load, or one per gradio_client Client).
+
+    A session hash is random and known only to its browser or client, so a session can stop only its own
+    requests. Bounded: a token is held only while its request runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[str, list[StopToken]] = {}
+
+    @contextmanager
+    def track(self, session: str | None, event_id: str | None = None) -> Iterator[StopToken]:
+        """A token for one request of `session` (Gradio event `event_id`), findable by stop() until it ends."""
+        token = StopToken(event_id)
+        key = session or ""
+        with self._lock:
+            self._tokens.setdefault(key, []).append(token)
+        try:
+            yield token
+        finally:
+            token.enter(DONE)
+            with self._lock:
+                tokens = self._tokens.get(key, [])
+                if token in tokens:
+                    tokens.remove(token)
+                if not tokens:
+                    self._tokens.pop(key, None)
+
+    def stop(self, session: str | None, reason: str = STOPPED_BY_USER, event_id: str | None = None) -> list[str]:
+        """Stop every running request of `session` (only event `event_id`'s when given); the phases they were in.
+
+        A browser that goes away while its size compiles does not stop the image: the compile cannot be cut
+        short anyway, and the image (a step's cost next to the compile's) is kept for the page when it reloads."""
+        if not session:
+            return []
+        with self._lock:
+            tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
+        return [token.stop(reason) for token in tokens
+                if not (reason == DISCONNECTED and token.phase == COMPILING)]
+
+    def running(self, session: str | None) -> int:
+        with self._lock:
+            return len(self._tokens.get(session or "", []))

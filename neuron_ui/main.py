@@ -1,0 +1,164 @@
+"""Start-up: the settings, the server, the engine, and serving (in one process or under torchrun)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.runtime import detect_launch
+from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
+from neuron_ui.serving import build_engine, make_engine
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+    from neuron_ui.config.runtime import Launch
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.engine.engine import Engine
+    from neuron_ui.replicas.client import ReplicaClient
+    from neuron_ui.server.server import Server
+
+logger = logging.getLogger(__name__)
+
+
+# Nothing reaches the network at start-up unless the user asks; a value the user set wins.
+OFFLINE_DEFAULTS = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def set_offline_defaults(environ: Any = os.environ) -> None:
+    for name, value in OFFLINE_DEFAULTS.items():
+        environ.setdefault(name, value)
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    """Flags and env vars; a bad value prints the reason and exits 2, as argparse does for its own errors."""
+    parser = build_parser()
+    try:
+        return settings_from_args(parser.parse_args(argv))
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None) -> tuple[Engine, gr.Blocks]:
+    """Everything but the launch: the engine (built here unless given: replicas or in-process) and the queued UI."""
+    engine = engine or make_engine(settings)
+    from neuron_ui.ui.blocks import build_demo
+
+    demo = build_demo(engine, settings)
+    # api_open=False: /gradio_api/run/<name> no longer skips the queue. max_size=None: Gradio's bound counts every
+    # event (so /status heard "Queue is full"); doors.Gate bounds the device's queue by --max-queue instead.
+    demo.queue(default_concurrency_limit=1, max_size=None, api_open=False)
+    if settings.warmup:  # compiles in the background; users' requests go first
+        engine.start_warmup([str(preset) for preset in settings.warmup])
+    return engine, demo
+
+
+def start_server(settings: Settings, health: Callable[[], str | None] | None = None) -> Server:
+    """The HTTP server, listening: /healthz says 503 and /metrics serves while the model loads; `health` says
+    why /healthz must answer 503 once serving (a broken tensor-parallel group)."""
+    from neuron_ui.server.server import Server
+
+    return Server(settings, health=health).start()
+
+
+def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server | None = None) -> Server:
+    """Serve the UI on `server` (started before the model loaded) or on a new one; it serves in its own thread.
+
+    Tests call launch(engine, demo, settings) and stop() the server it returns."""
+    server = server or start_server(settings)
+    return server.mount(engine, demo)
+
+
+def stop_on_sigterm(server: Server) -> None:
+    """SIGTERM (a Space, a balancer or torchrun stopping us) drains once serving (Server.drain: the image on the
+    device finishes, waiting requests hear "shutting down", exit 0); while the model loads it unwinds like Ctrl-C,
+    so `finally` blocks stop the server. Never sys.exit() mid-generation: that aborted the process (rc -6)."""
+
+    def on_sigterm(*_: Any) -> None:
+        if not server.ready:
+            raise SystemExit(0)
+        server.request_drain()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
+    """Under torchrun: every rank loads its shard of the transformer; rank 0 serves, the others follow.
+
+    When the group breaks (a rank died, failed or hung) and torchrun has restarts left, rank 0 answers the
+    request in flight, says "restarting" on /healthz and exits 1, so torchrun restarts the whole group; a
+    follower's death makes torchrun stop rank 0 (SIGTERM) the same way. Without restarts left rank 0 keeps
+    serving /healthz 503 "degraded: rank k gone" and refuses images with the reason."""
+    configure_cache_env(settings.cache_dir)
+    from neuron_ui.config.runtime import Runtime
+    from neuron_ui.parallel.follower import follow
+    from neuron_ui.parallel.group import check_launch, init_parallel
+    from neuron_ui.parallel.leader import GroupHealth, LeaderRunner
+
+    health = GroupHealth()
+    device = Runtime.detect(settings.device, settings.dtype, settings.compile_backend).device
+    try:
+        check_launch(launch_info, settings.tp, device)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    server = None
+    if launch_info.is_leader:
+        server = start_server(settings, health)
+        # torchrun stops rank 0 with SIGTERM: unwind like Ctrl-C, so the finally below drains and tells the followers
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    leader = None
+    try:
+        group = init_parallel(launch_info, device)
+        if not launch_info.is_leader:
+            sys.exit(follow(build_engine(settings, group).runner, group))
+        engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout))
+        leader = engine.runner
+        _, demo = build_app(settings, engine)
+        launch(engine, demo, settings, server)
+        health.serving(group.seconds_since_last_break())
+        logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)%s", group.degree,
+                    health.startup_seconds, launch_info.restart_count, launch_info.max_restarts,
+                    "" if health.restart_seconds is None else f"; back {health.restart_seconds:.0f} s after the group broke")
+        if launch_info.restarts_left > 0:
+            while not leader.broken_event.wait(0.5):  # a short wait, so SIGTERM gets through
+                pass
+            sys.exit(1)  # torchrun restarts the group; the finally answers the user first
+        server.serve_forever()
+    finally:
+        if leader is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the drain short
+            logger.info("rank 0 stopping%s", f": {leader.broken}" if leader.broken else "")
+            leader.drain()
+            leader.stop_followers()
+        if server is not None:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    set_offline_defaults()
+    settings = parse_settings(argv)
+    launch_info = detect_launch()
+    leader = launch_info is None or launch_info.is_leader
+    logging.basicConfig(level=logging.INFO if leader else logging.WARNING,  # only rank 0 logs at INFO
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if launch_info is not None:
+        serve_tensor_parallel(settings, launch_info)
+        return
+    if settings.tp not in (None, 1) and not settings.replicas:  # replicas start their own tensor-parallel ranks
+        sys.exit(f"error: --tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp} "
+                 f"app.py ..., or --replicas N --tp {settings.tp}")
+    server = start_server(settings)
+    stop_on_sigterm(server)
+    try:
+        engine, demo = build_app(settings)
+        drained = launch(engine, demo, settings, server).serve_forever()
+    except StartupError as error:
+        sys.exit(f"error: {error}")
+    finally:
+        server.stop()
+    if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)
+        os._exit(1)

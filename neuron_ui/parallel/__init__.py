@@ -1,0 +1,1 @@
+"""Tensor parallelism under torchrun: group set-up, health, the lockstep leader and its followers."""

@@ -1,0 +1,248 @@
+"""Tensor parallelism under torchrun: the transformer is sharded over N processes; rank 0 serves, the others follow.
+
+    torchrun --nproc_per_node=8 app.py --model black-forest-labs/FLUX.2-klein-4B   # trn: one process per NeuronCore
+    torchrun --nproc_per_node=2 app.py --device cuda                               # two GPUs
+    torchrun --nproc_per_node=2 app.py --device cpu --model tiny                   # rehearsal on a laptop (gloo)
+
+Rank 0 runs the Gradio server and the engine; before each pipeline call it broadcasts the call (prompt,
+size, steps, seed) on a gloo control group, and every rank runs it in lockstep with the same seed, so a
+new shape compiles on every rank in the same request. At the end of every denoising step rank 0 broadcasts
+whether to stop there (a user's Stop), so every rank leaves the loop at the same step and none waits in a
+collective for the others. Followers report their compile counters back, so
+the status shows what each rank compiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from neuron_ui.compile.counters import read_counters
+from neuron_ui.contract.errors import EngineError, _short
+from neuron_ui.parallel.group import _ranks, dead_ranks, seconds_since_start
+
+if TYPE_CHECKING:
+    from neuron_ui.compile.counters import CompileCounters
+    from neuron_ui.model.runner import PipelineCall, Runner
+    from neuron_ui.parallel.group import ParallelGroup
+
+logger = logging.getLogger(__name__)
+
+
+COMPILE_FLOOR = 1800.0  # seconds a size's first call may take: it compiles on every rank, minutes on Neuron
+
+
+SLACK = 4.0  # a call may take this many times what its size took before, per step, before a rank counts as hung
+
+
+DRAIN_SECONDS = 10.0  # rank 0 waits this long for the call in flight to answer its user before exiting
+
+
+@dataclass
+class RankReport:
+    """What one rank compiled so far (graphs dynamo made), for the status table."""
+
+    rank: int
+    graphs: int = 0
+    calls: int = 0
+    alive: bool = True
+
+
+class FollowerGone(EngineError):
+    """A rank died, failed or stopped answering: the group cannot run the sharded model any more."""
+
+
+@dataclass
+class GroupHealth:
+    """What /healthz says about the group (None: fine), and how long a restart takes. Made before the server
+    and the leader, which both hold it; only the leader writes `problem`."""
+
+    started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
+    startup_seconds: float | None = None
+    restart_seconds: float | None = None  # measured: the previous group's break to this group serving
+    problem: str | None = None
+
+    def __call__(self) -> str | None:
+        return self.problem
+
+    def serving(self, restart_seconds: float | None) -> None:
+        self.startup_seconds = time.monotonic() - self.started
+        self.restart_seconds = restart_seconds
+
+    def restart_wait(self) -> str:
+        """How long until a restarted group serves again, in words: the restart that made this group when
+        there was one (measured), else this group's own start-up plus rank 0's drain (an estimate)."""
+        if self.restart_seconds is not None:
+            return f"about {math.ceil(self.restart_seconds)} s (the last restart took that long)"
+        seconds = math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
+        return f"about {seconds} s (an estimate: this group's start-up plus {DRAIN_SECONDS:.0f} s)"
+
+
+class LeaderRunner:
+    """Rank 0's runner: broadcast each call, run it in lockstep, gather what each follower compiled.
+
+    Every call runs on a device thread and is waited for with a bound: SLACK times what the size took before
+    (scaled to the steps), never less than `min_seconds`, and COMPILE_FLOOR for a size's first call, which
+    compiles. A rank that dies, fails or outlasts the bound breaks the group: the user is told in one line,
+    the rank is named in the log and the status, and /healthz turns 503 ("restarting" when torchrun will
+    restart the group, else "degraded: rank k gone")."""
+
+    def __init__(self, runner: Runner, group: ParallelGroup, health: GroupHealth, min_seconds: float):
+        self.runner = runner
+        self.group = group
+        self.health = health
+        self.min_seconds = min_seconds
+        self.reports = [RankReport(rank) for rank in range(group.degree)]
+        self.broken: str | None = None  # why the group cannot run calls any more
+        self.broken_event = threading.Event()
+        self._seconds_per_step: dict[tuple[int, int], float] = {}
+        self._answered = threading.Event()  # no user is waiting on a call
+        self._answered.set()
+
+    def bound(self, call: PipelineCall) -> float:
+        """Seconds this call may take before the group counts as hung."""
+        per_step = self._seconds_per_step.get((call.width, call.height))
+        if per_step is None:
+            return max(self.min_seconds, COMPILE_FLOOR)
+        return max(self.min_seconds, SLACK * per_step * (call.steps + 1))
+
+    def __call__(self, call: PipelineCall, callback=None):
+        if self.broken is None and (dead := dead_ranks(self.group)):
+            self._break(f"rank {_ranks(dead)} died", dead)
+        if self.broken is not None:
+            raise FollowerGone(self.user_message())
+        bound = self.bound(call)
+        self._answered.clear()
+        try:
+            future = self._run_in_thread(call, callback)
+            try:
+                return future.result(timeout=bound)
+            except FutureTimeout:
+                followers = [r for r in range(1, self.group.degree) if self.reports[r].alive]
+                self._break(f"rank {_ranks(followers)} did not answer within {bound:.0f} s", followers)
+                raise FollowerGone(self.user_message()) from None
+        finally:
+            self._answered.set()
+
+    def _run_in_thread(self, call: PipelineCall, callback) -> Future:
+        """The call on a daemon thread of its own: one stuck in a collective is left there, and never holds up
+        the process's exit (ThreadPoolExecutor's threads are joined at exit)."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._lockstep(call, callback))
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(error)
+
+        threading.Thread(target=run, name="tp-call", daemon=True).start()
+        return future
+
+    def _lockstep(self, call: PipelineCall, callback=None):
+        start = time.monotonic()
+        before = read_counters()
+        self._collective(dist.broadcast_object_list, [call], src=0, group=self.group.control)
+        error = None
+        try:
+            image = self.runner(call, self._steps_in_lockstep(callback))
+        except Exception as failure:  # the followers still report back below: stay in step with them
+            error = failure
+        deltas: list[CompileCounters | None] = [None] * self.group.degree
+        self._collective(dist.gather_object, read_counters() - before, deltas, dst=0, group=self.group.control)
+        for report, delta in zip(self.reports, deltas):
+            report.graphs += delta.graphs
+            report.calls += 1
+        if error is not None:
+            raise error
+        seconds = time.monotonic() - start
+        if all(delta.graphs == 0 for delta in deltas):  # a call that compiled says nothing about the next one
+            self._seconds_per_step[(call.width, call.height)] = seconds / (call.steps + 1)
+        return image
+
+    def _steps_in_lockstep(self, callback):
+        """The step callback on rank 0: run the engine's (progress, stop), then tell the followers whether to
+        stop after this step; they learn it at the same step (follower_steps) and stop there too."""
+
+        def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+            failure = None
+            try:
+                result = callback(pipe, step, timestep, callback_kwargs) if callback else {}
+            except Exception as error:  # Stopped, or anything else: the followers must stop at this step too
+                failure = error
+            self._collective(dist.broadcast, torch.tensor([failure is not None], dtype=torch.int32), src=0,
+                             group=self.group.control)
+            if failure is not None:
+                raise failure
+            return result
+
+        return on_step_end
+
+    def _collective(self, op, *args, **kwargs) -> None:
+        try:
+            op(*args, **kwargs)
+        except Exception as error:
+            raise self._diagnose(error) from error
+
+    def _diagnose(self, error: Exception) -> FollowerGone:
+        """Name the rank behind a broken collective: one that reported its failure, or one whose process died."""
+        deadline = time.monotonic() + 2.0  # a killed process closes its sockets just before it turns zombie
+        while True:
+            failed, dead = self.group.follower_errors(), dead_ranks(self.group)
+            if failed or dead or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        reasons = [f"rank {rank} failed: {message}" for rank, message in sorted(failed.items())]
+        reasons += [f"rank {rank} died" for rank in dead if rank not in failed]
+        logger.error("tensor-parallel collective failed: %s", error)
+        self._break("; ".join(reasons) or f"the group broke ({_short(error)})", sorted({*failed, *dead}))
+        return FollowerGone(self.user_message())
+
+    def _break(self, reason: str, ranks: list[int]) -> None:
+        if self.broken is not None:
+            return
+        self.broken = reason
+        for rank in ranks:
+            self.reports[rank].alive = False
+        restarting = self.group.launch.restarts_left > 0
+        self.group.note_broken()
+        self.health.problem = "restarting" if restarting else (
+            f"degraded: rank {_ranks(ranks)} gone" if ranks else "degraded: tensor-parallel group broken")
+        logger.error("tensor-parallel group broken: %s; %s", reason,
+                     f"torchrun restarts the group ({self.group.launch.restarts_left} restart(s) left)" if restarting
+                     else "no restart is coming (started by hand, or torchrun has no --max-restarts left): "
+                          "restart the app")
+        self.broken_event.set()
+
+    def user_message(self) -> str:
+        if self.group.launch.restarts_left > 0:
+            return (f"a device process failed ({self.broken}); the server is restarting, "
+                    f"try again in {self.health.restart_wait()}")
+        return f"tensor-parallel {self.broken}; this server cannot make images until it is restarted"
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> None:
+        """Let the call in flight answer its user before rank 0 exits: wait for its answer, then give the
+        server a moment to send it (a broken group has just answered with why)."""
+        self._answered.wait(timeout)
+        if self.broken is not None:
+            time.sleep(1.0)
+
+    def stop_followers(self) -> None:
+        """Tell the followers to exit (rank 0 is shutting down); not a broken group, nor one still in a call."""
+        if self.broken is not None or not self._answered.is_set():
+            return
+        try:
+            dist.broadcast_object_list([None], src=0, group=self.group.control)
+        except Exception:  # already gone
+            pass
+
+    def describe(self) -> dict:
+        return {"degree": self.group.degree, "ranks": [asdict(r) for r in self.reports], "broken": self.broken}

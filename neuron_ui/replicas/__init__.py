@@ -1,0 +1,1 @@
+"""Engine replicas on Ray Serve: the only package that imports Ray."""

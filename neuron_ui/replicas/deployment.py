@@ -1,0 +1,209 @@
+"""The Serve deployment: one engine per replica, streaming typed messages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray import serve
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.contract.stopping import QUEUED, StopToken
+from neuron_ui.replicas.board import REPORT_SECONDS, ShapeLease, find_board
+from neuron_ui.replicas.plan import describe_devices
+from neuron_ui.replicas.tp_group import ReplicaGroup
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.requests import GenerateRequest
+    from neuron_ui.contract.results import ProgressFn
+
+logger = logging.getLogger(__name__)
+
+
+MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the process anyway
+
+
+@dataclass
+class ReplicaResult(GenerateResult):
+    """A result that also names the replica that made it (in the API's info and the /metrics `replica` label)."""
+
+    replica: str = ""
+
+
+class EngineReplica:
+    """A Serve replica holding one Engine; requests arrive with their token count as the multiplexed model id."""
+
+    def __init__(self, settings: Settings, threads: int | None, board_name: str):
+        from neuron_ui.config.cache_paths import configure_cache_env
+
+        cache = configure_cache_env(settings.cache_dir)  # before torch loads (torch_neuronx reads it at import)
+        if settings.cache_bundle:  # on every node: a cluster without a shared folder starts warm from the bundle
+            from neuron_ui.cache.bundle_import import import_at_start
+
+            import_at_start(settings, cache)
+        import torch
+
+        from neuron_ui.engine.engine import Engine
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.group = ReplicaGroup.start(settings, threads) if (settings.tp or 1) > 1 else None
+        if self.group:
+            self.engine = Engine.from_settings(settings, cache, self.group.group, self.group.leader)
+        else:
+            self.engine = Engine.from_settings(settings, cache)
+        self.name = serve.get_replica_context().replica_id.unique_id
+        self.lock_dir = cache.root / "locks"
+        self.compiles: list[tuple[str, str, float]] = []  # (resolution, event, seconds) since the last request
+        self.engine.observers.append(self)
+        self.images = 0
+        self.active = False
+        self.board = find_board(board_name)
+        self.board.share_tokenizer.remote(self.engine.pipe.tokenizer)
+        self.devices = describe_devices(settings.device if settings.device != "auto" else self.engine.device, threads)
+        if self.group:
+            self.devices += f", {self.group.describe()}"
+            self.group.health.serving(None)  # no restart measured: a lost replica is Serve's to replace
+        self._stop = threading.Event()
+        self._reporter = threading.Thread(target=self._report_loop, name="replica-report", daemon=True)
+        self._reporter.start()
+        logger.info("replica %s serving %s on %s", self.name, self.engine.loaded.name, self.devices)
+
+    # observer of its own engine: compilations go back to the front with the request that caused them
+    def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
+        self.compiles.append((resolution, event, seconds))
+
+    def on_generated(self, result: GenerateResult) -> None:
+        self.images += 1
+
+    def on_failed(self, kind: str) -> None:
+        pass
+
+    def lease(self, tokens: int) -> ShapeLease:
+        return ShapeLease(self.lock_dir / f"{self.engine.key.digest}-{tokens}.lock")
+
+    @serve.multiplexed(max_num_models_per_replica=MAX_GRAPHS_PER_REPLICA)
+    async def hold_shape(self, model_id: str) -> ShapeLease:
+        """Serve calls this once per token count per replica; its return marks the replica as holding it."""
+        lease = self.lease(int(model_id))
+        if self.engine.compile_mode != "eager":
+            await asyncio.to_thread(lease.acquire)
+        return lease
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[tuple]:
+        async for item in self._serve(lambda report, stop: self.engine.generate(request, report, stop)):
+            yield item
+
+    async def warmup(self, resolution: str) -> AsyncIterator[tuple]:
+        async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report)):
+            yield item
+
+    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any]) -> AsyncIterator[tuple]:
+        """Stream ("started", replica), ("progress", update) and ("phase", where)..., ("compiled", ...)..., then
+        ("done", value) or ("error", kind, message): errors travel as values, so their kind survives the trip.
+        The front cancelling the stream (a Stop) stops the engine's request at its next step."""
+        yield ("started", self.name)
+        model_id = serve.get_multiplexed_model_id()
+        if self.lease(int(model_id)).held_elsewhere():
+            yield ("progress", ProgressUpdate("compiling", "another replica is compiling this size; "
+                                                          "this one loads it from the cache when it is done"))
+        lease = await self.hold_shape(model_id)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple] = asyncio.Queue()
+
+        def report(update: ProgressUpdate) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, ("progress", update))
+
+        stop = StopToken()
+
+        def run() -> tuple:
+            self.active = True
+            self._report()  # busy now, not at the next tick: a short image would otherwise never show as busy
+            try:
+                value = work(report, stop)
+                if isinstance(value, GenerateResult):
+                    value = ReplicaResult(**{**vars(value), "replica": self.name})
+                return ("done", value)
+            except ValueError as error:
+                return ("error", "invalid_request", str(error))
+            except EngineError as error:
+                return ("error", error.kind, str(error))
+            except Exception as error:  # noqa: BLE001 - told as one line; the replica's log has the trace
+                logger.exception("replica %s failed", self.name)
+                return ("error", "generation_failed", f"the replica failed: {type(error).__name__}: {error}")
+            finally:
+                self.active = False
+                lease.release()  # others may now load this graph from the cache
+                self._report()
+
+        task = loop.run_in_executor(None, run)
+        phase = QUEUED
+        try:
+            while not task.done() or not queue.empty():
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                else:
+                    getter.cancel()
+                if stop.phase != phase:
+                    phase = stop.phase
+                    yield ("phase", phase)
+        except (asyncio.CancelledError, GeneratorExit):
+            stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
+            raise
+        for compiled in self.compiles:
+            yield ("compiled", *compiled)
+        self.compiles.clear()
+        yield task.result()
+
+    def snapshot(self) -> dict[str, Any]:
+        status = self.engine.status()
+        return {
+            "replica": self.name,
+            "pid": os.getpid(),
+            "ranks": self.group.group.processes if self.group else [],  # (host, pid) of each tensor-parallel rank
+            "node": ray.get_runtime_context().get_node_id()[:8],
+            "devices": self.devices,
+            "busy": self.active,
+            "images": self.images,
+            "graphs": self.engine.graphs.held(),
+            "layouts": self.engine.graphs.used(),
+            "key": self.engine.key,
+            "status": status,
+        }
+
+    def _report(self) -> None:
+        try:
+            self.board.report.remote(self.name, self.snapshot())
+        except Exception:  # noqa: BLE001 - the board is gone while Ray shuts down; the next tick retries
+            logger.debug("replica %s could not report", self.name, exc_info=True)
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(REPORT_SECONDS):
+            self._report()
+
+    def check_health(self) -> None:
+        """Serve calls this every few seconds; raising gets the replica replaced (placement group and all): its
+        reporter died, its tensor-parallel group broke (a follower died, failed or hung), or its idle device fails
+        a one-element op (a busy device is left alone: its request fails by itself if the device is dead)."""
+        if not self._reporter.is_alive():
+            raise RuntimeError("the replica's reporter thread stopped")
+        if self.group and (problem := self.group.problem()):
+            raise RuntimeError(problem)
+        if not self.active:
+            from neuron_ui.config.runtime import probe_device
+
+            probe_device(self.engine.device)
+
+    def __del__(self) -> None:
+        if stop := getattr(self, "_stop", None):  # absent when the constructor failed
+            stop.set()

@@ -1,0 +1,69 @@
+"""Start Ray and deploy the replicas; the client comes back."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+import ray
+from ray import serve
+
+from neuron_ui.replicas.board import APP_NAME, NAMESPACE, ReplicaBoard
+from neuron_ui.replicas.client import ReplicaClient
+from neuron_ui.replicas.deployment import EngineReplica
+from neuron_ui.replicas.plan import plan_replicas
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.replicas.plan import ReplicaPlan
+
+logger = logging.getLogger(__name__)
+
+
+def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
+    """A local Ray (no dashboard, token auth on, as Ray 2.60 makes it) or the cluster at --ray-address."""
+    if ray.is_initialized():
+        return
+    if settings.ray_address:
+        ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
+    else:
+        # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
+        # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20)
+
+
+def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):
+    """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
+    serve.start(proxy_location="Disabled")
+    group_options = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
+    deployment = serve.deployment(EngineReplica, name="engine").options(
+        num_replicas=plan.replicas,
+        max_ongoing_requests=plan.max_ongoing_requests,
+        ray_actor_options=plan.actor_options,
+        health_check_period_s=5,
+        graceful_shutdown_timeout_s=5,
+        **(group_options if plan.bundles else {}),
+    )
+    return serve.run(deployment.bind(settings, plan.threads, board_name), name=app_name, route_prefix=None)
+
+
+def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_NAME,
+           timeout: float = 600.0) -> ReplicaClient:
+    """Ray, the board, the replicas and the client; returns once every replica has reported."""
+    start_ray(settings, num_cpus)
+    board_name = f"{app_name}-board"
+    # Detached: the board lives by its name, not by this driver's reference count (in a long test session an
+    # owned board was once collected before it ran); on a local Ray, ray.shutdown() ends it with everything else.
+    board = ReplicaBoard.options(name=board_name, namespace=NAMESPACE, get_if_exists=True,
+                                 lifetime="detached").remote()
+    ray.get(board.read.remote(), timeout=timeout)  # up and named before any replica looks for it
+    plan = plan_replicas(settings, ray.cluster_resources())
+    started = time.perf_counter()
+    handle = deploy(settings, plan, app_name, board_name)
+    client = ReplicaClient(handle, board, settings, plan, app_name)
+    client.wait_for_replicas(plan.replicas, timeout)
+    logger.info("%d replica(s) on %s ready in %.1f s", plan.replicas, plan.device, time.perf_counter() - started)
+    return client

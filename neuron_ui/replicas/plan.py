@@ -1,0 +1,80 @@
+"""How many replicas and what each needs: devices, CPUs, tensor-parallel bundles."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+
+
+def rank_bundle(device: str, cpus: float) -> dict[str, float]:
+    """What one rank asks Ray for: a NeuronCore (Ray sets NEURON_RT_VISIBLE_CORES), a GPU (CUDA_VISIBLE_DEVICES),
+    or on CPU its share of the cores; each with the CPU its process runs on."""
+    if device == "neuron":
+        return {"CPU": 1.0, "neuron_cores": 1.0}
+    if device == "cuda":
+        return {"CPU": 1.0, "GPU": 1.0}
+    return {"CPU": cpus}
+
+
+def actor_options(bundle: dict[str, float]) -> dict[str, Any]:
+    """A bundle as an actor's options (Ray names CPU and GPU apart from custom resources)."""
+    custom = {name: amount for name, amount in bundle.items() if name not in ("CPU", "GPU")}
+    options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0)}
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """What each replica asks Ray for; built from the settings and the cluster's resources, no I/O."""
+
+    replicas: int
+    device: str
+    threads: int | None  # CPU: torch threads per replica (the cores split between replicas)
+    actor_options: dict[str, Any]
+    max_ongoing_requests: int = 1  # one image at a time: a second request waits in the router, where it can move
+    bundles: list[dict[str, float]] | None = None  # tp > 1: one per rank, packed on one node; rank 0 takes the first
+
+
+def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPlan:
+    """Neuron: `neuron_cores` (Ray sets NEURON_RT_VISIBLE_CORES); CUDA: `num_gpus`; CPU: the cores split evenly."""
+    tp = settings.tp or 1
+    device = settings.device
+    if device == "auto":
+        device = "neuron" if resources.get("neuron_cores") else "cuda" if resources.get("GPU") else "cpu"
+    if tp > 1:
+        return plan_groups(settings.replicas, tp, device, resources)
+    if device == "neuron":
+        return ReplicaPlan(settings.replicas, device, None, {"num_cpus": 1, "resources": {"neuron_cores": tp}})
+    if device == "cuda":
+        return ReplicaPlan(settings.replicas, device, None, {"num_cpus": 1, "num_gpus": tp})
+    cpus = resources.get("CPU", 1.0)
+    share = cpus / settings.replicas
+    threads = max(1, int(share))
+    return ReplicaPlan(settings.replicas, device, threads,
+                       {"num_cpus": share, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}}})
+
+
+def plan_groups(replicas: int, tp: int, device: str, resources: dict[str, float]) -> ReplicaPlan:
+    """tp > 1: each replica a placement group of tp bundles (neuron_ui.replica_group), on CPU the cores split
+    between all replicas' ranks."""
+    share = resources.get("CPU", 1.0) / (replicas * tp)
+    threads = max(1, int(share)) if device == "cpu" else None
+    bundle = rank_bundle(device, share)
+    options = actor_options(bundle)
+    if threads:
+        options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+    return ReplicaPlan(replicas, device, threads, options, bundles=[bundle] * tp)
+
+
+def describe_devices(device: str, threads: int | None) -> str:
+    if device == "neuron":
+        return f"neuron cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '?')}"
+    if device == "cuda":
+        return f"cuda {os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
+    return f"cpu, {threads} thread{'s' if threads != 1 else ''}"

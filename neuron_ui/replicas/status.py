@@ -1,0 +1,44 @@
+"""The replicas' statuses merged into one, as the UI reads an engine's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY
+from neuron_ui.replicas.board import STALE_SECONDS
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.results import ShapeStatus
+
+
+def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total: int) -> ShapeStatus:
+    """A layout over all healthy replicas: ready where any holds its graph, compiling where any compiles it.
+    `base` is the front's own view: on disk or not, and the estimate for what no replica holds."""
+    states = {s.state for s in seen}
+    state = READY if ready_on else COMPILING if COMPILING in states else FAILED if FAILED in states else COLD
+    latencies = [s.last_latency for s in seen if s.last_latency is not None]
+    held = [s for s in seen if s.state == READY]
+    return replace(
+        base,
+        state=state,
+        on_disk=any(s.on_disk for s in seen) or base.on_disk,
+        hits=sum(s.hits for s in seen),
+        images=sum(s.images for s in seen),
+        last_latency=latencies[0] if latencies else base.last_latency,
+        compile_seconds=next((s.compile_seconds for s in held if s.compile_seconds), base.compile_seconds),
+        load_seconds=next((s.load_seconds for s in held if s.load_seconds), base.load_seconds),
+        shares_graph_with=next((s.shares_graph_with for s in held if s.shares_graph_with), None),
+        error=next((s.error for s in seen if s.error), None) if state == FAILED else None,
+        estimate_seconds=None if state == READY else base.estimate_seconds,
+        estimate_guess=state != READY and base.estimate_guess,
+        ready_on=ready_on,
+        replicas_total=total,
+    )
+
+
+def replica_row(snapshot: dict[str, Any], age: float) -> dict[str, Any]:
+    row = {k: snapshot[k] for k in ("replica", "pid", "node", "devices", "busy", "images", "graphs")}
+    row["state"] = "healthy" if age < STALE_SECONDS else "not responding"
+    row["seen_seconds_ago"] = round(age, 1)
+    return row

@@ -1,0 +1,1 @@
+"""The HTTP server, the gate in front of Gradio's routes, and /metrics."""

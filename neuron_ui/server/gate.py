@@ -1,0 +1,386 @@
+"""The only doors into the app: an ASGI gate in front of the mounted Gradio app.
+
+Gradio 6.31 mounts more than this app uses, and some of it is open wider than we want:
+- every event is callable by its name over `/gradio_api/call/<name>`, `api_visibility="private"` only hides it
+  from the docs and the client libraries (gradio/routes.py checks no visibility there);
+- the queue's `max_size` counts every event, so with the device's queue full even `/status` heard "Queue is full";
+- errors that are not `gr.Error` come back as `{"error": null}` or a bare "Internal Server Error" with
+  show_error=False;
+- results name the file's absolute path on the server.
+
+So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
+queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on
+`cancel` and `reset`, gives every error a one-line message, and keeps the server's file folder out of what it
+sends (a relative `file=` path is read inside that folder, so gradio_client still downloads the image).
+
+It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
+job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
+pipeline, and a client that closes its event stream only marks its events dead. The gate sees both (the cancel's
+body, the stream's disconnect) and tells the server, which stops that session's requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+
+logger = logging.getLogger(__name__)
+
+
+PUBLIC_ENDPOINTS = ("generate", "inpaint", "warmup", "status", "stop")
+
+
+OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and while shutting down; GET and HEAD only
+
+
+NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
+
+
+QUEUE_JOIN = "/gradio_api/queue/join"
+
+
+FILE_ROUTE = "/gradio_api/file="
+
+
+LOGIN_ONLY = ("/gradio_api/cancel", "/gradio_api/reset")  # Gradio leaves these open even with auth
+
+
+CANCEL = "/gradio_api/cancel"
+
+
+EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
+
+
+NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
+
+
+MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
+
+
+SHUTTING_DOWN = "the server is shutting down; try again in a moment"
+
+
+UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
+               "the details are in the server log")
+
+
+LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
+<title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
+<h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
+
+
+Send = Callable[[dict], Awaitable[None]]
+
+
+Receive = Callable[[], Awaitable[dict]]
+
+
+@dataclass
+class Refusal:
+    status: int
+    message: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class ForeignFile(ValueError):
+    """A call names a file outside the app's own folder (uploads and results)."""
+
+
+class Gate:
+    """ASGI middleware around the whole server (see the module docstring); `server` is neuron_ui.server.Server."""
+
+    def __init__(self, app: Any, server: Any):
+        self.app = app
+        self.server = server
+        self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
+
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not self.server.ready:
+            await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        if path in OPEN_PATHS:
+            if method not in ("GET", "HEAD"):
+                await reply(send, Refusal(405, f"{path} answers GET and HEAD", (("allow", "GET, HEAD"),)))
+                return
+            await self.app(scope, receive, send)
+            return
+        if not self.server.ready:
+            await send_html(send, 503, LOADING_PAGE, (("retry-after", "5"),))
+            return
+        if self.server.draining and method == "POST" and NEW_WORK.match(path):
+            await reply(send, Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),)))
+            return
+        if path in LOGIN_ONLY and self.server.settings.auth and not self.logged_in(scope):
+            await reply(send, Refusal(401, "Not authenticated"))
+            return
+        receive, refusal, device = await self.check_call(scope, receive)
+        if refusal is not None:
+            await reply(send, refusal)
+            return
+        if path == CANCEL and method == "POST":
+            receive = await self.stop_cancelled(receive)
+        scope = self.inbound(scope)
+        send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
+        if path == EVENT_STREAM and method == "GET":
+            receive = self.stop_on_disconnect(scope, receive, send)
+        if device:
+            self.admitting += 1
+            send.on_start = self._admitted
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            logger.exception("error serving %s %s", method, path)
+            if not send.started:
+                await reply(send, Refusal(500, UNEXPLAINED))
+        finally:
+            if device and not send.started:
+                self._admitted()
+
+    def _admitted(self) -> None:
+        self.admitting -= 1
+
+    # -- checks ----------------------------------------------------------------------------------------
+
+    async def check_call(self, scope: dict, receive: Receive) -> tuple[Receive, Refusal | None, bool]:
+        """Which function a POST calls, by name or fn_index: only ours by name, within the device's bound.
+
+        Returns the receive to pass on (the body, once read here, is replayed), a refusal or None, and whether
+        the request is for the device."""
+        path, method = scope["path"], scope["method"]
+        named = NAMED_CALL.match(path)
+        if method != "POST" or not (named or path == QUEUE_JOIN):
+            return receive, None, False
+        demo = self.server.demo
+        if named:
+            route, name = named.groups()
+            if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
+                try:  # Gradio refuses queued ones (api_open=False)
+                    return await self.with_full_paths(receive), None, False
+                except ForeignFile as error:
+                    return receive, Refusal(403, str(error)), False
+            if name not in PUBLIC_ENDPOINTS:
+                return receive, Refusal(404, f"there is no /{name}; this API has {endpoint_list()}"), False
+            if route in ("run", "api"):
+                return receive, None, False  # Gradio refuses it (api_open=False) and says to join the queue
+        body = await read_body(receive)
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return replay(body, receive), None, False  # Gradio says what is wrong with the JSON
+        try:
+            receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
+        except ForeignFile as error:
+            return receive, Refusal(403, str(error)), False
+        if not isinstance(data, dict):
+            return receive, None, False
+        if named:
+            fn = next(f for f in demo.fns.values() if f.api_name == named.group(2))
+        else:
+            index = data.get("fn_index")
+            if not isinstance(index, int):
+                return receive, None, False  # Gradio's own validation names the field
+            if index not in demo.fns:
+                return receive, Refusal(404, f"there is no function {index}"), False
+            fn = demo.fns[index]
+        values = data.get("data")
+        if isinstance(values, list) and len(values) != len(fn.inputs):
+            names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
+            return receive, Refusal(422, f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {len(values)}"), False
+        if fn.concurrency_id != self.server.device_group:
+            return receive, None, False
+        admitted = self.server.device_events() + self.admitting  # the one on the device and those waiting
+        if admitted > self.server.settings.max_queue:
+            message = f"Queue is full: {admitted - 1} requests are waiting for the device; try again in a moment"
+            return receive, Refusal(503, message, (("retry-after", "5"),)), False
+        return receive, None, True
+
+    async def stop_cancelled(self, receive: Receive) -> Receive:
+        """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
+        body = await read_body(receive)
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("session_hash"), str):
+            event_id = data.get("event_id")
+            self.server.stop_cancelled(data["session_hash"], event_id if isinstance(event_id, str) else None)
+        return replay(body, receive)
+
+    def stop_on_disconnect(self, scope: dict, receive: Receive, send: "Outbound") -> Receive:
+        """A session's event stream closed by its client before the server ended it: the client has gone."""
+        session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+
+        async def watched() -> dict:
+            message = await receive()
+            if message["type"] == "http.disconnect" and session and not send.finished:
+                self.server.stop_disconnected(session)
+            return message
+
+        return watched
+
+    async def with_full_paths(self, receive: Receive) -> Receive:
+        body = await read_body(receive)
+        try:
+            return replay(json.dumps(self.full_paths(json.loads(body))).encode(), receive)
+        except (ValueError, UnicodeDecodeError):
+            return replay(body, receive)
+
+    def full_paths(self, value: Any) -> Any:
+        """The browser sends back files it was shown (a gallery's selected image) or uploaded by the relative path
+        Outbound gave it; Gradio wants the path on the server. A file anywhere else is refused (ForeignFile):
+        the API takes files as is (preprocess=False), so a path the caller makes up would be read from disk."""
+        if isinstance(value, list):
+            return [self.full_paths(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        value = {key: self.full_paths(item) for key, item in value.items()}
+        path = value.get("path")
+        if isinstance(value.get("meta"), dict) and isinstance(path, str) and path:
+            full = path if path.startswith("/") else self.server.files_prefix + path
+            if not os.path.realpath(full).startswith(os.path.realpath(self.server.files_prefix) + os.sep):
+                raise ForeignFile(f"{path!r} is not a file of this app: upload it first (POST /gradio_api/upload)")
+            value["path"] = full
+        return value
+
+    def logged_in(self, scope: dict) -> bool:
+        """Gradio's own login check (gradio/routes.py get_current_user): its cookie names a token it issued."""
+        gradio_app = self.server.gradio_app
+        cookies = Request(scope).cookies
+        token = (cookies.get(f"access-token-{gradio_app.cookie_id}")
+                 or cookies.get(f"access-token-unsecure-{gradio_app.cookie_id}"))
+        return gradio_app.tokens.get(token) is not None
+
+    def inbound(self, scope: dict) -> dict:
+        """A relative `file=` path is read inside the server's file folder (what Outbound cut from the answer);
+        API requests are not compressed, so Outbound can read what it sends."""
+        path = scope["path"]
+        if path.startswith(FILE_ROUTE):
+            name = path[len(FILE_ROUTE):]
+            if name and not name.startswith("/"):
+                full = FILE_ROUTE + self.server.files_prefix + name
+                return {**scope, "path": full, "raw_path": full.encode()}
+            return scope
+        if not rewritten(path):
+            return scope
+        headers = [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]
+        return {**scope, "headers": headers}
+
+
+class Outbound:
+    """The ASGI send of one response: the file folder cut from paths, empty errors given a message."""
+
+    def __init__(self, send: Send, files_prefix: str, rewrite: bool):
+        self.send = send
+        self.cut = files_prefix.encode()
+        self.rewrite = rewrite
+        self.started = False
+        self.finished = False  # the last body was sent: the response ended on the server's side
+        self.on_start: Callable[[], None] | None = None
+        self._start: dict | None = None
+        self._held: list[bytes] = []
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            if self.on_start is not None:
+                self.on_start()
+            headers = message.get("headers", [])
+            if self.rewrite or message["status"] >= 400:  # the length may change
+                headers = [(k, v) for k, v in headers if k != b"content-length"]
+            self._start = {**message, "headers": headers}
+            if message["status"] < 400:
+                await self.send(self._start)
+            return
+        if message["type"] != "http.response.body":
+            await self.send(message)
+            return
+        body = message.get("body", b"")
+        self.finished = not message.get("more_body", False)
+        if self.rewrite:
+            body = fill_empty_errors(body.replace(self.cut, b""))
+        if self._start["status"] < 400:
+            await self.send({**message, "body": body})
+            return
+        self._held.append(body)  # an error: small; held whole so an empty one can be given a message
+        if message.get("more_body"):
+            return
+        body = b"".join(self._held)
+        start = self._start
+        if body.strip() in (b"", b"Internal Server Error", b'{"error":null}'):
+            body = json.dumps({"error": UNEXPLAINED}).encode()
+            start = {**start, "headers": [(k, v) for k, v in start["headers"] if k != b"content-type"]
+                     + [(b"content-type", b"application/json")]}
+        await self.send({**start, "headers": start["headers"] + [(b"content-length", str(len(body)).encode())]})
+        await self.send({"type": "http.response.body", "body": body})
+
+
+def fill_empty_errors(body: bytes) -> bytes:
+    """Gradio's error events for errors it may not show (show_error=False) say null; they get a line instead:
+    `data: {"error": null}` on /call/<name>/<id>, `"output":{"error":null` on /queue/data."""
+    line = json.dumps(UNEXPLAINED).encode()
+    return (body.replace(b'data: {"error": null}', b'data: {"error": ' + line + b"}")
+            .replace(b'"output":{"error":null', b'"output":{"error":' + line))
+
+
+def rewritten(path: str) -> bool:
+    """Gradio's API answers (JSON and event streams), not pages, assets or files' bytes."""
+    return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTE)) or path in ("/config", "/config/")
+
+
+def endpoint_list() -> str:
+    return ", ".join(f"/{name}" for name in PUBLIC_ENDPOINTS)
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b""
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_JSON_BODY or not message.get("more_body"):
+            return b"".join(chunks)  # an oversized body is cut: Gradio's JSON parser then refuses it
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands on the body read here, then whatever the client sends next (its disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def again() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return again
+
+
+async def reply(send: Send, refusal: Refusal) -> None:
+    body = json.dumps({"detail": refusal.message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in refusal.headers]
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_html(send: Send, status: int, page: str, headers: tuple[tuple[str, str], ...]) -> None:
+    body = page.encode()
+    raw = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status,
+                "headers": raw + [(k.encode(), v.encode()) for k, v in headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def folder_prefix(folder: Path) -> str:
+    return str(folder).rstrip("/") + "/"

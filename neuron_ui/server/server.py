@@ -1,0 +1,269 @@
+"""The HTTP server: one FastAPI app under uvicorn, with /healthz and /metrics from the first second and the Gradio
+UI mounted at / (gr.mount_gradio_app) once the model is loaded.
+
+The server starts before the model loads, so a Space's health check, a load balancer and an operator see the
+process come up (503, "loading") instead of a closed port for the minutes a real model takes to load.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import secrets
+import threading
+import time
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlparse, urlunparse
+
+import gradio as gr
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.routing import Mount
+
+from neuron_ui.contract import stopping
+from neuron_ui.contract.references import MAX_UPLOAD_BYTES
+from neuron_ui.server import gate as doors
+from neuron_ui.server.metrics import EngineMetrics
+from neuron_ui.ui.files import private_file_folder
+from neuron_ui.ui.gradio_bridge import (
+    DEVICE,
+    device_events,
+    device_queue_length,
+    launch_options,
+    session_stops,
+    waiting_for_device,
+)
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.engine_like import EngineLike
+
+logger = logging.getLogger(__name__)
+
+
+DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
+
+
+MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"  # Gradio's upload route takes what editing accepts, no more
+
+
+class Server:
+    """uvicorn in a thread serving `app`: start() binds the port, mount() adds the UI, stop() ends it all."""
+
+    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
+                 health: Callable[[], str | None] | None = None):
+        self.settings = settings
+        self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
+        self.metrics = metrics or EngineMetrics()
+        self.demo: gr.Blocks | None = None
+        self.engine: EngineLike | None = None
+        self.share_url: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.gradio_app: Any = None  # Gradio's App, mounted at /
+        self.files_prefix = doors.folder_prefix(private_file_folder())  # never sent out (doors.Outbound)
+        self.device_group = DEVICE
+        self.draining = False
+        self._drain_requested = threading.Event()
+        self._gradio_lifespan = AsyncExitStack()
+        self._thread: threading.Thread | None = None
+        self.app = self._build_app()
+        config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
+                                lifespan="on", timeout_graceful_shutdown=3)
+        self._uvicorn = uvicorn.Server(config)
+
+    @property
+    def ready(self) -> bool:
+        return self.demo is not None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
+        return f"http://{host}:{self.settings.port}"
+
+    def _build_app(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(app: FastAPI):
+            self._loop = asyncio.get_running_loop()
+            async with self._gradio_lifespan:  # Gradio's own lifespan, entered by mount(), ends with ours
+                yield
+
+        app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+        app.add_middleware(doors.Gate, server=self)
+
+        @app.api_route("/healthz", methods=["GET", "HEAD"])
+        async def healthz() -> JSONResponse:  # async: never waits for a thread behind a burst of requests
+            """200 once the model is loaded and the UI is served; 503 before, and once shutting down."""
+            if self.draining:
+                return JSONResponse({"status": "shutting down"}, status_code=503)
+            if not self.ready:
+                return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+            if problem := self.health and self.health():
+                return JSONResponse({"status": problem}, status_code=503, headers={"Retry-After": "5"})
+            replicas = self.engine.status().replicas if self.engine is not None else None
+            if replicas is not None:  # --replicas: up while at least one replica answers
+                healthy = sum(1 for r in replicas if r["state"] == "healthy")
+                body = {"status": "ok" if healthy else "no replica", "replicas_healthy": healthy,
+                        "replicas": len(replicas)}
+                return JSONResponse(body, status_code=200 if healthy else 503)
+            return JSONResponse({"status": "ok"})
+
+        @app.api_route("/metrics", methods=["GET", "HEAD"])
+        def metrics(request: Request) -> Response:
+            """Prometheus text format; behind the same user and password as the UI when NEURON_UI_AUTH is set."""
+            if self.settings.auth and not basic_auth_ok(request.headers.get("authorization"), self.settings.auth):
+                return Response("authentication required\n", status_code=401,
+                                headers={"WWW-Authenticate": 'Basic realm="neuron-ui metrics"'})
+            return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+        return app
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> Server:
+        """Bind the port and serve /healthz (503) and /metrics while the caller loads the model."""
+        self._thread = threading.Thread(target=self._run, name="http-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if not self._thread.is_alive():
+                raise OSError(f"cannot serve on {self.settings.host}:{self.settings.port}: is the port in use?")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the HTTP server did not start within {timeout:.0f} s")
+            time.sleep(0.01)
+        logger.info("listening on %s: /healthz and /metrics now, the UI once the model is loaded", self.url)
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._uvicorn.run()
+        except SystemExit:  # uvicorn logs why (e.g. the port is taken) and exits; start() reports it
+            pass
+
+    def mount(self, engine: EngineLike, demo: gr.Blocks, timeout: float = 30.0) -> Server:
+        """Serve the queued demo at / and start its queue; /healthz turns 200."""
+        if self._loop is None:
+            raise RuntimeError("start() the server before mounting the UI")
+        gr.mount_gradio_app(self.app, demo, path="/", server_name=self.settings.host,
+                            server_port=self.settings.port, auth=self.settings.auth,
+                            show_error=False,  # only our gr.Error messages reach users; anything else is logged
+                            max_file_size=MAX_UPLOAD, **launch_options())
+        mount = self.app.router.routes[-1]
+        if not isinstance(mount, Mount):
+            raise RuntimeError("gr.mount_gradio_app did not append its mount (a Gradio change?)")
+        asyncio.run_coroutine_threadsafe(self._start_gradio(demo, mount.app), self._loop).result(timeout)
+        self.gradio_app = mount.app
+        self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
+        self.engine, self.demo = engine, demo
+        logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
+        if self.settings.share:
+            self.share_url = open_share_link(demo, self.settings)
+        return self
+
+    async def _start_gradio(self, demo: gr.Blocks, gradio_app: Any) -> None:
+        # gr.mount_gradio_app does this in the parent app's lifespan, which has already run here (the server
+        # started before the model loaded), so it is done now, on the server's loop, where the queue's tasks live.
+        await self._gradio_lifespan.enter_async_context(gradio_app.router.lifespan_context(gradio_app))
+        demo.run_startup_events()
+        await demo.run_extra_startup_events()
+        gradio_app.startup_events_triggered = True  # so Gradio's /startup-events route never starts a second queue
+
+    def device_queue_length(self) -> int:
+        """Requests in Gradio's queue for the device, not yet in the engine's."""
+        return device_queue_length(self.demo) if self.demo is not None else 0
+
+    def device_events(self) -> int:
+        """Device requests accepted and not finished (doors.Gate bounds them by --max-queue + 1)."""
+        return device_events(self.demo) if self.demo is not None else 0
+
+    def stop_cancelled(self, session: str, event_id: str | None) -> None:
+        """A client cancelled an event (doors.Gate saw its /cancel): stop the engine's request for it."""
+        if self.demo is not None:
+            session_stops(self.demo).stop(session, stopping.CANCELLED, event_id)
+
+    def stop_disconnected(self, session: str) -> None:
+        """A client closed its event stream (doors.Gate saw it): stop its requests, except a compile's image."""
+        if self.demo is not None:
+            session_stops(self.demo).stop(session, stopping.DISCONNECTED)
+
+    def request_drain(self) -> None:
+        """Safe in a signal handler: serve_forever() drains and returns."""
+        self._drain_requested.set()
+
+    def serve_forever(self) -> bool:
+        """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
+
+        False when a drain ran out of time with the device still busy (see drain())."""
+        try:
+            while self._thread is not None and self._thread.is_alive() and not self._drain_requested.is_set():
+                self._thread.join(0.5)
+        except KeyboardInterrupt:
+            logger.info("interrupted: stopping")
+            return True
+        return self.drain() if self._drain_requested.is_set() else True
+
+    def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
+        """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),
+        the image on the device may finish within `timeout`, every waiting request is told the server is shutting
+        down; True if the device was idle in time. The caller then stop()s."""
+        logger.info("shutting down: no new requests; the image on the device has up to %.0f s to finish", timeout)
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        finished = self.engine.drain(timeout) if self.engine is not None else True
+        # Gradio starts what waited in its queue one by one; each is refused by the closed device at once.
+        while self.device_queue_length() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the last answers reach their event streams
+        if not finished:
+            logger.error("the image on the device did not finish within %.0f s; stopping anyway", timeout)
+        return finished
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.demo is not None:
+            # What demo.close() does for a launched app, for the mounted one: stop the queue, end the open
+            # heartbeat streams (they wait on the app's stop_event), so uvicorn need not wait for them.
+            self.demo.close(verbose=False)
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.gradio_app.stop_event.set)
+        self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def basic_auth_ok(header: str | None, auth: tuple[str, str]) -> bool:
+    """HTTP Basic credentials, compared in constant time."""
+    scheme, _, encoded = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return False
+    return secrets.compare_digest(user, auth[0]) & secrets.compare_digest(password, auth[1])
+
+
+def open_share_link(demo: gr.Blocks, settings: Settings) -> str | None:
+    """A public gradio.live link to this server, as demo.launch(share=True) makes one.
+
+    Gradio only opens share tunnels inside launch(); with a mounted app this calls the same function launch()
+    does (gradio.networking.setup_tunnel, internal). It needs the internet; without it the app keeps serving
+    locally and says why.
+    """
+    from gradio import networking
+
+    try:
+        url = networking.setup_tunnel(local_host=settings.host, local_port=settings.port,
+                                      share_token=demo.share_token, share_server_address=None,
+                                      share_server_tls_certificate=None)
+    except Exception as error:  # noqa: BLE001 - no network, a blocked download...: serve locally anyway
+        logger.warning("could not open a share link (%s); serving locally only", error)
+        return None
+    url = urlunparse(("https",) + urlparse(url)[1:])  # as launch() does: gradio.live speaks https
+    demo.share, demo.share_url = True, url
+    logger.info("public share link: %s", url)
+    return url

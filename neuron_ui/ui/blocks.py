@@ -1,0 +1,195 @@
+"""The Gradio app: `build_demo(engine, settings)` lays out the blocks and wires the handlers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import gradio as gr
+
+from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from neuron_ui.ui import session as sessions
+from neuron_ui.ui.editing import (
+    EditingHandlers,
+    add_inpaint_api,
+    add_inpaint_tab,
+    add_reference_panel,
+    add_result_buttons,
+    api_reference_inputs,
+)
+from neuron_ui.ui.errors import user_errors
+from neuron_ui.ui.files import ASSETS, ImageStore, private_file_folder
+from neuron_ui.ui.gradio_bridge import DEVICE, device_queue_length
+from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
+from neuron_ui.ui.words import (
+    REFRESH_SECONDS,
+    TABLE_HEADERS,
+    TABLE_LEGEND,
+    describe_activity,
+    describe_engine,
+    describe_now,
+    describe_size,
+    resolution_choices,
+    status_rows,
+    tiny_banner,
+)
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.engine_like import EngineLike
+
+
+def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
+    """The whole app around one engine; queue() and launch() are the caller's (app.py)."""
+    status = engine.status()
+    # Gradio's queue is read at event time, from the demo built below (the closure binds `demo` late).
+    handlers = Handlers(engine, ImageStore(), waiting=lambda: device_queue_length(demo),
+                        uploads=private_file_folder())
+    first = str(engine.presets[0])
+    with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
+        history, seen = gr.State([]), gr.State(None)
+        # The form and history in the browser (a reload or a new tab finds them), with this session's id.
+        session = gr.BrowserState({}, storage_key=sessions.STORAGE_KEY)
+        gr.Markdown(f"# neuron-ui · FLUX.2-klein\n{describe_engine(status, settings)}", elem_id="header")
+        if status.is_tiny:
+            gr.Markdown(tiny_banner(status), elem_id="tiny-banner")
+        if status.cache_error:
+            gr.Markdown("Compiled sizes will not survive a restart: the compile cache is not persistent here.",
+                        elem_id="cache-warning")
+        # On a phone (assets/style.css) #controls dissolves, so the image comes right after #form's button.
+        with gr.Row(equal_height=False, elem_id="main-row"):
+            with gr.Column(scale=2, min_width=340, elem_id="controls"):
+                with gr.Column(elem_id="form"):
+                    prompt = gr.Textbox(label="Prompt", placeholder="Describe the image, then press Enter",
+                                        lines=1, max_lines=4, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
+                                        autofocus=True)
+                    prompt_count = gr.Markdown(elem_id="prompt-count")
+                    resolution = gr.Dropdown(resolution_choices(status), value=first, label="Resolution",
+                                             elem_id="resolution")
+                    hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
+                    with gr.Row():
+                        generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                        warmup = gr.Button("Warm up this size", elem_id="warmup")
+                    now = gr.Markdown(describe_now(status, None), elem_id="device-now")
+                with gr.Column(elem_id="form-more"):
+                    with gr.Row(equal_height=False, elem_id="variations-row"):
+                        count = gr.Radio(list(range(1, MAX_VARIATIONS + 1)), value=MAX_VARIATIONS, scale=2,
+                                         label="Variations", info="same prompt, consecutive seeds", elem_id="count")
+                        make_variations = gr.Button("Make variations", scale=1, elem_id="make-variations")
+                    with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+                        steps = gr.Slider(1, MAX_STEPS, value=status.default_steps, step=1, label="Steps",
+                                          info=f"the model's default is {status.default_steps}", elem_id="steps")
+                        with gr.Row(equal_height=True):
+                            seed = gr.Number(label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=2,
+                                             info="typing one unticks Randomize", elem_id="seed")
+                            with gr.Column(scale=1, min_width=120):
+                                randomize = gr.Checkbox(True, label="Randomize", elem_id="randomize")
+                                reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
+                        guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
+                                             label="Guidance", visible=not status.distilled, elem_id="guidance")
+                    edit_refs = add_reference_panel(engine)
+                    with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel") as inpaint_panel:
+                        edit_inpaint = add_inpaint_tab()
+                    examples = load_example_prompts()
+                    if examples:
+                        gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
+            with gr.Column(scale=3, min_width=340, elem_id="result"):
+                image = gr.Image(label="Image", type="filepath", format="png", interactive=False, height=440,
+                                 buttons=["download", "fullscreen"], elem_id="image")
+                info = gr.Markdown(elem_id="info")
+                edit_result = add_result_buttons()
+                layout_hint = gr.Markdown(elem_id="layout-hint")
+                variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
+                                        visible=False, elem_id="variations")
+                history_gallery = gr.Gallery(label="History: click an image to restore its settings", columns=6,
+                                             fit_columns=False, height="auto", allow_preview=False,
+                                             elem_id="history")
+        with gr.Accordion("Sizes on this server", open=True, elem_id="status"):
+            table = gr.Dataframe(status_rows(status), headers=TABLE_HEADERS, interactive=False,
+                                 elem_id="status-table")
+            gr.Markdown(TABLE_LEGEND, elem_id="table-legend")
+            activity = gr.Markdown(describe_activity(status), elem_id="activity")
+        timer = gr.Timer(REFRESH_SECONDS)
+
+        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device (doors.Gate
+        # bounds it), each then waits in the engine's queue, where it hears what it waits for, can be stopped, and
+        # the next image starts on the device while the previous one is encoded and sent.
+        on_device = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
+        private = {"api_visibility": "private"}
+        hidden = {"show_progress": "hidden", "queue": False, **private}
+        refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
+                   "outputs": [table, activity, resolution, hint, now, seen], **hidden}
+        failed = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
+        form = [prompt, resolution, steps, seed, randomize, guidance]
+        ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
+        made = [image, info, seed, history, history_gallery]
+        generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
+                          [*form, history, *ref_inputs, session], made, show_progress_on=[image], **on_device,
+                          **private)
+        generated.then(**refresh)
+        generated.failure(**failed)
+        varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
+                                       **private).then(
+            handlers.on_variations, [*form, count, history, session],
+            [image, info, seed, variations, history, history_gallery],
+            show_progress_on=[image, variations], **on_device, **private)
+        varied.then(**refresh)
+        varied.failure(**failed)
+        warmup.click(handlers.on_warmup, [resolution], [hint], **on_device, **private).then(**refresh)
+        resolution.change(handlers.on_resolution, [resolution], [hint], **hidden)
+        seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
+        prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **hidden)
+        timer.tick(**refresh)
+        # A reload or a new tab: the form, the history and any image finished meanwhile come back.
+        collect = gr.Timer(REFRESH_SECONDS, active=False)
+        demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info, collect],
+                  **hidden).then(**refresh)
+        collect.tick(handlers.on_collect, [session, history], [*made, collect], **hidden)
+        gr.on([c.change for c in [*form, history]], handlers.on_save, [session, *form, history], [session],
+              trigger_mode="always_last", **hidden)
+        editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
+                                                   handlers.distilled)
+        history_gallery.select(handlers.on_select, [history],
+                               [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
+                                edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
+        reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **hidden)
+        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"]]
+        gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
+              editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
+        gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click],
+              editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
+        edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
+                                 edit_refs["files"], **hidden)
+        edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],
+                                  **hidden)
+        inpainted = edit_inpaint["button"].click(
+            editing_handlers.on_inpaint,
+            [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
+             *ref_inputs, history, session],
+            made, show_progress_on=[image], **on_device, **private,
+        )
+        inpainted.then(**refresh)
+        inpainted.failure(**failed)
+        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running).
+        stop.click(handlers.on_stop, None, info, cancels=[generated, varied, inpainted], queue=False, **private)
+
+        # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
+        with gr.Column(visible=False):
+            api_inputs = [gr.Textbox(label="prompt"), gr.Textbox(label="resolution"), gr.Number(label="steps"),
+                          gr.Number(label="seed"), gr.Number(label="guidance"), *api_reference_inputs()]
+            api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
+            api_trigger = gr.Button()
+        # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).
+        api_trigger.click(handlers.api_generate, api_inputs, api_outputs, api_name="generate", preprocess=False,
+                          **on_device)
+        add_inpaint_api(editing_handlers, on_device)
+        gr.api(handlers.api_warmup, api_name="warmup", **on_device)
+        gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
+        gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)
+    return demo

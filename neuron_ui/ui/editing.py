@@ -1,0 +1,202 @@
+"""Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
+
+`build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `add_inpaint_api` inside its Blocks; the
+handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields and leave
+every check to the engine (neuron_ui/references.py fits and validates the images).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+from PIL import Image
+
+from neuron_ui.contract import references as refs
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.ui.words import describe_layout
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import EngineLike
+
+
+DEFAULT_STRENGTH = 0.9
+
+
+def file_path(value: Any) -> str | None:
+    """A Gradio file value (a FileData dict when preprocess=False, a path otherwise) as a path."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dict):
+        return value.get("path")
+    return str(value)
+
+
+def file_paths(values: Any) -> list[str]:
+    if values is None:
+        return []
+    if not isinstance(values, (list, tuple)):
+        values = [values]
+    return [p for p in (file_path(v) for v in values) if p]
+
+
+def editor_inputs(value: Any) -> tuple[Any, Image.Image | None]:
+    """The image editor's background (a path) and its painted layers merged into one mask (L, painted = 255).
+
+    The layers are the editor's canvas size; they are scaled to the background's size so the mask always fits it.
+    """
+    if not value or not value.get("background"):
+        return None, None
+    background = file_path(value["background"])
+    with Image.open(background) as opened:
+        size = opened.size
+    mask = Image.new("L", size, 0)
+    for layer in value.get("layers") or []:
+        path = file_path(layer)
+        if path is None:
+            continue
+        with Image.open(path) as painted:
+            alpha = painted.convert("RGBA").getchannel("A").point(lambda v: 255 if v > 0 else 0)
+        if alpha.size != size:
+            alpha = alpha.resize(size, Image.Resampling.NEAREST)
+        mask.paste(255, mask=alpha)
+    return background, mask
+
+
+@dataclass
+class EditingHandlers:
+    """Handlers for the editing inputs. `run` is ui.Handlers.run (generate, save, remember; the Generate
+    button's outputs), `save` the image store's, `errors` ui.user_errors (ui imports this module)."""
+
+    engine: EngineLike
+    run: Callable[..., tuple]
+    save: Callable[[Any], str]
+    errors: Callable[[], Any]
+    distilled: bool
+
+    # -- previews and status ---------------------------------------------------------------------
+
+    def on_preview(self, files: Any, reference_size: str, fit: str) -> list[tuple[Image.Image, str]]:
+        """What the model sees: each reference fitted, before anything runs; a bad file says why at once."""
+        paths = file_paths(files)
+        if len(paths) > self.engine.max_references:
+            gr.Warning(f"{len(paths)} reference images; this server takes at most {self.engine.max_references}")
+            return []
+        try:
+            size = refs.validate_reference_size(reference_size, self.engine.reference_sizes)
+            fitted = refs.fit_references(paths, size, fit, self.engine.max_references)
+        except ValueError as error:
+            gr.Warning(str(error))
+            return []
+        for item in fitted:
+            for note in item.notes:
+                gr.Info(note)
+        return [(f.image, f"{f.role}: {f.source_size[0]}x{f.source_size[1]} → {f.size} ({f.fit})") for f in fitted]
+
+    def on_layout(self, resolution: str, files: Any, reference_size: str, inpaint: bool = False) -> str:
+        try:
+            count = min(len(file_paths(files)), self.engine.max_references)
+            layout = self.engine.layout(resolution, count, reference_size, inpaint)
+        except ValueError as error:
+            return str(error)
+        return describe_layout(self.engine.layout_status(layout))
+
+    def on_use_as_reference(self, image: str | None, files: Any) -> Any:
+        """Put the shown result among the references (the oldest drops out when full)."""
+        if not image:
+            gr.Warning("No image yet: generate one first.")
+            return gr.skip()
+        paths = [*file_paths(files), image]
+        return paths[-self.engine.max_references:] if self.engine.max_references else []
+
+    @staticmethod
+    def on_edit_image(image: str | None) -> tuple[Any, Any]:
+        """Open the shown result in the inpaint editor, and the editor's panel."""
+        if not image:
+            gr.Warning("No image yet: generate one first.")
+            return gr.skip(), gr.skip()
+        return {"background": image, "layers": [], "composite": image}, gr.Accordion(open=True)
+
+    def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
+                   seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
+                   fit: str, history: list[dict[str, Any]], session: Any = None,
+                   progress: gr.Progress = gr.Progress()):
+        image, mask = editor_inputs(editor)
+        if image is None:
+            raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",
+                           print_exception=False)
+        request = GenerateRequest(prompt, resolution, steps, None if randomize else seed,
+                                  None if self.distilled else guidance, references=file_paths(files),
+                                  reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength)
+        # The editor's image and painted layers join the history entry, so picking it restores the mask too.
+        kept = {"background": image, "layers": file_paths(editor.get("layers")), "composite": None}
+        return self.run(request, history, progress, session, {"editor": kept})
+
+    # -- the named API ---------------------------------------------------------------------------
+
+    def api_inpaint(self, image: Any, mask: Any, prompt: str, strength: float | None = None,
+                    resolution: str | None = None, steps: float | None = None, seed: float | None = None,
+                    references: Any = None, reference_size: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate."""
+        with self.errors():
+            if file_path(image) is None or file_path(mask) is None:
+                raise ValueError("inpainting needs both an image and a mask")
+            request = GenerateRequest(prompt, resolution, steps, seed, references=file_paths(references),
+                                      reference_size=reference_size or None, image=file_path(image),
+                                      mask=file_path(mask), strength=strength)
+            result = self.engine.inpaint(request)
+            return self.save(result), result.info()
+
+
+def api_reference_inputs() -> list[gr.Component]:
+    """The optional inputs /generate takes for references (hidden; gradio_client's handle_file fills them)."""
+    return [gr.File(label="references", file_count="multiple", file_types=["image"]),
+            gr.Textbox(label="reference_size")]
+
+
+def add_reference_panel(engine: EngineLike) -> dict[str, gr.Component]:
+    """Reference uploads, their size and fit, and the previews of what the model sees."""
+    sizes = [str(s) for s in engine.reference_sizes]
+    with gr.Accordion(f"Reference images (up to {engine.max_references})", open=False, elem_id="references",
+                      visible=engine.max_references > 0):
+        files = gr.File(label="References", file_count="multiple", file_types=["image"], elem_id="reference-files")
+        with gr.Row():
+            size = gr.Dropdown(sizes, value=sizes[0], label="Reference size", elem_id="reference-size",
+                               info="every reference is fitted to this size, so no upload adds a new shape")
+            fit = gr.Radio(list(refs.FIT_MODES), value="crop", label="Fit", elem_id="reference-fit",
+                           info="crop: fill, cut the centre · pad: keep all, black bars")
+        previews = gr.Gallery(label="What the model sees", columns=4, height=160, allow_preview=False,
+                              elem_id="reference-previews")
+    return {"files": files, "size": size, "fit": fit, "previews": previews}
+
+
+def add_inpaint_tab() -> dict[str, gr.Component]:
+    """The inpaint inputs: an image editor to paint the mask on, strength and a button."""
+    brush = gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed")
+    editor = gr.ImageEditor(label="Paint over the part to redo", type="filepath", height=360, layers=False,
+                            brush=brush, elem_id="inpaint-editor")
+    strength = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Strength", elem_id="strength",
+                         info="how much of the painted part is redone (1: from scratch)")
+    button = gr.Button("Inpaint", variant="primary", elem_id="inpaint")
+    return {"editor": editor, "strength": strength, "button": button}
+
+
+def add_result_buttons() -> dict[str, gr.Component]:
+    """Under the result: take it into the next edit."""
+    with gr.Row():
+        use = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
+        edit = gr.Button("Edit this image", size="sm", elem_id="edit-image")
+    return {"use": use, "edit": edit}
+
+
+def add_inpaint_api(handlers: EditingHandlers, on_device: dict[str, Any]) -> None:
+    """/inpaint for gradio_client: image, mask, prompt, strength, resolution, steps, seed, optional references."""
+    with gr.Column(visible=False):
+        inputs = [gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"),
+                  gr.Textbox(label="prompt"), gr.Number(label="strength"), gr.Textbox(label="resolution"),
+                  gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs()]
+        outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
+        trigger = gr.Button()
+    trigger.click(handlers.api_inpaint, inputs, outputs, api_name="inpaint", preprocess=False, **on_device)

@@ -1,0 +1,89 @@
+"""Progress for Gradio: stages and a ticker while a compile runs."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.ui.words import CompileWait
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.results import ProgressFn, ProgressUpdate
+
+
+TICK_SECONDS = 1.0  # how often a compile's elapsed time is re-reported while it runs
+
+
+class ProgressReporter:
+    """Maps the engine's ProgressUpdate onto gr.Progress: waiting, compiling, steps, decoding.
+
+    A compile reports once, at its start, then blocks for its whole length: a ticker thread re-reports it every
+    TICK_SECONDS with the time elapsed against the estimate, so the bar moves and says how long (it sat at 0.0%).
+    `on_compile` hears the compile start (a CompileWait) and end (None), for the line every browser sees.
+    Use it as a context manager, so the ticker stops when the request ends, however it ends.
+    """
+
+    def __init__(self, progress: Callable[..., Any], prefix: str = "",
+                 on_compile: Callable[[CompileWait | None], None] | None = None):
+        self.progress = progress
+        self.prefix = prefix
+        self.on_compile = on_compile or (lambda wait: None)
+        self.compile: CompileWait | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __enter__(self) -> ProgressReporter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __call__(self, update: ProgressUpdate) -> None:
+        self._stop_ticker()
+        if update.stage == "compiling":
+            started = self.compile.started if self.compile else time.monotonic()  # a new phase of the same wait
+            self.compile = CompileWait(update.message, update.phase, update.estimate_seconds, update.guess, started)
+            self.on_compile(self.compile)
+            self._show_compile()
+            self._stop = threading.Event()
+            # gr.Progress finds its request through context variables: the ticker runs in a copy of this context.
+            context = contextvars.copy_context()
+            self._ticker = threading.Thread(target=context.run, args=(self._tick, self._stop),
+                                            name="compile-progress", daemon=True)
+            self._ticker.start()
+            return
+        if self.compile is not None:
+            self.compile = None
+            self.on_compile(None)
+        # Gradio shows no text for a None fraction, so a stage of unknown length shows as 0%.
+        self.progress(update.fraction or 0.0, desc=self.prefix + update.message)
+
+    def close(self) -> None:
+        self._stop_ticker()
+        if self.compile is not None:
+            self.compile = None
+            self.on_compile(None)
+
+    def _show_compile(self) -> None:
+        wait = self.compile
+        if wait is not None:
+            value, words = wait.describe(time.monotonic())
+            self.progress(value, desc=self.prefix + words, unit="s")
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(TICK_SECONDS):
+            self._show_compile()
+
+    def _stop_ticker(self) -> None:
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=2)
+        self._ticker = None
+
+
+def progress_reporter(progress: Callable[..., Any], prefix: str = "") -> ProgressFn:
+    """A ProgressReporter without a compile listener (the CLI-style callers and tests)."""
+    return ProgressReporter(progress, prefix)

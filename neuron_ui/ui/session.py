@@ -1,0 +1,170 @@
+"""A browser session that survives a reload: what the browser keeps, and what the server holds for it.
+
+The browser keeps the form and the history in gr.BrowserState (its localStorage), with a session id. A result that
+finishes while its page is away (reloaded, closed, a new tab) is held here under that id so the page shows it when
+it comes back. Held for HOLD_SECONDS, for at most MAX_SESSIONS sessions of MAX_HELD results each: never unbounded.
+Everything the browser sends back is untrusted (the BrowserState secret is sent to the page): `clean_*` keeps only
+well-formed values and files inside this app's own folder.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STORAGE_KEY = "neuron-ui-session"
+
+
+HOLD_SECONDS = 600.0
+
+
+MAX_SESSIONS = 256
+
+
+MAX_HELD = 8
+
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+
+def new_session_id() -> str:
+    return secrets.token_urlsafe(16)
+
+
+def session_id(session: Any) -> str | None:
+    """The id the browser keeps, if it sent a well-formed one."""
+    value = session.get("id") if isinstance(session, dict) else None
+    return value if isinstance(value, str) and _SESSION_ID.fullmatch(value) else None
+
+
+def inside(path: Any, folder: Path, base: Path) -> str | None:
+    """The absolute path of an existing file under `folder` (after resolving links and '..'), else None: a path
+    from the browser is served only if the app made it. Gradio sends the paths of files in its own folder (`base`,
+    GRADIO_TEMP_DIR) relative to that folder."""
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        resolved = (base / path).resolve()  # an absolute `path` stays itself
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return str(resolved) if resolved.is_file() and resolved.is_relative_to(folder.resolve()) else None
+
+
+def clean_paths(values: Any, folder: Path) -> list[str]:
+    paths = [inside(p, folder, folder) for p in values] if isinstance(values, list) else []
+    return [p for p in paths if p]
+
+
+def clean_entry(entry: Any, images: Path, uploads: Path) -> dict[str, Any] | None:
+    """A history entry from the browser: its image must be one of ours; edit inputs are kept only if ours too."""
+    path = inside(entry.get("path"), images, uploads) if isinstance(entry, dict) else None
+    if path is None or not isinstance(entry.get("seed"), int) or not isinstance(entry.get("resolution"), str):
+        return None
+    cleaned = {**entry, "path": path, "info": str(entry.get("info", ""))[:2000]}
+    cleaned["references"] = clean_paths(entry.get("references"), uploads)
+    editor = entry.get("editor")
+    background = inside(editor.get("background"), uploads, uploads) if isinstance(editor, dict) else None
+    if background:
+        cleaned["editor"] = {"background": background, "layers": clean_paths(editor.get("layers"), uploads),
+                             "composite": None}
+    else:
+        cleaned.pop("editor", None)
+    return cleaned
+
+
+def clean_history(history: Any, images: Path, uploads: Path, limit: int) -> list[dict[str, Any]]:
+    entries = [clean_entry(e, images, uploads) for e in history] if isinstance(history, list) else []
+    return [e for e in entries if e is not None][:limit]
+
+
+def merge_history(history: list[dict[str, Any]], held: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The browser's history with the held results it has not seen, newest first."""
+    known = {e["path"] for e in history}
+    merged = [e for e in held if e["path"] not in known] + history
+    merged.sort(key=lambda e: e.get("made", 0.0), reverse=True)
+    return merged[:limit]
+
+
+@dataclass
+class _Held:
+    results: list[dict[str, Any]] = field(default_factory=list)  # newest first
+    running: str | None = None  # what is being made for this session right now
+    error: str | None = None  # the last request's error, for the line under the image
+    touched: float = 0.0
+
+
+class HeldResults:
+    """Results, the request in progress and the last error of each browser session, bounded in time and count."""
+
+    def __init__(self, hold_seconds: float = HOLD_SECONDS, max_sessions: int = MAX_SESSIONS,
+                 max_held: int = MAX_HELD, clock: Callable[[], float] = time.monotonic):
+        self.hold_seconds = hold_seconds
+        self.max_sessions = max_sessions
+        self.max_held = max_held
+        self.clock = clock
+        self._sessions: OrderedDict[str, _Held] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._expire()
+            return len(self._sessions)
+
+    def hold(self, sid: str | None, entry: dict[str, Any]) -> None:
+        with self._lock:
+            if held := self._touch(sid):
+                held.results = [entry, *held.results][: self.max_held]
+                held.running = held.error = None
+
+    def start(self, sid: str | None, what: str) -> None:
+        with self._lock:
+            if held := self._touch(sid):
+                held.running = what
+
+    def fail(self, sid: str | None, message: str) -> None:
+        with self._lock:
+            if held := self._touch(sid):
+                held.running, held.error = None, message
+
+    def results(self, sid: str | None) -> list[dict[str, Any]]:
+        with self._lock:
+            self._expire()
+            held = self._sessions.get(sid) if sid else None
+            return list(held.results) if held else []
+
+    def running(self, sid: str | None) -> str | None:
+        with self._lock:
+            self._expire()
+            held = self._sessions.get(sid) if sid else None
+            return held.running if held else None
+
+    def take_error(self, sid: str | None) -> str | None:
+        with self._lock:
+            held = self._sessions.get(sid) if sid else None
+            if held is None:
+                return None
+            error, held.error = held.error, None
+            return error
+
+    def _touch(self, sid: str | None) -> _Held | None:
+        if not sid:
+            return None
+        self._expire()
+        held = self._sessions.pop(sid, None) or _Held()
+        held.touched = self.clock()
+        self._sessions[sid] = held  # the most recent last
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return held
+
+    def _expire(self) -> None:
+        deadline = self.clock() - self.hold_seconds
+        for sid in [sid for sid, held in self._sessions.items() if held.touched < deadline and not held.running]:
+            del self._sessions[sid]

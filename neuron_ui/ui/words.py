@@ -1,0 +1,294 @@
+"""Status words: what each state, estimate and result says to a person."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.contract.requests import MAX_PROMPT_CHARS
+from neuron_ui.contract.results import COMPILING, FAILED, READY
+from neuron_ui.contract.stopping import COMPILING as STOP_COMPILING
+from neuron_ui.contract.stopping import DONE, QUEUED, RUNNING
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
+    from neuron_ui.ui.words import CompileWait
+
+
+REAL_MODEL = "black-forest-labs/FLUX.2-klein-4B"
+
+
+TABLE_HEADERS = ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
+
+
+TABLE_LEGEND = (
+    "**graph ready in s**: how long the size's compiled graph took to become ready in this server (compiled, or "
+    "“load” from the disk cache); sizes that share one graph show that graph's time · **images**: images made at "
+    "the size since the server started · **last image s**: how long the latest one took, any compile included"
+)
+
+
+GUESS = "a guess: nothing measured on this machine yet"
+
+
+EVENT_WORDS = {
+    "compiled": "compiled in {compile:.1f} s",
+    "disk_hit": "compiled from disk cache in {compile:.1f} s",
+    "memory_hit": "cache hit, {total:.2f} s",
+    "eager": "eager, {total:.1f} s",
+}
+
+
+REFRESH_SECONDS = 2.0
+
+
+@dataclass
+class CompileWait:
+    """A compilation in progress as one request reported it: what, since when, and for about how long."""
+
+    message: str  # the engine's words, e.g. "compiling 1344x768 for the first time (about 41 s)"
+    phase: str | None
+    estimate: float | None
+    guess: bool
+    started: float
+
+    def describe(self, now: float) -> tuple[float | tuple[int, None], str]:
+        """The progress bar's value and words: elapsed against the estimate, labelled as an estimate (or a guess)."""
+        elapsed = now - self.started
+        head = self.message.split(" (")[0]  # the engine's words without its "(about N s)"
+        phase = f"{self.phase}: " if self.phase and not head.startswith(self.phase) else ""
+        if self.estimate is None:
+            return (int(elapsed), None), f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
+        label = GUESS if self.guess else "estimate"
+        fraction = min(elapsed / self.estimate, 0.99) if self.estimate > 0 else 0.99
+        return fraction, f"{phase}{head} · {elapsed:.0f} s of about {self.estimate:.0f} s ({label})"
+
+
+def describe_cache_event(result: GenerateResult) -> str:
+    """What happened to the compile cache, with the time that matters for that event."""
+    words = EVENT_WORDS.get(result.cache_event, result.cache_event + ", {total:.2f} s")
+    return words.format(compile=result.compile_seconds, total=result.total_seconds)
+
+
+def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
+    """The line under the image; a compile's cost is told apart from the run's."""
+    if not show_guidance:
+        guidance = ""
+    else:
+        guidance = " · no guidance" if result.guidance is None else f" · guidance {result.guidance:g}"
+    total = f" · {result.total_seconds:.2f} s total" if result.cache_event in ("compiled", "disk_hit") else ""
+    waited = f"waited {result.waited_seconds:.0f} s for {result.waited_for} · " if result.waited_for else ""
+    return (
+        f"**seed** {result.seed} · **{result.resolution}** · {result.steps} steps{guidance} · "
+        f"{waited}{describe_cache_event(result)}{total}"
+    )
+
+
+def describe_estimate(shape: ShapeStatus, short: bool = False) -> str:
+    """ "about 41 s", or a built-in guess said as one until this machine has measured a compile."""
+    if shape.estimate_seconds is None:
+        return "time unknown"
+    about = f"about {shape.estimate_seconds:.0f} s"
+    if shape.estimate_guess:
+        about += ", a guess" if short else f", {GUESS}"
+    return about
+
+
+STOP_WORDS = {
+    RUNNING: "**Stopped.** The image stops at the next step; the device is free for the next person.",
+    QUEUED: "**Stopped.** Your request left the queue; no image was made.",
+    STOP_COMPILING: "**Stopping.** The size keeps compiling and will be ready; your image is not made.",
+    DONE: "Nothing to stop: the image was already made.",
+}
+
+
+def describe_stop(phases: list[str]) -> str:
+    """What a Stop did, by where the session's requests were when it came (stopping.StopToken.stop)."""
+    if not phases:
+        return "Nothing to stop: no image of yours is being made or waiting."
+    return " ".join(STOP_WORDS[phase] for phase in sorted(set(phases), key=list(STOP_WORDS).index))
+
+
+def describe_state(shape: ShapeStatus) -> str:
+    """A preset's state in a few words, for the dropdown and the status table."""
+    if shape.state == READY and shape.replicas_total:
+        return describe_ready_on(shape)
+    if shape.state == READY:
+        return f"ready (graph of {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
+    if shape.state == COMPILING:
+        return "compiling now"
+    if shape.state == FAILED:
+        return "failed"
+    if shape.on_disk:
+        words = ("cached on disk (load time not measured yet)" if shape.estimate_seconds is None
+                 else f"cached on disk (loads in about {shape.estimate_seconds:.0f} s)")
+    else:
+        words = f"compiles on first use ({describe_estimate(shape, short=True)})"
+    return f"{words}, warm-up queued" if shape.warmup_queued else words
+
+
+def describe_ready_on(shape: ShapeStatus) -> str:
+    """With replicas: on how many the size's graph is loaded; the others load it from the cache when asked."""
+    return f"ready on {shape.ready_on} of {shape.replicas_total}"
+
+
+def describe_replicas(status: EngineStatus) -> str:
+    """The replicas section: how many answer, and what each holds and does."""
+    rows = status.replicas or []
+    healthy = [r for r in rows if r["state"] == "healthy"]
+    parts = [f"{r['replica'][:6]} {r['state'] if r['state'] != 'healthy' else 'busy' if r['busy'] else 'idle'}, "
+             f"{len(r['graphs'])} graph{'s' if len(r['graphs']) != 1 else ''}, {r['devices']}" for r in rows]
+    states = status.replica_states or {}
+    restarting = sum(states.get(s, 0) for s in ("STARTING", "RECOVERING", "UPDATING"))
+    starting = f", {restarting} restarting" if restarting else ""
+    return f"**Replicas** {len(healthy)} healthy{starting} ({'; '.join(parts)})"
+
+
+def describe_size(shape: ShapeStatus) -> str:
+    """Tells the user, before they click, what the first image at this size will cost."""
+    size = f"**{shape.resolution}**"
+    if shape.state == READY:
+        if shape.compile_seconds:
+            took = f"Compiling took {shape.compile_seconds:.1f} s; images"
+        elif shape.load_seconds:
+            took = f"Loading it from the disk cache took {shape.load_seconds:.1f} s; images"
+        else:
+            took = "Images"
+        return f"**Ready.** {took} at {size} come at full speed."
+    if shape.state == COMPILING:
+        return f"**Compiling now.** A request at {size} waits for the compilation to finish."
+    if shape.state == FAILED:
+        return f"**Failed to compile** {size} ({shape.error}). Generate or warm up to try again, or pick another size."
+    about = describe_estimate(shape) if shape.estimate_seconds is not None else "a while"
+    if shape.on_disk:
+        about = "load time not measured yet" if shape.estimate_seconds is None else about
+        return (f"**Cached on disk.** The first image at {size} loads its compiled graph from the disk cache "
+                f"({about}); later ones are fast.")
+    return (
+        f"**Not compiled yet.** The first image at {size} compiles first ({about}); later ones are fast. "
+        "*Warm up this size* compiles it without making an image."
+    )
+
+
+def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
+    """Dropdown options: the label tells aspect and state, the value stays "WxH"."""
+    return [(f"{s.resolution} ({s.aspect}) — {describe_state(s)}", s.resolution) for s in status.shapes]
+
+
+def graph_seconds(shape: ShapeStatus, status: EngineStatus) -> str:
+    """How long the size's graph took to be ready here; a size that shares a graph shows the sharer's time."""
+    if shape.shares_graph_with:
+        sharer = next((s for s in [*status.shapes, *status.layouts]
+                       if (s.layout or s.resolution) == shape.shares_graph_with), None)
+        shape = sharer or shape
+    if shape.compile_seconds is not None and shape.state == READY:
+        return f"{shape.compile_seconds:.1f}"
+    if shape.load_seconds is not None and shape.state == READY:
+        return f"{shape.load_seconds:.1f} load"
+    return "—"
+
+
+def status_rows(status: EngineStatus) -> list[list[str]]:
+    """One row per preset; every column means one thing (TABLE_LEGEND says which)."""
+    return [
+        [s.resolution, s.aspect, describe_state(s), graph_seconds(s, status), str(s.images),
+         "—" if s.last_latency is None else f"{s.last_latency:.2f}"]
+        for s in status.shapes
+    ]
+
+
+def describe_engine(status: EngineStatus, settings: Settings) -> str:
+    eager = status.compile_mode == "eager"
+    compile_text = ("none (eager)" if eager else "ahead-of-time (AOTInductor packages)" if status.compile_mode == "aot"
+                    else f"{status.compile_mode}, {status.compile_backend}")
+    parallel = f" x{status.tensor_parallel['degree']} tensor-parallel" if status.tensor_parallel else ""
+    per = f" on each of {settings.replicas} replicas" if settings.replicas else ""
+    return (
+        f"**Model** {status.model} · **Device** {status.device}{parallel} · **dtype** {status.dtype} · "
+        f"**Compile** {compile_text} · one image at a time{per}, up to {settings.max_queue} waiting"
+    )
+
+
+def describe_activity(status: EngineStatus) -> str:
+    """The line under the status table: what the device is doing for everyone right now."""
+    device = "busy" if status.busy else "idle"
+    if status.queue_depth:
+        device += f", {status.queue_depth} waiting"
+    parts = [f"**Device** {device}"]
+    if status.replicas is not None:
+        parts.append(describe_replicas(status))
+    if not status.persistent_cache:
+        parts.append("**Cache** not persistent: compiled sizes will not survive a restart")
+    if status.warmup_queue:
+        parts.append(f"**Warm-up** {', '.join(status.warmup_queue)} (about {status.warmup_seconds_left:.0f} s left; "
+                     "your requests go first)")
+    parts.append(f"shared by everyone using this server, refreshed every {REFRESH_SECONDS:g} s")
+    return " · ".join(parts)
+
+
+def describe_now(status: EngineStatus, compile_wait: CompileWait | None) -> str:
+    """The line under the buttons, in every browser: what the device does now and so what a new request waits for."""
+    if compile_wait is not None:
+        doing = compile_wait.describe(time.monotonic())[1]
+    else:
+        compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts] if s.state == COMPILING]
+        doing = f"compiling {', '.join(compiling)} (a warm-up)" if compiling else "making an image"
+    if not status.busy and compile_wait is None:
+        return ""
+    waiting = f"; {status.queue_depth} request{'s' if status.queue_depth != 1 else ''} waiting" \
+        if status.queue_depth else ""
+    return f"**Now on the device:** {doing}{waiting}. A new request waits for it."
+
+
+def describe_prompt(text: str, tokens: int, limit: int, first_ignored: str | None = None) -> str:
+    """The prompt's length against what the text encoder reads (its first `limit` tokens) and the box's cap."""
+    chars = f"{len(text)}/{MAX_PROMPT_CHARS} characters"
+    if len(text) >= MAX_PROMPT_CHARS:
+        chars = f"**{MAX_PROMPT_CHARS}/{MAX_PROMPT_CHARS} characters: the box takes no more**"
+    if tokens <= limit:
+        return f"{tokens}/{limit} tokens (the text encoder reads {limit}) · {chars}"
+    where = f" from “{first_ignored}”" if first_ignored else ""
+    return (f"**{tokens}/{limit} tokens: the text encoder reads only the first {limit}; the words{where} on are "
+            f"ignored** · {chars}")
+
+
+def tiny_banner(status: EngineStatus) -> str:
+    why = f" It is served because {status.fallback_reason}." if status.fallback_reason else ""
+    return (
+        f"⚠️ **Tiny random-weight model: images are noise by design.** It lets you try the app offline.{why}\n\n"
+        f"For real images start the app with `--model {REAL_MODEL}` or `--model /path/to/a/local/folder`."
+    )
+
+
+def describe_layout(shape: ShapeStatus) -> str:
+    """The line under the editing inputs: what the chosen output size x references/inpaint will cost."""
+    name = f"**{shape.layout or shape.resolution}** ({shape.tokens} image tokens)"
+    if shape.state == "ready":
+        shared = f", the graph of {shape.shares_graph_with}" if shape.shares_graph_with else ""
+        return f"**Ready**: {name}{shared} is compiled."
+    if shape.state == "compiling":
+        return f"**Compiling now**: {name}."
+    if shape.state == "failed":
+        return f"**Failed to compile** {name} ({shape.error})."
+    about = "a while"
+    if shape.estimate_seconds is not None:
+        about = f"about {shape.estimate_seconds:.0f} s"
+        about += ", a guess: nothing measured on this machine yet" if shape.estimate_guess else ""
+    where = "loads its compiled graph from disk" if shape.on_disk else "compiles first"
+    return f"**Not compiled yet**: the first image as {name} {where} ({about}); later ones are fast."
+
+
+def describe_inputs(result: Any) -> str:
+    """What the line under the image adds for an edit: the mode, the references, each normalisation."""
+    parts = []
+    if result.mode == "inpaint":
+        parts.append(f"inpaint, strength {result.strength:g}")
+    fitted = [i for i in result.inputs if i["role"].startswith("reference")]
+    if fitted:
+        parts.append(f"{len(fitted)} reference{'s' if len(fitted) > 1 else ''} at {fitted[0]['fitted_size']}")
+    if parts:
+        parts.append(f"{result.tokens} image tokens")
+    parts += [note for i in result.inputs for note in i["notes"]]
+    return "".join(f" · {p}" for p in parts)
