@@ -102,7 +102,7 @@ def main() -> None:
     startup_s = time.perf_counter() - start
     rss = tree_rss_mib()
     counter = Compilations()
-    client.observers.append(counter)
+    client.observers.add(counter)
     ray_s = per_image(client, args.images, args.steps)
     for seed, size in enumerate(MIX):
         client.generate(GenerateRequest("a lighthouse at dusk", size, steps=1, seed=seed))

@@ -250,7 +250,7 @@ def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replic
     flags = ["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256,384x256", "--replicas", "2"]
     client = launch(parse_settings([*flags, "--cache-dir", str(cache)]), app_name="neuron-ui-inductor")
     compiles = Compiles()
-    client.observers.append(compiles)
+    client.observers.add(compiles)
     results: list = []
     threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request(seed=i))), daemon=True)
                for i in range(5)]

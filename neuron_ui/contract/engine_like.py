@@ -1,7 +1,8 @@
-"""The seam: the engine interface the UI and the server use, and the observers it tells."""
+"""The seam: the one engine interface the UI and the server use, and the observers an engine tells."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -9,6 +10,9 @@ if TYPE_CHECKING:
     from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
+    from neuron_ui.contract.stopping import StopToken
+
+logger = logging.getLogger(__name__)
 
 
 class EngineObserver(Protocol):
@@ -21,23 +25,44 @@ class EngineObserver(Protocol):
     def on_failed(self, kind: str) -> None: ...
 
 
+class Observers:
+    """An engine's observers, told in turn; an observer's bug never fails a user's request."""
+
+    def __init__(self) -> None:
+        self._observers: list[EngineObserver] = []
+
+    def add(self, observer: EngineObserver) -> None:
+        self._observers.append(observer)
+
+    def notify(self, method: str, *args: Any) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, method)(*args)
+            except Exception:
+                logger.exception("observer %r failed in %s", observer, method)
+
+
 class EngineLike(Protocol):
-    """The one seam between the UI (and the server) and whatever makes images: neuron_ui.engine.Engine in this
-    process, or neuron_ui.replicas.ReplicaClient over Ray Serve. Errors: ValueError for bad input, EngineError."""
+    """The one seam between the UI (and the server) and whatever makes images: neuron_ui.engine.engine.Engine in
+    this process (rank 0's under torchrun), or neuron_ui.replicas.client.ReplicaClient over Ray Serve.
+    Errors: ValueError for bad input, EngineError (one line, safe to show) for failures."""
 
     presets: tuple[Resolution, ...]
     max_references: int
     reference_sizes: tuple[Resolution, ...]
+    observers: Observers
 
     def generate(self, request: GenerateRequest, progress: ProgressFn | None = None,
-                 stop: Any = None) -> GenerateResult: ...  # stop: a neuron_ui.stopping.StopToken
+                 stop: StopToken | None = None) -> GenerateResult: ...
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
-                stop: Any = None) -> GenerateResult: ...
+                stop: StopToken | None = None) -> GenerateResult: ...
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus: ...
     def prompt_tokens(self, text: str) -> tuple[int, int]: ...
     def start_warmup(self, resolutions: list[str]) -> None: ...
+    def wait_for_warmup(self, timeout: float | None = None) -> bool: ...
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout: ...
     def layout_status(self, layout: Layout) -> ShapeStatus: ...
     def status(self) -> EngineStatus: ...
+    def health(self) -> tuple[bool, dict[str, Any]]: ...  # /healthz once serving: up?, and the body to send
     def drain(self, timeout: float) -> bool: ...

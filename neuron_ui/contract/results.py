@@ -59,6 +59,7 @@ class GenerateResult:
     # (total_seconds): e.g. "1152x896 to compile", "2 images ahead"; None when it did not wait.
     waited_seconds: float = 0.0
     waited_for: str | None = None
+    replica: str | None = None  # with --replicas, the replica that made it (the /metrics `replica` label)
 
     def info(self) -> dict[str, Any]:
         """Everything but the image, JSON-ready."""
@@ -129,7 +130,7 @@ class EngineStatus:
     layouts: list[ShapeStatus] = field(default_factory=list)  # output size x references/inpaint, as used here
     reference_sizes: list[str] = field(default_factory=list)
     max_references: int = 0
-    # With replicas (neuron_ui/replicas.py), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
+    # With replicas (neuron_ui/replicas/), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
     replicas: list[dict[str, Any]] | None = None
     replica_states: dict[str, int] | None = None  # Ray Serve's count per replica state: RUNNING, STARTING, ...
 

@@ -25,6 +25,7 @@ from neuron_ui.compile.key import CompileKey
 from neuron_ui.compile.strategies import backend_name, compile_transformer, raise_recompile_limit
 from neuron_ui.config.runtime import Runtime
 from neuron_ui.contract import references as refs
+from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError, _short
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import (
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.engine_like import EngineObserver
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import ProgressFn, ShapeStatus
     from neuron_ui.model.loading import LoadedModel
@@ -98,7 +98,7 @@ class Engine:
         self.cache = cache
         self.pipe = loaded.pipe.to(device)
         self.runner = runner or PipelineRunner(self.pipe)
-        self.observers: list[EngineObserver] = []
+        self.observers = Observers()
         self.pipe.set_progress_bar_config(disable=True)
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
         self.key = CompileKey.current(
@@ -212,7 +212,7 @@ class Engine:
         """Make one image, compiling its shape first if this process has not; `stop` ends it early (Stopped)."""
         with self._counting_failures():
             result = self._generate(request, progress or _ignore, stop or StopToken())
-        self._notify("on_generated", result)
+        self.observers.notify("on_generated", result)
         return result
 
     @contextmanager
@@ -221,18 +221,11 @@ class Engine:
         try:
             yield
         except ValueError:
-            self._notify("on_failed", "invalid_request")
+            self.observers.notify("on_failed", "invalid_request")
             raise
         except EngineError as error:
-            self._notify("on_failed", error.kind)
+            self.observers.notify("on_failed", error.kind)
             raise
-
-    def _notify(self, method: str, *args) -> None:
-        for observer in self.observers:
-            try:
-                getattr(observer, method)(*args)
-            except Exception:  # an observer's bug must never fail a user's request
-                logger.exception("observer %r failed in %s", observer, method)
 
     def _generate(self, request: GenerateRequest, report: ProgressFn, stop: StopToken) -> GenerateResult:
         valid = self.validate(request)
@@ -346,6 +339,10 @@ class Engine:
         """True once the warm-up list is done (for tests and for scripts that want a warm server)."""
         return self._warmups.wait(timeout)
 
+    def health(self) -> tuple[bool, dict]:
+        """Once serving, this process is up (a broken tensor-parallel group is the server's health hook)."""
+        return True, {"status": "ok"}
+
     def drain(self, timeout: float) -> bool:
         """Shutting down: refuse new requests ("the server is shutting down"), tell the waiting ones so, and wait up
         to `timeout` s for the run on the device; True if it finished."""
@@ -393,7 +390,7 @@ class Engine:
             self._on_device = None
         # else it compiled in a temporary folder: nothing kept to record
         self.graphs.ready(layout, seconds, event, persistent=self.compile_folder.persistent)
-        self._notify("on_compiled", str(layout), event, seconds)
+        self.observers.notify("on_compiled", str(layout), event, seconds)
         logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
         return seconds
 
@@ -463,7 +460,7 @@ class Engine:
             persistent_cache=self.manifest.persistent and self.compile_folder.persistent,
             cache_error=self.compile_folder.problem or self.manifest.error,
             busy=self._device.busy,
-            tensor_parallel=self.runner.describe() if hasattr(self.runner, "describe") else None,
+            tensor_parallel=self.runner.describe(),
             queue_depth=self._device.waiting,
             warmup_queue=[str(p) for p in warmup],
             warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from PIL import Image
@@ -82,6 +82,9 @@ class PipelineRunner:
         return run_pipeline(self.pipe, call, callback, prompt_embeds=self.prompt_embeds(call.prompt),
                             inpaint_pipe=self.inpaint_pipe)
 
+    def describe(self) -> None:
+        return None  # one process: no group behind it
+
     def prompt_embeds(self, prompt: str) -> torch.Tensor:
         if prompt in self._embeds:
             self._embeds.move_to_end(prompt)
@@ -94,4 +97,23 @@ class PipelineRunner:
         return embeds
 
 
-Runner = Callable[[PipelineCall, Callable | None], Image.Image]  # a PipelineRunner, or one that wraps it
+class Runner(Protocol):
+    """What the engine runs calls with: a PipelineRunner, or a runner around one (rank 0's lockstep leader)."""
+
+    def __call__(self, call: PipelineCall, callback: Callable | None = None) -> Image.Image: ...
+
+    def describe(self) -> dict | None: ...  # the tensor-parallel group behind it (ranks, graphs), None alone
+
+
+class RunnerWrapper:
+    """A runner around another, passing calls through: what tests and benchmarks subclass to hold, time or slow
+    calls, handed to the engine with `wrap_runner` at construction."""
+
+    def __init__(self, inner: Runner):
+        self.inner = inner
+
+    def __call__(self, call: PipelineCall, callback: Callable | None = None) -> Image.Image:
+        return self.inner(call, callback)
+
+    def describe(self) -> dict | None:
+        return self.inner.describe()

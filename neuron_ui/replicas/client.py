@@ -31,6 +31,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract import references as refs
+from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens
@@ -83,7 +84,7 @@ class ReplicaClient:
         self.reference_sizes = refs.REFERENCE_SIZES
         self.allowed = Layouts(self.presets, self.reference_sizes, self.max_references)
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
-        self.observers: list[Any] = []
+        self.observers = Observers()
         self._lock = threading.Lock()
         self._waiting = 0  # sent to the deployment, not yet started on a replica
         self._closed = False
@@ -112,12 +113,12 @@ class ReplicaClient:
                                  inpaint=request.image is not None or request.mask is not None)
             request = portable(request)
         except ValueError:
-            self._notify("on_failed", "invalid_request")
+            self.observers.notify("on_failed", "invalid_request")
             raise
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(2**32))
         result = self._call("generate", request, layout, progress, stop)
-        self._notify("on_generated", result)
+        self.observers.notify("on_generated", result)
         return result
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
@@ -132,7 +133,7 @@ class ReplicaClient:
                 stop: StopToken | None = None) -> GenerateResult:
         """Redo the masked part of `request.image`; a request without image and mask is refused."""
         if request.image is None or request.mask is None:
-            self._notify("on_failed", "invalid_request")
+            self.observers.notify("on_failed", "invalid_request")
             raise ValueError("inpainting needs both an image and a mask")
         return self.generate(request, progress, stop)
 
@@ -180,7 +181,7 @@ class ReplicaClient:
                 return self._stream(method, argument, layout, report, stop or StopToken())
             except REPLICA_LOST as error:
                 if attempt == 2:
-                    self._notify("on_failed", "replica_lost")
+                    self.observers.notify("on_failed", "replica_lost")
                     raise EngineError("the replica making this image stopped twice; try again in a minute",
                                       kind="replica_lost") from error
                 logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
@@ -208,7 +209,7 @@ class ReplicaClient:
                     self._take(item, report, stop, done, waiting)
                     waiting = waiting and item[0] != "started"
             except RequestCancelledError:
-                self._notify("on_failed", "stopped")
+                self.observers.notify("on_failed", "stopped")
                 raise Stopped(STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[QUEUED]).format(layout=layout)) from None
             finally:
                 forget()
@@ -231,24 +232,15 @@ class ReplicaClient:
         elif kind == "phase":
             stop.enter(payload[0])
         elif kind == "compiled":
-            self._notify("on_compiled", *payload)
+            self.observers.notify("on_compiled", *payload)
         elif kind == "error":
             error_kind, message = payload
-            self._notify("on_failed", error_kind)
+            self.observers.notify("on_failed", error_kind)
             if error_kind == "invalid_request":
                 raise ValueError(message)
             raise (Stopped(message) if error_kind == "stopped" else EngineError(message, kind=error_kind))
         elif kind == "done":
             done.append(payload[0])
-
-    def _notify(self, method: str, *args) -> None:
-        for observer in self.observers:
-            try:
-                getattr(observer, method)(*args)
-            except Exception:  # an observer's bug must never fail a user's request
-                logger.exception("observer %r failed in %s", observer, method)
-
-    # -- what the replicas report --------------------------------------------------------------------------
 
     def _watch(self) -> None:
         # Ends with Ray: a Ray call after ray.shutdown() would start a new local Ray (Ray's auto-init).
@@ -351,6 +343,13 @@ class ReplicaClient:
     def _states(self) -> dict[str, int]:
         with self._lock:
             return dict(self._replica_states)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Up while at least one replica answers."""
+        replicas = self.status().replicas or []
+        healthy = sum(1 for r in replicas if r["state"] == "healthy")
+        return bool(healthy), {"status": "ok" if healthy else "no replica", "replicas_healthy": healthy,
+                               "replicas": len(replicas)}
 
     def healthy(self) -> int:
         return len(self._healthy())

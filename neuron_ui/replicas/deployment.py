@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -32,12 +32,6 @@ MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the
 
 
 @dataclass
-class ReplicaResult(GenerateResult):
-    """A result that also names the replica that made it (in the API's info and the /metrics `replica` label)."""
-
-    replica: str = ""
-
-
 class EngineReplica:
     """A Serve replica holding one Engine; requests arrive with their token count as the multiplexed model id."""
 
@@ -63,7 +57,7 @@ class EngineReplica:
         self.name = serve.get_replica_context().replica_id.unique_id
         self.lock_dir = cache.root / "locks"
         self.compiles: list[tuple[str, str, float]] = []  # (resolution, event, seconds) since the last request
-        self.engine.observers.append(self)
+        self.engine.observers.add(self)
         self.images = 0
         self.active = False
         self.board = find_board(board_name)
@@ -130,7 +124,7 @@ class EngineReplica:
             try:
                 value = work(report, stop)
                 if isinstance(value, GenerateResult):
-                    value = ReplicaResult(**{**vars(value), "replica": self.name})
+                    value = replace(value, replica=self.name)
                 return ("done", value)
             except ValueError as error:
                 return ("error", "invalid_request", str(error))

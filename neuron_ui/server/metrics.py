@@ -53,13 +53,13 @@ class EngineMetrics:
         """Observe `engine`; `waiting` counts requests not yet on the device (the engine's own count if None)."""
         self._engine = engine
         self._waiting = waiting or (lambda: engine.status().queue_depth)
-        engine.observers.append(self)
+        engine.observers.add(self)
         self.loaded.set(1)
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()
         self.latency.labels(result.resolution).observe(result.total_seconds)
-        if getattr(result, "replica", None):  # a neuron_ui.replicas.ReplicaResult
+        if result.replica:
             self.replica_images.labels(result.replica).inc()
 
     def on_compiled(self, resolution: str, event: str, seconds: float) -> None:

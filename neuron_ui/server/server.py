@@ -105,13 +105,8 @@ class Server:
                 return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
             if problem := self.health and self.health():
                 return JSONResponse({"status": problem}, status_code=503, headers={"Retry-After": "5"})
-            replicas = self.engine.status().replicas if self.engine is not None else None
-            if replicas is not None:  # --replicas: up while at least one replica answers
-                healthy = sum(1 for r in replicas if r["state"] == "healthy")
-                body = {"status": "ok" if healthy else "no replica", "replicas_healthy": healthy,
-                        "replicas": len(replicas)}
-                return JSONResponse(body, status_code=200 if healthy else 503)
-            return JSONResponse({"status": "ok"})
+            up, body = self.engine.health()
+            return JSONResponse(body, status_code=200 if up else 503)
 
         @app.api_route("/metrics", methods=["GET", "HEAD"])
         def metrics(request: Request) -> Response:
