@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_ui.config.runtime import _alive
+from neuron_ui.config.processes import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def sweep_staging(root: Path) -> list[Path]:
         match = re.fullmatch(rf"{re.escape(STAGING_PREFIX)}(\d+)\.(.+)\.[^.]+", folder.name)
         if match and match.group(2) != socket.gethostname():
             continue  # another machine's, on a shared folder: it alone can tell
-        if match and int(match.group(1)) != os.getpid() and _alive(int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and pid_alive(int(match.group(1))):
             continue
         if folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder, ignore_errors=True)

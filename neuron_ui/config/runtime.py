@@ -7,16 +7,6 @@ import os
 from dataclasses import dataclass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, as another user's process
-        pass
-    return True
-
-
 @dataclass(frozen=True)
 class Launch:
     """What torchrun told this process (RANK, LOCAL_RANK, WORLD_SIZE, and its elastic restart count and limit)."""

@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuron_ui.config.processes import pid_alive
+
 if TYPE_CHECKING:
     from neuron_ui.contract.results import GenerateResult
 
@@ -87,13 +89,3 @@ def sweep_dead_folders(base: Path) -> None:
         if owner and folder.is_dir() and folder.stat().st_uid == os.getuid() and not pid_alive(int(owner.group(1))):
             logger.info("removing %s, left by a stopped process", folder)
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
