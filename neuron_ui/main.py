@@ -50,7 +50,7 @@ def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None) 
 
     demo = build_demo(engine, settings)
     # api_open=False: /gradio_api/run/<name> no longer skips the queue. max_size=None: Gradio's bound counts every
-    # event (so /status heard "Queue is full"); doors.Gate bounds the device's queue by --max-queue instead.
+    # event (so /status heard "Queue is full"); server.gate.Gate bounds the device's queue by --max-queue instead.
     demo.queue(default_concurrency_limit=1, max_size=None, api_open=False)
     if settings.warmup:  # compiles in the background; users' requests go first
         engine.start_warmup([str(preset) for preset in settings.warmup])

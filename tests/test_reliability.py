@@ -139,7 +139,7 @@ def test_values_no_client_would_send_are_told_too(server, body, message):
 def test_too_few_values_over_raw_http_get_an_error_without_internals(server):
     s, client = server
     posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox"]}, timeout=TIMEOUT)
-    # Checked before the queue (neuron_ui/doors.py); Gradio's own message lists component objects.
+    # Checked before the queue (neuron_ui/server/gate.py); Gradio's own message lists component objects.
     assert posted.status_code == 422
     assert posted.json()["detail"] == "generate takes 7 values (prompt, resolution, steps, seed, guidance, references, reference_size), got 1"
     assert_still_serves(client)

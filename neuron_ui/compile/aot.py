@@ -10,7 +10,7 @@ no dynamo, no inductor, no C++ compiler; that is what makes a warm restart about
 
 Packages are made lazily, at a block's first call with a new shape (the engine's first run of a layout, once,
 under its device queue). What happened is counted in dynamo's `counters[PACKAGE_COUNTERS]` ("compiled",
-"loaded"), next to the signals `compilation.classify_event` already reads.
+"loaded"), next to the signals `counters.classify_event` already reads.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
 from neuron_ui.config.settings import StartupError
+from neuron_ui.model.torch_bridge import (
+    aoti_compile_and_package,
+    dynamo_counters,
+    load_aoti_package,
+    repeated_block_classes,
+    route_compiled_call,
+)
 
 if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
@@ -99,7 +106,7 @@ class PackageStore:
         if not path.is_file():
             return None
         try:
-            package = load_package(path)
+            package = load_aoti_package(path)
             metadata = package.get_metadata()
         except Exception as error:  # a truncated or overwritten file: compile it again rather than fail the request
             logger.warning("ignoring unreadable AOT package %s (%s); compiling it again", path,
@@ -110,7 +117,7 @@ class PackageStore:
             logger.warning("ignoring AOT package %s: built for key %s signature %s, not %s %s; compiling it again",
                            path, *theirs, self.key.digest, signature)
             return None
-        _counters()[PACKAGE_COUNTERS]["loaded"] += 1
+        dynamo_counters()[PACKAGE_COUNTERS]["loaded"] += 1
         logger.info("loaded AOT package %s", path.name)
         return package
 
@@ -122,25 +129,14 @@ class PackageStore:
         os.close(fd)
         try:
             metadata = {KEY_FIELD: self.key.digest, SIGNATURE_FIELD: signature}
-            torch._inductor.aoti_compile_and_package(program, package_path=tmp,
-                                                     inductor_configs={"aot_inductor.metadata": metadata})
+            aoti_compile_and_package(program, tmp, metadata)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        _counters()[PACKAGE_COUNTERS]["compiled"] += 1
+        dynamo_counters()[PACKAGE_COUNTERS]["compiled"] += 1
         logger.info("compiled AOT package %s", path.name)
-        return load_package(path)
-
-
-def load_package(path: Path) -> Any:
-    """`aoti_load_package` without its machine check, which costs 2.7 s per process on CPU in torch 2.13: it
-    compiles and runs ten probe programs to list the CPU's vector ISAs (`get_device_information` ->
-    `pick_vec_isa`). The signature of every package names the machine it was compiled for instead
-    (`machine_signature`), so a package from another CPU or GPU has another name and is never opened."""
-    from torch.export.pt2_archive._package import AOTICompiledModel
-
-    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1))
+        return load_aoti_package(path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,12 +210,6 @@ class AOTBlock:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _counters():
-    from torch._dynamo.utils import counters
-
-    return counters
-
-
 def _is_tensors(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -235,13 +225,13 @@ def _sequence(inputs: dict[str, Any]) -> int:
 def install(transformer: torch.nn.Module, store: PackageStore) -> int:
     """Route every repeated block through its package; the number of blocks routed.
 
-    The call goes in the slot `nn.Module.compile` uses (`_compiled_call_impl`), as `compile_repeated_blocks` does,
-    so the transformer's own forward, hooks and state dict stay as they are.
+    The call goes in the slot `nn.Module.compile` uses (torch_bridge.route_compiled_call), so the transformer's own
+    forward, hooks and state dict stay as they are.
     """
-    classes = set(getattr(transformer, "_repeated_blocks", None) or ())
+    classes = repeated_block_classes(transformer)
     blocks = [m for m in transformer.modules() if type(m).__name__ in classes]
     if not blocks:
         raise ValueError(f"{type(transformer).__name__} names no repeated blocks to compile ahead of time")
     for block in blocks:
-        block._compiled_call_impl = AOTBlock(block, store)
+        route_compiled_call(block, AOTBlock(block, store))
     return len(blocks)

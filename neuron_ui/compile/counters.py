@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from neuron_ui.model.torch_bridge import dynamo_counters
+
 if TYPE_CHECKING:
     from neuron_ui.compile.strategies import Backend
 
@@ -56,8 +58,7 @@ def count_files(folder: Path | None) -> int:
 
 
 def read_counters(neff_dir: Path | None = None) -> CompileCounters:
-    from torch._dynamo.utils import counters
-
+    counters = dynamo_counters()
     cache = {field: sum(counters[group][name] for group, name in names) for field, names in CACHE_COUNTERS.items()}
     return CompileCounters(graphs=counters["stats"]["unique_graphs"], neff_files=count_files(neff_dir),
                            packages_compiled=counters["aot_package"]["compiled"],

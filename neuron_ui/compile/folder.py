@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, is_disk_full
+from neuron_ui.model.torch_bridge import temporary_inductor_cache
 
 if TYPE_CHECKING:
     from neuron_ui.config.cache_paths import CachePaths
@@ -66,9 +67,7 @@ class CompileFolder:
                 return result
         else:
             self._full(f"{free // 2**20} MiB free, {self.min_free // 2**20} MiB needed")
-        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-        with temporary_cache_dir(self._temp_folder()):  # also clears inductor's memoized paths, both ways
+        with temporary_inductor_cache(self._temp_folder()):
             return compile()
 
     def _full(self, why: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from neuron_ui.model.torch_bridge import raise_recompile_limits
+
 if TYPE_CHECKING:
     import torch
 
@@ -18,16 +20,12 @@ def compile_transformer(transformer: torch.nn.Module, mode: str, backend: Backen
     elif mode == "full":
         transformer.compile(backend=backend, fullgraph=True, dynamic=False)
     elif mode != "eager":
-        raise ValueError(f"compile mode {mode!r} is not one of eager, regional, full (aot: neuron_ui/aot.py)")
+        raise ValueError(f"compile mode {mode!r} is not one of eager, regional, full (aot: neuron_ui/compile/aot.py)")
 
 
 def raise_recompile_limit(graphs: int) -> None:
     """Let every preset compile: past dynamo's limit (8 per code object) fullgraph calls fail outright."""
-    import torch._dynamo.config as dynamo_config
-
-    needed = graphs + 8  # headroom for the odd guard failure we did not foresee
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, needed)
-    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * needed)
+    raise_recompile_limits(graphs + 8)  # headroom for the odd guard failure we did not foresee
 
 
 def backend_name(backend: Backend) -> str:

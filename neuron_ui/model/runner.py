@@ -9,6 +9,8 @@ from typing import Any, Callable, Protocol
 import torch
 from PIL import Image
 
+from neuron_ui.model.torch_bridge import execution_device
+
 
 @dataclass(frozen=True)
 class PipelineCall:
@@ -90,7 +92,7 @@ class PipelineRunner:
             self._embeds.move_to_end(prompt)
             return self._embeds[prompt]
         with torch.no_grad():
-            embeds, _ = self.pipe.encode_prompt(prompt=prompt, device=self.pipe._execution_device)
+            embeds, _ = self.pipe.encode_prompt(prompt=prompt, device=execution_device(self.pipe))
         self._embeds[prompt] = embeds
         while len(self._embeds) > self.cache_size:
             self._embeds.popitem(last=False)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from neuron_ui.model.sharding import _stabilise_mesh_hash
+from neuron_ui.model.torch_bridge import stabilise_mesh_hash
 
 if TYPE_CHECKING:
     from neuron_ui.config.runtime import Launch
@@ -111,7 +111,7 @@ def init_parallel(launch: Launch, device: str) -> ParallelGroup:
                             rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     mesh = DeviceMesh(device, list(range(launch.world_size)))
-    _stabilise_mesh_hash(mesh)
+    stabilise_mesh_hash(mesh)
     processes: list = [None] * launch.world_size
     dist.all_gather_object(processes, (socket.gethostname(), os.getpid()), group=control)
     return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, store, history)

@@ -25,13 +25,21 @@ import json
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from starlette.requests import Request
+from neuron_ui.server.asgi import (
+    UNEXPLAINED,
+    Outbound,
+    Receive,
+    Refusal,
+    Send,
+    read_body,
+    replay,
+    reply,
+    send_html,
+)
+from neuron_ui.ui import gradio_bridge
 
 logger = logging.getLogger(__name__)
 
@@ -63,32 +71,12 @@ EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers an
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
 
 
-MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
-
-
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
-
-
-UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
-               "the details are in the server log")
 
 
 LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
-
-
-Send = Callable[[dict], Awaitable[None]]
-
-
-Receive = Callable[[], Awaitable[dict]]
-
-
-@dataclass
-class Refusal:
-    status: int
-    message: str
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 class ForeignFile(ValueError):
@@ -123,7 +111,7 @@ class Gate:
         if self.server.draining and method == "POST" and NEW_WORK.match(path):
             await reply(send, Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),)))
             return
-        if path in LOGIN_ONLY and self.server.settings.auth and not self.logged_in(scope):
+        if path in LOGIN_ONLY and self.server.settings.auth and not gradio_bridge.logged_in(self.server.gradio_app, scope):
             await reply(send, Refusal(401, "Not authenticated"))
             return
         receive, refusal, device = await self.check_call(scope, receive)
@@ -255,14 +243,6 @@ class Gate:
             value["path"] = full
         return value
 
-    def logged_in(self, scope: dict) -> bool:
-        """Gradio's own login check (gradio/routes.py get_current_user): its cookie names a token it issued."""
-        gradio_app = self.server.gradio_app
-        cookies = Request(scope).cookies
-        token = (cookies.get(f"access-token-{gradio_app.cookie_id}")
-                 or cookies.get(f"access-token-unsecure-{gradio_app.cookie_id}"))
-        return gradio_app.tokens.get(token) is not None
-
     def inbound(self, scope: dict) -> dict:
         """A relative `file=` path is read inside the server's file folder (what Outbound cut from the answer);
         API requests are not compressed, so Outbound can read what it sends."""
@@ -279,62 +259,6 @@ class Gate:
         return {**scope, "headers": headers}
 
 
-class Outbound:
-    """The ASGI send of one response: the file folder cut from paths, empty errors given a message."""
-
-    def __init__(self, send: Send, files_prefix: str, rewrite: bool):
-        self.send = send
-        self.cut = files_prefix.encode()
-        self.rewrite = rewrite
-        self.started = False
-        self.finished = False  # the last body was sent: the response ended on the server's side
-        self.on_start: Callable[[], None] | None = None
-        self._start: dict | None = None
-        self._held: list[bytes] = []
-
-    async def __call__(self, message: dict) -> None:
-        if message["type"] == "http.response.start":
-            self.started = True
-            if self.on_start is not None:
-                self.on_start()
-            headers = message.get("headers", [])
-            if self.rewrite or message["status"] >= 400:  # the length may change
-                headers = [(k, v) for k, v in headers if k != b"content-length"]
-            self._start = {**message, "headers": headers}
-            if message["status"] < 400:
-                await self.send(self._start)
-            return
-        if message["type"] != "http.response.body":
-            await self.send(message)
-            return
-        body = message.get("body", b"")
-        self.finished = not message.get("more_body", False)
-        if self.rewrite:
-            body = fill_empty_errors(body.replace(self.cut, b""))
-        if self._start["status"] < 400:
-            await self.send({**message, "body": body})
-            return
-        self._held.append(body)  # an error: small; held whole so an empty one can be given a message
-        if message.get("more_body"):
-            return
-        body = b"".join(self._held)
-        start = self._start
-        if body.strip() in (b"", b"Internal Server Error", b'{"error":null}'):
-            body = json.dumps({"error": UNEXPLAINED}).encode()
-            start = {**start, "headers": [(k, v) for k, v in start["headers"] if k != b"content-type"]
-                     + [(b"content-type", b"application/json")]}
-        await self.send({**start, "headers": start["headers"] + [(b"content-length", str(len(body)).encode())]})
-        await self.send({"type": "http.response.body", "body": body})
-
-
-def fill_empty_errors(body: bytes) -> bytes:
-    """Gradio's error events for errors it may not show (show_error=False) say null; they get a line instead:
-    `data: {"error": null}` on /call/<name>/<id>, `"output":{"error":null` on /queue/data."""
-    line = json.dumps(UNEXPLAINED).encode()
-    return (body.replace(b'data: {"error": null}', b'data: {"error": ' + line + b"}")
-            .replace(b'"output":{"error":null', b'"output":{"error":' + line))
-
-
 def rewritten(path: str) -> bool:
     """Gradio's API answers (JSON and event streams), not pages, assets or files' bytes."""
     return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTE)) or path in ("/config", "/config/")
@@ -344,43 +268,3 @@ def endpoint_list() -> str:
     return ", ".join(f"/{name}" for name in PUBLIC_ENDPOINTS)
 
 
-async def read_body(receive: Receive) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b""
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > MAX_JSON_BODY or not message.get("more_body"):
-            return b"".join(chunks)  # an oversized body is cut: Gradio's JSON parser then refuses it
-
-
-def replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands on the body read here, then whatever the client sends next (its disconnect)."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def again() -> dict:
-        return pending.pop() if pending else await receive()
-
-    return again
-
-
-async def reply(send: Send, refusal: Refusal) -> None:
-    body = json.dumps({"detail": refusal.message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in refusal.headers]
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_html(send: Send, status: int, page: str, headers: tuple[tuple[str, str], ...]) -> None:
-    body = page.encode()
-    raw = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": raw + [(k.encode(), v.encode()) for k, v in headers]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def folder_prefix(folder: Path) -> str:
-    return str(folder).rstrip("/") + "/"

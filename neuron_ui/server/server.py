@@ -17,25 +17,24 @@ import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Callable
-from urllib.parse import urlparse, urlunparse
 
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.routing import Mount
 
 from neuron_ui.contract import stopping
 from neuron_ui.contract.references import MAX_UPLOAD_BYTES
-from neuron_ui.server import gate as doors
+from neuron_ui.server.asgi import folder_prefix
+from neuron_ui.server.gate import Gate
 from neuron_ui.server.metrics import EngineMetrics
+from neuron_ui.ui import gradio_bridge
 from neuron_ui.ui.files import private_file_folder
 from neuron_ui.ui.gradio_bridge import (
     DEVICE,
     device_events,
     device_queue_length,
-    launch_options,
     session_stops,
     waiting_for_device,
 )
@@ -66,7 +65,7 @@ class Server:
         self.share_url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.gradio_app: Any = None  # Gradio's App, mounted at /
-        self.files_prefix = doors.folder_prefix(private_file_folder())  # never sent out (doors.Outbound)
+        self.files_prefix = folder_prefix(private_file_folder())  # never sent out (asgi.Outbound)
         self.device_group = DEVICE
         self.draining = False
         self._drain_requested = threading.Event()
@@ -94,7 +93,7 @@ class Server:
                 yield
 
         app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-        app.add_middleware(doors.Gate, server=self)
+        app.add_middleware(Gate, server=self)
 
         @app.api_route("/healthz", methods=["GET", "HEAD"])
         async def healthz() -> JSONResponse:  # async: never waits for a thread behind a burst of requests
@@ -144,45 +143,31 @@ class Server:
         """Serve the queued demo at / and start its queue; /healthz turns 200."""
         if self._loop is None:
             raise RuntimeError("start() the server before mounting the UI")
-        gr.mount_gradio_app(self.app, demo, path="/", server_name=self.settings.host,
-                            server_port=self.settings.port, auth=self.settings.auth,
-                            show_error=False,  # only our gr.Error messages reach users; anything else is logged
-                            max_file_size=MAX_UPLOAD, **launch_options())
-        mount = self.app.router.routes[-1]
-        if not isinstance(mount, Mount):
-            raise RuntimeError("gr.mount_gradio_app did not append its mount (a Gradio change?)")
-        asyncio.run_coroutine_threadsafe(self._start_gradio(demo, mount.app), self._loop).result(timeout)
-        self.gradio_app = mount.app
+        self.gradio_app = gradio_bridge.mount(self.app, demo, self.settings, MAX_UPLOAD)
+        asyncio.run_coroutine_threadsafe(gradio_bridge.start(demo, self.gradio_app, self._gradio_lifespan),
+                                         self._loop).result(timeout)
         self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
         self.engine, self.demo = engine, demo
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:
-            self.share_url = open_share_link(demo, self.settings)
+            self.share_url = gradio_bridge.open_share_link(demo, self.settings)
         return self
-
-    async def _start_gradio(self, demo: gr.Blocks, gradio_app: Any) -> None:
-        # gr.mount_gradio_app does this in the parent app's lifespan, which has already run here (the server
-        # started before the model loaded), so it is done now, on the server's loop, where the queue's tasks live.
-        await self._gradio_lifespan.enter_async_context(gradio_app.router.lifespan_context(gradio_app))
-        demo.run_startup_events()
-        await demo.run_extra_startup_events()
-        gradio_app.startup_events_triggered = True  # so Gradio's /startup-events route never starts a second queue
 
     def device_queue_length(self) -> int:
         """Requests in Gradio's queue for the device, not yet in the engine's."""
         return device_queue_length(self.demo) if self.demo is not None else 0
 
     def device_events(self) -> int:
-        """Device requests accepted and not finished (doors.Gate bounds them by --max-queue + 1)."""
+        """Device requests accepted and not finished (the Gate bounds them by --max-queue + 1)."""
         return device_events(self.demo) if self.demo is not None else 0
 
     def stop_cancelled(self, session: str, event_id: str | None) -> None:
-        """A client cancelled an event (doors.Gate saw its /cancel): stop the engine's request for it."""
+        """A client cancelled an event (the Gate saw its /cancel): stop the engine's request for it."""
         if self.demo is not None:
             session_stops(self.demo).stop(session, stopping.CANCELLED, event_id)
 
     def stop_disconnected(self, session: str) -> None:
-        """A client closed its event stream (doors.Gate saw it): stop its requests, except a compile's image."""
+        """A client closed its event stream (the Gate saw it): stop its requests, except a compile's image."""
         if self.demo is not None:
             session_stops(self.demo).stop(session, stopping.DISCONNECTED)
 
@@ -220,11 +205,7 @@ class Server:
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.demo is not None:
-            # What demo.close() does for a launched app, for the mounted one: stop the queue, end the open
-            # heartbeat streams (they wait on the app's stop_event), so uvicorn need not wait for them.
-            self.demo.close(verbose=False)
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self.gradio_app.stop_event.set)
+            gradio_bridge.stop(self.demo, self.gradio_app, self._loop)
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
@@ -240,25 +221,3 @@ def basic_auth_ok(header: str | None, auth: tuple[str, str]) -> bool:
     except (binascii.Error, UnicodeDecodeError):
         return False
     return secrets.compare_digest(user, auth[0]) & secrets.compare_digest(password, auth[1])
-
-
-def open_share_link(demo: gr.Blocks, settings: Settings) -> str | None:
-    """A public gradio.live link to this server, as demo.launch(share=True) makes one.
-
-    Gradio only opens share tunnels inside launch(); with a mounted app this calls the same function launch()
-    does (gradio.networking.setup_tunnel, internal). It needs the internet; without it the app keeps serving
-    locally and says why.
-    """
-    from gradio import networking
-
-    try:
-        url = networking.setup_tunnel(local_host=settings.host, local_port=settings.port,
-                                      share_token=demo.share_token, share_server_address=None,
-                                      share_server_tls_certificate=None)
-    except Exception as error:  # noqa: BLE001 - no network, a blocked download...: serve locally anyway
-        logger.warning("could not open a share link (%s); serving locally only", error)
-        return None
-    url = urlunparse(("https",) + urlparse(url)[1:])  # as launch() does: gradio.live speaks https
-    demo.share, demo.share_url = True, url
-    logger.info("public share link: %s", url)
-    return url

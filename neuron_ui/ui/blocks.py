@@ -117,7 +117,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device (doors.Gate
+        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device (server.gate.Gate
         # bounds it), each then waits in the engine's queue, where it hears what it waits for, can be stopped, and
         # the next image starts on the device while the previous one is encoded and sent.
         on_device = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}

@@ -2,7 +2,7 @@
 
 `build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `add_inpaint_api` inside its Blocks; the
 handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields and leave
-every check to the engine (neuron_ui/references.py fits and validates the images).
+every check to the engine (neuron_ui/contract/references.py fits and validates the images).
 """
 
 from __future__ import annotations

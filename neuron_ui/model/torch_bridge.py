@@ -1,0 +1,100 @@
+"""The one module that touches torch's and diffusers' internals: dynamo's counters and recompile limits,
+inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot, the device mesh's
+hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and diffusers 0.42.1 (the versions
+requirements.txt allows and CI runs); an upgrade means reading this file against the new source, and the
+tests named beside each use fail if one moved."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+def dynamo_counters() -> Any:
+    """torch._dynamo.utils.counters: the per-process tallies (graphs made, FX/AOTAutograd cache hits and misses)
+    that prove what a call compiled (compile/counters.py; tests/test_accounting.py reads them back)."""
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def raise_recompile_limits(needed: int) -> None:
+    """dynamo's recompile limits (torch._dynamo.config): past them fullgraph calls fail outright."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, needed)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * needed)
+
+
+@contextmanager
+def temporary_inductor_cache(folder: str) -> Iterator[None]:
+    """Inductor compiles into `folder` for a while (torch._inductor.runtime.cache_dir_utils.temporary_cache_dir),
+    which also clears inductor's memoized paths, both ways (tests/test_disk.py)."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with temporary_cache_dir(folder):
+        yield
+
+
+def aoti_compile_and_package(program: torch.export.ExportedProgram, path: str, metadata: dict[str, str]) -> None:
+    """AOTInductor's documented entry point, which torch keeps under torch._inductor."""
+    torch._inductor.aoti_compile_and_package(program, package_path=path,
+                                             inductor_configs={"aot_inductor.metadata": metadata})
+
+
+def load_aoti_package(path: Path) -> Any:
+    """`aoti_load_package` without its machine check, which costs 2.7 s per process on CPU in torch 2.13: it
+    compiles and runs ten probe programs to list the CPU's vector ISAs (`get_device_information` ->
+    `pick_vec_isa`). The caller names every package after the machine it was compiled for instead, so a package
+    from another CPU or GPU is never opened (tests/test_aot.py)."""
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
+    return AOTICompiledModel(torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1))
+
+
+def route_compiled_call(block: torch.nn.Module, call: Callable[..., Any]) -> None:
+    """Run `block` through `call`, in the slot `nn.Module.compile` uses (`_compiled_call_impl`), as diffusers'
+    `compile_repeated_blocks` does: the module's own forward, hooks and state dict stay as they are."""
+    block._compiled_call_impl = call
+
+
+def repeated_block_classes(transformer: torch.nn.Module) -> set[str]:
+    """The block classes diffusers' `compile_repeated_blocks` compiles (the model's `_repeated_blocks`)."""
+    return set(getattr(transformer, "_repeated_blocks", None) or ())
+
+
+def stabilise_mesh_hash(mesh: Any) -> None:
+    """A restarted group must find its graphs in the compile cache. torch 2.13 pickles the mesh's cached `_hash`
+    into inductor's FX graph and AOTAutograd cache keys (it rides on DTensor inputs), and DeviceMesh computes it
+    as hash((..., "cpu", None, None)): Python's per-process string hash seed and, on 3.11, id(None), which moves
+    with ASLR, so PYTHONHASHSEED alone does not steady it. Measured: every sharded graph missed the cache in a new
+    process (4 misses, 0 hits) and hit it with this (4 hits; tests/test_parallel.py checks the hash). It is set,
+    before anything hashes the mesh, from torch's own DeviceMesh._stable_hash of the fields __eq__ compares; the
+    group makes this one mesh, so no equal mesh hashes otherwise. Never 0: __hash__ recomputes a falsy _hash."""
+    if getattr(mesh, "_hash", None) is None and hasattr(mesh, "_stable_hash"):
+        mesh._hash = int(mesh._stable_hash(), 16) % (2**61 - 1) or 1
+
+
+@contextmanager
+def allow_cpu_tensor_parallelism() -> Iterator[None]:
+    """FOR CPU ONLY. diffusers 0.42 refuses tensor parallelism on a CPU-only build in two places:
+    `rank % torch.accelerator.device_count()` divides by zero, and `_SUPPORTED_TP_DEVICES` lacks "cpu".
+    The sharded math is torch's DTensor (gloo all-reduces), which works on CPU; what the CPU runs test is
+    our orchestration, and how someone rehearses a trn deployment on a laptop."""
+    from diffusers.hooks import tensor_parallel
+
+    supported, device_count = tensor_parallel._SUPPORTED_TP_DEVICES, torch.accelerator.device_count
+    tensor_parallel._SUPPORTED_TP_DEVICES = (*supported, "cpu")
+    torch.accelerator.device_count = lambda: max(device_count(), 1)
+    try:
+        yield
+    finally:
+        tensor_parallel._SUPPORTED_TP_DEVICES, torch.accelerator.device_count = supported, device_count
+
+
+def execution_device(pipe: Any) -> torch.device:
+    """Where a diffusers pipeline runs its text encoder (DiffusionPipeline._execution_device)."""
+    return pipe._execution_device
