@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from neuron_ui.cache.records import DATE_PATTERN, load_json, parse_entries
 from neuron_ui.config.cache_paths import STAGING_PREFIX
+from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
@@ -21,37 +22,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 BUNDLE_FORMAT = 1
-
-
 BUNDLE_JSON = "bundle.json"
-
-
 MAX_BUNDLE_JSON = 16 * 2**20
 
 
 # Which cache folders hold a backend's compiled artifacts; other backends (eager, aot_eager) keep none.
 ARTIFACTS = {"inductor": ("inductor",), "neuron": ("neff", "inductor")}
-
-
 AOT = "aot"  # --compile aot keeps its AOTInductor packages in aot/<key digest>/ and nothing else
-
-
 SECTIONS = {name for names in ARTIFACTS.values() for name in names} | {AOT}
-
-
 SKIPPED_DIRS = {"locks"}  # inductor's empty filelock files, recreated on demand
-
-
 CHUNK = 2**20
-
-
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def _why(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".strip()[:200]
 
 
 class BundleError(ValueError):
@@ -107,7 +89,7 @@ def _read_header(tar: tarfile.TarFile, bundle: Path) -> dict:
     except ValueError as error:
         if isinstance(error, BundleError):
             raise
-        raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({_why(error)}); nothing was changed") from error
+        raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({first_line(error)}); nothing was changed") from error
 
 
 def _parse_header(header: object, bundle: Path) -> dict:

@@ -26,11 +26,11 @@ from neuron_ui.cache.bundle_format import (
     _info,
     _read_header,
     _safe_parts,
-    _why,
 )
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
 from neuron_ui.config.settings import parse_sha256
+from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
     from neuron_ui.cache.bundle_format import BundleFile, BundleInfo
@@ -65,7 +65,7 @@ def inspect_bundle(bundle: Path) -> BundleInfo:
         with gzip.open(bundle, "rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
             return _info(Path(bundle), _read_header(tar, Path(bundle)))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
-        raise BundleError(f"{bundle} is not a readable bundle ({_why(error)})") from error
+        raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)})") from error
 
 
 def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None) -> BundleInfo:
@@ -102,12 +102,12 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
             _check_sha256(reader.hexdigest(), sha256, bundle)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
         _remove(staging)
-        raise BundleError(f"{bundle} is corrupt or truncated ({_why(error)}); nothing was changed. "
+        raise BundleError(f"{bundle} is corrupt or truncated ({first_line(error)}); nothing was changed. "
                           "Copy it again or export a new one.") from error
     except OSError as error:
         _remove(staging)
         if header is None:  # could not open or read the bundle file itself
-            raise BundleError(f"{bundle} is not a readable bundle ({_why(error)}); nothing was changed") from error
+            raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)}); nothing was changed") from error
         raise
     except BaseException:
         _remove(staging)

@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 # Rough first-compile times when nothing has been measured yet with this compile key, in seconds.
 DEFAULT_COMPILE_SECONDS = {"neuron": 600.0, "inductor": 60.0}
-
-
 DEFAULT_OTHER_BACKEND_SECONDS = 10.0
 
 

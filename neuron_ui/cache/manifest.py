@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from neuron_ui.cache.records import MAX_MANIFEST_BYTES, ShapeRecord, load_json, parse_entries, parse_shape_record
 from neuron_ui.compile.counters import COMPILED, DISK_HIT
+from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
@@ -47,7 +48,7 @@ class CacheManifest:
         except FileNotFoundError:
             return {"version": 1, "entries": {}}
         except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable manifest %s: %s", self.path, _first_line(error))
+            logger.warning("ignoring unreadable manifest %s: %s", self.path, first_line(error))
             return {"version": 1, "entries": {}}
         entries, problems = parse_entries(data["entries"])
         for problem in problems:
@@ -160,5 +161,3 @@ class CacheManifest:
             self._write_error = None
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]

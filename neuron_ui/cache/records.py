@@ -26,17 +26,9 @@ class ShapeRecord:
 
 
 MAX_MANIFEST_BYTES = 8 * 2**20
-
-
 MAX_JSON_DEPTH = 32  # ours nest 5 deep; json.loads recurses once per level
-
-
 _DIGEST = re.compile(r"[0-9a-f]{16}")
-
-
 _EVENT = re.compile(r"[a-z_]{1,32}")
-
-
 DATE_PATTERN = re.compile(r"[0-9A-Za-z:+. -]{0,40}")
 
 

@@ -46,13 +46,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 PACKAGE_COUNTERS = "aot_package"  # group in torch._dynamo.utils.counters: "compiled", "loaded"
-
-
 KEY_FIELD = "neuron_ui_key"  # AOTInductor metadata: the compile-key digest the package was built under
-
-
 SIGNATURE_FIELD = "neuron_ui_signature"  # and the block class, weights and input shapes it takes
 
 

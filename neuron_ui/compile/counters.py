@@ -15,14 +15,8 @@ if TYPE_CHECKING:
 
 # What happened to the compile cache during one request.
 COMPILED = "compiled"  # compiled from scratch
-
-
 DISK_HIT = "disk_hit"  # traced again, but the persistent cache supplied the compiled artifacts
-
-
 MEMORY_HIT = "memory_hit"  # this process already had the graph
-
-
 EAGER = "eager"  # no compilation in this mode
 
 

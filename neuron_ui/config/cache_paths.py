@@ -17,13 +17,8 @@ from neuron_ui.config.processes import pid_alive
 
 logger = logging.getLogger(__name__)
 
-
 NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
-
-
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-
-
 MIN_FREE_BYTES = 64 * 2**20  # less free space than this in the cache folder counts as full
 
 

@@ -10,11 +10,7 @@ import re
 from dataclasses import dataclass
 
 MULTIPLE = 16
-
-
 MIN_SIDE = 256
-
-
 MAX_SIDE = 2048
 
 
@@ -31,8 +27,6 @@ DEFAULT_PRESETS = (
     "1248x832",
     "832x1248",
 )
-
-
 _PATTERN = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 
 

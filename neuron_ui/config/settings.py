@@ -19,14 +19,8 @@ if TYPE_CHECKING:
 
 
 DEVICES = ("auto", "neuron", "cuda", "cpu")
-
-
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-
-
 COMPILE_MODES = ("eager", "regional", "full", "aot")
-
-
 DEFAULT_MODEL = "auto"
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def _short(error: BaseException) -> str:
-    """The first line of an error, without a stack trace or anything after it."""
+def first_line(error: BaseException) -> str:
+    """An error as one line for a user or a log: its type and its first line, no stack trace, at most 300
+    characters (a compiler's error can be pages long)."""
     error = getattr(error, "inner_exception", None) or error  # dynamo wraps the compiler's own error
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"{type(error).__name__}: {text}"[:300]

@@ -28,26 +28,12 @@ if TYPE_CHECKING:
 # pair: a pair's two orientations have the same token count, so they share one compiled graph. All are at
 # most 1024*1024 pixels and multiples of 16, so diffusers hands them to the VAE unchanged.
 REFERENCE_PRESETS = ("1024x1024", "1152x896", "896x1152", "512x512", "576x448", "448x576")
-
-
 REFERENCE_SIZES = parse_resolutions(REFERENCE_PRESETS)  # the first is the default
-
-
 FIT_MODES = ("crop", "pad")  # crop: fill the size, cut the overflow at the centre; pad: keep all, black bars
-
-
 PAD_COLOR = (0, 0, 0)
-
-
 ALPHA_BACKGROUND = (255, 255, 255)  # transparent pixels become white, as most viewers show them
-
-
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
-
-
 MAX_PIXELS = 40_000_000  # a decompression bomb is refused before it is decoded
-
-
 ImageSource = Union[str, Path, bytes, Image.Image]
 
 

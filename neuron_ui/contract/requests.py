@@ -15,14 +15,8 @@ if TYPE_CHECKING:
 
 
 MAX_PROMPT_CHARS = 2000
-
-
 MAX_STEPS = 100
-
-
 MAX_SEED = 2**32 - 1
-
-
 MAX_GUIDANCE = 20.0
 
 
@@ -75,8 +69,6 @@ def _shown(value: object, limit: int = 40) -> str:
 
 
 ALLOWED_CONTROLS = "\t\n\r"  # a pasted prompt may be on several lines
-
-
 PROMPT_TOKENS = 512  # klein's max_sequence_length: the text encoder reads this many tokens of a prompt
 
 

@@ -17,8 +17,6 @@ from neuron_ui.contract.errors import EngineError
 
 # Where a request is when a stop reaches it.
 QUEUED, COMPILING, RUNNING, DONE = "queued", "compiling", "running", "done"
-
-
 STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
 
 

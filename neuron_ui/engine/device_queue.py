@@ -28,11 +28,7 @@ if TYPE_CHECKING:
 
 
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
-
-
 LEFT_THE_QUEUE = "stopped: you left the queue; no image was made"
-
-
 REPORT_SECONDS = 1.0  # how often a waiting user hears how long is left
 
 

@@ -26,7 +26,7 @@ from neuron_ui.compile.strategies import backend_name, compile_transformer, rais
 from neuron_ui.config.runtime import Runtime
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
-from neuron_ui.contract.errors import EngineError, _short
+from neuron_ui.contract.errors import EngineError, first_line
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import (
     ValidRequest,
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from neuron_ui.parallel.group import ParallelGroup
 
 logger = logging.getLogger(__name__)
-
 
 WARMUP_PROMPT = "warm-up"
 
@@ -250,7 +249,7 @@ class Engine:
                 raise
             except Exception as error:
                 logger.exception("generation failed at %s", valid.resolution)
-                raise EngineError(f"generation failed at {valid.resolution}: {_short(error)}") from error
+                raise EngineError(f"generation failed at {valid.resolution}: {first_line(error)}") from error
             finally:
                 with self._state_lock:
                     self._on_device = None
@@ -377,7 +376,7 @@ class Engine:
         try:
             self.compile_folder.run(lambda: self._call_pipeline(self._warmup_call(layout)))
         except Exception as error:
-            reason = _short(error)
+            reason = first_line(error)
             logger.exception("compiling %s failed", layout)
             with self._state_lock:
                 self._on_device = None

@@ -15,16 +15,9 @@ from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipelin
 
 logger = logging.getLogger(__name__)
 
-
 TINY = "tiny"
-
-
 RANDOM_KLEIN = "random-klein-4b"
-
-
 AUTO = "auto"
-
-
 HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from neuron_ui.compile.counters import read_counters
-from neuron_ui.contract.errors import _short
+from neuron_ui.contract.errors import first_line
 from neuron_ui.contract.stopping import Stopped
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             logger.info("rank %d: stopped with rank 0", rank)
         except Exception as error:
             logger.exception("rank %d: pipeline call failed; leaving the group", rank)
-            group.report_error(_short(error))
+            group.report_error(first_line(error))
             group.note_broken()
             return 1
         try:

@@ -21,13 +21,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 PROCESS_GROUP_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
-
-
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # gloo's own limit on one collective; LeaderRunner bounds calls tighter
-
-
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait on the control group for as long as nobody asks for an image
 
 

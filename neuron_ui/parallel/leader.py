@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from neuron_ui.compile.counters import read_counters
-from neuron_ui.contract.errors import EngineError, _short
+from neuron_ui.contract.errors import EngineError, first_line
 from neuron_ui.parallel.group import _ranks, dead_ranks, seconds_since_start
 
 if TYPE_CHECKING:
@@ -37,13 +37,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 COMPILE_FLOOR = 1800.0  # seconds a size's first call may take: it compiles on every rank, minutes on Neuron
-
-
 SLACK = 4.0  # a call may take this many times what its size took before, per step, before a rank counts as hung
-
-
 DRAIN_SECONDS = 10.0  # rank 0 waits this long for the call in flight to answer its user before exiting
 
 
@@ -203,7 +198,7 @@ class LeaderRunner:
         reasons = [f"rank {rank} failed: {message}" for rank, message in sorted(failed.items())]
         reasons += [f"rank {rank} died" for rank in dead if rank not in failed]
         logger.error("tensor-parallel collective failed: %s", error)
-        self._break("; ".join(reasons) or f"the group broke ({_short(error)})", sorted({*failed, *dead}))
+        self._break("; ".join(reasons) or f"the group broke ({first_line(error)})", sorted({*failed, *dead}))
         return FollowerGone(self.user_message())
 
     def _break(self, reason: str, ranks: list[int]) -> None:

@@ -11,17 +11,9 @@ from typing import Any
 import ray
 
 NAMESPACE = "neuron-ui"
-
-
 REPORT_SECONDS = 1.0  # how often a replica tells the board what it holds
-
-
 STALE_SECONDS = 4.0  # a replica silent this long is "not responding" (killed, or its process stuck)
-
-
 FORGET_SECONDS = 60.0  # ... and this long, gone from the status
-
-
 APP_NAME = "neuron-ui"
 
 

@@ -52,10 +52,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 STATES_SECONDS = 1.0  # how often the front asks Serve's controller for its replica states
-
-
 REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 

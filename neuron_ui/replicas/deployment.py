@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the process anyway
 
 

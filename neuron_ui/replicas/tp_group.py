@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 JOIN_POLL_SECONDS = 0.5
 
 

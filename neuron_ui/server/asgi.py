@@ -9,14 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 Send = Callable[[dict], Awaitable[None]]
-
-
 Receive = Callable[[], Awaitable[dict]]
-
-
 MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
-
-
 UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
                "the details are in the server log")
 

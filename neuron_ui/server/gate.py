@@ -43,37 +43,16 @@ from neuron_ui.ui import gradio_bridge
 
 logger = logging.getLogger(__name__)
 
-
 PUBLIC_ENDPOINTS = ("generate", "inpaint", "warmup", "status", "stop")
-
-
 OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and while shutting down; GET and HEAD only
-
-
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
-
-
 QUEUE_JOIN = "/gradio_api/queue/join"
-
-
 FILE_ROUTE = "/gradio_api/file="
-
-
 LOGIN_ONLY = ("/gradio_api/cancel", "/gradio_api/reset")  # Gradio leaves these open even with auth
-
-
 CANCEL = "/gradio_api/cancel"
-
-
 EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
-
-
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
-
-
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
-
-
 LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""

@@ -45,10 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
-
-
 MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"  # Gradio's upload route takes what editing accepts, no more
 
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.ui.words import describe_layout
+from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -101,7 +101,7 @@ class EditingHandlers:
             layout = self.engine.layout(resolution, count, reference_size, inpaint)
         except ValueError as error:
             return str(error)
-        return describe_layout(self.engine.layout_status(layout))
+        return describe_size(self.engine.layout_status(layout))
 
     def on_use_as_reference(self, image: str | None, files: Any) -> Any:
         """Put the shown result among the references (the oldest drops out when full)."""

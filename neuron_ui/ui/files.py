@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
 DEVICE = "device"  # the concurrency group of every event that runs the pipeline
 
 

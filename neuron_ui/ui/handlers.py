@@ -38,11 +38,7 @@ if TYPE_CHECKING:
 
 
 HISTORY_SIZE = 24
-
-
 MAX_VARIATIONS = 4
-
-
 FORM_FIELDS = ("prompt", "resolution", "steps", "seed", "randomize", "guidance")  # kept in the browser
 
 

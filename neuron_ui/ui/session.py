@@ -20,17 +20,9 @@ from pathlib import Path
 from typing import Any
 
 STORAGE_KEY = "neuron-ui-session"
-
-
 HOLD_SECONDS = 600.0
-
-
 MAX_SESSIONS = 256
-
-
 MAX_HELD = 8
-
-
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 

@@ -18,29 +18,19 @@ if TYPE_CHECKING:
 
 
 REAL_MODEL = "black-forest-labs/FLUX.2-klein-4B"
-
-
 TABLE_HEADERS = ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
-
-
 TABLE_LEGEND = (
     "**graph ready in s**: how long the size's compiled graph took to become ready in this server (compiled, or "
     "“load” from the disk cache); sizes that share one graph show that graph's time · **images**: images made at "
     "the size since the server started · **last image s**: how long the latest one took, any compile included"
 )
-
-
 GUESS = "a guess: nothing measured on this machine yet"
-
-
 EVENT_WORDS = {
     "compiled": "compiled in {compile:.1f} s",
     "disk_hit": "compiled from disk cache in {compile:.1f} s",
     "memory_hit": "cache hit, {total:.2f} s",
     "eager": "eager, {total:.1f} s",
 }
-
-
 REFRESH_SECONDS = 2.0
 
 
@@ -147,8 +137,13 @@ def describe_replicas(status: EngineStatus) -> str:
 
 
 def describe_size(shape: ShapeStatus) -> str:
-    """Tells the user, before they click, what the first image at this size will cost."""
-    size = f"**{shape.resolution}**"
+    """Tells the user, before they click, what the first image at this size (a preset, or an editing layout:
+    the size with its references or inpaint source) will cost."""
+    if shape.layout is None:
+        size = f"**{shape.resolution}**"
+    else:
+        shared = f", the graph of {shape.shares_graph_with}" if shape.shares_graph_with else ""
+        size = f"**{shape.layout}** ({shape.tokens} image tokens{shared})"
     if shape.state == READY:
         if shape.compile_seconds:
             took = f"Compiling took {shape.compile_seconds:.1f} s; images"
@@ -166,10 +161,8 @@ def describe_size(shape: ShapeStatus) -> str:
         about = "load time not measured yet" if shape.estimate_seconds is None else about
         return (f"**Cached on disk.** The first image at {size} loads its compiled graph from the disk cache "
                 f"({about}); later ones are fast.")
-    return (
-        f"**Not compiled yet.** The first image at {size} compiles first ({about}); later ones are fast. "
-        "*Warm up this size* compiles it without making an image."
-    )
+    warm = " *Warm up this size* compiles it without making an image." if shape.layout is None else ""
+    return f"**Not compiled yet.** The first image at {size} compiles first ({about}); later ones are fast.{warm}"
 
 
 def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
@@ -260,24 +253,6 @@ def tiny_banner(status: EngineStatus) -> str:
         f"⚠️ **Tiny random-weight model: images are noise by design.** It lets you try the app offline.{why}\n\n"
         f"For real images start the app with `--model {REAL_MODEL}` or `--model /path/to/a/local/folder`."
     )
-
-
-def describe_layout(shape: ShapeStatus) -> str:
-    """The line under the editing inputs: what the chosen output size x references/inpaint will cost."""
-    name = f"**{shape.layout or shape.resolution}** ({shape.tokens} image tokens)"
-    if shape.state == "ready":
-        shared = f", the graph of {shape.shares_graph_with}" if shape.shares_graph_with else ""
-        return f"**Ready**: {name}{shared} is compiled."
-    if shape.state == "compiling":
-        return f"**Compiling now**: {name}."
-    if shape.state == "failed":
-        return f"**Failed to compile** {name} ({shape.error})."
-    about = "a while"
-    if shape.estimate_seconds is not None:
-        about = f"about {shape.estimate_seconds:.0f} s"
-        about += ", a guess: nothing measured on this machine yet" if shape.estimate_guess else ""
-    where = "loads its compiled graph from disk" if shape.on_disk else "compiles first"
-    return f"**Not compiled yet**: the first image as {name} {where} ({about}); later ones are fast."
 
 
 def describe_inputs(result: Any) -> str:
