@@ -1,4 +1,4 @@
-"""The benchmark scripts run end to end (at toy size on the CPU); their figures are for the README, not asserts."""
+"""The benchmark scripts run end to end (at toy size on the CPU); their figures are for docs/performance.md, not asserts."""
 
 import json
 import subprocess

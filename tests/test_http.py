@@ -218,7 +218,7 @@ def locked(tmp_path_factory):
         yield s
 
 
-# Routes Gradio 6.31 (and we) answer without a login; the README lists them. Each must expose nothing of the app.
+# Routes Gradio 6.31 (and we) answer without a login; docs/operations.md lists them. Each must expose nothing of the app.
 OPEN_WITHOUT_LOGIN = ["/healthz", "/", "/gradio_api/app_id", "/gradio_api/token", "/gradio_api/user",
                       "/gradio_api/queue/status", "/theme.css", "/robots.txt", "/manifest.json"]
 
@@ -226,7 +226,7 @@ OPEN_WITHOUT_LOGIN = ["/healthz", "/", "/gradio_api/app_id", "/gradio_api/token"
 def test_without_a_login_only_the_listed_routes_answer_and_they_expose_nothing(locked):
     s = locked
     # The app's state: its model, its sizes, its folders, anyone's prompt. (The login page carries Gradio's
-    # description of the API, the endpoint and parameter names the README gives too.)
+    # description of the API, the endpoint and parameter names docs/operations.md gives too.)
     secrets = ("tiny", "256x256", "a fox", str(s.settings.cache_dir), "neuron-ui-")
     client = httpx.Client(base_url=s.url, timeout=TIMEOUT)
     client.post("/login", data={"username": "ada", "password": "lovelace"})

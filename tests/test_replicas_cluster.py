@@ -2,7 +2,7 @@
 each) serve from one shared cache folder: a size compiled on one node's replica is a disk hit on the other's.
 
 What a real cluster adds and this cannot: the cache folder on a shared filesystem (EFS, FSx) seen by separate
-machines, and nodes reachable over the network (README, "Replicas on Ray Serve").
+machines, and nodes reachable over the network (docs/replicas.md).
 """
 
 from __future__ import annotations

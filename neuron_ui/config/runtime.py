@@ -93,7 +93,7 @@ class Runtime:
 
 
 def default_dtype(device: str) -> str:
-    """bf16 on accelerators; fp32 on CPU, where the tiny model is for correctness (README: CPU dtype)."""
+    """bf16 on accelerators; fp32 on CPU, where the tiny model is for correctness (docs/performance.md, CPU dtype)."""
     return "float32" if device == "cpu" else "bfloat16"
 
 
