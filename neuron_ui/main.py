@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
-from neuron_ui.serving import build_engine, make_engine
+from neuron_ui.serving import build_engine, build_follower_runner, make_engine
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -114,7 +114,7 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
     try:
         group = init_parallel(launch_info, device)
         if not launch_info.is_leader:
-            sys.exit(follow(build_engine(settings, group).runner, group))
+            sys.exit(follow(build_follower_runner(settings, group), group))
         engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout))
         leader = engine.runner
         _, demo = build_app(settings, engine)

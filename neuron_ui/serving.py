@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.engine.engine import Engine
-    from neuron_ui.model.runner import Runner
+    from neuron_ui.model.runner import PipelineRunner, Runner
     from neuron_ui.parallel.group import ParallelGroup
     from neuron_ui.replicas.client import ReplicaClient
 
@@ -57,3 +57,8 @@ def build_replicas(settings: Settings, num_cpus: int | None = None) -> ReplicaCl
     return launch(settings, num_cpus)
 
 
+def build_follower_runner(settings: Settings, group: ParallelGroup) -> PipelineRunner:
+    """A torchrun follower's runner (not a whole engine): its shard, on its device, compiled as rank 0's is."""
+    from neuron_ui.engine.setup import build_follower_runner as build
+
+    return build(settings, configure_cache_env(settings.cache_dir), group)

@@ -20,7 +20,7 @@ from test_browser import (  # noqa: F401
     wait_until,
 )
 
-from neuron_ui.engine.engine import WARMUP_PROMPT
+from neuron_ui.engine.setup import WARMUP_PROMPT
 from neuron_ui.ui.words import TABLE_HEADERS
 
 pytestmark = pytest.mark.browser

@@ -10,6 +10,7 @@ from neuron_ui.contract.requests import validate_resolution
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.contract.requests import ValidRequest
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class Layout:
     resolution: Resolution
     references: tuple[Resolution, ...] = ()
     inpaint: bool = False
+
+    @classmethod
+    def of(cls, valid: ValidRequest) -> Layout:
+        """The layout an accepted request makes."""
+        return cls(valid.resolution, tuple(r.size for r in valid.references), valid.source is not None)
 
     @property
     def tokens(self) -> int:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import secrets
 import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.config.resolutions import parse_resolution
+from neuron_ui.contract import references as refs
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
@@ -149,3 +151,39 @@ def validate_strength(strength: object) -> float:
     if not isinstance(strength, float) or not math.isfinite(strength) or not 0.0 < strength <= 1.0:
         raise ValueError(f"strength must be a number above 0 and at most 1, got {_shown(strength)}")
     return strength
+
+
+def require_inpaint_inputs(request: GenerateRequest) -> None:
+    """An inpaint redoes the masked part of an image: it needs both."""
+    if request.image is None or request.mask is None:
+        raise ValueError("inpainting needs both an image and a mask")
+
+
+def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...],
+                     reference_sizes: tuple[Resolution, ...], max_references: int, default_steps: int,
+                     default_guidance: float) -> ValidRequest:
+    """Every field checked, defaults filled in (a random seed when none is given), input images fitted to their
+    sizes; ValueError names what is allowed."""
+    resolution = validate_resolution(request.resolution, presets)
+    references: tuple = ()
+    if request.references:
+        size = refs.validate_reference_size(request.reference_size or str(reference_sizes[0]),
+                                            reference_sizes)
+        references = refs.fit_references(list(request.references), size, refs.validate_fit(request.fit),
+                                         max_references)
+    source = mask = None
+    if request.image is not None or request.mask is not None:
+        require_inpaint_inputs(request)
+        source = refs.fit_reference(request.image, resolution, refs.validate_fit(request.fit), role="image")
+        mask = refs.fit_mask(request.mask, source)
+    return ValidRequest(
+        prompt=validate_prompt(request.prompt),
+        resolution=resolution,
+        steps=default_steps if request.steps is None else validate_steps(request.steps),
+        seed=secrets.randbelow(2**32) if request.seed is None else validate_seed(request.seed),
+        guidance=default_guidance if request.guidance is None else validate_guidance(request.guidance),
+        references=references,
+        source=source,
+        mask=mask,
+        strength=1.0 if request.strength is None else validate_strength(request.strength),
+    )

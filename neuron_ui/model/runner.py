@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 from PIL import Image
 
+from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.stopping import Stopped
 from neuron_ui.model.torch_bridge import execution_device
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.requests import ValidRequest
+    from neuron_ui.contract.results import ProgressFn
+    from neuron_ui.contract.stopping import StopToken
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,14 @@ class PipelineCall:
     image: Image.Image | None = None  # inpaint: the image, fitted to width x height
     mask: Image.Image | None = None
     strength: float = 1.0
+
+    @classmethod
+    def of(cls, valid: ValidRequest) -> PipelineCall:
+        """The call for a request the engine accepted."""
+        return cls(valid.prompt, valid.resolution.width, valid.resolution.height, valid.steps, valid.seed,
+                   valid.guidance, tuple(r.image for r in valid.references),
+                   valid.source.image if valid.source else None, valid.mask.image if valid.mask else None,
+                   valid.strength)
 
 
 def build_inpaint_pipeline(pipe):
@@ -63,6 +78,23 @@ def run_pipeline(pipe, call: PipelineCall, callback=None, prompt_embeds: torch.T
         **kwargs,
     )
     return output.images[0]
+
+
+def step_callback(steps: int, report: ProgressFn, stop: StopToken) -> Callable:
+    """diffusers' callback_on_step_end: progress after each of the `steps` steps, and a stop at the next one."""
+
+    def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+        done = step + 1
+        if stop.stopped:
+            # Raised, not diffusers' `interrupt`: with interrupt the loop runs out its steps as no-ops and then
+            # decodes the latents with the VAE for nobody; raising frees the device right after this step.
+            raise Stopped(f"stopped after step {done}/{steps}; no image was made")
+        report(ProgressUpdate("denoising", f"step {done}/{steps}", done / steps))
+        if done == steps:
+            report(ProgressUpdate("decoding", "decoding the image", 1.0))
+        return {}
+
+    return on_step_end
 
 
 def steps_run(steps: int, strength: float) -> int:

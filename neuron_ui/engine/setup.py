@@ -1,0 +1,84 @@
+"""A pipeline made ready to serve, the same way on rank 0 and on every tensor-parallel follower: loaded (sharded
+under torchrun), on its device, and compiled lazily for every sequence a request can make."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from PIL import Image
+
+from neuron_ui.compile import aot
+from neuron_ui.compile.key import CompileKey
+from neuron_ui.compile.strategies import backend_name, compile_transformer, raise_recompile_limit
+from neuron_ui.config.runtime import Runtime
+from neuron_ui.contract.layouts import Layouts
+from neuron_ui.contract.references import REFERENCE_SIZES
+from neuron_ui.model.loading import choose_model, load_model
+from neuron_ui.model.runner import PipelineCall, PipelineRunner
+
+if TYPE_CHECKING:
+    from neuron_ui.compile.strategies import Backend
+    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.layouts import Layout
+    from neuron_ui.model.loading import LoadedModel
+    from neuron_ui.parallel.group import ParallelGroup
+
+logger = logging.getLogger(__name__)
+
+WARMUP_PROMPT = "warm-up"
+
+
+def load_for(settings: Settings, group: ParallelGroup | None = None) -> tuple[LoadedModel, Runtime]:
+    """Detect the device and load the model on the CPU (this rank's shard under torchrun)."""
+    runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
+    if settings.compile == "aot":  # before the model loads: say it at start-up
+        aot.check_runtime(runtime.device, runtime.backend, group.degree if group else 1)
+    loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype),
+                        group.mesh if group else None)
+    logger.info("serving %s on %s in %s, compile %s/%s%s", loaded.name, runtime.device, runtime.dtype,
+                settings.compile, runtime.backend, f", tensor-parallel x{group.degree}" if group else "")
+    return loaded, runtime
+
+
+def prepare_pipeline(pipe: Any, *, device: str, compile_mode: str, backend: Backend, cache: CachePaths | None,
+                     key: CompileKey, layouts: Layouts, tp_degree: int = 1) -> Any:
+    """Move the pipeline to its device and set up compilation: the repeated blocks from AOTInductor packages
+    (--compile aot, made or loaded per shape), else torch.compile, lazily per shape. Dynamo may keep one graph
+    per sequence a request can make: each preset plain or inpainted, with 0..max references of one size."""
+    pipe = pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    raise_recompile_limit(len({layout.tokens for layout in layouts.all()}))
+    if compile_mode == "aot":
+        aot.check_runtime(device, backend_name(backend), tp_degree)
+        aot.install(pipe.transformer, aot.PackageStore(aot.package_folder(cache, key), key))
+    else:
+        compile_transformer(pipe.transformer, compile_mode, backend)
+    return pipe
+
+
+def build_follower_runner(settings: Settings, cache: CachePaths, group: ParallelGroup) -> PipelineRunner:
+    """A follower rank's runner: the same shard, device and compile set-up as rank 0's engine, none of its
+    request handling (the follower runs what rank 0 broadcasts)."""
+    loaded, runtime = load_for(settings, group)
+    key = CompileKey.current(loaded.name, settings.compile, runtime.backend, runtime.dtype, group.degree)
+    layouts = Layouts(settings.resolutions, REFERENCE_SIZES, settings.max_references)
+    pipe = prepare_pipeline(loaded.pipe, device=group.device, compile_mode=settings.compile,
+                            backend=runtime.backend, cache=cache, key=key, layouts=layouts, tp_degree=group.degree)
+    return PipelineRunner(pipe)
+
+
+def warmup_call(layout: Layout, guidance: float) -> PipelineCall:
+    """One step on grey inputs of the layout's sizes: the transformer sees the same sequence as a real call, so
+    compiling this compiles the layout."""
+    def grey(size: Resolution) -> Image.Image:
+        return Image.new("RGB", (size.width, size.height), (128, 128, 128))
+
+    out = layout.resolution
+    image = grey(out) if layout.inpaint else None
+    mask = Image.new("L", (out.width, out.height), 255) if layout.inpaint else None
+    return PipelineCall(WARMUP_PROMPT, out.width, out.height, 1, 0, guidance,
+                        tuple(grey(r) for r in layout.references), image, mask, 1.0)
