@@ -1,4 +1,8 @@
-"""Start Ray and deploy the replicas; the client comes back."""
+"""Start Ray and deploy the replicas; the client comes back.
+
+    python app.py --replicas 2                    # a local Ray bound to loopback, 2 replicas
+    ray start --head && python app.py --ray-address auto --replicas 4
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import TYPE_CHECKING
 import ray
 from ray import serve
 
-from neuron_ui.replicas.board import APP_NAME, NAMESPACE, ReplicaBoard
+from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
@@ -39,7 +43,7 @@ def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str
     """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
     serve.start(proxy_location="Disabled")
     group_options = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
-    deployment = serve.deployment(EngineReplica, name="engine").options(
+    deployment = serve.deployment(EngineReplica, name=DEPLOYMENT_NAME).options(
         num_replicas=plan.replicas,
         max_ongoing_requests=plan.max_ongoing_requests,
         ray_actor_options=plan.actor_options,
