@@ -18,6 +18,7 @@ from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, Repli
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
+from neuron_ui.replicas.ray_bridge import local_ray_binds_loopback
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -33,6 +34,9 @@ def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
     else:
+        if not local_ray_binds_loopback():
+            logger.warning("Ray was imported before serving.build_replicas could bind it to loopback: its servers "
+                           "will listen on every interface")
         # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
         # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,

@@ -21,3 +21,13 @@ def replica_states(app_name: str, deployment: str) -> dict[str, int]:
     # ray.serve._private.common; its `.value` is the state's name. getattr keeps a plain-string key as it is.
     overview = serve.status().applications[app_name].deployments[deployment]
     return {str(getattr(state, "value", state)): count for state, count in overview.replica_states.items()}
+
+
+def local_ray_binds_loopback() -> bool:
+    """Whether a local Ray started now binds its servers to 127.0.0.1 (serving.RAY_LOOPBACK_ENV took effect)."""
+    # Ray 2.60.0: ray._private.ray_constants.ENABLE_RAY_CLUSTER, read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once,
+    # when Ray is first imported; while it is False, ray._private.services.get_node_ip_address() answers the
+    # loopback address. No public API says which address a local Ray will bind before it starts.
+    from ray._private import ray_constants
+
+    return not ray_constants.ENABLE_RAY_CLUSTER
