@@ -20,8 +20,9 @@ from serving import TIMEOUT, served, wait_until
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
-from neuron_ui.replicas.board import APP_NAME
-from neuron_ui.replicas.launch import launch
+
+# Nothing here imports Ray at collection: serving.build_replicas sets the variable that binds a local Ray to
+# loopback, and Ray reads it once, when it is first imported (test_ray_listens_on_loopback_only... checks it).
 
 # A Ray instance and replicas: about a minute to start on 2 cores.
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
@@ -49,6 +50,23 @@ def test_single_process_app_does_not_import_ray(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_failure_crosses_the_stream_as_a_typed_message_and_is_raised_as_the_engines_error():
+    """What the replica sends for each error is what the front raises: the caller cannot tell replicas apart."""
+    import pickle
+
+    from neuron_ui.contract.errors import EngineError
+    from neuron_ui.contract.stopping import Stopped
+    from neuron_ui.replicas.messages import Failed
+
+    cases = [(ValueError("bad size"), ValueError, None), (Stopped("stopped at the next step"), Stopped, "stopped"),
+             (EngineError("out of memory", "oom"), EngineError, "oom"), (KeyError("lost"), EngineError,
+                                                                         "generation_failed")]
+    for error, raised_type, kind in cases:
+        raised = pickle.loads(pickle.dumps(Failed.of(error))).error()  # pickled, as Ray carries it
+        assert (type(raised), getattr(raised, "kind", None)) == (raised_type, kind)
+    assert str(Failed.of(KeyError("lost")).error()) == "the replica failed: KeyError: 'lost'"
 
 
 def test_a_compiled_shape_stays_on_its_replica(deployment):
@@ -244,6 +262,8 @@ def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replic
     from ray import serve
 
     from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.replicas.board import APP_NAME
+    from neuron_ui.replicas.launch import launch
 
     serve.delete(APP_NAME)
     cache = tmp_path / "cache"

@@ -1,11 +1,9 @@
-"""The status board every replica reports to, and the per-shape compile lease."""
+"""The status board: a named actor each replica reports to every second (and shares its tokenizer with), read by
+the front for the status, /healthz and /metrics; with the names and timings both sides agree on."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -14,41 +12,8 @@ NAMESPACE = "neuron-ui"
 REPORT_SECONDS = 1.0  # how often a replica tells the board what it holds
 STALE_SECONDS = 4.0  # a replica silent this long is "not responding" (killed, or its process stuck)
 FORGET_SECONDS = 60.0  # ... and this long, gone from the status
-APP_NAME = "neuron-ui"
-
-
-class ShapeLease:
-    """An exclusive lock on one (compile key, token count) in the shared cache folder, held while a replica
-    compiles or loads that graph; released after its first request there, so others then load from the cache."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another replica compiles this graph
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def held_elsewhere(self) -> bool:
-        """True when another process holds the lock now (for the progress line only; it may change at once)."""
-        if not self.path.exists():
-            return False
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # closing drops the probe's lock if it got one
-        return False
+APP_NAME = "neuron-ui"  # the Serve application
+DEPLOYMENT_NAME = "engine"  # its one deployment, of EngineReplica
 
 
 @ray.remote(num_cpus=0)

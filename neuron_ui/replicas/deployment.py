@@ -1,4 +1,14 @@
-"""The Serve deployment: one engine per replica, streaming typed messages."""
+"""The Serve deployment: one engine per replica, routed by shape, each request a stream of typed messages.
+
+Routing: Ray Serve model multiplexing, the model id being the request's token count (presets with one count share
+one graph). A replica that holds a graph attracts its requests; a request whose holders are all busy (each runs
+max_ongoing_requests = 1 request: one image at a time) goes, after one back-off, to the replicas holding the
+fewest graphs, which load it from the shared cache. Multiplexing chosen over a custom RequestRouter (alpha in 2.60):
+no routing code of ours, and the one thing it lacks, compiling a shape once in the whole deployment, is a file lock
+per (compile key, token count) in the shared cache folder (neuron_ui.replicas.lease): the first replica to take it
+compiles; any other waits on it and then loads the graph from the cache (disk_hit). The kernel drops a lock whose
+holder dies (kill -9), so a waiter never waits for a dead replica.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +26,11 @@ from ray import serve
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import QUEUED, StopToken
-from neuron_ui.replicas.board import REPORT_SECONDS, ShapeLease, find_board
+from neuron_ui.replicas.board import REPORT_SECONDS, find_board
+from neuron_ui.replicas.lease import ShapeLease
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
 from neuron_ui.replicas.plan import describe_devices
+from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.tp_group import ReplicaGroup
 
 if TYPE_CHECKING:
@@ -53,9 +66,9 @@ class EngineReplica:
             self.engine = Engine.from_settings(settings, cache, self.group.group, self.group.leader)
         else:
             self.engine = Engine.from_settings(settings, cache)
-        self.name = serve.get_replica_context().replica_id.unique_id
+        self.name = replica_name()
         self.lock_dir = cache.root / "locks"
-        self.compiles: list[tuple[str, str, float]] = []  # (resolution, event, seconds) since the last request
+        self.compiles: list[Compiled] = []  # since the last request
         self.engine.observers.add(self)
         self.images = 0
         self.active = False
@@ -72,7 +85,7 @@ class EngineReplica:
 
     # observer of its own engine: compilations go back to the front with the request that caused them
     def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
-        self.compiles.append((resolution, event, seconds))
+        self.compiles.append(Compiled(resolution, event, seconds))
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images += 1
@@ -91,47 +104,45 @@ class EngineReplica:
             await asyncio.to_thread(lease.acquire)
         return lease
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[tuple]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Message]:
         async for item in self._serve(lambda report, stop: self.engine.generate(request, report, stop)):
             yield item
 
-    async def warmup(self, resolution: str) -> AsyncIterator[tuple]:
+    async def warmup(self, resolution: str) -> AsyncIterator[Message]:
         async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report)):
             yield item
 
-    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any]) -> AsyncIterator[tuple]:
-        """Stream ("started", replica), ("progress", update) and ("phase", where)..., ("compiled", ...)..., then
-        ("done", value) or ("error", kind, message): errors travel as values, so their kind survives the trip.
-        The front cancelling the stream (a Stop) stops the engine's request at its next step."""
-        yield ("started", self.name)
+    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any]) -> AsyncIterator[Message]:
+        """Stream Started, then Progress and Phase as they come, the Compiled ones, and Done or Failed last
+        (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's request at its
+        next step."""
+        yield Started(self.name)
         model_id = serve.get_multiplexed_model_id()
         if self.lease(int(model_id)).held_elsewhere():
-            yield ("progress", ProgressUpdate("compiling", "another replica is compiling this size; "
-                                                          "this one loads it from the cache when it is done"))
+            yield Progress(ProgressUpdate("compiling", "another replica is compiling this size; "
+                                                       "this one loads it from the cache when it is done"))
         lease = await self.hold_shape(model_id)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple] = asyncio.Queue()
+        queue: asyncio.Queue[Message] = asyncio.Queue()
 
         def report(update: ProgressUpdate) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, ("progress", update))
+            loop.call_soon_threadsafe(queue.put_nowait, Progress(update))
 
         stop = StopToken()
 
-        def run() -> tuple:
+        def run() -> Done | Failed:
             self.active = True
             self._report()  # busy now, not at the next tick: a short image would otherwise never show as busy
             try:
                 value = work(report, stop)
                 if isinstance(value, GenerateResult):
                     value = replace(value, replica=self.name)
-                return ("done", value)
-            except ValueError as error:
-                return ("error", "invalid_request", str(error))
-            except EngineError as error:
-                return ("error", error.kind, str(error))
+                return Done(value)
+            except (ValueError, EngineError) as error:  # the engine's own errors: their kind travels
+                return Failed.of(error)
             except Exception as error:  # noqa: BLE001 - told as one line; the replica's log has the trace
                 logger.exception("replica %s failed", self.name)
-                return ("error", "generation_failed", f"the replica failed: {type(error).__name__}: {error}")
+                return Failed.of(error)
             finally:
                 self.active = False
                 lease.release()  # others may now load this graph from the cache
@@ -149,12 +160,12 @@ class EngineReplica:
                     getter.cancel()
                 if stop.phase != phase:
                     phase = stop.phase
-                    yield ("phase", phase)
+                    yield Phase(phase)
         except (asyncio.CancelledError, GeneratorExit):
             stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
             raise
         for compiled in self.compiles:
-            yield ("compiled", *compiled)
+            yield compiled
         self.compiles.clear()
         yield task.result()
 

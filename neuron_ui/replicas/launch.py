@@ -1,4 +1,8 @@
-"""Start Ray and deploy the replicas; the client comes back."""
+"""Start Ray and deploy the replicas; the client comes back.
+
+    python app.py --replicas 2                    # a local Ray bound to loopback, 2 replicas
+    ray start --head && python app.py --ray-address auto --replicas 4
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,11 @@ from typing import TYPE_CHECKING
 import ray
 from ray import serve
 
-from neuron_ui.replicas.board import APP_NAME, NAMESPACE, ReplicaBoard
+from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
+from neuron_ui.replicas.ray_bridge import local_ray_binds_loopback
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -29,6 +34,9 @@ def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
     else:
+        if not local_ray_binds_loopback():
+            logger.warning("Ray was imported before serving.build_replicas could bind it to loopback: its servers "
+                           "will listen on every interface")
         # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
         # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
@@ -39,7 +47,7 @@ def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str
     """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
     serve.start(proxy_location="Disabled")
     group_options = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
-    deployment = serve.deployment(EngineReplica, name="engine").options(
+    deployment = serve.deployment(EngineReplica, name=DEPLOYMENT_NAME).options(
         num_replicas=plan.replicas,
         max_ongoing_requests=plan.max_ongoing_requests,
         ray_actor_options=plan.actor_options,

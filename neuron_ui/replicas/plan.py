@@ -61,7 +61,7 @@ def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPla
 
 
 def plan_groups(replicas: int, tp: int, device: str, resources: dict[str, float]) -> ReplicaPlan:
-    """tp > 1: each replica a placement group of tp bundles (neuron_ui.replica_group), on CPU the cores split
+    """tp > 1: each replica a placement group of tp bundles (neuron_ui.replicas.tp_group), on CPU the cores split
     between all replicas' ranks."""
     share = resources.get("CPU", 1.0) / (replicas * tp)
     threads = max(1, int(share)) if device == "cpu" else None

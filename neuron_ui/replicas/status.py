@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY
+from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import STALE_SECONDS
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.results import ShapeStatus
+    from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.contract.layouts import Layout
+    from neuron_ui.contract.results import EngineStatus, ShapeStatus
+
+
+def build_book(snapshot: dict[str, Any], manifest_path: Path) -> GraphBook:
+    """Estimates for what no replica holds, from the shared manifest as it is on disk now."""
+    status: EngineStatus = snapshot["status"]
+    return GraphBook(snapshot["key"], CacheManifest(manifest_path), status.compile_mode, status.compile_backend)
+
+
+def merge_layout(layout: Layout, healthy: list[dict[str, Any]], book: GraphBook, warmup: list[Resolution],
+                 total: int) -> ShapeStatus:
+    """One layout over the healthy replicas' reports (`total` replicas planned)."""
+    seen = [row for snap in healthy for row in snap["status"].shapes + snap["status"].layouts
+            if row.tokens == layout.tokens and row.layout == (None if layout.plain else str(layout))]
+    if book.compile_mode == "eager":  # nothing to compile: ready wherever a replica answers
+        ready_on = len(healthy)
+    else:
+        ready_on = sum(layout.tokens in snap["graphs"] for snap in healthy)
+    return merge_shape(book.status(layout, warmup), seen, ready_on, total)
 
 
 def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total: int) -> ShapeStatus:
@@ -35,6 +58,11 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
         ready_on=ready_on,
         replicas_total=total,
     )
+
+
+def replica_rows(reports: dict[str, tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The status's section per replica, in a stable order (by replica id)."""
+    return [replica_row(snap, age) for age, snap in sorted(reports.values(), key=lambda r: r[1]["replica"])]
 
 
 def replica_row(snapshot: dict[str, Any], age: float) -> dict[str, Any]:

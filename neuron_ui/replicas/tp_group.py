@@ -5,7 +5,8 @@
 Serve gives each replica a placement group of tp bundles packed on one node (STRICT_PACK, as vLLM does on Ray).
 The replica is rank 0, in the first bundle: it starts one follower actor per other bundle, hands every rank its
 rank and the group's address (a free port on the node), and joins the group as torchrun's ranks do
-(parallel.init_parallel), then serves through parallel.LeaderRunner while each follower runs parallel.follow.
+(neuron_ui.parallel.group.init_parallel), then serves through neuron_ui.parallel.leader.LeaderRunner while each
+follower runs neuron_ui.parallel.follower.follow.
 A follower that dies breaks the replica: its health check fails and Serve replaces the whole replica with its
 placement group (followers are owned by the replica, so Ray stops them with it).
 
@@ -16,10 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +25,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.processes import free_port, in_daemon_thread
 from neuron_ui.config.runtime import Launch
 from neuron_ui.replicas.plan import actor_options
 
@@ -49,12 +48,6 @@ def join_env(launch: Launch, address: tuple[str, int]) -> dict[str, str]:
     """The variables init_parallel's env:// rendezvous reads, as torchrun would set them."""
     return {"RANK": str(launch.rank), "LOCAL_RANK": str(launch.local_rank), "WORLD_SIZE": str(launch.world_size),
             "MASTER_ADDR": address[0], "MASTER_PORT": str(address[1])}
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def detect_device(settings: Settings) -> str:
@@ -94,7 +87,7 @@ class ReplicaGroup:
     min_seconds: float
 
     @classmethod
-    def start(cls, settings: Settings, threads: int | None) -> "ReplicaGroup":
+    def start(cls, settings: Settings, threads: int | None) -> ReplicaGroup:
         """Start the followers in this replica's placement group and join them; raises if one fails to join."""
         from neuron_ui.parallel.group import check_launch, init_parallel
         from neuron_ui.parallel.leader import GroupHealth
@@ -147,15 +140,7 @@ class ReplicaGroup:
 def join(init, runs: list[Any]):
     """init() (the rendezvous, which waits for every rank) on a thread, failing at once if a follower ends first:
     one that cannot start would otherwise keep rank 0 waiting for the store's 30-minute timeout."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(init())
-        except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
-            future.set_exception(error)
-
-    threading.Thread(target=run, name="tp-join", daemon=True).start()
+    future = in_daemon_thread(init, "tp-join")
     while not future.done():
         ended, _ = ray.wait(runs, num_returns=1, timeout=JOIN_POLL_SECONDS)
         if ended:

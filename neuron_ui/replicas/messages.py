@@ -1,0 +1,83 @@
+"""The messages a replica's stream carries to the front, one frozen dataclass each, in the order they come:
+
+    Started(replica)                       the request left the router and began on this replica
+    Progress(update) ... Phase(phase) ...  progress lines and where the request is (queued, compiling, running)
+    Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
+    Done(value) | Failed(kind, message)    the result, or the error as a value, so its kind survives the trip
+
+The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.stopping import Stopped
+
+
+@dataclass(frozen=True)
+class Started:
+    """First on every stream: the request is on `replica` now, no longer waiting in the router."""
+
+    replica: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress line, as the engine reported it."""
+
+    update: ProgressUpdate
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The request moved on (neuron_ui.contract.stopping's phases): what a stop would still save."""
+
+    phase: str
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compilation on the replica, told to the front's observers (e.g. /metrics) as the engine told it."""
+
+    resolution: str
+    event: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Done:
+    """Last on a stream that succeeded: a GenerateResult for generate, a ShapeStatus for warmup."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Last on a stream that failed: the engine's error by kind and one line, raised again at the front."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, error: Exception) -> Failed:
+        """ValueError is bad input, EngineError (Stopped included) keeps its kind, anything else is one line."""
+        if isinstance(error, ValueError):
+            return cls("invalid_request", str(error))
+        if isinstance(error, EngineError):
+            return cls(error.kind, str(error))
+        return cls("generation_failed", f"the replica failed: {type(error).__name__}: {error}")
+
+    def error(self) -> Exception:
+        """The error to raise at the front: the engine's own types, so callers cannot tell replicas from an engine."""
+        if self.kind == "invalid_request":
+            return ValueError(self.message)
+        if self.kind == "stopped":
+            return Stopped(self.message)
+        return EngineError(self.message, kind=self.kind)
+
+
+Message = Started | Progress | Phase | Compiled | Done | Failed

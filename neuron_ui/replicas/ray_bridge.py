@@ -1,0 +1,33 @@
+"""Every read of a Ray object's internals, one small function each; upgrading Ray means reading this file.
+
+Read from Ray 2.60.0. Each function says what it reads and why no public API gives it.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+
+
+def replica_name() -> str:
+    """This Serve replica's short id (e.g. "a1b2c3d4"): the name in the status, the board and /metrics."""
+    # Ray 2.60.0: ReplicaContext.replica_id is a ReplicaID, a class of ray.serve._private.common; its `unique_id`
+    # is the id Serve's own logs and serve.status() use. (ReplicaContext.replica_tag returns the same string.)
+    return serve.get_replica_context().replica_id.unique_id
+
+
+def replica_states(app_name: str, deployment: str) -> dict[str, int]:
+    """Serve's count of a deployment's replicas per state ("RUNNING", "STARTING", ...), as plain strings."""
+    # Ray 2.60.0: DeploymentStatusOverview.replica_states (public, alpha) is keyed by ReplicaState, a str Enum of
+    # ray.serve._private.common; its `.value` is the state's name. getattr keeps a plain-string key as it is.
+    overview = serve.status().applications[app_name].deployments[deployment]
+    return {str(getattr(state, "value", state)): count for state, count in overview.replica_states.items()}
+
+
+def local_ray_binds_loopback() -> bool:
+    """Whether a local Ray started now binds its servers to 127.0.0.1 (serving.RAY_LOOPBACK_ENV took effect)."""
+    # Ray 2.60.0: ray._private.ray_constants.ENABLE_RAY_CLUSTER, read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once,
+    # when Ray is first imported; while it is False, ray._private.services.get_node_ip_address() answers the
+    # loopback address. No public API says which address a local Ray will bind before it starts.
+    from ray._private import ray_constants
+
+    return not ray_constants.ENABLE_RAY_CLUSTER

@@ -1,0 +1,117 @@
+"""One call to the deployment from the front: its stream of typed messages read to the end and acted on, the
+waiting count it keeps while the router holds it, and one retry when its replica dies."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.serve.exceptions import RequestCancelledError
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.stopping import COMPILING, QUEUED, RUNNING, Stopped, StopToken
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import Observers
+    from neuron_ui.contract.layouts import Layout
+    from neuron_ui.contract.results import ProgressFn
+
+logger = logging.getLogger(__name__)
+
+REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+# What a stopped request answers, by where it was when the front cancelled its stream (stopping's phases).
+STOPPED_WORDS = {
+    QUEUED: "stopped: you left the queue; no image was made",
+    COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
+    RUNNING: "stopped at the next step; no image was made",
+}
+
+
+class StreamCaller:
+    """Calls a deployment method as a stream, routed by the layout's token count (the multiplexed model id)."""
+
+    def __init__(self, handle: Any, observers: Observers):
+        self.handle = handle
+        self.observers = observers
+        self._lock = threading.Lock()
+        self._waiting = 0  # sent to the deployment, not yet started on a replica
+
+    def waiting(self) -> int:
+        with self._lock:
+            return self._waiting
+
+    def call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
+             stop: StopToken | None = None) -> Any:
+        """The value of the stream's Done; a request whose replica dies is sent once more, to another replica."""
+        report = progress or (lambda update: None)
+        for attempt in (1, 2):
+            try:
+                return self._stream(method, argument, layout, report, stop or StopToken())
+            except REPLICA_LOST as error:
+                if attempt == 2:
+                    self.observers.notify("on_failed", "replica_lost")
+                    raise EngineError("the replica making this image stopped twice; try again in a minute",
+                                      kind="replica_lost") from error
+                logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
+                               type(error).__name__)
+                report(ProgressUpdate("waiting", "a replica stopped; trying again on another"))
+
+    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
+        with self._lock:
+            ahead = self._waiting
+            self._waiting += 1
+        waiting = True
+        if ahead:
+            report(ProgressUpdate("waiting", f"waiting for a free replica, {ahead} ahead"))
+        try:
+            handle = self.handle.options(stream=True, multiplexed_model_id=str(layout.tokens))
+            done: list[Any] = []
+            stream = getattr(handle, method).remote(argument)
+            forget = stop.listen(stream.cancel)
+            if stop.stopped:  # stopped before the stream existed
+                stream.cancel()
+            try:
+                # Read to the end of the stream, not just to Done: the replica counts as busy until its request
+                # ends, and the next request for this graph should find it free, not spill to another replica.
+                for message in stream:
+                    if isinstance(message, Started) and waiting:
+                        waiting = False
+                        with self._lock:
+                            self._waiting -= 1
+                    self._take(message, report, stop, done)
+            except RequestCancelledError:
+                self.observers.notify("on_failed", "stopped")
+                raise Stopped(STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[QUEUED]).format(layout=layout)) from None
+            finally:
+                forget()
+            if done:
+                return done[0]
+            raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
+        finally:
+            if waiting:
+                with self._lock:
+                    self._waiting -= 1
+
+    def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Any]) -> None:
+        """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is)."""
+        match message:
+            case Progress(update):
+                report(update)
+            case Phase(phase):
+                stop.enter(phase)
+            case Compiled(resolution, event, seconds):
+                self.observers.notify("on_compiled", resolution, event, seconds)
+            case Failed():
+                self.observers.notify("on_failed", message.kind)
+                raise message.error()
+            case Done(value):
+                done.append(value)
+            case Started():
+                pass  # counted by the caller: the request no longer waits in the router
+            case _:  # a replica running other code than this front's: its message is ignored, as before
+                logger.warning("a replica sent an unknown message: %r", message)
