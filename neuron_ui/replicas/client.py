@@ -18,7 +18,7 @@ from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.layouts import Layout, Layouts
-from neuron_ui.contract.requests import count_prompt_tokens
+from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS
 from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
@@ -95,9 +95,11 @@ class ReplicaClient:
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
                 stop: StopToken | None = None) -> GenerateResult:
         """Redo the masked part of `request.image`; a request without image and mask is refused."""
-        if request.image is None or request.mask is None:
+        try:
+            require_inpaint_inputs(request)
+        except ValueError:
             self.observers.notify("on_failed", "invalid_request")
-            raise ValueError("inpainting needs both an image and a mask")
+            raise
         return self.generate(request, progress, stop)
 
     def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
