@@ -1,0 +1,129 @@
+"""A pytest plugin: each module marked `own_process` runs in a pytest process of its own, reported test by test."""
+
+import os
+
+import pytest
+
+# -- modules that run in a pytest process of their own --------------------------------------------------------
+# Ray keeps driver-side state for the life of a process (Serve's router and long-poll clients, named actors,
+# the worker's job); a Ray module after another one in the same process has hung in Serve's router. Each module
+# marked `own_process` therefore runs in a fresh `python -m pytest`, and its results come back here test by test.
+
+CHILD = "NEURON_UI_TEST_RESULTS"  # set in the child: where it writes one JSON line per test phase
+CHILD_TIMEOUT = 1800  # seconds for one module's process (pytest-timeout still limits each test inside it)
+
+
+class ChildFailure(Exception):
+    """A test that failed in the child process; its text is the child's report."""
+
+
+class ModuleInChild:
+    """One own_process module's selected tests, run once in a child pytest on first use."""
+
+    def __init__(self, nodeids: list[str], rootdir: str):
+        self.nodeids = nodeids
+        self.rootdir = rootdir
+        self.outcomes: dict[str, tuple[str, str]] | None = None
+        self.tail = ""
+
+    def outcome(self, nodeid: str) -> tuple[str, str] | None:
+        if self.outcomes is None:
+            self.outcomes = self._run()
+        return self.outcomes.get(nodeid)
+
+    def _run(self) -> dict[str, tuple[str, str]]:
+        import json
+        import signal
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="neuron-ui-child-") as folder:
+            results = os.path.join(folder, "results.jsonl")
+            log = os.path.join(folder, "output.txt")
+            with open(log, "w") as out:
+                # A session of its own, so a timeout kills the child and what it started (Ray's daemons) together.
+                child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                          *self.nodeids], cwd=self.rootdir, env={**os.environ, CHILD: results},
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    child.wait(timeout=CHILD_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
+                    out.write(f"\n[the child pytest ran past {CHILD_TIMEOUT} s and was killed]\n")
+            with open(log, errors="replace") as out:
+                self.tail = out.read()[-4000:]
+            phases: dict[str, list[dict]] = {}
+            if os.path.exists(results):
+                with open(results) as lines:
+                    for line in lines:
+                        phase = json.loads(line)
+                        phases.setdefault(phase["nodeid"], []).append(phase)
+            return {nodeid: outcome for nodeid, seen in phases.items() if (outcome := combine(seen))}
+
+
+def combine(phases: list[dict]) -> tuple[str, str] | None:
+    """A test's outcome from its phases (setup, call, teardown): the first that did not pass, else passed once its
+    call passed; None while its call is missing (the child died or was killed inside it)."""
+    for phase in phases:
+        if phase["outcome"] != "passed":
+            return phase["outcome"], phase["text"]
+    return ("passed", "") if any(phase["when"] == "call" for phase in phases) else None
+
+
+class InChild(pytest.Item):
+    """A test of an own_process module, as its child process reported it."""
+
+    def __init__(self, *, module: ModuleInChild, original: pytest.Item, **kwargs):
+        super().__init__(**kwargs)
+        self.module = module
+        self.own_markers = list(original.own_markers)
+        self.keywords.update(original.keywords)
+        self.location_of = original.reportinfo()
+
+    def runtest(self) -> None:
+        found = self.module.outcome(self.nodeid)
+        if found is None:
+            raise ChildFailure(f"the child pytest did not report this test; its output ends:\n{self.module.tail}")
+        outcome, text = found
+        if outcome == "skipped":
+            pytest.skip(text)
+        if outcome != "passed":
+            raise ChildFailure(text)
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, ChildFailure):  # the child's first "E" line first: the summary shows it
+            text = str(excinfo.value)
+            headline = next((line[1:].strip() for line in text.splitlines() if line.startswith("E ")), "failed")
+            return f"{headline} [in its own pytest process]\n\n{text}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.location_of
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(session, config, items):
+    if os.environ.get(CHILD):
+        return
+    modules: dict[str, ModuleInChild] = {}
+    for index, item in enumerate(items):
+        if item.get_closest_marker("own_process"):
+            module = modules.setdefault(str(item.path), ModuleInChild([], str(config.rootpath)))
+            module.nodeids.append(item.nodeid)
+            items[index] = InChild.from_parent(item.parent, name=item.name, module=module, original=item)
+
+
+def pytest_runtest_logreport(report):
+    """In a child: one line per phase for the parent to read."""
+    if path := os.environ.get(CHILD):
+        import json
+
+        if report.skipped and isinstance(report.longrepr, tuple):
+            text = report.longrepr[2]
+        else:
+            text = report.longreprtext
+        with open(path, "a") as out:
+            out.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                                 "text": text}) + "\n")
