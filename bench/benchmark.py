@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,16 +36,12 @@ sys.path.insert(0, str(ROOT))
 for _name, _value in {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}.items():
     os.environ.setdefault(_name, _value)
 
+from neuron_ui.config.processes import free_port  # noqa: E402
 from neuron_ui.main import build_app, launch  # noqa: E402
+from neuron_ui.model.runner import RunnerWrapper  # noqa: E402
 from neuron_ui.serving import build_engine  # noqa: E402
 
 PROMPT = "a lighthouse on a cliff at dusk"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def median_time(fn, runs: int) -> float:
@@ -61,13 +56,17 @@ def median_time(fn, runs: int) -> float:
 # -- sections that run against one served app, in this process ------------------------------------------
 
 
-class BenchRunner:
-    """The engine's pipeline runner, timed: when each call started (the moment a request has the device and its
-    pipeline begins) and when each step ended; `use_cache` picks the runner with or without the prompt cache."""
+UNCACHED_SEEDS = range(10**9, 2 * 10**9)  # requests with these seeds skip the prompt embedding cache
 
-    def __init__(self, cached, uncached):
-        self.cached, self.uncached = cached, uncached
-        self.use_cache = True
+
+class BenchRunner(RunnerWrapper):
+    """The engine's pipeline runner, timed: when each call started (the moment a request has the device and its
+    pipeline begins) and when each step ended; calls whose seed is in `uncached_seeds` run on `uncached` (the
+    runner without the prompt cache), the others on `inner`."""
+
+    def __init__(self, inner, uncached, uncached_seeds=UNCACHED_SEEDS):
+        super().__init__(inner)
+        self.uncached, self.uncached_seeds = uncached, uncached_seeds
         self.starts: dict[int, float] = {}  # seed -> when its pipeline call started
         self.step_ends: list[float] = []
 
@@ -78,7 +77,7 @@ class BenchRunner:
             self.step_ends.append(time.perf_counter())
             return callback(pipe, step, timestep, kwargs) if callback else {}
 
-        return (self.cached if self.use_cache else self.uncached)(call, timed)
+        return (self.uncached if call.seed in self.uncached_seeds else self.inner)(call, timed)
 
 
 @dataclass
@@ -152,12 +151,10 @@ def overhead(bench: Bench, runs: int) -> dict:
     def round_trip():
         bench.submit(client).result(600)
 
+    uncached_seeds = iter(UNCACHED_SEEDS)
+
     def generate_without_cache():
-        bench.runner.use_cache = False
-        try:
-            generate()
-        finally:
-            bench.runner.use_cache = True
+        engine.generate(GenerateRequest(PROMPT, resolution, steps, next(uncached_seeds)))
 
     variants = {"plain": plain, "engine": generate, "round_trip": round_trip,
                 "engine_no_prompt_cache": generate_without_cache}

@@ -19,6 +19,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.runner import PipelineRunner
 from neuron_ui.model.tiny import build_tiny_pipeline
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -32,7 +33,9 @@ SMALL_PRESETS = "256x256,384x256,256x384,512x512"
 def make_engine(tmp_path):
     """Build engines on the tiny model; dynamo is reset so no engine reuses another's graphs."""
 
-    def make(presets: str = SMALL_PRESETS, compile_mode: str = "regional", backend="eager", cache_dir=None):
+    def make(presets: str = SMALL_PRESETS, compile_mode: str = "regional", backend="eager", cache_dir=None,
+             wrap_runner=None):
+        """`wrap_runner(runner)` wraps the pipeline runner at construction; the engine's `runner` is then the wrapper."""
         torch._dynamo.reset()
         cache = configure_cache_env(cache_dir or tmp_path / "cache", environ={})
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
@@ -43,6 +46,7 @@ def make_engine(tmp_path):
             backend=backend,
             cache=cache,
             manifest=CacheManifest(cache.manifest, error=cache.problem),
+            runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
         )
 
     yield make

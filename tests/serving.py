@@ -6,7 +6,6 @@ Not a test module; test_reliability.py and test_load.py import it.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,16 +17,13 @@ import httpx
 import torch
 from gradio_client import Client
 
+from neuron_ui.config.processes import free_port
 from neuron_ui.main import build_app, launch, parse_settings, start_server
+from neuron_ui.model.runner import RunnerWrapper
+from neuron_ui.serving import build_engine
 from neuron_ui.ui.handlers import Handlers
 
 TIMEOUT = 120  # seconds for any one call; nothing here should take a tenth of that
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass
@@ -36,6 +32,7 @@ class Served:
     demo: Any
     server: Any  # neuron_ui.server.Server
     settings: Any
+    runner: Any = None  # the wrapper served(wrap_runner=...) built around the engine's runner
 
     @property
     def url(self) -> str:
@@ -65,11 +62,23 @@ class Served:
 
 @contextmanager
 def served(cache_dir, *flags: str, environ: dict | None = None,
-           engine: Callable[[Any], Any] | None = None) -> Iterator[Served]:
+           engine: Callable[[Any], Any] | None = None,
+           wrap_runner: Callable[[Any], RunnerWrapper] | None = None) -> Iterator[Served]:
     """app.py's flow (settings, server, engine, queued demo, mount) on the tiny model with the eager backend.
 
-    `engine(settings)` may build the engine instead (e.g. with a failing compiler); flags come after the defaults.
+    `engine(settings)` may build the engine instead (e.g. with a failing compiler); `wrap_runner(runner)` wraps the
+    engine's runner at construction (the wrapper is `Served.runner`); flags come after the defaults.
     """
+    wrapped = []  # the one wrapper, once the engine is built
+
+    def wrap(inner):
+        wrapped.append(wrap_runner(inner))
+        return wrapped[-1]
+
+    if wrap_runner:
+        assert engine is None, "give served() an engine factory or a runner wrapper, not both"
+        engine = lambda settings: build_engine(settings, wrap_runner=wrap)
+
     saved = dict(os.environ)
     os.environ.update(environ or {})
     torch._dynamo.reset()
@@ -81,7 +90,7 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
         server = start_server(settings)
         built, demo = build_app(settings, engine(settings) if engine else None)
         launch(built, demo, settings, server)
-        yield Served(built, demo, server, settings)
+        yield Served(built, demo, server, settings, wrapped[0] if wrapped else None)
     finally:
         if server is not None:
             server.stop()
@@ -107,11 +116,11 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -
     return value
 
 
-class GatedRunner:
+class GatedRunner(RunnerWrapper):
     """The engine's runner, recording every pipeline call; hold() keeps the next call off the device until open()."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[tuple[int, float, float]] = []  # (seed, start, end) in the order they ran
         self.active = self.most_active = 0
         self._lock = threading.Lock()

@@ -21,6 +21,7 @@ from test_browser import (  # noqa: F401
 )
 
 from neuron_ui.engine.setup import WARMUP_PROMPT
+from neuron_ui.model.runner import RunnerWrapper
 from neuron_ui.ui.words import TABLE_HEADERS
 
 pytestmark = pytest.mark.browser
@@ -33,12 +34,9 @@ LONG_PROMPT = "a long night"  # an image whose every step sleeps STEP_SLEEP, so 
 STEP_SLEEP = 0.2
 
 
-class SlowCompile:
+class SlowCompile(RunnerWrapper):
     """The pipeline runner, sleeping in the compile's warm-up call (a compile that takes a few seconds) and in
     each step of LONG_PROMPT's image (a tiny-model step takes milliseconds: 100 of them could end unseen)."""
-
-    def __init__(self, inner):
-        self.inner = inner
 
     def __call__(self, call, callback=None):
         if call.prompt == WARMUP_PROMPT:

@@ -8,17 +8,18 @@ import pytest
 
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import DISCONNECTED, SessionStops, Stopped, StopToken
+from neuron_ui.model.runner import RunnerWrapper
 from neuron_ui.ui.words import describe_result
 
 LONG = 100  # steps: a request that runs for seconds on the tiny model
 
 
-class StepClock:
+class StepClock(RunnerWrapper):
     """The engine's runner, recording when each step ended and which seeds ran; hold() keeps the next call
     (a compile or an image) off the pipeline until open()."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.seeds: list[int] = []
         self.step_ends: list[float] = []
         self.started = threading.Event()
@@ -71,8 +72,8 @@ def wait_until(predicate, what, timeout=60.0):
 
 @pytest.fixture
 def eager(make_engine):
-    engine = make_engine(compile_mode="eager")
-    engine.runner = clock = StepClock(engine.runner)
+    engine = make_engine(compile_mode="eager", wrap_runner=StepClock)
+    clock = engine.runner
     return engine, clock
 
 
@@ -118,8 +119,8 @@ def test_a_queued_request_that_is_stopped_never_runs(eager):
 
 
 def test_a_stop_during_a_compile_lets_the_size_finish_and_makes_no_image(make_engine):
-    engine = make_engine()  # regional compile on the eager backend: a compile that can be held
-    engine.runner = clock = StepClock(engine.runner)
+    engine = make_engine(wrap_runner=StepClock)  # regional compile on the eager backend: a compile that can be held
+    clock = engine.runner
     clock.hold()
     token = StopToken()
     thread, box = in_thread(engine.generate, GenerateRequest("x", "256x256", steps=2, seed=5), stop=token)
@@ -147,9 +148,9 @@ def test_a_disconnect_does_not_stop_a_compile_but_a_stop_does():
 
 
 def test_a_waiting_user_hears_the_compile_ahead_then_the_images_ahead_and_the_wait_is_kept_apart(make_engine):
-    engine = make_engine()
+    engine = make_engine(wrap_runner=StepClock)
+    clock = engine.runner
     engine.generate(GenerateRequest("x", "256x256", steps=1, seed=1))  # 256x256 ready and its latency measured
-    engine.runner = clock = StepClock(engine.runner)
     clock.hold()  # the next compile (512x512, someone else's) holds the device
     other, _ = in_thread(engine.generate, GenerateRequest("other", "512x512", steps=1, seed=2))
     assert clock.holding.wait(60)

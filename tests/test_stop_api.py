@@ -15,9 +15,11 @@ from neuron_ui.ui.gradio_bridge import current_event
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stop")
-    with served(folder / "cache", "--max-queue", "4") as s:
+    with served(folder / "cache", "--max-queue", "4", wrap_runner=StepClock) as s:
         s.engine.warmup("256x256")
-        s.engine.runner = s.clock = StepClock(s.engine.runner)
+        s.clock = s.runner
+        s.clock.seeds.clear()  # the tests look at requests' seeds and steps only, not the warmup's
+        s.clock.step_ends.clear()
         s.folder = folder
         yield s
 
