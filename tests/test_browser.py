@@ -12,8 +12,8 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
-from serving import free_port
 
+from neuron_ui.config.processes import free_port
 from neuron_ui.main import build_app, launch, parse_settings
 from neuron_ui.serving import build_engine
 

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from serving import GatedRunner
 
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.contract.errors import EngineError
@@ -148,15 +149,20 @@ def test_progress_reports_compiling_steps_and_decoding(make_engine):
 
 
 def test_waiting_is_reported_while_another_request_runs(make_engine):
-    engine = make_engine()
+    engine = make_engine(wrap_runner=GatedRunner)
     gen(engine)
     updates = []
-    with engine._device.user():  # another user's image is on the device
-        waiter = threading.Thread(
-            target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append), daemon=True)
-        waiter.start()
-        waiter.join(timeout=0.5)
-        assert engine.status().busy
+    engine.runner.hold()
+    other = threading.Thread(target=lambda: gen(engine), daemon=True)
+    other.start()
+    assert engine.runner.holding.wait(60)  # another user's image is on the device
+    waiter = threading.Thread(
+        target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append), daemon=True)
+    waiter.start()
+    waiter.join(timeout=0.5)
+    assert engine.status().busy
+    engine.runner.open()
+    other.join(timeout=60)
     waiter.join(timeout=60)
     assert updates[0].stage == "waiting"
 

@@ -23,11 +23,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
-from serving import TIMEOUT, call, connect, free_port, served, wait_until
+from serving import TIMEOUT, call, connect, served, wait_until
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.processes import free_port
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.engine.engine import Engine
@@ -460,7 +461,7 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
     assert defaults.host == "127.0.0.1"
     server = start_server(defaults)
     try:
-        (socket,) = [sock for s in server._uvicorn.servers for sock in s.sockets]
+        (socket,) = server.sockets
         assert socket.getsockname()[0] == "127.0.0.1"
         # The model is not loaded yet: the port answers, and says so.
         health = httpx.get(server.url + "/healthz")

@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
-from serving import TIMEOUT, free_port, wait_until
+from serving import TIMEOUT, wait_until
+
+from neuron_ui.config.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = ["a slow one", "512x512", 60, 1, None, None, None]  # 60 steps of the tiny model: several seconds on a CPU
