@@ -123,7 +123,7 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         launch(engine, demo, settings, server)
         measured = group.seconds_since_last_break()
         bounded = group.seconds_since_last_heartbeat() if measured is None else None
-        health.serving(measured if measured is not None else bounded)
+        health.serving(measured if measured is not None else bounded, bounded=measured is None)
         logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)%s", group.degree,
                     health.startup_seconds, launch_info.restart_count, launch_info.max_restarts,
                     f"; back {measured:.0f} s after the group broke" if measured is not None else

@@ -65,15 +65,20 @@ class GroupHealth:
     def __call__(self) -> str | None:
         return self.problem
 
-    def serving(self, restart_seconds: float | None) -> None:
+    restart_bounded: bool = False  # restart_seconds is an upper bound from rank 0's last heartbeat, not the break
+
+    def serving(self, restart_seconds: float | None, bounded: bool = False) -> None:
         self.startup_seconds = time.monotonic() - self.started
         self.restart_seconds = restart_seconds
+        self.restart_bounded = bounded and restart_seconds is not None
 
     def restart_wait(self) -> str:
         """How long until a restarted group serves again, in words: the restart that made this group when
-        there was one (measured), else this group's own start-up plus rank 0's drain (an estimate)."""
+        there was one (measured from the break, or bounded by rank 0's last heartbeat when nobody noted the
+        break), else this group's own start-up plus rank 0's drain (an estimate)."""
         if self.restart_seconds is not None:
-            return f"about {math.ceil(self.restart_seconds)} s (the last restart took that long)"
+            took = "at most that long, from rank 0's last heartbeat" if self.restart_bounded else "that long"
+            return f"about {math.ceil(self.restart_seconds)} s (the last restart took {took})"
         seconds = math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
         return f"about {seconds} s (an estimate: this group's start-up plus {DRAIN_SECONDS:.0f} s)"
 
