@@ -4,6 +4,7 @@ The sharded math is torch's DTensor; what these tests check is our orchestration
 broadcasts, every rank runs and compiles in lockstep, and deaths are reported instead of hanging.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -82,7 +83,11 @@ def torchrun_app(tmp_path, *torchrun_flags: str, app_flags: list[str] = FLAGS):
     try:
         yield proc, wait_for_client(f"http://127.0.0.1:{port}", [proc], log), log, f"http://127.0.0.1:{port}"
     finally:
+        left = workers(proc) if proc.poll() is None else {}
         stop([proc], signal.SIGKILL) if proc.poll() is None else None
+        for pid in left.values():  # a SIGKILLed agent leaves its workers running (rank 0 still serving): end them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager
