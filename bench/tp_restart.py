@@ -103,8 +103,14 @@ def measure(rank: int, folder: Path) -> dict:
         served_at = time.monotonic()
     finally:
         if torchrun.poll() is None:
+            left = workers(torchrun)
             torchrun.send_signal(signal.SIGKILL)
             torchrun.wait(60)
+            for pid in left.values():  # a SIGKILLed agent leaves its workers running: end them too
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     return {"killed_rank": rank, "first_image": first["cache_event"], "in_flight_user_got": in_flight,
             "kill_to_healthz_ok_s": round(back_at - killed_at, 1),
             "kill_to_next_image_s": round(served_at - killed_at, 1), "next_image": after["cache_event"]}

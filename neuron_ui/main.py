@@ -113,16 +113,23 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
     leader = None
     try:
         group = init_parallel(launch_info, device)
+        if launch_info.is_leader:
+            group.start_heartbeat()  # rank 0 killed outright notes no break: the next group bounds it by this
         if not launch_info.is_leader:
             sys.exit(follow(build_follower_runner(settings, group), group))
         engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout))
         leader = engine.runner
         _, demo = build_app(settings, engine)
         launch(engine, demo, settings, server)
-        health.serving(group.seconds_since_last_break())
+        measured = group.seconds_since_last_break()
+        bounded = group.seconds_since_last_heartbeat() if measured is None else None
+        health.serving(measured if measured is not None else bounded, bounded=measured is None)
         logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)%s", group.degree,
                     health.startup_seconds, launch_info.restart_count, launch_info.max_restarts,
-                    "" if health.restart_seconds is None else f"; back {health.restart_seconds:.0f} s after the group broke")
+                    f"; back {measured:.0f} s after the group broke" if measured is not None else
+                    f"; back about {bounded:.0f} s after the group broke (from rank 0's last heartbeat)"
+                    if bounded is not None else
+                    "; the previous group's break time is unknown" if launch_info.restart_count else "")
         if launch_info.restarts_left > 0:
             while not leader.broken_event.wait(0.5):  # a short wait, so SIGTERM gets through
                 pass

@@ -74,6 +74,9 @@ def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was
     restarted = GroupHealth(started=time.monotonic() - 21.2)
     restarted.serving(restart_seconds=33.4)
     assert restarted.restart_wait() == "about 34 s (the last restart took that long)"
+    bounded = GroupHealth(started=0.0)
+    bounded.serving(restart_seconds=33.4, bounded=True)  # rank 0 was killed: nobody noted the break
+    assert bounded.restart_wait() == "about 34 s (the last restart took at most that long, from rank 0's last heartbeat)"
 
 
 def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
@@ -93,3 +96,24 @@ def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
     time.sleep(0.2)
     assert 0.2 <= group(1).seconds_since_last_break() < 5
     assert group(2).seconds_since_last_break() is None  # group 1 never broke
+
+
+def test_when_nobody_noted_the_break_a_restarted_group_bounds_it_by_rank_0s_last_heartbeat():
+    import torch.distributed as dist
+
+    from neuron_ui.parallel.group import ParallelGroup
+
+    history = dist.HashStore()
+
+    def group(restart_count: int) -> ParallelGroup:
+        return ParallelGroup(Launch(0, 0, 2, restart_count, 3), "cpu", None, None, [], dist.HashStore(), history)
+
+    first = group(0)
+    assert first.seconds_since_last_heartbeat() is None  # the first group: nothing before it
+    stop = first.start_heartbeat(every=0.05)
+    time.sleep(0.2)
+    stop.set()  # rank 0 killed: its heartbeat stops, and no rank notes the break
+    time.sleep(0.3)
+    restarted = group(1)
+    assert restarted.seconds_since_last_break() is None
+    assert 0.25 <= restarted.seconds_since_last_heartbeat() < 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from neuron_ui.config.processes import process_state
 from neuron_ui.model.torch_bridge import stabilise_mesh_hash
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 PROCESS_GROUP_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)  # gloo's own limit on one collective; LeaderRunner bounds calls tighter
+HEARTBEAT_SECONDS = 1.0  # rank 0 writes the time this often: the latest a restarted group can tell a break from
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait on the control group for as long as nobody asks for an image
 
 
@@ -83,10 +86,41 @@ class ParallelGroup:
     def seconds_since_last_break(self) -> float | None:
         """How long the restart that made this group took: from the previous group's break to now (call it
         when serving); None for the first group, or when no rank of the previous one lived to note it."""
-        key = f"broken/{self.launch.restart_count - 1}"
-        if self.launch.restart_count == 0 or not self.history.check([key]):
+        return self._seconds_since(f"broken/{self.launch.restart_count - 1}")
+
+    def seconds_since_last_heartbeat(self) -> float | None:
+        """From the previous group's rank 0's last heartbeat to now: at most HEARTBEAT_SECONDS more than the
+        restart took (rank 0 died within that long of its last heartbeat). For when nobody noted the break:
+        rank 0 killed while its followers sat in a collective, stopped by torchrun before they noticed."""
+        return self._seconds_since(f"heartbeat/{self.launch.restart_count - 1}")
+
+    def _seconds_since(self, key: str) -> float | None:
+        try:
+            if self.launch.restart_count == 0 or not self.history.check([key]):
+                return None
+            return max(time.time() - float(self.history.get(key).decode()), 0.0)
+        except Exception as error:  # the store is torchrun's agent's: gone means nobody restarts anyway
+            logger.warning("could not read %s from the rendezvous store: %s", key, error)
             return None
-        return time.time() - float(self.history.get(key).decode())
+
+    def start_heartbeat(self, every: float = HEARTBEAT_SECONDS) -> threading.Event:
+        """Rank 0 writes the wall clock under this group's heartbeat key every `every` seconds, on a daemon
+        thread, until the event returned is set: what the next group bounds its restart time by when rank 0
+        died without anyone noting the break. (TCPStore's client serialises its calls: one store serves both.)"""
+        stop = threading.Event()
+        key = f"heartbeat/{self.launch.restart_count}"
+
+        def beat() -> None:
+            while True:
+                try:
+                    self.history.set(key, repr(time.time()))
+                except Exception:  # the agent is gone: so is any restart
+                    return
+                if stop.wait(every):
+                    return
+
+        threading.Thread(target=beat, name="tp-heartbeat", daemon=True).start()
+        return stop
 
 
 def init_parallel(launch: Launch, device: str) -> ParallelGroup:
@@ -131,23 +165,6 @@ def seconds_since_start() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
-
-
-def process_state(pid: int) -> str | None:
-    """The kernel's one-letter state of a local process (R, S, T, Z...), or None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc (not Linux): all we can tell is whether it exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return "?"
-    return stat[stat.rindex(")") + 2]
 
 
 def dead_ranks(group: ParallelGroup) -> list[int]:

@@ -1,15 +1,11 @@
-"""Tensor parallelism under torchrun: the transformer is sharded over N processes; rank 0 serves, the others follow.
+"""Rank 0's side of a tensor-parallel group: the lockstep runner that broadcasts each pipeline call to the
+followers and bounds it (LeaderRunner), and the group's health for /healthz and the restart wait (GroupHealth).
 
-    torchrun --nproc_per_node=8 app.py --model black-forest-labs/FLUX.2-klein-4B   # trn: one process per NeuronCore
-    torchrun --nproc_per_node=2 app.py --device cuda                               # two GPUs
-    torchrun --nproc_per_node=2 app.py --device cpu --model tiny                   # rehearsal on a laptop (gloo)
-
-Rank 0 runs the Gradio server and the engine; before each pipeline call it broadcasts the call (prompt,
-size, steps, seed) on a gloo control group, and every rank runs it in lockstep with the same seed, so a
-new shape compiles on every rank in the same request. At the end of every denoising step rank 0 broadcasts
-whether to stop there (a user's Stop), so every rank leaves the loop at the same step and none waits in a
-collective for the others. Followers report their compile counters back, so
-the status shows what each rank compiled.
+Before each call rank 0 broadcasts it (prompt, size, steps, seed) on the gloo control group and every rank runs
+it in lockstep with the same seed, so a new shape compiles on every rank in the same request. At the end of every
+denoising step rank 0 broadcasts whether to stop there (a user's Stop), so every rank leaves the loop at the same
+step. Followers report their compile counters back, so the status shows what each rank compiled. The follower's
+side is follower.py; the process group itself, group.py.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import logging
 import math
 import threading
 import time
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -27,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from neuron_ui.compile.counters import read_counters
+from neuron_ui.config.processes import in_daemon_thread
 from neuron_ui.contract.errors import EngineError, first_line
 from neuron_ui.parallel.group import _ranks, dead_ranks, seconds_since_start
 
@@ -63,21 +59,26 @@ class GroupHealth:
 
     started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
     startup_seconds: float | None = None
-    restart_seconds: float | None = None  # measured: the previous group's break to this group serving
+    restart_seconds: float | None = None  # the previous group's break (or, failing that, rank 0's last heartbeat) to serving
     problem: str | None = None
 
     def __call__(self) -> str | None:
         return self.problem
 
-    def serving(self, restart_seconds: float | None) -> None:
+    restart_bounded: bool = False  # restart_seconds is an upper bound from rank 0's last heartbeat, not the break
+
+    def serving(self, restart_seconds: float | None, bounded: bool = False) -> None:
         self.startup_seconds = time.monotonic() - self.started
         self.restart_seconds = restart_seconds
+        self.restart_bounded = bounded and restart_seconds is not None
 
     def restart_wait(self) -> str:
         """How long until a restarted group serves again, in words: the restart that made this group when
-        there was one (measured), else this group's own start-up plus rank 0's drain (an estimate)."""
+        there was one (measured from the break, or bounded by rank 0's last heartbeat when nobody noted the
+        break), else this group's own start-up plus rank 0's drain (an estimate)."""
         if self.restart_seconds is not None:
-            return f"about {math.ceil(self.restart_seconds)} s (the last restart took that long)"
+            took = "at most that long, from rank 0's last heartbeat" if self.restart_bounded else "that long"
+            return f"about {math.ceil(self.restart_seconds)} s (the last restart took {took})"
         seconds = math.ceil((self.startup_seconds or 60.0) + DRAIN_SECONDS)
         return f"about {seconds} s (an estimate: this group's start-up plus {DRAIN_SECONDS:.0f} s)"
 
@@ -118,7 +119,8 @@ class LeaderRunner:
         bound = self.bound(call)
         self._answered.clear()
         try:
-            future = self._run_in_thread(call, callback)
+            # on a daemon thread: one stuck in a collective is left there and never holds up the exit
+            future = in_daemon_thread(lambda: self._lockstep(call, callback), "tp-call")
             try:
                 return future.result(timeout=bound)
             except FutureTimeout:
@@ -127,20 +129,6 @@ class LeaderRunner:
                 raise FollowerGone(self.user_message()) from None
         finally:
             self._answered.set()
-
-    def _run_in_thread(self, call: PipelineCall, callback) -> Future:
-        """The call on a daemon thread of its own: one stuck in a collective is left there, and never holds up
-        the process's exit (ThreadPoolExecutor's threads are joined at exit)."""
-        future: Future = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(self._lockstep(call, callback))
-            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
-                future.set_exception(error)
-
-        threading.Thread(target=run, name="tp-call", daemon=True).start()
-        return future
 
     def _lockstep(self, call: PipelineCall, callback=None):
         start = time.monotonic()
