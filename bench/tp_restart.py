@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,14 @@ import psutil
 from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
+
+from neuron_ui.config.processes import free_port  # noqa: E402
+
 FLAGS = ["--device", "cpu", "--model", "tiny", "--compile", "regional", "--compile-backend", "inductor",
          "--resolutions", "256x256"]
 
 logger = logging.getLogger("tp_restart")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workers(torchrun: subprocess.Popen) -> dict[int, int]:

@@ -23,8 +23,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.utils import Status
 from PIL import Image
-from serving import free_port
 
+from neuron_ui.config.processes import free_port
 from neuron_ui.main import main
 from neuron_ui.model.runner import PipelineCall, run_pipeline
 from neuron_ui.model.sharding import check_heads
