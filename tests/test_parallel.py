@@ -247,11 +247,13 @@ def test_a_hung_follower_is_bounded_and_named(tmp_path):
         generate(client)  # compiles 256x256 and measures it: later calls get max(3 s, 4x that)
         procs[1].send_signal(signal.SIGSTOP)  # alive, holding its sockets, answering nothing
         start = time.monotonic()
-        with pytest.raises(Exception, match="tensor-parallel rank 1 did not answer within 3 s"):
+        # the bound is max(3 s, 4x the measured image): 3 s on an idle machine, more on a loaded one
+        with pytest.raises(Exception, match=r"tensor-parallel rank 1 did not answer within \d+ s") as hung:
             generate(client, seed=5)
-        assert time.monotonic() - start < 20
+        bound = int(re.search(r"within (\d+) s", str(hung.value)).group(1))
+        assert bound >= 3 and time.monotonic() - start < bound + 17
         assert healthz(url) == (503, "degraded: rank 1 gone")
-        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] == "rank 1 did not answer within 3 s"
+        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] == f"rank 1 did not answer within {bound} s"
         client.close()
 
 

@@ -44,6 +44,8 @@ class EngineMetrics:
                                 "1 when compiled shapes survive a restart; 0 when the cache folder is unusable",
                                 registry=r)
         self.persistent.set_function(lambda: self._engine is not None and self._engine.status().persistent_cache)
+        self.held = Gauge("neuron_ui_gradio_held", "Records Gradio holds per session or event, each bounded "
+                          "(docs/operations.md#memory)", ["record"], registry=r)
         self._engine = None
         self._waiting: Callable[[], int] = lambda: 0
         if engine is not None:
@@ -55,6 +57,11 @@ class EngineMetrics:
         self._waiting = waiting or (lambda: engine.status().queue_depth)
         engine.observers.add(self)
         self.loaded.set(1)
+
+    def watch_held(self, held: Callable[[], dict[str, int]]) -> None:
+        """Serve `held()`'s counts as neuron_ui_gradio_held{record=...}, read at each scrape."""
+        for record in held():
+            self.held.labels(record).set_function(lambda record=record: held()[record])
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()

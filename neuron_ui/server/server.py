@@ -149,6 +149,7 @@ class Server:
         asyncio.run_coroutine_threadsafe(gradio_bridge.start(demo, self.gradio_app, self._gradio_lifespan),
                                          self._loop).result(timeout)
         self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
+        self.metrics.watch_held(lambda: gradio_bridge.held(demo, self.gradio_app))
         self.engine, self.demo = engine, demo
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:

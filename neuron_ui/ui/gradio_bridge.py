@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlunparse
@@ -26,6 +28,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEVICE = "device"  # the concurrency group of every event that runs the pipeline
+# Gradio keeps a SessionState per session id it ever saw (a page load, an API client), ~160 KB each for this UI
+# (measured with tracemalloc); its default of 10,000 let strangers with fresh ids hold ~1.6 GB. The oldest go
+# first: a page idle past this many newer visitors starts its in-page history over (the browser keeps a copy).
+GRADIO_SESSIONS = 500
+GRADIO_STREAMS = 2000  # sessions whose unread messages Gradio keeps (its own bound, LRU); older ones answer 404
+HOUSEKEEPING_SECONDS = 30.0
 
 
 def current_event() -> tuple[str | None, str | None]:
@@ -89,6 +97,7 @@ def launch_options() -> dict[str, Any]:
 def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str) -> Any:
     """Mount the queued demo at / of `app`; returns Gradio's own App, which gr.mount_gradio_app does not return:
     in 6.31 it appends one starlette Mount to the parent's routes (gradio/routes.py, mount_gradio_app)."""
+    demo.state_session_capacity = GRADIO_SESSIONS  # read when mounting (gradio/state_holder.py, set_blocks)
     gr.mount_gradio_app(app, demo, path="/", server_name=settings.host, server_port=settings.port,
                         auth=settings.auth,
                         show_error=False,  # only our gr.Error messages reach users; anything else is logged
@@ -108,6 +117,50 @@ async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack) -> N
     demo.run_startup_events()
     await demo.run_extra_startup_events()
     gradio_app.startup_events_triggered = True
+    # Gradio's queue records every event for its monitoring page (10,000 by default) and turns them all into a
+    # pandas DataFrame after each event: memory and CPU that grow with use, for a page this app does not serve.
+    demo._queue.ANALYTICS_MAX_EVENTS = 1
+    demo._queue.pending_messages_per_session.max_size = GRADIO_STREAMS
+    demo._queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # (sic) never summarised
+    lifespan.push_async_callback(_cancel, asyncio.create_task(_housekeeping(demo, gradio_app)))
+
+
+async def _housekeeping(demo: gr.Blocks, gradio_app: Any) -> None:
+    """Every HOUSEKEEPING_SECONDS, on the server's loop (where Gradio changes these): forget() what Gradio 6.31
+    keeps of finished events and deleted files."""
+    while True:
+        await asyncio.sleep(HOUSEKEEPING_SECONDS)
+        forget(demo, gradio_app)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+
+
+def forget(demo: gr.Blocks, gradio_app: Any) -> None:
+    """Drop what Gradio 6.31 never frees: the event ids of sessions whose message queue it already evicted
+    (Queue.pending_event_ids_session loses a session's ids only as its stream reads them: a client that never reads
+    leaves them for good), ids of cancelled generators never resumed (App.iterators_to_reset), and the path of every
+    file it served or received (Block.temp_files, the upload set) once the file is gone (ImageStore keeps the newest
+    results only). Call it on the server's loop."""
+    queue = demo._queue
+    for session in list(queue.pending_event_ids_session):
+        if session not in queue.pending_messages_per_session:  # evicted: its stream answers 404, its ids are dead
+            queue.pending_event_ids_session.pop(session, None)
+    gradio_app.iterators_to_reset.intersection_update(queue.event_ids_to_events)
+    for files in demo.temp_file_sets:
+        files.difference_update([path for path in files if not os.path.exists(path)])
+
+
+def held(demo: gr.Blocks, gradio_app: Any) -> dict[str, int]:
+    """How many of each per-session and per-event record Gradio holds (for /metrics and the tests)."""
+    queue = demo._queue
+    return {"sessions": len(gradio_app.state_holder.session_data),
+            "event_ids": sum(map(len, list(queue.pending_event_ids_session.values()))),
+            "events": len(queue.event_ids_to_events),
+            "streams": len(queue.pending_messages_per_session),
+            "analytics_events": len(queue.event_analytics),
+            "file_paths": sum(map(len, list(demo.temp_file_sets)))}
 
 
 def stop(demo: gr.Blocks, gradio_app: Any, loop: asyncio.AbstractEventLoop | None) -> None:

@@ -1,0 +1,44 @@
+"""What a long-running server keeps per visitor and per request stays bounded (issue 27): Gradio's per-session state,
+its message queues and event ids, and its monitoring records, read through /metrics after many visitors."""
+
+import json
+import re
+
+import httpx
+from serving import TIMEOUT, served, wait_until
+
+from neuron_ui.ui import gradio_bridge
+
+VISITORS = 30
+
+
+def call_status(url: str) -> str:
+    """/status by the raw call API: every call is a new Gradio session; returns the event id."""
+    return httpx.post(f"{url}/gradio_api/call/status", json={"data": []}, timeout=TIMEOUT).json()["event_id"]
+
+
+def result(url: str, event_id: str) -> dict:
+    stream = httpx.get(f"{url}/gradio_api/call/status/{event_id}", timeout=TIMEOUT).text
+    event, data = re.findall(r"event: (\w+)\ndata: (.*)\n", stream)[-1]
+    assert event == "complete", stream
+    return json.loads(data)[0]
+
+
+def test_per_session_and_per_event_records_stay_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(gradio_bridge, "GRADIO_SESSIONS", 10)
+    monkeypatch.setattr(gradio_bridge, "GRADIO_STREAMS", 10)
+    monkeypatch.setattr(gradio_bridge, "HOUSEKEEPING_SECONDS", 0.2)
+    with served(tmp_path / "cache") as s:
+        for _ in range(VISITORS):  # visitors who read their answer
+            assert result(s.url, call_status(s.url))["compile_backend"] == "eager"
+        unread = [call_status(s.url) for _ in range(VISITORS)]  # strangers who never come back for it
+
+        def held(record: str) -> float | None:
+            return s.metric("neuron_ui_gradio_held", record=record)
+
+        # Gradio 6.31 alone: 60 sessions of ~160 KB, 60 monitoring records, and the strangers' 30 event ids and
+        # message queues, kept for good.
+        assert held("sessions") <= 10 and held("streams") <= 10
+        assert held("analytics_events") <= 1
+        wait_until(lambda: held("event_ids") <= 10, "the evicted sessions' event ids forgotten", timeout=10)
+        assert result(s.url, unread[-1])["compile_backend"] == "eager"  # a recent one still finds its answer
