@@ -142,7 +142,7 @@ def import_command(settings: Settings, cache: CachePaths) -> int:
                               FetchPolicy.from_settings(settings))
     for o in outcomes:
         if o.info is None:
-            print(f"error: not importing {o.source}: {o.problem}", file=sys.stderr)
+            print(f"error: not importing: {o.problem}", file=sys.stderr)
             continue
         print(f"imported {o.source}: added {', '.join(o.info.added_shapes) or 'nothing new'}"
               + (f"; kept this cache's own {', '.join(o.info.kept_shapes)}" if o.info.kept_shapes else ""))

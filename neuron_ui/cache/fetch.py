@@ -16,9 +16,10 @@ import tarfile
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO
 
 import httpx
 
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
 
 logger = logging.getLogger(__name__)
+# httpx logs every request at INFO with its whole URL, query included: a presigned URL's signature would reach the
+# log. Its warnings still do; our own lines name a URL without its query (BundleSource.label).
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 LOG_EVERY = 5.0  # seconds between progress lines in the log
@@ -139,10 +143,11 @@ class _Download:
 
 
 def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: CompileKey,
-                 policy: FetchPolicy = FetchPolicy(), progress: Progress | None = None) -> Path:
+                 policy: FetchPolicy | None = None, progress: Progress | None = None) -> Path:
     """Download `source` to a staging file in the cache folder and return it once its sha256 is `sha256`.
 
     FetchError (or BundleError: another key, not gzip) on any failure, with nothing left in the cache folder."""
+    policy = policy or FetchPolicy()
     url, headers = resolve_url(source)
     fd, name = tempfile.mkstemp(dir=cache.root, prefix=staging_prefix())
     os.close(fd)
@@ -182,7 +187,7 @@ def _get(client: httpx.Client, url: str, download: _Download, policy: FetchPolic
         with client.stream("GET", url, headers=resume) as response:
             _check_response(response, download)
             with open(download.path, "ab") as sink:
-                for chunk in response.iter_raw(CHUNK):
+                for chunk in response.iter_raw():  # as it arrives: a chunk_size would buffer, and lose it on a cut
                     download.add(chunk, sink)
                     if progress is not None:
                         progress(download.done, download.total)
@@ -198,7 +203,7 @@ def _get(client: httpx.Client, url: str, download: _Download, policy: FetchPolic
     except httpx.UnsupportedProtocol as error:
         raise FetchError(f"{download.label}: {first_line(error)}; nothing was kept") from None
     except httpx.TransportError as error:  # refused, DNS, reset, a body cut short of its Content-Length
-        raise _Retry(f"{type(error).__name__}: {first_line(error)[:200]} after {human_bytes(download.done)}") from None
+        raise _Retry(f"{first_line(error)[:200]} after {human_bytes(download.done)}") from None
     except httpx.TooManyRedirects:
         raise FetchError(f"{download.label}: too many redirects; nothing was kept") from None
     if download.total is not None and download.done != download.total:

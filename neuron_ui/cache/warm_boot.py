@@ -11,13 +11,14 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import key_for_settings, kept_bundles
-from neuron_ui.cache.bundle_format import _hash_file
+from neuron_ui.cache.admin import kept_bundles, key_for_settings
+from neuron_ui.cache.bundle_format import BundleError, _hash_file
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy, fetch_bundle
@@ -44,7 +45,7 @@ class BundleOutcome:
 
     source: str
     info: BundleInfo | None = None
-    problem: str | None = None
+    problem: str | None = None  # naming the bundle
     origin: str = ""  # "file", "downloaded", or "kept" (fetched by an earlier start)
 
 
@@ -74,7 +75,7 @@ def import_at_start(settings: Settings, cache: CachePaths, loading: LoadingState
         logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
         return []
     finally:
-        if loading is not None:
+        if loading is not None:  # whatever a failed download left there
             loading.clear()
     log_outcomes(outcomes)
     return outcomes
@@ -91,36 +92,39 @@ def log_outcomes(outcomes: list[BundleOutcome]) -> None:
                         ", ".join(o.info.added_shapes) or "none (all were here)")
         else:
             cold = "; starting cold" if not imported and len(outcomes) == 1 else ""
-            logger.warning("not using --cache-bundle %s: %s%s", o.source, o.problem, cold)
+            logger.warning("not using --cache-bundle: %s%s", o.problem, cold)
     if not imported and len(outcomes) > 1:
         logger.warning("none of the %d --cache-bundle items was imported; starting cold", len(outcomes))
 
 
 def import_bundles(cache: CachePaths, key: CompileKey, bundles: tuple[str, ...], pins: tuple[str, ...] = (),
-                   policy: FetchPolicy = FetchPolicy(), loading: LoadingState | None = None) -> list[BundleOutcome]:
+                   policy: FetchPolicy | None = None, loading: LoadingState | None = None) -> list[BundleOutcome]:
     """Import each bundle that matches `key`, in order, under the folder's lock; `pins[i]` pins `bundles[i]`."""
-    pins = pins or ("",) * len(bundles)
+    pins, policy = pins or ("",) * len(bundles), policy or FetchPolicy()
     with bundle_lock(cache):
         return [_import_one(cache, key, text, pin, policy, loading) for text, pin in zip(bundles, pins)]
 
 
 def _import_one(cache: CachePaths, key: CompileKey, text: str, pin: str, policy: FetchPolicy,
                 loading: LoadingState | None) -> BundleOutcome:
+    shown = text[:200]
     try:
         source = parse_bundle_source(text)
+        shown = source.label  # a URL's query (a signature) never reaches the log
         if not source.remote:
-            return BundleOutcome(text, import_bundle(cache, key, source.path, pin or None), origin="file")
+            return BundleOutcome(shown, import_bundle(cache, key, source.path, pin or None), origin="file")
         if not pin:
-            return BundleOutcome(text, problem=UNPINNED)
+            return BundleOutcome(shown, problem=f"{shown}: {UNPINNED}")
         kept = kept_path(cache, pin)
         if kept.is_file():
             if _hash_file(kept)[1] == pin:
-                return BundleOutcome(text, import_bundle(cache, key, kept, pin, label=source.label), origin="kept")
+                return BundleOutcome(shown, import_bundle(cache, key, kept, pin, label=shown), origin="kept")
             logger.warning("%s does not hold what its name says (damaged on disk?): fetching it again", kept)
             kept.unlink()
-        return BundleOutcome(text, _fetch_and_import(cache, key, source, pin, policy, loading), origin="downloaded")
+        return BundleOutcome(shown, _fetch_and_import(cache, key, source, pin, policy, loading), origin="downloaded")
     except (ValueError, OSError) as error:
-        return BundleOutcome(text, problem=first_line(error))
+        why = str(error) if isinstance(error, BundleError) else first_line(error)
+        return BundleOutcome(shown, problem=why if shown in why else f"{shown}: {why}")
 
 
 def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, pin: str, policy: FetchPolicy,
@@ -147,4 +151,6 @@ def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, 
                            first_line(error))
     finally:
         staged.unlink(missing_ok=True)
+        if loading is not None:
+            loading.clear()
     return info
