@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import httpx
 
 from neuron_ui.cache.admin import human_bytes
-from neuron_ui.cache.bundle_format import BUNDLE_JSON, CHUNK, MAX_BUNDLE_JSON, BundleError, _check_key, _read_header
+from neuron_ui.cache.bundle_format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleError, _check_key, _read_header
 from neuron_ui.cache.bundle_source import resolve_url
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, staging_prefix
 from neuron_ui.contract.errors import first_line
