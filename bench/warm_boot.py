@@ -9,6 +9,7 @@ image:
   url          an empty folder, --cache-bundle http://127.0.0.1:PORT/bundle.tar.gz with its sha256
   url-restart  the url case's folder again: the bundle kept by digest, nothing downloaded
   url-slow     an empty folder, the URL served at --rate-mib-s (a slower link; 0 skips the case)
+Then the import step alone, in this process (local file, URL, URL again with the kept copy), median of 5.
 The server is a local thread (no network, no Hub). "First image" is counted from spawning the process; "start-up"
 is build_engine alone (the import, or the fetch and the import, plus the model build). Figures are noisy on shared
 cores: --repeat N takes the median of N fresh runs each.
@@ -133,6 +134,32 @@ def one_round(work: Path, resolution: str, bundle: Path, index: int, rate: float
     return {"runs": runs, "downloads_for_url_and_restart": downloads}
 
 
+def import_alone(work: Path, bundle: Path, key, times: int = 5) -> dict:
+    """The import step by itself, in this process, into fresh folders: a local file vs the same bundle over HTTP
+    (loopback, so this is the cost of the fetch path, not of a network); medians of `times` seconds."""
+    from neuron_ui.cache.warm_boot import import_bundles
+
+    data = bundle.read_bytes()
+    pin = hashlib.sha256(data).hexdigest()
+    httpd = serve(data, 0)
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/bundle.tar.gz"
+    seconds: dict[str, list[float]] = {"local": [], "url": [], "url-restart": []}
+    try:
+        for i in range(times):
+            for case, source, folder in (("local", str(bundle), f"alone-{i}-local"), ("url", url, f"alone-{i}-url"),
+                                         ("url-restart", url, f"alone-{i}-url")):
+                cache = configure_cache_env(work / folder, environ={})
+                start = time.perf_counter()
+                (outcome,) = import_bundles(cache, key, (source,), (pin,))
+                seconds[case].append(time.perf_counter() - start)
+                if outcome.info is None:
+                    raise RuntimeError(f"{case}: {outcome.problem}")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    return {case: round(statistics.median(values), 3) for case, values in seconds.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resolution", default="256x256", help="the one shape to measure (default 256x256)")
@@ -152,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"the cold run was {cold['event']} under {cold['key']}, expected compiled under {key}")
         bundle = export_bundle(configure_cache_env(work / "cold", environ={}), key, work / "bundle.tar.gz").path
         rounds = [one_round(work, resolution, bundle, i, args.rate_mib_s * 2**20) for i in range(args.repeat)]
+        alone = import_alone(work, bundle, key)
         size = bundle.stat().st_size
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -162,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"resolution": resolution, "model": "tiny", "backend": "inductor", "repeat": args.repeat,
               "bundle_bytes": size, "rate_mib_s": args.rate_mib_s, "cold": cold, "median": median, "events": events,
               "url_minus_local_ttfi_s": round(median["url"]["ttfi_s"] - median["local"]["ttfi_s"], 2),
+              "import_alone_s": alone,
               "downloads_for_url_and_restart": [r["downloads_for_url_and_restart"] for r in rounds], "rounds": rounds,
               "environment": {"python": platform.python_version(), "cpus": os.cpu_count(),
                               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
@@ -178,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{c:<12}{m['ttfi_s']:>15.1f}{m['startup_s']:>12.1f}{m['generate_s']:>12.1f}  {','.join(events[c])}")
     print(f"url - local on first image: {report['url_minus_local_ttfi_s']:+.2f} s; downloads for url + url-restart: "
           f"{report['downloads_for_url_and_restart']} (1 each: the restart fetched nothing)")
+    print(f"the import step alone (median of 5, in-process): local {alone['local']:.3f} s, url (fetch + import) "
+          f"{alone['url']:.3f} s, url-restart (kept copy) {alone['url-restart']:.3f} s")
     print(f"wrote {out}")
     return 0
 

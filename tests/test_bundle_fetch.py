@@ -22,6 +22,7 @@ from bundle_server import BundleServer, announces, cut_once, page, redirect, ser
 from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, first_image, snapshot
 
 from neuron_ui.cache import fetch
+from neuron_ui.cache.admin import clear_cache, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy
@@ -106,6 +107,10 @@ def test_a_url_bundle_is_fetched_imported_and_kept_so_a_restart_downloads_nothin
     assert len(server.gets("/b.tar.gz?token=SECRET")) == 1  # the restart asked the server nothing
     assert again.origin == "kept" and again.info.kept_shapes == ["512x512"]
     assert "fetched by an earlier start, nothing downloaded" in caplog.text
+
+    assert list_cache(cache).folders["bundles"].bytes == len(made["good"])  # `cache ls` shows what is kept
+    clear_cache(cache)
+    assert not kept_path(cache, sha(made["good"])).exists()  # and a full clear removes it
 
 
 def test_the_app_starts_warm_from_a_url_and_cold_on_a_404(made, server, tmp_path, monkeypatch, caplog):
@@ -293,7 +298,7 @@ def test_healthz_shows_the_download_while_it_runs(made, server, cache):
     from neuron_ui.server.server import Server
 
     data = made["large_other"]
-    server.routes["/b.tar.gz"] = serve(data, pace=0.01)
+    server.routes["/b.tar.gz"] = serve(data, pace=0.03)  # about 2 s, so a loaded machine still polls it several times
     loading = LoadingState()
     http = Server(Settings(model="tiny", port=free_port()), loading=loading).start()
     seen = []
