@@ -6,7 +6,7 @@
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
     python -m neuron_ui cache import bundle.tar.gz [--cache-bundle-sha256 DIGEST]
-    python -m neuron_ui cache import https://example.com/b.tar.gz,hf://org/caches/trn1.tar.gz --cache-bundle-sha256 D1,D2
+    python -m neuron_ui cache import https://example.com/b.tar.gz,hf://org/caches/trn1.tar.gz --cache-bundle-sha256 A,B
     python -m neuron_ui cache publish --to hf://my-org/neuron-ui-caches/cpu-regional.tar.gz [--resolutions 512x512]
     python -m neuron_ui cache clear [--resolutions 1024x1024]
 

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 
 def make_engine(settings: Settings, group: ParallelGroup | None = None,
-                wrap_runner: Callable[[Runner], Runner] | None = None, loading: LoadingState | None = None) -> EngineLike:
+                wrap_runner: Callable[[Runner], Runner] | None = None,
+                loading: LoadingState | None = None) -> EngineLike:
     """Replicas when --replicas asks for them, else the engine in this process (rank 0's under torchrun, with
     `group` and its lockstep `wrap_runner`); `loading` hears what start-up is doing (a bundle download)."""
     if settings.replicas:
@@ -33,7 +34,8 @@ def make_engine(settings: Settings, group: ParallelGroup | None = None,
 def build_engine(settings: Settings, group: ParallelGroup | None = None,
                  wrap_runner: Callable[[Runner], Runner] | None = None, loading: LoadingState | None = None) -> Engine:
     """The engine with its model loaded; the cache env is set first, before torch loads, and a
-    --cache-bundle is imported (fetched, if remote) before the engine reads the manifest (rank 0 only under torchrun)."""
+    --cache-bundle is imported (fetched, if remote) before the engine reads the manifest (rank 0 only under
+    torchrun)."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
     if settings.cache_bundle and (group is None or group.launch.is_leader):
         from neuron_ui.cache.warm_boot import import_at_start

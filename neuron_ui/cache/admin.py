@@ -89,7 +89,8 @@ def list_cache(cache: CachePaths) -> CacheListing:
         shapes = [ShapeRecord(**rec) for rec in entry.get("shapes", {}).values()]
         keys.append(KeyListing(digest, entry.get("key", {}), sorted(shapes, key=lambda s: (s.tokens, s.resolution))))
     return CacheListing(cache.root, keys, {"inductor": folder_usage(cache.inductor), "neff": folder_usage(cache.neff),
-                                           "aot": folder_usage(cache.aot), "bundles": folder_usage(kept_bundles(cache))})
+                                           "aot": folder_usage(cache.aot),
+                                           "bundles": folder_usage(kept_bundles(cache))})
 
 
 def kept_bundles(cache: CachePaths) -> Path:

@@ -1,4 +1,4 @@
-"""Where a bundle comes from: a local file, an http(s):// URL, or a Hub file (hf://), resolved through huggingface_hub."""
+"""Where a bundle comes from: a local file, an http(s):// URL, or a Hub file (hf://, resolved by huggingface_hub)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
                 commit_message=f"neuron-ui compile cache: {', '.join(info.resolutions)} "
                                f"({key.model}, {key.mode}, {key.backend}, {key.dtype}, key {key.digest})")
         except Exception as error:  # noqa: BLE001 the Hub's HTTP errors, no token, no network: one line
-            raise ValueError(f"uploading to {target} failed: {type(error).__name__}: {first_line(error)[:300]}") from None
+            raise ValueError(f"uploading to {target} failed: {first_line(error)}") from None
     finally:
         _remove(staging)
     revision = getattr(commit, "oid", None) or source.revision or "main"

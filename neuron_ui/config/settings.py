@@ -105,7 +105,8 @@ def split_list(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(str(item).strip() for item in items)
 
 
-def pair_bundle_pins(bundles: str | tuple[str, ...], pins: str | tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def pair_bundle_pins(bundles: str | tuple[str, ...],
+                     pins: str | tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """--cache-bundle's items and a digest for each ("" where none is given); ValueError when the lists cannot pair.
 
     Without bundles the pins are kept as given (`cache import` pairs them with its own argument)."""
@@ -115,15 +116,16 @@ def pair_bundle_pins(bundles: str | tuple[str, ...], pins: str | tuple[str, ...]
     if not bundles or not pins:
         return bundles, pins
     if len(pins) != len(bundles):
-        raise ValueError(f"--cache-bundle-sha256 gives {len(pins)} digest(s) for {len(bundles)} bundle(s): give one per "
-                         "bundle, in the same order, comma-separated (leave a local file's place empty to import it "
+        raise ValueError(f"--cache-bundle-sha256 gives {len(pins)} digest(s) for {len(bundles)} bundle(s): give one "
+                         "per bundle, in the same order, comma-separated (leave a local file's place empty to import it "
                          "unpinned)")
     return bundles, pins
 
 
 def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-bundle-sha256", help="import only bundles with these sha256 digests, one per bundle "
-                        "(comma-separated, in order); needed for a URL or hf:// bundle (env NEURON_UI_CACHE_BUNDLE_SHA256)")
+    parser.add_argument("--cache-bundle-sha256", help="import only bundles with these sha256 digests, one per "
+                        "bundle (comma-separated, in order); needed for a URL or hf:// bundle "
+                        "(env NEURON_UI_CACHE_BUNDLE_SHA256)")
     parser.add_argument("--cache-bundle-timeout", type=float, help="seconds to connect, and of silence mid-download, "
                         "before a bundle download is tried again (env NEURON_UI_CACHE_BUNDLE_TIMEOUT; default 30)")
 
