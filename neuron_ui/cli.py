@@ -6,10 +6,12 @@
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
     python -m neuron_ui cache import bundle.tar.gz [--cache-bundle-sha256 DIGEST]
+    python -m neuron_ui cache import https://example.com/b.tar.gz,hf://org/caches/trn1.tar.gz --cache-bundle-sha256 A,B
+    python -m neuron_ui cache publish --to hf://my-org/neuron-ui-caches/cpu-regional.tar.gz [--resolutions 512x512]
     python -m neuron_ui cache clear [--resolutions 1024x1024]
 
 `generate` prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model.
-`cache export/import/clear` act on this machine's compile key: pass the same --model, --device, --dtype,
+`cache export/import/publish/clear` act on this machine's compile key: pass the same --model, --device, --dtype,
 --compile and --compile-backend flags (or NEURON_UI_* variables) as the app.
 """
 
@@ -54,14 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("ls", "the compiled shapes recorded, by compile key, with sizes on disk"),
                             ("export", "pack what a fresh machine needs to skip compiling these shapes"),
                             ("import", "unpack a bundle after checking its compile key against this machine's"),
+                            ("publish", "export a bundle and upload it to the Hub; prints the lines a Space sets"),
                             ("clear", "forget shapes (all of them, with their artifacts, unless --resolutions)")):
         action = actions.add_parser(name, help=help_text)
         add_engine_arguments(action)  # --resolutions here means: the shapes to export or clear
         if name == "export":
             action.add_argument("--out", required=True, help="the .tar.gz to write, or a folder")
         if name == "import":
-            action.add_argument("bundle", help="a bundle written by `cache export`")
+            action.add_argument("cache_bundle", metavar="BUNDLE", help="a bundle written by `cache export`: a file, an "
+                                "https:// URL or hf://<owner>/<repo>/<path>[@revision]; several comma-separated")
             add_bundle_pin_argument(action)
+        if name == "publish":
+            action.add_argument("--to", required=True, help="hf://[datasets/]<owner>/<repo>/<path in repo>[@branch]")
     return parser
 
 
@@ -94,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths) -> int:
+def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths, hub_api: object = None) -> int:
+    """One `cache` action; `hub_api` (an HfApi, or a test's recorded fake) uploads for `publish`."""
     from neuron_ui.cache.admin import clear_cache, format_listing, key_for_settings, list_cache
     from neuron_ui.cache.bundle_export import export_bundle
-    from neuron_ui.cache.bundle_import import import_bundle
 
     shapes = [str(r) for r in settings.resolutions] if args.resolutions else None
     try:
@@ -107,10 +113,15 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths) -
             info = export_bundle(cache, key_for_settings(settings), Path(args.out), shapes)
             print(f"wrote {info.path}: {', '.join(info.resolutions)} ({len(info.files)} files)")
         elif args.action == "import":
-            info = import_bundle(cache, key_for_settings(settings), Path(args.bundle),
-                                         settings.cache_bundle_sha256)
-            print(f"imported {info.path}: added {', '.join(info.added_shapes) or 'nothing new'}"
-                  + (f"; kept this cache's own {', '.join(info.kept_shapes)}" if info.kept_shapes else ""))
+            return import_command(settings, cache)
+        elif args.action == "publish":
+            from neuron_ui.cache.publish import publish_bundle
+
+            published = publish_bundle(cache, key_for_settings(settings), args.to, shapes, hub_api)
+            print(f"uploaded {', '.join(published.info.resolutions)} ({len(published.info.files)} files, "
+                  f"{published.size} bytes) to {published.pinned} {published.commit_url}".rstrip())
+            print("a new Space or node starts warm from it with these flags, or these variables:")
+            print("\n".join(published.lines()))
         else:
             key = key_for_settings(settings) if shapes else None
             result = clear_cache(cache, key, shapes)
@@ -119,3 +130,20 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths) -
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def import_command(settings: Settings, cache: CachePaths) -> int:
+    """`cache import`: each bundle that matches this machine's key is imported; 2 when none was."""
+    from neuron_ui.cache.admin import key_for_settings
+    from neuron_ui.cache.fetch import FetchPolicy
+    from neuron_ui.cache.warm_boot import import_bundles
+
+    outcomes = import_bundles(cache, key_for_settings(settings), settings.cache_bundle, settings.cache_bundle_sha256,
+                              FetchPolicy.from_settings(settings))
+    for o in outcomes:
+        if o.info is None:
+            print(f"error: not importing: {o.problem}", file=sys.stderr)
+            continue
+        print(f"imported {o.source}: added {', '.join(o.info.added_shapes) or 'nothing new'}"
+              + (f"; kept this cache's own {', '.join(o.info.kept_shapes)}" if o.info.kept_shapes else ""))
+    return 0 if any(o.info for o in outcomes) else 2

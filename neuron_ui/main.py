@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
+from neuron_ui.contract.loading import LoadingState
 from neuron_ui.serving import build_engine, build_follower_runner, make_engine
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(error))
 
 
-def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None) -> tuple[Engine, gr.Blocks]:
-    """Everything but the launch: the engine (built here unless given: replicas or in-process) and the queued UI."""
-    engine = engine or make_engine(settings)
+def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None,
+              loading: LoadingState | None = None) -> tuple[Engine, gr.Blocks]:
+    """Everything but the launch: the engine (built here unless given: replicas or in-process) and the queued UI;
+    `loading` is what /healthz shows meanwhile (a compile-cache download's bytes)."""
+    engine = engine or make_engine(settings, loading=loading)
     from neuron_ui.ui.blocks import build_demo
 
     demo = build_demo(engine, settings)
@@ -57,12 +60,13 @@ def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None) 
     return engine, demo
 
 
-def start_server(settings: Settings, health: Callable[[], str | None] | None = None) -> Server:
+def start_server(settings: Settings, health: Callable[[], str | None] | None = None,
+                 loading: LoadingState | None = None) -> Server:
     """The HTTP server, listening: /healthz says 503 and /metrics serves while the model loads; `health` says
-    why /healthz must answer 503 once serving (a broken tensor-parallel group)."""
+    why /healthz must answer 503 once serving (a broken tensor-parallel group), `loading` what loading does."""
     from neuron_ui.server.server import Server
 
-    return Server(settings, health=health).start()
+    return Server(settings, health=health, loading=loading).start()
 
 
 def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server | None = None) -> Server:
@@ -105,9 +109,9 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         check_launch(launch_info, settings.tp, device)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    server = None
+    server, loading = None, LoadingState()
     if launch_info.is_leader:
-        server = start_server(settings, health)
+        server = start_server(settings, health, loading)
         # torchrun stops rank 0 with SIGTERM: unwind like Ctrl-C, so the finally below drains and tells the followers
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     leader = None
@@ -117,7 +121,8 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
             group.start_heartbeat()  # rank 0 killed outright notes no break: the next group bounds it by this
         if not launch_info.is_leader:
             sys.exit(follow(build_follower_runner(settings, group), group))
-        engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout))
+        engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout),
+                              loading)
         leader = engine.runner
         _, demo = build_app(settings, engine)
         launch(engine, demo, settings, server)
@@ -158,10 +163,11 @@ def main(argv: list[str] | None = None) -> None:
     if settings.tp not in (None, 1) and not settings.replicas:  # replicas start their own tensor-parallel ranks
         sys.exit(f"error: --tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp} "
                  f"app.py ..., or --replicas N --tp {settings.tp}")
-    server = start_server(settings)
+    loading = LoadingState()
+    server = start_server(settings, loading=loading)
     stop_on_sigterm(server)
     try:
-        engine, demo = build_app(settings)
+        engine, demo = build_app(settings, loading=loading)
         drained = launch(engine, demo, settings, server).serve_forever()
     except StartupError as error:
         sys.exit(f"error: {error}")

@@ -14,6 +14,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.loading import LoadingState
     from neuron_ui.engine.engine import Engine
     from neuron_ui.model.runner import PipelineRunner, Runner
     from neuron_ui.parallel.group import ParallelGroup
@@ -21,22 +22,25 @@ if TYPE_CHECKING:
 
 
 def make_engine(settings: Settings, group: ParallelGroup | None = None,
-                wrap_runner: Callable[[Runner], Runner] | None = None) -> EngineLike:
+                wrap_runner: Callable[[Runner], Runner] | None = None,
+                loading: LoadingState | None = None) -> EngineLike:
     """Replicas when --replicas asks for them, else the engine in this process (rank 0's under torchrun, with
-    `group` and its lockstep `wrap_runner`)."""
+    `group` and its lockstep `wrap_runner`); `loading` hears what start-up is doing (a bundle download)."""
     if settings.replicas:
         return build_replicas(settings)
-    return build_engine(settings, group, wrap_runner)
+    return build_engine(settings, group, wrap_runner, loading)
 
 
-def build_engine(settings: Settings, group: ParallelGroup | None = None, wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine:
+def build_engine(settings: Settings, group: ParallelGroup | None = None,
+                 wrap_runner: Callable[[Runner], Runner] | None = None, loading: LoadingState | None = None) -> Engine:
     """The engine with its model loaded; the cache env is set first, before torch loads, and a
-    --cache-bundle is imported before the engine reads the manifest (rank 0 only under torchrun)."""
+    --cache-bundle is imported (fetched, if remote) before the engine reads the manifest (rank 0 only under
+    torchrun)."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
     if settings.cache_bundle and (group is None or group.launch.is_leader):
-        from neuron_ui.cache.bundle_import import import_at_start
+        from neuron_ui.cache.warm_boot import import_at_start
 
-        import_at_start(settings, cache)
+        import_at_start(settings, cache, loading)
     from neuron_ui.engine.engine import Engine
 
     return Engine.from_settings(settings, cache, group, wrap_runner)

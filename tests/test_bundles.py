@@ -368,9 +368,9 @@ def test_the_pin_is_a_flag_and_an_env_var_checked_at_start_up():
 
     digest = "ab" * 32
     args = build_parser().parse_args(["--cache-bundle", "b.tar.gz", "--cache-bundle-sha256", digest.upper()])
-    assert settings_from_args(args, environ={}).cache_bundle_sha256 == digest
+    assert settings_from_args(args, environ={}).cache_bundle_sha256 == (digest,)
     env = {"NEURON_UI_CACHE_BUNDLE_SHA256": digest}
-    assert settings_from_args(build_parser().parse_args([]), environ=env).cache_bundle_sha256 == digest
+    assert settings_from_args(build_parser().parse_args([]), environ=env).cache_bundle_sha256 == (digest,)
     with pytest.raises(ValueError, match="64 hex digits"):
         settings_from_args(build_parser().parse_args(["--cache-bundle-sha256", "abc"]), environ={})
 

@@ -53,4 +53,4 @@ def test_warmup_list_or_all():
     assert s.warmup == s.resolutions
     with pytest.raises(ValueError, match="--warmup 1024x1024: not among the presets"):
         parse(["--resolutions", "512x512", "--warmup", "1024x1024"])
-    assert parse([], {"NEURON_UI_CACHE_BUNDLE": "/b.tar.gz"}).cache_bundle == Path("/b.tar.gz")
+    assert parse([], {"NEURON_UI_CACHE_BUNDLE": "/b.tar.gz"}).cache_bundle == ("/b.tar.gz",)

@@ -89,7 +89,13 @@ def list_cache(cache: CachePaths) -> CacheListing:
         shapes = [ShapeRecord(**rec) for rec in entry.get("shapes", {}).values()]
         keys.append(KeyListing(digest, entry.get("key", {}), sorted(shapes, key=lambda s: (s.tokens, s.resolution))))
     return CacheListing(cache.root, keys, {"inductor": folder_usage(cache.inductor), "neff": folder_usage(cache.neff),
-                                           "aot": folder_usage(cache.aot)})
+                                           "aot": folder_usage(cache.aot),
+                                           "bundles": folder_usage(kept_bundles(cache))})
+
+
+def kept_bundles(cache: CachePaths) -> Path:
+    """Bundles fetched from a URL or the Hub, kept by digest so a restart downloads nothing (cache/warm_boot.py)."""
+    return cache.root / "bundles"
 
 
 def format_listing(listing: CacheListing, current: CompileKey | None = None) -> str:
@@ -119,7 +125,7 @@ def human_bytes(n: float) -> str:
 
 
 def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: list[str] | None = None) -> ClearResult:
-    """Forget shapes; with no key, forget everything and empty the artifact folders too.
+    """Forget shapes; with no key, forget everything and empty the artifact folders and the fetched bundles too.
 
     With a key, only manifest records go: the artifacts are shared by every key and cannot be told apart,
     so those shapes become cold (the next compile may still hit what is left on disk). Folders outside the
@@ -139,7 +145,7 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
                              f"recorded: {', '.join(sorted(shapes)) or 'none'}")
     result = ClearResult(removed_shapes=manifest.forget(key.digest if key else None, wanted))
     if key is None:
-        for folder in (cache.inductor, cache.neff, cache.aot):
+        for folder in (cache.inductor, cache.neff, cache.aot, kept_bundles(cache)):
             if not folder.resolve().is_relative_to(cache.root.resolve()):
                 logger.warning("not emptying %s: it is outside the cache folder %s", folder, cache.root)
                 result.skipped_folders.append(folder)

@@ -78,7 +78,7 @@ def _sections(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
     return {name: getattr(cache, name) for name in ARTIFACTS[key.backend]}
 
 
-def _read_header(tar: tarfile.TarFile, bundle: Path) -> dict:
+def _read_header(tar: tarfile.TarFile, bundle: str | Path) -> dict:
     """bundle.json, checked against the schema before anything trusts it."""
     member = tar.next()
     if member is None or member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
@@ -92,7 +92,7 @@ def _read_header(tar: tarfile.TarFile, bundle: Path) -> dict:
         raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({first_line(error)}); nothing was changed") from error
 
 
-def _parse_header(header: object, bundle: Path) -> dict:
+def _parse_header(header: object, bundle: str | Path) -> dict:
     """The header with only the fields we read, each checked; a bad shape record is named with its field."""
     if not isinstance(header, dict):
         raise ValueError("not a mapping")
@@ -121,7 +121,7 @@ def _parse_header(header: object, bundle: Path) -> dict:
             "resolutions": sorted(shapes), "files": files, "created": created, "built_on": built_on}
 
 
-def _parse_files(files: object, bundle: Path) -> list[dict]:
+def _parse_files(files: object, bundle: str | Path) -> list[dict]:
     """The file list, each entry with a safe path (listed once), a size, a sha256 and a mode."""
     if not isinstance(files, list):
         raise ValueError("'files' must be a list")
@@ -147,7 +147,7 @@ def _info(bundle: Path, header: dict) -> BundleInfo:
                       built_on=header.get("built_on", {}))
 
 
-def _check_key(header: dict, key: CompileKey, bundle: Path) -> None:
+def _check_key(header: dict, key: CompileKey, bundle: str | Path) -> None:
     """Name every field that differs; a near miss is still a miss (the graphs would not match)."""
     theirs, ours = header.get("key", {}), asdict(key)
     diffs = [f"{name}: bundle {theirs.get(name, '(missing)')}, here {ours.get(name, '(missing)')}"
@@ -165,7 +165,7 @@ def _check_key(header: dict, key: CompileKey, bundle: Path) -> None:
         logger.warning("%s was built on %s, this machine is %s: expect cache misses", bundle, other, here)
 
 
-def _safe_parts(name: str, bundle: Path, is_file: bool = True) -> tuple[str, ...]:
+def _safe_parts(name: str, bundle: str | Path, is_file: bool = True) -> tuple[str, ...]:
     """The path's parts when it is relative, plain and under a known section; else refuse the bundle."""
     path = PurePosixPath(name)
     parts = tuple(p for p in path.parts if p != ".")

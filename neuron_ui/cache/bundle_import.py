@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import gzip
 import hashlib
 import logging
@@ -15,7 +14,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import _remove, human_bytes, key_for_settings
+from neuron_ui.cache.admin import _remove, human_bytes
 from neuron_ui.cache.bundle_format import (
     BUNDLE_JSON,
     CHUNK,
@@ -36,27 +35,8 @@ if TYPE_CHECKING:
     from neuron_ui.cache.bundle_format import BundleFile, BundleInfo
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.config.cache_paths import CachePaths
-    from neuron_ui.config.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-def import_at_start(settings: Settings, cache: CachePaths) -> None:
-    """--cache-bundle at start-up: a refused bundle (another compile key, damaged, missing) is logged and the app
-    starts cold. Replicas sharing a cache folder import one at a time (a lock in the folder); the later ones find
-    everything there already."""
-    try:
-        (cache.root / "locks").mkdir(parents=True, exist_ok=True)
-        with open(cache.root / "locks" / "bundle-import.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the kernel if this process dies
-            info = import_bundle(cache, key_for_settings(settings), settings.cache_bundle, settings.cache_bundle_sha256)
-    except (ValueError, OSError) as error:
-        logger.warning("not using --cache-bundle: %s; starting cold", error)
-        return
-    except Exception:  # a bug of ours must not keep the app from starting either
-        logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
-        return
-    logger.info("imported %s: %s", settings.cache_bundle, ", ".join(info.added_shapes) or "nothing new")
 
 
 def inspect_bundle(bundle: Path) -> BundleInfo:
@@ -68,46 +48,49 @@ def inspect_bundle(bundle: Path) -> BundleInfo:
         raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)})") from error
 
 
-def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None) -> BundleInfo:
+def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None,
+                  label: str | None = None) -> BundleInfo:
     """Verify a bundle against this machine's compile key and its own checksums, then add it to the cache.
 
     Refused (BundleError, cache untouched) on a sha256 other than the pinned one (`sha256`, the digest of
     the whole bundle file), a different compile key, a bundle.json outside the schema, more declared bytes
     than the cache folder has free, a corrupt or truncated archive, a checksum mismatch, or any member that
     is not a plain file at a relative path under inductor/ or neff/. Files already in the cache are kept:
-    their names are content hashes, so they hold the same thing.
+    their names are content hashes, so they hold the same thing. Messages name the bundle as `label` (where it
+    came from, for a fetched one) or its path.
     """
     bundle = Path(bundle)
+    shown = label or str(bundle)
     staging: Path | None = None
     header: dict | None = None
     try:
         with open(bundle, "rb") as raw:
             if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
-                _check_sha256(_hash_stream(raw), sha256, bundle)
+                _check_sha256(_hash_stream(raw), sha256, shown)
                 raw.seek(0)
             reader = _HashingReader(raw)
             # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
             with gzip.GzipFile(fileobj=reader, mode="rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
-                header = _read_header(tar, bundle)
-                _check_key(header, key, bundle)
+                header = _read_header(tar, shown)
+                _check_key(header, key, shown)
                 info = _info(bundle, header)
-                _check_space(cache, info)
+                _check_space(cache, info, shown)
                 staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
-                _extract_verified(tar, staging, {f.path: f for f in info.files}, bundle)
+                _extract_verified(tar, staging, {f.path: f for f in info.files}, shown)
                 while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
                     pass
             while reader.read(CHUNK):
                 pass
         if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
-            _check_sha256(reader.hexdigest(), sha256, bundle)
+            _check_sha256(reader.hexdigest(), sha256, shown)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
         _remove(staging)
-        raise BundleError(f"{bundle} is corrupt or truncated ({first_line(error)}); nothing was changed. "
+        raise BundleError(f"{shown} is corrupt or truncated ({first_line(error)}); nothing was changed. "
                           "Copy it again or export a new one.") from error
     except OSError as error:
         _remove(staging)
         if header is None:  # could not open or read the bundle file itself
-            raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)}); nothing was changed") from error
+            raise BundleError(f"{shown} is not a readable bundle ({first_line(error)}); nothing was changed") from error
         raise
     except BaseException:
         _remove(staging)
@@ -120,28 +103,28 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     finally:
         _remove(staging)
     _merge_entries(cache, key, header["entries"][key.digest]["shapes"], info)
-    logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", bundle, len(info.files),
+    logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", shown, len(info.files),
                 info.kept_files, info.added_shapes or "none", info.kept_shapes or "none")
     return info
 
 
-def _check_sha256(got: str, expected: str, bundle: Path) -> None:
+def _check_sha256(got: str, expected: str, bundle: str) -> None:
     if got != parse_sha256(expected):
         raise BundleError(f"{bundle} is not the pinned bundle: expected sha256 {parse_sha256(expected)}, got {got}; "
                           "nothing was changed. Import only bundles you trust, and pin the digest of the one you "
                           "exported (--cache-bundle-sha256).")
 
 
-def _check_space(cache: CachePaths, info: BundleInfo) -> None:
+def _check_space(cache: CachePaths, info: BundleInfo, shown: str) -> None:
     """Refuse before extracting when the declared files would fill the disk (sizes are verified on extraction)."""
     free = free_bytes(cache.root)
     if info.bytes > free - MIN_FREE_BYTES:
-        raise BundleError(f"{info.path} holds {human_bytes(info.bytes)}, more than {cache.root} can take: "
+        raise BundleError(f"{shown} holds {human_bytes(info.bytes)}, more than {cache.root} can take: "
                           f"{human_bytes(free)} free, {human_bytes(MIN_FREE_BYTES)} of it kept spare; "
                           "nothing was changed. Free some space, or import fewer shapes.")
 
 
-def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, BundleFile], bundle: Path) -> None:
+def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, BundleFile], bundle: str) -> None:
     """Stream every member into `staging`, checking type, path, size and sha256; refuse anything else."""
     seen: set[str] = set()
     while (member := tar.next()) is not None:  # not `for member in tar`: that yields bundle.json again

@@ -50,8 +50,9 @@ class Settings:
     max_queue: int = 16
     auth: tuple[str, str] | None = None
     warmup: tuple[Resolution, ...] = ()
-    cache_bundle: Path | None = None
-    cache_bundle_sha256: str | None = None
+    cache_bundle: tuple[str, ...] = ()  # local files, http(s):// URLs or hf:// Hub files, tried in order
+    cache_bundle_sha256: tuple[str, ...] = ()  # one digest per bundle, in the same order; "" for an unpinned file
+    cache_bundle_timeout: float = 30.0  # seconds: connecting, and silence mid-download, before a try counts as failed
     tp: int | None = None
     tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
     max_references: int = 2
@@ -73,8 +74,9 @@ class Settings:
         if not 0 <= self.max_references <= 5:
             raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
         self.cache_dir = Path(self.cache_dir).expanduser()
-        if self.cache_bundle_sha256 is not None:
-            self.cache_bundle_sha256 = parse_sha256(self.cache_bundle_sha256)
+        self.cache_bundle, self.cache_bundle_sha256 = pair_bundle_pins(self.cache_bundle, self.cache_bundle_sha256)
+        if self.cache_bundle_timeout <= 0:
+            raise ValueError(f"--cache-bundle-timeout must be positive, got {self.cache_bundle_timeout}")
         if self.replicas < 0:
             raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
         if self.ray_address and self.replicas == 0:
@@ -97,9 +99,35 @@ def parse_sha256(value: str) -> str:
     return digest
 
 
+def split_list(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A comma-separated flag's items, stripped (a tuple is taken as already split)."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(str(item).strip() for item in items)
+
+
+def pair_bundle_pins(bundles: str | tuple[str, ...],
+                     pins: str | tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """--cache-bundle's items and a digest for each ("" where none is given); ValueError when the lists cannot pair.
+
+    Without bundles the pins are kept as given (`cache import` pairs them with its own argument)."""
+    bundles = tuple(b for b in split_list(bundles) if b)
+    pins = split_list(pins) if pins else ()
+    pins = tuple(parse_sha256(p) if p else "" for p in pins)
+    if not bundles or not pins:
+        return bundles, pins
+    if len(pins) != len(bundles):
+        raise ValueError(f"--cache-bundle-sha256 gives {len(pins)} digest(s) for {len(bundles)} bundle(s): give one "
+                         "per bundle, in the same order, comma-separated (leave a local file's place empty to import it "
+                         "unpinned)")
+    return bundles, pins
+
+
 def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-bundle-sha256", help="import only a bundle with this sha256 "
+    parser.add_argument("--cache-bundle-sha256", help="import only bundles with these sha256 digests, one per "
+                        "bundle (comma-separated, in order); needed for a URL or hf:// bundle "
                         "(env NEURON_UI_CACHE_BUNDLE_SHA256)")
+    parser.add_argument("--cache-bundle-timeout", type=float, help="seconds to connect, and of silence mid-download, "
+                        "before a bundle download is tried again (env NEURON_UI_CACHE_BUNDLE_TIMEOUT; default 30)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share", action="store_true", help="open a public Gradio share link")
     parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
-    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving (env NEURON_UI_CACHE_BUNDLE)")
+    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// URL "
+                        "or hf://<repo_id>/<path>[@revision]; several comma-separated (env NEURON_UI_CACHE_BUNDLE)")
     add_bundle_pin_argument(parser)
     parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray (env NEURON_UI_REPLICAS)")
     parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local one (env NEURON_UI_RAY_ADDRESS)")
@@ -166,6 +195,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
         ("max_references", "NEURON_UI_MAX_REFERENCES", int),
         ("replicas", "NEURON_UI_REPLICAS", int),
+        ("cache_bundle_timeout", "NEURON_UI_CACHE_BUNDLE_TIMEOUT", float),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:
@@ -179,10 +209,10 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         values["warmup"] = presets if warmup.strip() == "all" else parse_resolutions(warmup)
     bundle = pick(getattr(args, "cache_bundle", None), "NEURON_UI_CACHE_BUNDLE")
     if bundle:
-        values["cache_bundle"] = Path(bundle)
+        values["cache_bundle"] = split_list(bundle)
     pin = pick(getattr(args, "cache_bundle_sha256", None), "NEURON_UI_CACHE_BUNDLE_SHA256")
     if pin:
-        values["cache_bundle_sha256"] = pin
+        values["cache_bundle_sha256"] = split_list(pin)
     if getattr(args, "tp", None) is not None:
         values["tp"] = args.tp
     if getattr(args, "share", False):

@@ -52,7 +52,7 @@ class EngineReplica:
 
         cache = configure_cache_env(settings.cache_dir)  # before torch loads (torch_neuronx reads it at import)
         if settings.cache_bundle:  # on every node: a cluster without a shared folder starts warm from the bundle
-            from neuron_ui.cache.bundle_import import import_at_start
+            from neuron_ui.cache.warm_boot import import_at_start
 
             import_at_start(settings, cache)
         import torch

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from neuron_ui.contract import stopping
+from neuron_ui.contract.loading import LoadingState
 from neuron_ui.contract.references import MAX_UPLOAD_BYTES
 from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.gate import Gate
@@ -53,9 +54,10 @@ class Server:
     """uvicorn in a thread serving `app`: start() binds the port, mount() adds the UI, stop() ends it all."""
 
     def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
-                 health: Callable[[], str | None] | None = None):
+                 health: Callable[[], str | None] | None = None, loading: LoadingState | None = None):
         self.settings = settings
         self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
+        self.loading = loading or LoadingState()  # what start-up does before serving (a compile-cache download)
         self.metrics = metrics or EngineMetrics()
         self.demo: gr.Blocks | None = None
         self.engine: EngineLike | None = None
@@ -103,7 +105,7 @@ class Server:
             if self.draining:
                 return JSONResponse({"status": "shutting down"}, status_code=503)
             if not self.ready:
-                return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+                return JSONResponse(self.loading.body(), status_code=503, headers={"Retry-After": "5"})
             if problem := self.health and self.health():
                 return JSONResponse({"status": problem}, status_code=503, headers={"Retry-After": "5"})
             up, body = self.engine.health()

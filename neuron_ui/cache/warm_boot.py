@@ -1,0 +1,156 @@
+"""--cache-bundle at start-up and `cache import`: local files, URLs and Hub files, each remote one pinned by sha256.
+
+Several bundles may be given (one per node type or compile key): each whose key matches is imported, the others are
+skipped with one line each. A fetched bundle is kept by its digest in `<cache>/bundles/` once imported, so a
+restart downloads nothing. Processes sharing a cache folder (replicas) import one at a time, under a lock in the
+folder: the first downloads, the later ones find the kept bundle and import it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_ui.cache.admin import kept_bundles, key_for_settings
+from neuron_ui.cache.bundle_format import BundleError, _hash_file
+from neuron_ui.cache.bundle_import import import_bundle
+from neuron_ui.cache.bundle_source import parse_bundle_source
+from neuron_ui.cache.fetch import FetchPolicy, fetch_bundle
+from neuron_ui.contract.errors import first_line
+
+if TYPE_CHECKING:
+    from neuron_ui.cache.bundle_format import BundleInfo
+    from neuron_ui.cache.bundle_source import BundleSource
+    from neuron_ui.compile.key import CompileKey
+    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.loading import LoadingState
+
+logger = logging.getLogger(__name__)
+
+FETCHING, IMPORTING = "fetching compile cache", "importing compile cache"
+UNPINNED = ("a remote bundle is imported only with its --cache-bundle-sha256 (it carries compiled code this app "
+            "runs); nothing was fetched. `cache publish` prints the digest")
+
+
+@dataclass
+class BundleOutcome:
+    """What became of one --cache-bundle item: imported (`info`) or refused (`problem`, one line)."""
+
+    source: str
+    info: BundleInfo | None = None
+    problem: str | None = None  # naming the bundle
+    origin: str = ""  # "file", "downloaded", or "kept" (fetched by an earlier start)
+
+
+def kept_path(cache: CachePaths, sha256: str) -> Path:
+    return kept_bundles(cache) / f"{sha256}.tar.gz"
+
+
+@contextmanager
+def bundle_lock(cache: CachePaths) -> Iterator[None]:
+    """One importer per cache folder; released when the file closes, or by the kernel if the process dies."""
+    (cache.root / "locks").mkdir(parents=True, exist_ok=True)
+    with open(cache.root / "locks" / "bundle-import.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def import_at_start(settings: Settings, cache: CachePaths, loading: LoadingState | None = None,
+                    policy: FetchPolicy | None = None) -> list[BundleOutcome]:
+    """Import --cache-bundle before the engine reads the manifest; whatever goes wrong, the app starts (cold)."""
+    try:
+        outcomes = import_bundles(cache, key_for_settings(settings), settings.cache_bundle,
+                                  settings.cache_bundle_sha256, policy or FetchPolicy.from_settings(settings), loading)
+    except (ValueError, OSError) as error:
+        logger.warning("not using --cache-bundle: %s; starting cold", first_line(error))
+        return []
+    except Exception:  # a bug of ours must not keep the app from starting either
+        logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
+        return []
+    finally:
+        if loading is not None:  # whatever a failed download left there
+            loading.clear()
+    log_outcomes(outcomes)
+    return outcomes
+
+
+def log_outcomes(outcomes: list[BundleOutcome]) -> None:
+    """One line per bundle; a lone refused bundle's line also says the app starts cold."""
+    imported = any(o.info for o in outcomes)
+    for o in outcomes:
+        if o.info is not None:
+            how = {"file": "a local file", "downloaded": "downloaded",
+                   "kept": "fetched by an earlier start, nothing downloaded"}[o.origin]
+            logger.info("imported --cache-bundle %s (%s): shapes added %s", o.source, how,
+                        ", ".join(o.info.added_shapes) or "none (all were here)")
+        else:
+            cold = "; starting cold" if not imported and len(outcomes) == 1 else ""
+            logger.warning("not using --cache-bundle: %s%s", o.problem, cold)
+    if not imported and len(outcomes) > 1:
+        logger.warning("none of the %d --cache-bundle items was imported; starting cold", len(outcomes))
+
+
+def import_bundles(cache: CachePaths, key: CompileKey, bundles: tuple[str, ...], pins: tuple[str, ...] = (),
+                   policy: FetchPolicy | None = None, loading: LoadingState | None = None) -> list[BundleOutcome]:
+    """Import each bundle that matches `key`, in order, under the folder's lock; `pins[i]` pins `bundles[i]`."""
+    pins, policy = pins or ("",) * len(bundles), policy or FetchPolicy()
+    with bundle_lock(cache):
+        return [_import_one(cache, key, text, pin, policy, loading) for text, pin in zip(bundles, pins)]
+
+
+def _import_one(cache: CachePaths, key: CompileKey, text: str, pin: str, policy: FetchPolicy,
+                loading: LoadingState | None) -> BundleOutcome:
+    shown = text[:200]
+    try:
+        source = parse_bundle_source(text)
+        shown = source.label  # a URL's query (a signature) never reaches the log
+        if not source.remote:
+            return BundleOutcome(shown, import_bundle(cache, key, source.path, pin or None), origin="file")
+        if not pin:
+            return BundleOutcome(shown, problem=f"{shown}: {UNPINNED}")
+        kept = kept_path(cache, pin)
+        if kept.is_file():
+            if _hash_file(kept)[1] == pin:
+                return BundleOutcome(shown, import_bundle(cache, key, kept, pin, label=shown), origin="kept")
+            logger.warning("%s does not hold what its name says (damaged on disk?): fetching it again", kept)
+            kept.unlink()
+        return BundleOutcome(shown, _fetch_and_import(cache, key, source, pin, policy, loading), origin="downloaded")
+    except (ValueError, OSError) as error:
+        why = str(error) if isinstance(error, BundleError) else first_line(error)
+        return BundleOutcome(shown, problem=why if shown in why else f"{shown}: {why}")
+
+
+def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, pin: str, policy: FetchPolicy,
+                      loading: LoadingState | None) -> BundleInfo:
+    """Download to a staging file, import it, and keep it by digest only once imported: a refused one leaves nothing."""
+
+    def progress(done: int, total: int | None) -> None:
+        if loading is not None:
+            loading.set(FETCHING, done, total)
+
+    if loading is not None:
+        loading.set(FETCHING, 0, None)
+    staged = fetch_bundle(source, pin, cache, key, policy, progress)
+    try:
+        if loading is not None:
+            loading.set(IMPORTING)
+        info = import_bundle(cache, key, staged, pin, label=source.label)
+        kept = kept_path(cache, pin)
+        try:
+            kept.parent.mkdir(exist_ok=True)
+            os.replace(staged, kept)
+        except OSError as error:  # imported all the same; only the next start downloads again
+            logger.warning("could not keep %s as %s (%s): a restart will download it again", source.label, kept,
+                           first_line(error))
+    finally:
+        staged.unlink(missing_ok=True)
+        if loading is not None:
+            loading.clear()
+    return info
