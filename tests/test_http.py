@@ -3,6 +3,7 @@ endpoints only, only through the queue and its bound, /status never behind the d
 a message with every error, and what still answers without a login."""
 
 import json
+import logging
 import os
 import re
 import tempfile
@@ -208,6 +209,84 @@ def test_an_error_event_carries_a_message(gated):
     tick = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "on_tick")
     response = post(s, "/gradio_api/run/predict", json={"data": [{"x": 1}], "fn_index": tick})
     assert response.status_code >= 400 and response.json()["error"], response.text
+
+
+DEEP = "[" * 20_000 + "]" * 20_000  # deeper than any recursion limit: json.loads raised RecursionError
+NUL_FILE = {"path": "a\x00b.png", "meta": {"_type": "gradio.FileData"}}
+HOSTILE = [  # (method, path, JSON body or raw bytes): each was a bare 500, a 500 with a traceback, or a broken 200
+    ("POST", "/gradio_api/call/generate", b'{"data": %s}' % DEEP.encode()),
+    ("POST", "/gradio_api/call/v2/generate", b'{"prompt": %s}' % DEEP.encode()),
+    ("POST", "/gradio_api/queue/join", b'{"data": %s, "fn_index": 0, "session_hash": "x"}' % DEEP.encode()),
+    ("POST", "/gradio_api/run/predict", b'{"data": %s, "fn_index": 0}' % DEEP.encode()),
+    ("POST", "/gradio_api/cancel", b'{"session_hash": %s, "fn_index": 0, "event_id": "x"}' % DEEP.encode()),
+    ("POST", "/gradio_api/call/generate", b'{"data": ["%s"]}' % (b"x" * (1 << 20))),  # over the 1 MB the gate reads
+    ("POST", "/gradio_api/call/inpaint", {"data": [NUL_FILE, NUL_FILE, "a door", 0.9, "256x256", 1, 1, None, None]}),
+    ("GET", "/?page=nowhere", None),
+    ("POST", "/gradio_api/call/v2/generate", {"data": {}}),
+    ("POST", "/gradio_api/call/v2/generate", {}),
+    ("POST", "/gradio_api/call/stop", {"data": [], "session_hash": ""}),
+    ("POST", "/gradio_api/queue/join", {"data": [], "fn_index": 0, "session_hash": ""}),
+    ("GET", "/gradio_api/call/generate/no-such-event", None),
+    ("GET", "/gradio_api/queue/data?session_hash=no-such-session", None),
+]
+
+
+def server_log_lines(caplog, capfd) -> list[str]:
+    """What the server logged (the app's loggers, and uvicorn's, which writes to stderr), line by line."""
+    lines = [line for record in caplog.records if not record.name.startswith(("httpx", "httpcore"))
+             for line in caplog.handler.format(record).splitlines()]
+    return lines + capfd.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("method, path, body", HOSTILE, ids=[f"{m} {p} {str(b)[:30]}" for m, p, b in HOSTILE])
+def test_hostile_requests_get_a_4xx_in_one_line_and_one_log_line_at_most(gated, method, path, body, caplog, capfd):
+    caplog.set_level(logging.INFO)
+    capfd.readouterr()
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else \
+        {"json": body} if body is not None else {}
+    with httpx.Client(timeout=30) as client:  # an unknown event's stream began a 200, then broke: read it whole
+        response = client.request(method, gated.url + path, **kwargs)
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["detail"]
+    assert isinstance(message, str) and message and "\n" not in message and len(message) < 300, message
+    assert len(server_log_lines(caplog, capfd)) <= 1
+
+
+def test_keyword_calls_and_event_streams_still_work(gated):
+    s = gated
+    posted = post(s, "/gradio_api/call/v2/warmup", json={"resolution": "256x256"})
+    assert posted.status_code == 200, posted.text
+    stream = httpx.get(s.url + f"/gradio_api/call/v2/warmup/{posted.json()['event_id']}", timeout=TIMEOUT).text
+    assert "event: complete" in stream and "256x256" in stream
+    refused = post(s, "/gradio_api/call/v2/warmup", json={"resolution": "256x256", "size": 1})
+    assert refused.status_code == 422 and refused.json()["detail"] == "/warmup takes resolution by name; not size"
+
+
+def test_component_server_holds_nothing(gated):
+    """Gradio's ImageEditor.accept_blobs kept every blob anyone posted, for ever: 40 x 24 MB cost 1 GB, and a layer
+    index of 10^8 alone 763 MB. The page never calls it (the editor sends its images by upload): it is refused."""
+    s = gated
+    editor = next(block for block in s.demo.blocks.values() if type(block).__name__ == "ImageEditor")
+    for index in ("null", "1000"):
+        fields = {"component_id": str(editor._id), "session_hash": "x", "fn_name": "accept_blobs",
+                  "id": f"blob-{index}", "type": "layer" if index != "null" else "background", "index": index}
+        response = post(s, "/gradio_api/component_server", data=fields,
+                        files={"file": ("layer.png", b"\x89PNG" + b"x" * (1 << 20), "image/png")})
+        assert response.status_code == 404 and "no server calls" in response.json()["detail"], response.text
+    assert editor.blob_storage == {}
+
+
+def test_the_page_needs_no_component_server_call(gated):
+    import gradio as gr
+
+    from neuron_ui.ui.gradio_bridge import page_server_calls
+
+    assert page_server_calls(gated.demo) == []  # server.Server.mount refuses a demo for which this is not empty
+    with gr.Blocks() as other:
+        gr.ImageEditor()
+        gr.FileExplorer()
+    assert page_server_calls(other) == ["FileExplorer.ls"]
 
 
 @pytest.fixture(scope="module")
