@@ -3,6 +3,7 @@ endpoints only, only through the queue and its bound, /status never behind the d
 a message with every error, and what still answers without a login."""
 
 import json
+import logging
 import os
 import re
 import tempfile
@@ -210,6 +211,90 @@ def test_an_error_event_carries_a_message(gated):
     assert response.status_code >= 400 and response.json()["error"], response.text
 
 
+DEEP = "[" * 20_000 + "]" * 20_000  # deeper than any recursion limit: json.loads raised RecursionError
+NUL_FILE = {"path": "a\x00b.png", "meta": {"_type": "gradio.FileData"}}
+HOSTILE = [  # (method, path, JSON body or raw bytes): each was a bare 500, a 500 with a traceback, or a broken 200
+    ("POST", "/gradio_api/call/generate", b'{"data": %s}' % DEEP.encode()),
+    ("POST", "/gradio_api/call/v2/generate", b'{"prompt": %s}' % DEEP.encode()),
+    ("POST", "/gradio_api/queue/join", b'{"data": %s, "fn_index": 0, "session_hash": "x"}' % DEEP.encode()),
+    ("POST", "/gradio_api/run/predict", b'{"data": %s, "fn_index": 0}' % DEEP.encode()),
+    ("POST", "/gradio_api/cancel", b'{"session_hash": %s, "fn_index": 0, "event_id": "x"}' % DEEP.encode()),
+    ("POST", "/gradio_api/call/generate", b'{"data": ["%s"]}' % (b"x" * (1 << 20))),  # over the 1 MB the gate reads
+    ("POST", "/gradio_api/call/inpaint", {"data": [NUL_FILE, NUL_FILE, "a door", 0.9, "256x256", 1, 1, None, None]}),
+    ("GET", "/?page=nowhere", None),
+    ("POST", "/gradio_api/call/v2/generate", {"data": {}}),
+    ("POST", "/gradio_api/call/v2/generate", {}),
+    ("POST", "/gradio_api/call/stop", {"data": [], "session_hash": ""}),
+    ("POST", "/gradio_api/queue/join", lambda s: {"data": [], "fn_index": fn_index(s, "status"), "session_hash": ""}),
+    ("GET", "/gradio_api/call/generate/no-such-event", None),
+    ("GET", "/gradio_api/queue/data?session_hash=no-such-session", None),
+]
+
+
+def fn_index(s, api_name: str) -> int:
+    return next(fn._id for fn in s.demo.fns.values() if fn.api_name == api_name)
+
+
+def server_log_lines(caplog, capfd) -> list[str]:
+    """What the server logged (the app's loggers, and uvicorn's, which writes to stderr), line by line."""
+    lines = [line for record in caplog.records if not record.name.startswith(("httpx", "httpcore"))
+             for line in caplog.handler.format(record).splitlines()]
+    return lines + capfd.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("method, path, body", HOSTILE,
+                         ids=[f"{m} {p} {'' if callable(b) else str(b)[:30]}" for m, p, b in HOSTILE])
+def test_hostile_requests_get_a_4xx_in_one_line_and_one_log_line_at_most(gated, method, path, body, caplog, capfd):
+    caplog.set_level(logging.INFO)
+    capfd.readouterr()
+    body = body(gated) if callable(body) else body
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else \
+        {"json": body} if body is not None else {}
+    with httpx.Client(timeout=30) as client:  # an unknown event's stream began a 200, then broke: read it whole
+        response = client.request(method, gated.url + path, **kwargs)
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["detail"]
+    assert isinstance(message, str) and message and "\n" not in message and len(message) < 300, message
+    assert len(server_log_lines(caplog, capfd)) <= 1
+
+
+def test_keyword_calls_and_event_streams_still_work(gated):
+    s = gated
+    posted = post(s, "/gradio_api/call/v2/warmup", json={"resolution": "256x256"})
+    assert posted.status_code == 200, posted.text
+    stream = httpx.get(s.url + f"/gradio_api/call/v2/warmup/{posted.json()['event_id']}", timeout=TIMEOUT).text
+    assert "event: complete" in stream and "256x256" in stream
+    refused = post(s, "/gradio_api/call/v2/warmup", json={"resolution": "256x256", "size": 1})
+    assert refused.status_code == 422 and refused.json()["detail"] == "/warmup takes resolution by name; not size"
+
+
+def test_component_server_holds_nothing(gated):
+    """Gradio's ImageEditor.accept_blobs kept every blob anyone posted, for ever: 40 x 24 MB cost 1 GB, and a layer
+    index of 10^8 alone 763 MB. The page never calls it (the editor sends its images by upload): it is refused."""
+    s = gated
+    editor = next(block for block in s.demo.blocks.values() if type(block).__name__ == "ImageEditor")
+    for index in ("null", "1000"):
+        fields = {"component_id": str(editor._id), "session_hash": "x", "fn_name": "accept_blobs",
+                  "id": f"blob-{index}", "type": "layer" if index != "null" else "background", "index": index}
+        response = post(s, "/gradio_api/component_server", data=fields,
+                        files={"file": ("layer.png", b"\x89PNG" + b"x" * (1 << 20), "image/png")})
+        assert response.status_code == 404 and "no server calls" in response.json()["detail"], response.text
+    assert editor.blob_storage == {}
+
+
+def test_the_page_needs_no_component_server_call(gated):
+    import gradio as gr
+
+    from neuron_ui.ui.gradio_bridge import page_server_calls
+
+    assert page_server_calls(gated.demo) == []  # server.Server.mount refuses a demo for which this is not empty
+    with gr.Blocks() as other:
+        gr.ImageEditor()
+        gr.FileExplorer()
+    assert page_server_calls(other) == ["FileExplorer.ls"]
+
+
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory):
     folder = tmp_path_factory.mktemp("locked")
@@ -217,9 +302,9 @@ def locked(tmp_path_factory):
         yield s
 
 
-# Routes Gradio 6.31 (and we) answer without a login; docs/operations.md lists them. Each must expose nothing of the app.
-OPEN_WITHOUT_LOGIN = ["/healthz", "/", "/gradio_api/app_id", "/gradio_api/token", "/gradio_api/user",
-                      "/gradio_api/queue/status", "/theme.css", "/robots.txt", "/manifest.json"]
+# Routes answered without a login; docs/operations.md lists them. Each must expose nothing of the app.
+OPEN_WITHOUT_LOGIN = ["/healthz", "/", "/theme.css", "/robots.txt", "/manifest.json", "/favicon.ico"]
+OPEN_PREFIXES = ("/assets/", "/static/")  # the login page's scripts, styles and fonts
 
 
 def test_without_a_login_only_the_listed_routes_answer_and_they_expose_nothing(locked):
@@ -243,3 +328,33 @@ def test_without_a_login_only_the_listed_routes_answer_and_they_expose_nothing(l
         assert post(s, path, json=body).status_code == 401, path
     assert client.post("/gradio_api/reset", json={"event_id": "x"}).json() == {"success": True}
     client.close()
+
+
+def every_route(routes, prefix=""):
+    """(method, path template) of every route mounted, into Gradio's mount and its included routers."""
+    from starlette.routing import Mount
+
+    for route in routes:
+        if isinstance(route, Mount):
+            yield from every_route(route.routes, prefix + route.path)
+        elif hasattr(route, "original_router"):  # FastAPI 0.165's included router (Gradio's /gradio_api routes)
+            yield from every_route(route.original_router.routes, prefix)
+        else:
+            for method in sorted(getattr(route, "methods", None) or {"GET"}):
+                yield method, prefix + route.path
+
+
+def test_every_route_but_the_login_pages_asks_for_the_login(locked):
+    """Gradio checks the login on some routes only: /gradio_api/stream/<id> and /stream/<id>/close answered 200
+    without one. Every route Gradio mounts now or later is tried here; only the documented ones answer."""
+    s = locked
+    refused, answered = [], []
+    for method, template in every_route(s.server.app.routes):
+        path = re.sub(r"\{[^}]*\}", "x", template)
+        if (path in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES) or path.rstrip("/") == "/login"
+                or path == "/metrics"):  # /metrics has its own HTTP Basic login (test_reliability.py)
+            continue
+        with httpx.stream(method, s.url + path, json={} if method == "POST" else None, timeout=10) as response:
+            status = response.status_code  # the headers: a stream (a heartbeat) is not read on
+        (refused if status == 401 else answered).append(f"{method} {path} {status}")
+    assert answered == [] and len(refused) > 60, (len(refused), answered)

@@ -1,4 +1,4 @@
-"""ASGI plumbing for the gate: read and replay a request's body, refuse in one JSON line, and the response's
+"""ASGI plumbing for the gate: read, bound and replay a request's body, refuse in one JSON line, and the response's
 send that cuts the server's file folder from what it sends and gives empty errors a message."""
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ from pathlib import Path
 Send = Callable[[dict], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict]]
 MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
+# A real request nests 6 deep (a gallery's file: body, data, gallery, item, image, meta). The gate and Gradio walk
+# values recursively, and 500+ levels raised RecursionError, a bare 500 and a 166 KB traceback per 1 KB request.
+MAX_JSON_DEPTH = 32
+NOT_JSON = object()  # what parse_json gives for a body that is not JSON (JSON's null is None)
 UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
                "the details are in the server log")
 
@@ -54,7 +58,44 @@ async def read_body(receive: Receive) -> bytes:
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > MAX_JSON_BODY or not message.get("more_body"):
-            return b"".join(chunks)  # an oversized body is cut: Gradio's JSON parser then refuses it
+            return b"".join(chunks)  # an oversized body is cut: parse_json refuses it
+
+
+def parse_json(body: bytes) -> tuple[object, Refusal | None]:
+    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong),
+    or a refusal when it is too big, too deep, or carries a NUL character."""
+    if len(body) > MAX_JSON_BODY:
+        return NOT_JSON, Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return NOT_JSON, Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    except (ValueError, UnicodeDecodeError):
+        return NOT_JSON, None
+    problem = json_problem(value)
+    return value, Refusal(400, problem) if problem else None
+
+
+def json_problem(value: object) -> str | None:
+    """Why a parsed value is refused, found without recursion: deeper than MAX_JSON_DEPTH, or a string with a NUL
+    character (no prompt, name or path has one, and the operating system refuses it in a path)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "a value carries a NUL character (\\u0000)"
+            continue
+        if isinstance(item, dict):
+            children = [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            return f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"
+        stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def fill_empty_errors(body: bytes) -> bytes:

@@ -9,9 +9,10 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
 - results name the file's absolute path on the server.
 
 So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
-queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on
-`cancel` and `reset`, gives every error a one-line message, and keeps the server's file folder out of what it
-sends (a relative `file=` path is read inside that folder, so gradio_client still downloads the image).
+queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
+route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
+message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
+folder, so gradio_client still downloads the image).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
@@ -28,12 +29,15 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
+from neuron_ui.server import routes
 from neuron_ui.server.asgi import (
+    NOT_JSON,
     UNEXPLAINED,
     Outbound,
     Receive,
     Refusal,
     Send,
+    parse_json,
     read_body,
     replay,
     reply,
@@ -48,7 +52,6 @@ OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and whil
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
 FILE_ROUTE = "/gradio_api/file="
-LOGIN_ONLY = ("/gradio_api/cancel", "/gradio_api/reset")  # Gradio leaves these open even with auth
 CANCEL = "/gradio_api/cancel"
 EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
@@ -90,15 +93,18 @@ class Gate:
         if self.server.draining and method == "POST" and NEW_WORK.match(path):
             await reply(send, Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),)))
             return
-        if path in LOGIN_ONLY and self.server.settings.auth and not gradio_bridge.logged_in(self.server.gradio_app, scope):
+        if (self.server.settings.auth and not routes.open_without_login(path, method)
+                and not gradio_bridge.logged_in(self.server.gradio_app, scope)):
             await reply(send, Refusal(401, "Not authenticated"))
             return
-        receive, refusal, device = await self.check_call(scope, receive)
+        refusal = routes.refusal(scope, self.server.demo)
+        if refusal is None:
+            receive, refusal, device = await self.check_call(scope, receive)
+        if refusal is None and path == CANCEL and method == "POST":
+            receive, refusal = await self.stop_cancelled(receive)
         if refusal is not None:
             await reply(send, refusal)
             return
-        if path == CANCEL and method == "POST":
-            receive = await self.stop_cancelled(receive)
         scope = self.inbound(scope)
         send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
         if path == EVENT_STREAM and method == "GET":
@@ -135,7 +141,8 @@ class Gate:
             route, name = named.groups()
             if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
                 try:  # Gradio refuses queued ones (api_open=False)
-                    return await self.with_full_paths(receive), None, False
+                    receive, refusal = await self.with_full_paths(receive)
+                    return receive, refusal, False
                 except ForeignFile as error:
                     return receive, Refusal(403, str(error)), False
             if name not in PUBLIC_ENDPOINTS:
@@ -143,16 +150,20 @@ class Gate:
             if route in ("run", "api"):
                 return receive, None, False  # Gradio refuses it (api_open=False) and says to join the queue
         body = await read_body(receive)
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return replay(body, receive), None, False  # Gradio says what is wrong with the JSON
+        data, refusal = parse_json(body)
+        if refusal is not None or data is NOT_JSON:
+            return replay(body, receive), refusal, False  # not JSON: Gradio says what is wrong with it
         try:
             receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
         except ForeignFile as error:
             return receive, Refusal(403, str(error)), False
         if not isinstance(data, dict):
             return receive, None, False
+        session = data.get("session_hash")
+        if session is not None and not (isinstance(session, str) and session):  # "" broke Gradio's queue: a 500
+            return receive, Refusal(422, "session_hash must be a non-empty string, or left out"), False
+        if named and named.group(1) == "call/v2" and (problem := gradio_bridge.keyword_problem(demo, name, data)):
+            return receive, Refusal(422, problem), False
         if named:
             fn = next(f for f in demo.fns.values() if f.api_name == named.group(2))
         else:
@@ -174,17 +185,14 @@ class Gate:
             return receive, Refusal(503, message, (("retry-after", "5"),)), False
         return receive, None, True
 
-    async def stop_cancelled(self, receive: Receive) -> Receive:
+    async def stop_cancelled(self, receive: Receive) -> tuple[Receive, Refusal | None]:
         """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
         body = await read_body(receive)
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("session_hash"), str):
+        data, refusal = parse_json(body)
+        if refusal is None and isinstance(data, dict) and isinstance(data.get("session_hash"), str):
             event_id = data.get("event_id")
             self.server.stop_cancelled(data["session_hash"], event_id if isinstance(event_id, str) else None)
-        return replay(body, receive)
+        return replay(body, receive), refusal
 
     def stop_on_disconnect(self, scope: dict, receive: Receive, send: "Outbound") -> Receive:
         """A session's event stream closed by its client before the server ended it: the client has gone."""
@@ -198,12 +206,12 @@ class Gate:
 
         return watched
 
-    async def with_full_paths(self, receive: Receive) -> Receive:
+    async def with_full_paths(self, receive: Receive) -> tuple[Receive, Refusal | None]:
         body = await read_body(receive)
-        try:
-            return replay(json.dumps(self.full_paths(json.loads(body))).encode(), receive)
-        except (ValueError, UnicodeDecodeError):
-            return replay(body, receive)
+        data, refusal = parse_json(body)
+        if refusal is not None or data is NOT_JSON:
+            return replay(body, receive), refusal
+        return replay(json.dumps(self.full_paths(data)).encode(), receive), None
 
     def full_paths(self, value: Any) -> Any:
         """The browser sends back files it was shown (a gallery's selected image) or uploaded by the relative path

@@ -147,6 +147,8 @@ class Server:
         """Serve the queued demo at / and start its queue; /healthz turns 200."""
         if self._loop is None:
             raise RuntimeError("start() the server before mounting the UI")
+        if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/routes.py)
+            raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
         self.gradio_app = gradio_bridge.mount(self.app, demo, self.settings, MAX_UPLOAD)
         asyncio.run_coroutine_threadsafe(gradio_bridge.start(demo, self.gradio_app, self._gradio_lifespan),
                                          self._loop).result(timeout)

@@ -88,6 +88,48 @@ def waiting_for_device(demo: gr.Blocks, engine: EngineLike) -> int:
     return device_queue_length(demo) + engine.status().queue_depth
 
 
+def known_session(demo: gr.Blocks, session: str) -> bool:
+    """Whether Gradio holds messages for this session: /gradio_api/queue/data for any other started a 200 stream and
+    then broke it. Gradio keeps them per session from its queue/join on (gradio/queueing.py, Queue.push, 6.31)."""
+    return bool(session) and session in demo._queue.pending_messages_per_session
+
+
+def known_event(demo: gr.Blocks, event_id: str) -> bool:
+    """Whether /gradio_api/call/<name>/<event_id> has something to stream: an event in Gradio's queue or running, or
+    one whose result is not yet delivered (the same two places gradio/routes.py simple_predict_get looks, 6.31)."""
+    queue = demo._queue
+    return event_id in queue.event_ids_to_events or any(event_id in ids for ids in queue.pending_event_ids_session.values())
+
+
+def page_names(demo: gr.Blocks) -> set[str]:
+    """The demo's pages ("" for the main one): GET /?page=<other> was a KeyError in Gradio, a 500."""
+    return {page[0] for page in demo.pages}
+
+
+def keyword_problem(demo: gr.Blocks, api_name: str, body: dict) -> str | None:
+    """Why /gradio_api/call/v2/<api_name> cannot take these keyword arguments, or None. Gradio 6.31 maps them with
+    gradio_client's construct_args inside the route, whose TypeError (an unknown name, a required one missing)
+    escaped as a 500 (gradio/routes.py); this applies the same two rules to the same parameter list."""
+    parameters = demo.get_api_info()["named_endpoints"][f"/{api_name}"]["parameters"]
+    names = [p.get("parameter_name") for p in parameters]
+    unknown = sorted(set(body) - set(names) - {"oauth_token"})
+    missing = [name or "?" for name, p in zip(names, parameters) if not p.get("parameter_has_default") and name not in body]
+    if not unknown and not missing:
+        return None
+    takes = f"/{api_name} takes {', '.join(n or '?' for n in names) or 'nothing'} by name"
+    return takes + (f"; not {', '.join(name[:40] for name in unknown[:5])}" if unknown else
+                    f"; {', '.join(missing)} missing")
+
+
+def page_server_calls(demo: gr.Blocks) -> list[str]:
+    """The components' server functions the page would call on /gradio_api/component_server, which the gate refuses.
+    Read from Gradio 6.31's frontend: the ImageEditor calls accept_blobs only when its `realtime` prop is set, which
+    the Python component has no parameter for (so never); FileExplorer.ls and Dialogue.format are always called."""
+    calls = {f"{type(block).__name__}.{name}" for block in demo.blocks.values() for name in dir(type(block))
+             if getattr(getattr(type(block), name, None), "_is_server_fn", False)}
+    return sorted(calls - {"ImageEditor.accept_blobs"})
+
+
 def launch_options() -> dict[str, Any]:
     """Theme and CSS: Gradio 6 takes them at launch (or mount), not in Blocks()."""
     theme = gr.themes.Soft(primary_hue="amber", secondary_hue="slate", neutral_hue="slate")
