@@ -93,9 +93,9 @@ def _open(file: BinaryIO, head: bytes, role: str) -> Image.Image:
     """The header only: format, mode and size, each checked before any pixel is decoded."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS below is stricter
             image = Image.open(file)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+    except Image.DecompressionBombError:  # so many pixels that PIL will not even say how many
         raise ValueError(f"{role} is too many pixels; the limit is {MAX_PIXELS / 1e6:.0f} megapixels") from None
     except UnidentifiedImageError:
         raise what_it_is(head, role) from None
@@ -153,11 +153,14 @@ def _scaled_to_8_bits(image: Image.Image, top: int) -> Image.Image:
     full-size wider copy (a float64 one was 8 bytes a pixel)."""
     width, height = image.size
     out = Image.new("L", image.size)
-    band = max(1, (1 << 22) // max(width, 1))  # ~4 M pixels a band
+    band = max(1, (1 << 20) // max(width, 1))  # ~1 M pixels a band: a few MB of temporaries
     for y in range(0, height, band):
         rows = np.asarray(image.crop((0, y, width, min(height, y + band)))).astype(np.int64)
-        scaled = (np.clip(rows, 0, top) * 255 + top // 2) // top
-        out.paste(Image.fromarray(scaled.astype(np.uint8), "L"), (0, y))
+        np.clip(rows, 0, top, out=rows)
+        rows *= 255
+        rows += top // 2
+        rows //= top
+        out.paste(Image.fromarray(rows.astype(np.uint8), "L"), (0, y))
     return out
 
 

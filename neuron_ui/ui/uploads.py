@@ -132,7 +132,7 @@ class UploadFolder:
         try:
             os.rmdir(folder)  # only once empty
         except OSError:
-            total += FILE_COST
+            pass
         return total, removed
 
     @staticmethod
