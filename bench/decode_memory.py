@@ -2,6 +2,7 @@
 
     python bench/decode_memory.py --out bench/results/decode_memory.json     # 12 clients, the attack of issue 21
     python bench/decode_memory.py --clients 4 --megapixels 4                 # smaller
+    python bench/decode_memory.py --per-image                                # one 40 MP image per mode
 
 A 16-bit grey PNG of 7296x5440 zeros is 77 KB on the wire and 79 MB once decoded; the app decodes every reference
 before its request waits for the device, so many at once once held gigabytes (12 clients: +8.6 GB). This script
@@ -9,6 +10,8 @@ serves app.py (tiny model, eager, in its own process), makes one request with tw
 warm, reads the server's resident memory (VmRSS) at rest, then sends the clients at once and samples VmRSS every
 10 ms until all are answered. It prints the peak over idle and what is left over idle afterwards; the app's bound is
 in docs/operations.md (Security). Figures vary with the allocator and the machine: run it on the machine you serve on.
+--per-image measures, in a fresh process for each, the peak memory of fitting one image of each mode at the app's
+pixel limit (the bound per decoding thread).
 """
 
 from __future__ import annotations
@@ -141,12 +144,56 @@ def measure(clients: int, megapixels: float) -> dict:
     }
 
 
+PER_IMAGE = """
+import resource, sys, time
+from neuron_ui.config.resolutions import parse_resolution
+from neuron_ui.contract.references import fit_reference
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
+before = rss()
+start = time.perf_counter()
+fit_reference(sys.argv[1], parse_resolution("1024x1024"))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before, time.perf_counter() - start)
+"""
+
+
+def per_image(megapixels: float) -> dict:
+    """Peak memory of fitting one image of each mode (a fresh process each), in bytes a pixel."""
+    width = int((megapixels * 1e6 * 4 / 3) ** 0.5)
+    height = int(megapixels * 1e6 / width)
+    makers = {
+        "RGBA": lambda: Image.new("RGBA", (width, height), (10, 20, 30, 128)),
+        "RGB": lambda: Image.new("RGB", (width, height), (10, 20, 30)),
+        "I;16": lambda: Image.fromarray(np.zeros((height, width), np.uint16)),
+        "L": lambda: Image.new("L", (width, height), 30),
+        "P": lambda: Image.new("P", (width, height), 3),
+    }
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="decode-memory-") as folder:
+        for mode, make in makers.items():
+            path = Path(folder) / f"{mode.replace(';', '')}.png"
+            make().save(path, compress_level=9)
+            done = subprocess.run([sys.executable, "-c", PER_IMAGE, str(path)], cwd=ROOT, capture_output=True,
+                                  text=True, check=True)
+            peak_mb, seconds = map(float, done.stdout.split())
+            rows[mode] = {"peak_mb": round(peak_mb), "bytes_per_pixel": round(peak_mb * 2**20 / (width * height), 1),
+                          "seconds": round(seconds, 2)}
+    return {"megapixels": round(width * height / 1e6, 1), "modes": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=12)
     parser.add_argument("--megapixels", type=float, default=39.7)
+    parser.add_argument("--per-image", action="store_true", help="one image per mode at the pixel limit instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.per_image:
+        result = per_image(40.0)
+        print(json.dumps(result, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
     result = measure(args.clients, args.megapixels)
     print(json.dumps(result, indent=2))
     print(f"{args.clients} clients x 2 references of {result['megapixels']} MP 16-bit PNG "

@@ -1,23 +1,25 @@
-"""Input images read and decoded within bounds: bytes, pixels and the memory of decoding at once; no torch.
+"""Input images read and decoded within bounds: bytes, pixels and how many are decoded at once; no torch.
 
 Every input image (a reference, the image to inpaint, its mask, a layer painted in the editor) is read here. The
 file's bytes are hashed as they stream in, never held whole, and refused past MAX_UPLOAD_BYTES while reading; the
-header is checked (MAX_PIXELS) before any pixel is decoded; and decoding waits for room in one process-wide budget
-(DECODE_BUDGET_BYTES, an image counted at PEAK_BYTES_PER_PIXEL), so many large uploads at once queue here instead
-of holding gigabytes: 12 requests of two 39.7 MP 16-bit PNGs (77 KB each on the wire) once took 8.6 GB
-(bench/decode_memory.py measures it now). Each way a file can be bad gets its own one-line ValueError.
+header is checked (MAX_PIXELS) before any pixel is decoded; and decoding runs in DECODERS threads (`on_decoder`),
+so many large uploads at once wait their turn here instead of holding gigabytes: 12 requests of two 39.7 MP 16-bit
+PNGs (77 KB each on the wire) once took 8.6 GB (bench/decode_memory.py measures it). Each way a file can be bad gets
+its own one-line ValueError.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, ParamSpec, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -26,39 +28,32 @@ from neuron_ui.contract.files import open_regular
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # a decompression bomb is refused before it is decoded
-# The most memory one image takes while it is decoded and made 8-bit RGB, per pixel: PIL keeps RGB and RGBA at 4
-# bytes a pixel; an RGBA upload is the source, its alpha and the white canvas it is laid on (4 + 1 + 4), a 16-bit
-# one the source and its 8-bit copy (2 + 1). 12 leaves room for the decoder's own buffers.
-PEAK_BYTES_PER_PIXEL = 12
-DECODE_BUDGET_BYTES = 1 << 30  # two images of the largest size at once, or many small ones
+# Images decoded at once in the process. One takes at most about 9 bytes a pixel while it is decoded and made 8-bit
+# (PIL keeps RGB and RGBA at 4 bytes a pixel: an RGBA upload is the source, its alpha and the white canvas it is laid
+# on), so about 360 MB at MAX_PIXELS; a 16-bit grey one 3 bytes a pixel (the source and its 8-bit copy).
+DECODERS = 2
+DECODER_THREAD = "decoder"
 ImageSource = str | Path | bytes | Image.Image
+_decoders = ThreadPoolExecutor(max_workers=DECODERS, thread_name_prefix=DECODER_THREAD)
+P = ParamSpec("P")
+T = TypeVar("T")
 _CHUNK = 1 << 20
 _HEAD = 4096  # what is kept of a file's start to say what it is when it is not an image
 
 
-class DecodeBudget:
-    """Memory for decoding, shared by every request of the process: an image waits until its share is free."""
+def on_decoder(fn: Callable[P, T]) -> Callable[P, T]:
+    """Run `fn` (it decodes and fits an input) in one of the DECODERS threads, waiting for one to be free.
 
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.used = 0
-        self._free = threading.Condition()
+    At most DECODERS images are decoded at once, whoever sends them; and the allocator keeps what a thread freed in
+    that thread's arena, so large images decoded in any of Gradio's many worker threads once left each holding its
+    own hundreds of MB: decoding in a few threads keeps that to a few arenas too."""
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        if threading.current_thread().name.startswith(DECODER_THREAD):
+            return fn(*args, **kwargs)  # already on one (fit_mask inside a fit)
+        return _decoders.submit(fn, *args, **kwargs).result()
 
-    @contextmanager
-    def hold(self, cost: int) -> Iterator[None]:
-        cost = min(cost, self.limit)  # one image always fits once nothing else is decoding
-        with self._free:
-            self._free.wait_for(lambda: self.used + cost <= self.limit)
-            self.used += cost
-        try:
-            yield
-        finally:
-            with self._free:
-                self.used -= cost
-                self._free.notify_all()
-
-
-DECODING = DecodeBudget(DECODE_BUDGET_BYTES)
+    return run
 
 
 def too_big(role: str) -> ValueError:
@@ -124,12 +119,11 @@ def _load(image: Image.Image, role: str, notes: list[str]) -> None:
 
 @contextmanager
 def decoded(source: ImageSource, role: str) -> Iterator[tuple[Image.Image, str, list[str]]]:
-    """An input decoded under the process's budget, held until the block ends: (image with EXIF orientation
-    applied, sha256 of its bytes (of its pixels for an in-memory image), notes); ValueError if it cannot be."""
+    """An input decoded, held until the block ends: (image with EXIF orientation applied, sha256 of its bytes (of
+    its pixels for an in-memory image), notes); ValueError if it cannot be. Call it in a function run on_decoder."""
     notes: list[str] = []
     if isinstance(source, Image.Image):
-        with DECODING.hold(source.width * source.height * PEAK_BYTES_PER_PIXEL):
-            yield source.copy(), hashlib.sha256(source.tobytes()).hexdigest(), notes
+        yield source.copy(), hashlib.sha256(source.tobytes()).hexdigest(), notes
         return
     if isinstance(source, (bytes, bytearray)):
         if len(source) > MAX_UPLOAD_BYTES:
@@ -143,7 +137,7 @@ def decoded(source: ImageSource, role: str) -> Iterator[tuple[Image.Image, str, 
         digest, head = _hash_capped(file, role)
         file.seek(0)
         image = _open(file, head, role)
-        with DECODING.hold(image.width * image.height * PEAK_BYTES_PER_PIXEL), image:
+        with image:
             _load(image, role, notes)
             yield image, digest, notes
 

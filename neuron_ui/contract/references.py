@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image, ImageOps
 
 from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.contract.images import ImageSource, decoded, to_8bit
+from neuron_ui.contract.images import ImageSource, decoded, on_decoder, to_8bit
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
@@ -78,9 +78,10 @@ def fit_image(image: Image.Image, size: Resolution, fit: str, fill: Any = PAD_CO
     return ImageOps.pad(image, target, resample, color=fill, centering=(0.5, 0.5))
 
 
+@on_decoder
 def fit_reference(source: ImageSource, size: Resolution, fit: str = "crop", role: str = "reference") -> FittedImage:
-    """One reference (or the image to inpaint) as the model will see it; decoded under the process's budget, fitted
-    before it is made RGB (a grey upload stays a third of the size until it is small)."""
+    """One reference (or the image to inpaint) as the model will see it; decoded in one of the decoding threads,
+    fitted before it is made RGB (a grey upload stays a third of the size until it is small)."""
     with decoded(source, role) as (image, digest, notes):
         normal = to_8bit(image, role, notes)
         fitted = fit_image(normal, size, fit).convert("RGB")
@@ -94,6 +95,7 @@ def fit_references(sources: list[ImageSource] | tuple[ImageSource, ...], size: R
     return tuple(fit_reference(s, size, fit, f"reference {i}") for i, s in enumerate(sources, 1))
 
 
+@on_decoder
 def fit_mask(source: ImageSource, image: FittedImage) -> FittedImage:
     """The mask, fitted exactly as its image was: white (or painted, where it has transparency) is redone."""
     with decoded(source, "mask") as (mask, digest, notes):

@@ -15,7 +15,7 @@ import gradio as gr
 from PIL import Image
 
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.images import decoded
+from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.ui import gradio_bridge
 from neuron_ui.ui.uploads import keep_bytes
@@ -45,10 +45,11 @@ def file_paths(values: Any, stored: StoredFiles) -> list[str]:
     return [p for p in (file_path(v, stored) for v in values) if p]
 
 
+@on_decoder
 def painted_mask(background: str, layers: list[str]) -> Image.Image:
     """The editor's painted layers merged into one mask (L, painted = 255) the size of its background.
 
-    Each is read like any upload (contract/images.py: size, pixels, what it is, the decoding budget). The layers
+    Each is read like any upload (contract/images.py: size, pixels, what it is, the decoding threads). The layers
     are the editor's canvas size; they are scaled to the background's size so the mask always fits it."""
     with decoded(background, "image") as (image, _, _):
         size = image.size  # after EXIF orientation, as the engine fits it
