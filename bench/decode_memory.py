@@ -35,7 +35,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
 
-from neuron_ui.config.processes import free_port  # noqa: E402
+from neuron_ui.config.processes import free_port
 
 TIMEOUT = 600
 

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,6 +173,6 @@ def test_many_tiny_files_count_what_they_take_on_disk(tmp_path):
 
 def test_the_editor_canvas_is_kept_like_an_upload(tmp_path):
     path = keep_bytes(tmp_path, b"\x89PNG...", "background.png")
-    assert path.startswith(str(tmp_path)) and open(path, "rb").read() == b"\x89PNG..."
+    assert path.startswith(str(tmp_path)) and Path(path).read_bytes() == b"\x89PNG..."
     with pytest.raises(ValueError, match="MB limit"):
         keep_bytes(tmp_path, b"x" * (images.MAX_UPLOAD_BYTES + 1), "layer_0.png")

@@ -72,6 +72,16 @@ def _hash_capped(file: BinaryIO, role: str) -> tuple[str, bytes]:
     return digest.hexdigest(), head
 
 
+def read_file(path: str | Path, role: str) -> bytes:
+    """A file's bytes, read whole (to send to a replica on another node): a regular file, at most MAX_UPLOAD_BYTES
+    counted while reading."""
+    with open_regular(path, role) as file:
+        data = file.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise too_big(role)
+    return data
+
+
 def what_it_is(head: bytes, role: str) -> ValueError:
     """Why a file is not an image, as specifically as its first bytes tell."""
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
