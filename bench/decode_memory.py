@@ -184,17 +184,17 @@ def per_image(megapixels: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=12)
-    parser.add_argument("--megapixels", type=float, default=39.7)
+    parser.add_argument("--megapixels", type=float, help="each image's size (default 39.7; 40 with --per-image)")
     parser.add_argument("--per-image", action="store_true", help="one image per mode at the pixel limit instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.per_image:
-        result = per_image(40.0)
+        result = per_image(args.megapixels or 40.0)
         print(json.dumps(result, indent=2))
         if args.out:
             args.out.write_text(json.dumps(result, indent=2) + "\n")
         return
-    result = measure(args.clients, args.megapixels)
+    result = measure(args.clients, args.megapixels or 39.7)
     print(json.dumps(result, indent=2))
     print(f"{args.clients} clients x 2 references of {result['megapixels']} MP 16-bit PNG "
           f"({result['png_kb_on_the_wire']} KB each): RSS over idle peaked at +{result['peak_over_idle_mb']} MB, "
