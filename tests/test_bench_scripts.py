@@ -40,3 +40,13 @@ def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
     assert all(0 < seconds < 20 * stop["step_s"] + 2 for seconds in stop["stop_to_next_start_s"].values())
     assert set(results["targets"]) == {"round_trip_over_plain", "clients_throughput_over_plain_loop",
                                        "engine_no_prompt_cache_over_plain"}
+
+
+def test_decode_memory_bench_runs_at_toy_size(tmp_path):
+    """The attack of issue 21 at toy size: every client answered, the memory figures read from the server."""
+    out = tmp_path / "decode.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "decode_memory.py"), "--clients", "2", "--megapixels", "1",
+                    "--out", str(out)], check=True, capture_output=True, text=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["answers"] == {"complete": 2} and result["idle_rss_mb"] > 0
+    assert {"peak_over_idle_mb", "after_over_idle_mb"} <= set(result)

@@ -15,6 +15,7 @@ from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
+from neuron_ui.contract import images
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import GenerateRequest
@@ -100,8 +101,14 @@ def refused(source, match: str, **kw) -> None:
     assert "\n" not in str(caught.value)
 
 
-def test_not_an_image():
-    refused(b"%PDF-1.4 not an image at all", "is not an image")
+@pytest.mark.parametrize("data, line", [
+    (b"plain text, no image", "reference is not an image \\(PNG, JPEG"),
+    (b"%PDF-1.4 not an image at all", "reference is a PDF document, not an image: export the page as PNG"),
+    (b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"/>', "reference is an SVG drawing"),
+    (b"", "reference is an empty file \\(0 bytes\\)"),
+])
+def test_not_an_image_says_what_it_is(data, line):
+    refused(data, line)
 
 
 def test_truncated_image():
@@ -109,7 +116,7 @@ def test_truncated_image():
 
 
 def test_decompression_bomb(monkeypatch):
-    monkeypatch.setattr(refs, "MAX_PIXELS", 1_000_000)
+    monkeypatch.setattr(images, "MAX_PIXELS", 1_000_000)
     refused(png(Image.new("1", (2000, 1000))), "2000x1000 pixels; the limit is 1 megapixels")
 
 
@@ -119,10 +126,10 @@ def test_pil_bomb_error_is_refused_too(monkeypatch):
 
 
 def test_upload_over_the_size_limit(monkeypatch, tmp_path):
-    monkeypatch.setattr(refs, "MAX_UPLOAD_BYTES", 1000)
+    monkeypatch.setattr(images, "MAX_UPLOAD_BYTES", 1000)
     path = tmp_path / "big.png"
     path.write_bytes(png(noise(200, 200)))
-    refused(str(path), "MB; the limit is")
+    refused(str(path), "larger than the .* MB limit")
 
 
 def test_missing_file_and_wrong_type():

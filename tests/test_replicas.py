@@ -140,7 +140,7 @@ def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, t
     assert client.layout_status(layout).tokens == layout.tokens
     with pytest.raises(ValueError, match="inpainting needs both"):
         client.inpaint(GenerateRequest("no mask", "256x256", image=edited.image))
-    with pytest.raises(ValueError, match="cannot read the uploaded file"):
+    with pytest.raises(ValueError, match="reference 1: the uploaded file cannot be read"):
         client.generate(GenerateRequest("gone", "256x256", references=[str(tmp_path / "missing.png")]))
 
 

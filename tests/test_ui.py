@@ -443,7 +443,7 @@ def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
 
 def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_path):
     handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
-    editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors, True)
+    editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors, True, handlers.stored)
     source, reference, layer = tmp_path / "source.png", tmp_path / "ref.png", tmp_path / "layer.png"
     Image.new("RGB", (300, 200), (10, 200, 30)).save(source)
     Image.new("RGB", (640, 480), (200, 10, 30)).save(reference)

@@ -58,6 +58,8 @@ class Settings:
     max_references: int = 2
     replicas: int = 0  # engine replicas on Ray Serve; 0 serves in this process, without Ray
     ray_address: str | None = None  # join this Ray cluster instead of starting a local one
+    upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
+    upload_retention: float = 600.0  # seconds an upload is kept after its last use
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -77,6 +79,10 @@ class Settings:
         self.cache_bundle, self.cache_bundle_sha256 = pair_bundle_pins(self.cache_bundle, self.cache_bundle_sha256)
         if self.cache_bundle_timeout <= 0:
             raise ValueError(f"--cache-bundle-timeout must be positive, got {self.cache_bundle_timeout}")
+        if self.upload_budget_mb < 1:
+            raise ValueError(f"--upload-budget-mb must be at least 1, got {self.upload_budget_mb}")
+        if self.upload_retention <= 0:
+            raise ValueError(f"--upload-retention must be positive, got {self.upload_retention}")
         if self.replicas < 0:
             raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
         if self.ray_address and self.replicas == 0:
@@ -142,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// URL "
                         "or hf://<repo_id>/<path>[@revision]; several comma-separated (env NEURON_UI_CACHE_BUNDLE)")
     add_bundle_pin_argument(parser)
+    parser.add_argument("--upload-budget-mb", type=int, help="MB all uploads may take on disk at once "
+                        "(env NEURON_UI_UPLOAD_BUDGET_MB; default 512)")
+    parser.add_argument("--upload-retention", type=float, help="seconds an upload is kept after its last use "
+                        "(env NEURON_UI_UPLOAD_RETENTION; default 600)")
     parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray (env NEURON_UI_REPLICAS)")
     parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local one (env NEURON_UI_RAY_ADDRESS)")
     return parser
@@ -196,6 +206,8 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         ("max_references", "NEURON_UI_MAX_REFERENCES", int),
         ("replicas", "NEURON_UI_REPLICAS", int),
         ("cache_bundle_timeout", "NEURON_UI_CACHE_BUNDLE_TIMEOUT", float),
+        ("upload_budget_mb", "NEURON_UI_UPLOAD_BUDGET_MB", int),
+        ("upload_retention", "NEURON_UI_UPLOAD_RETENTION", float),
     ):
         value = pick(getattr(args, name, None), env)
         if value is not None:

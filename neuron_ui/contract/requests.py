@@ -13,7 +13,8 @@ from neuron_ui.contract import references as refs
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
-    from neuron_ui.contract.references import FittedImage, ImageSource
+    from neuron_ui.contract.images import ImageSource
+    from neuron_ui.contract.references import FittedImage
 
 
 MAX_PROMPT_CHARS = 2000

@@ -17,6 +17,7 @@ import ray
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.images import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
 from neuron_ui.engine.warmup import WarmupList
@@ -202,15 +203,11 @@ class ReplicaClient:
 
 
 def portable(request: GenerateRequest) -> GenerateRequest:
-    """The request with its files read into bytes: a replica on another node cannot open this machine's paths."""
-    def read(source):
-        if isinstance(source, (str, Path)):
-            try:
-                return Path(source).read_bytes()
-            except OSError as error:
-                raise ValueError(f"cannot read the uploaded file: {error.strerror or error}") from error
-        return source
+    """The request with its files read into bytes: a replica on another node cannot open this machine's paths.
+    Read as the engine reads them (contract/images.py): regular files only, the size capped while reading."""
+    def read(source, role: str):
+        return read_file(source, role) if isinstance(source, (str, Path)) else source
 
-    return replace(request, references=tuple(read(r) for r in request.references),
-                   image=None if request.image is None else read(request.image),
-                   mask=None if request.mask is None else read(request.mask))
+    return replace(request, references=tuple(read(r, f"reference {n}") for n, r in enumerate(request.references, 1)),
+                   image=None if request.image is None else read(request.image, "image"),
+                   mask=None if request.mask is None else read(request.mask, "mask"))

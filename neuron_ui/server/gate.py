@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from typing import Any
 from urllib.parse import parse_qs
 
+from neuron_ui.contract.files import ForeignFile
 from neuron_ui.server import routes
 from neuron_ui.server.asgi import (
     NOT_JSON,
@@ -43,6 +43,7 @@ from neuron_ui.server.asgi import (
     reply,
     send_html,
 )
+from neuron_ui.server.file_doors import FileDoors, UploadAnswer
 from neuron_ui.ui import gradio_bridge
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and whil
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
 FILE_ROUTE = "/gradio_api/file="
+UPLOAD = "/gradio_api/upload"
 CANCEL = "/gradio_api/cancel"
 EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
@@ -61,10 +63,6 @@ LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-eq
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
 
 
-class ForeignFile(ValueError):
-    """A call names a file outside the app's own folder (uploads and results)."""
-
-
 class Gate:
     """ASGI middleware around the whole server (see the module docstring); `server` is neuron_ui.server.Server."""
 
@@ -72,6 +70,7 @@ class Gate:
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
+        self.files = FileDoors(server)
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and not self.server.ready:
@@ -97,15 +96,21 @@ class Gate:
                 and not gradio_bridge.logged_in(self.server.gradio_app, scope)):
             await reply(send, Refusal(401, "Not authenticated"))
             return
+        upload: UploadAnswer | None = None
+        device = False
         refusal = routes.refusal(scope, self.server.demo)
         if refusal is None:
             receive, refusal, device = await self.check_call(scope, receive)
+        if refusal is None and path == UPLOAD and method == "POST":
+            refusal, upload = await self.files.admit_upload(scope)
         if refusal is None and path == CANCEL and method == "POST":
             receive, refusal = await self.stop_cancelled(receive)
         if refusal is not None:
             await reply(send, refusal)
             return
         scope = self.inbound(scope)
+        if upload is not None:
+            send = upload.watch(send)
         send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
         if path == EVENT_STREAM and method == "GET":
             receive = self.stop_on_disconnect(scope, receive, send)
@@ -121,6 +126,8 @@ class Gate:
         finally:
             if device and not send.started:
                 self._admitted()
+            if upload is not None:
+                self.server.uploads.done(upload.length, upload.files())
 
     def _admitted(self) -> None:
         self.admitting -= 1
@@ -128,7 +135,8 @@ class Gate:
     # -- checks ----------------------------------------------------------------------------------------
 
     async def check_call(self, scope: dict, receive: Receive) -> tuple[Receive, Refusal | None, bool]:
-        """Which function a POST calls, by name or fn_index: only ours by name, within the device's bound.
+        """Which function a POST calls, by name or fn_index: only ours by name, within the device's bound, naming
+        only the app's own files.
 
         Returns the receive to pass on (the body, once read here, is replayed), a refusal or None, and whether
         the request is for the device."""
@@ -153,8 +161,10 @@ class Gate:
         data, refusal = parse_json(body)
         if refusal is not None or data is NOT_JSON:
             return replay(body, receive), refusal, False  # not JSON: Gradio says what is wrong with it
+        fn = self.called(data, named.group(2) if named else None)
         try:
-            receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
+            checked = self.files.full_paths(data, fn, by_name=bool(named) and named.group(1) == "call/v2")
+            receive = replay(json.dumps(checked).encode(), receive)
         except ForeignFile as error:
             return receive, Refusal(403, str(error)), False
         if not isinstance(data, dict):
@@ -164,15 +174,14 @@ class Gate:
             return receive, Refusal(422, "session_hash must be a non-empty string, or left out"), False
         if named and named.group(1) == "call/v2" and (problem := gradio_bridge.keyword_problem(demo, name, data)):
             return receive, Refusal(422, problem), False
-        if named:
-            fn = next(f for f in demo.fns.values() if f.api_name == named.group(2))
-        else:
+        if not named:
             index = data.get("fn_index")
             if not isinstance(index, int):
                 return receive, None, False  # Gradio's own validation names the field
             if index not in demo.fns:
                 return receive, Refusal(404, f"there is no function {index}"), False
-            fn = demo.fns[index]
+        if fn is None:
+            return receive, None, False
         values = data.get("data")
         if isinstance(values, list) and len(values) != len(fn.inputs):
             names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
@@ -185,6 +194,14 @@ class Gate:
             return receive, Refusal(503, message, (("retry-after", "5"),)), False
         return receive, None, True
 
+    def called(self, data: Any, api_name: str | None) -> Any:
+        """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
+        fns = self.server.demo.fns
+        if api_name is not None:
+            return next((f for f in fns.values() if f.api_name == api_name), None)
+        index = data.get("fn_index") if isinstance(data, dict) else None
+        return fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+
     async def stop_cancelled(self, receive: Receive) -> tuple[Receive, Refusal | None]:
         """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
         body = await read_body(receive)
@@ -194,7 +211,7 @@ class Gate:
             self.server.stop_cancelled(data["session_hash"], event_id if isinstance(event_id, str) else None)
         return replay(body, receive), refusal
 
-    def stop_on_disconnect(self, scope: dict, receive: Receive, send: "Outbound") -> Receive:
+    def stop_on_disconnect(self, scope: dict, receive: Receive, send: Outbound) -> Receive:
         """A session's event stream closed by its client before the server ended it: the client has gone."""
         session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
 
@@ -211,24 +228,7 @@ class Gate:
         data, refusal = parse_json(body)
         if refusal is not None or data is NOT_JSON:
             return replay(body, receive), refusal
-        return replay(json.dumps(self.full_paths(data)).encode(), receive), None
-
-    def full_paths(self, value: Any) -> Any:
-        """The browser sends back files it was shown (a gallery's selected image) or uploaded by the relative path
-        Outbound gave it; Gradio wants the path on the server. A file anywhere else is refused (ForeignFile):
-        the API takes files as is (preprocess=False), so a path the caller makes up would be read from disk."""
-        if isinstance(value, list):
-            return [self.full_paths(item) for item in value]
-        if not isinstance(value, dict):
-            return value
-        value = {key: self.full_paths(item) for key, item in value.items()}
-        path = value.get("path")
-        if isinstance(value.get("meta"), dict) and isinstance(path, str) and path:
-            full = path if path.startswith("/") else self.server.files_prefix + path
-            if not os.path.realpath(full).startswith(os.path.realpath(self.server.files_prefix) + os.sep):
-                raise ForeignFile(f"{path!r} is not a file of this app: upload it first (POST /gradio_api/upload)")
-            value["path"] = full
-        return value
+        return replay(json.dumps(self.files.full_paths(data, self.called(data, None))).encode(), receive), None
 
     def inbound(self, scope: dict) -> dict:
         """A relative `file=` path is read inside the server's file folder (what Outbound cut from the answer);

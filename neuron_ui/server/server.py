@@ -25,8 +25,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from neuron_ui.contract import stopping
+from neuron_ui.contract.files import StoredFiles
+from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
-from neuron_ui.contract.references import MAX_UPLOAD_BYTES
 from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.gate import Gate
 from neuron_ui.server.metrics import EngineMetrics
@@ -39,6 +40,7 @@ from neuron_ui.ui.gradio_bridge import (
     session_stops,
     waiting_for_device,
 )
+from neuron_ui.ui.uploads import UploadFolder
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -64,7 +66,10 @@ class Server:
         self.share_url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.gradio_app: Any = None  # Gradio's App, mounted at /
-        self.files_prefix = folder_prefix(private_file_folder())  # never sent out (asgi.Outbound)
+        folder = private_file_folder()
+        self.files_prefix = folder_prefix(folder)  # never sent out (asgi.Outbound)
+        self.stored = StoredFiles(folder)  # the only files a request may name: uploads and results
+        self.uploads = UploadFolder(folder, settings.upload_budget_mb * 2**20, settings.upload_retention)
         self.device_group = DEVICE
         self.draining = False
         self._drain_requested = threading.Event()
@@ -127,6 +132,7 @@ class Server:
         """Bind the port and serve /healthz (503) and /metrics while the caller loads the model."""
         self._thread = threading.Thread(target=self._run, name="http-server", daemon=True)
         self._thread.start()
+        self.uploads.start()
         deadline = time.monotonic() + timeout
         while not self._uvicorn.started:
             if not self._thread.is_alive():
@@ -214,6 +220,7 @@ class Server:
         if self.demo is not None:
             gradio_bridge.stop(self.demo, self.gradio_app, self._loop)
         self._uvicorn.should_exit = True
+        self.uploads.stop()
         if self._thread is not None:
             self._thread.join(timeout)
 

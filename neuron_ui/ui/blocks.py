@@ -154,7 +154,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         gr.on([c.change for c in [*form, history]], handlers.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
         editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
-                                                   handlers.distilled)
+                                           handlers.distilled, handlers.stored, edit_inpaint["editor"])
         history_gallery.select(handlers.on_select, [history],
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
@@ -173,6 +173,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history, session],
             made, show_progress_on=[image], **on_device, **private,
+            preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)
         inpainted.failure(**failed)

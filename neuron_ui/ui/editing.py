@@ -15,72 +15,78 @@ import gradio as gr
 from PIL import Image
 
 from neuron_ui.contract import references as refs
+from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.ui import gradio_bridge
+from neuron_ui.ui.uploads import keep_bytes
 from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.files import StoredFiles
 
 
 DEFAULT_STRENGTH = 0.9
 
 
-def file_path(value: Any) -> str | None:
-    """A Gradio file value (a FileData dict when preprocess=False, a path otherwise) as a path."""
+def file_path(value: Any, stored: StoredFiles) -> str | None:
+    """A Gradio file value (a FileData dict with or without "meta", or a path) as the path of one of the app's
+    files; ForeignFile (a ValueError: one line) for any other, before anything reads it."""
     if value is None or value == "":
         return None
-    if isinstance(value, dict):
-        return value.get("path")
-    return str(value)
+    return stored.use(value.get("path") if isinstance(value, dict) else value)
 
 
-def file_paths(values: Any) -> list[str]:
+def file_paths(values: Any, stored: StoredFiles) -> list[str]:
     if values is None:
         return []
     if not isinstance(values, (list, tuple)):
         values = [values]
-    return [p for p in (file_path(v) for v in values) if p]
+    return [p for p in (file_path(v, stored) for v in values) if p]
 
 
-def editor_inputs(value: Any) -> tuple[Any, Image.Image | None]:
-    """The image editor's background (a path) and its painted layers merged into one mask (L, painted = 255).
+@on_decoder
+def painted_mask(background: str, layers: list[str]) -> Image.Image:
+    """The editor's painted layers merged into one mask (L, painted = 255) the size of its background.
 
-    The layers are the editor's canvas size; they are scaled to the background's size so the mask always fits it.
-    """
-    if not value or not value.get("background"):
-        return None, None
-    background = file_path(value["background"])
-    with Image.open(background) as opened:
-        size = opened.size
+    Each is read like any upload (contract/images.py: size, pixels, what it is, the decoding threads). The layers
+    are the editor's canvas size; they are scaled to the background's size so the mask always fits it."""
+    with decoded(background, "image") as (image, _, _):
+        size = image.size  # after EXIF orientation, as the engine fits it
     mask = Image.new("L", size, 0)
-    for layer in value.get("layers") or []:
-        path = file_path(layer)
-        if path is None:
-            continue
-        with Image.open(path) as painted:
-            alpha = painted.convert("RGBA").getchannel("A").point(lambda v: 255 if v > 0 else 0)
+    for number, layer in enumerate(layers, 1):
+        with decoded(layer, f"painted layer {number}") as (painted, _, _):
+            alpha = painted.getchannel("A") if painted.mode == "RGBA" else painted.convert("RGBA").getchannel("A")
+        alpha = alpha.point(lambda v: 255 if v > 0 else 0)
         if alpha.size != size:
             alpha = alpha.resize(size, Image.Resampling.NEAREST)
         mask.paste(255, mask=alpha)
-    return background, mask
+    return mask
 
 
 @dataclass
 class EditingHandlers:
     """Handlers for the editing inputs. `run` is ui.Handlers.run (generate, save, remember; the Generate
-    button's outputs), `save` the image store's, `errors` ui.user_errors (ui imports this module)."""
+    button's outputs), `save` the image store's, `errors` ui.user_errors (ui imports this module), `stored` the
+    rule for the files a request may name, `editor` the inpaint editor (whose canvas may come beside the event)."""
 
     engine: EngineLike
     run: Callable[..., tuple]
     save: Callable[[Any], str]
     errors: Callable[[], Any]
     distilled: bool
+    stored: StoredFiles
+    editor: gr.ImageEditor | None = None
 
     # -- previews and status ---------------------------------------------------------------------
 
     def on_preview(self, files: Any, reference_size: str, fit: str) -> list[tuple[Image.Image, str]]:
         """What the model sees: each reference fitted, before anything runs; a bad file says why at once."""
-        paths = file_paths(files)
+        try:
+            paths = file_paths(files, self.stored)
+        except ValueError as error:
+            gr.Warning(str(error))
+            return []
         if len(paths) > self.engine.max_references:
             gr.Warning(f"{len(paths)} reference images; this server takes at most {self.engine.max_references}")
             return []
@@ -97,7 +103,7 @@ class EditingHandlers:
 
     def on_layout(self, resolution: str, files: Any, reference_size: str, inpaint: bool = False) -> str:
         try:
-            count = min(len(file_paths(files)), self.engine.max_references)
+            count = min(len(file_paths(files, self.stored)), self.engine.max_references)
             layout = self.engine.layout(resolution, count, reference_size, inpaint)
         except ValueError as error:
             return str(error)
@@ -108,7 +114,8 @@ class EditingHandlers:
         if not image:
             gr.Warning("No image yet: generate one first.")
             return gr.skip()
-        paths = [*file_paths(files), image]
+        with self.errors():
+            paths = [*file_paths(files, self.stored), file_path(image, self.stored)]
         return paths[-self.engine.max_references:] if self.engine.max_references else []
 
     @staticmethod
@@ -123,16 +130,34 @@ class EditingHandlers:
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
                    fit: str, history: list[dict[str, Any]], session: Any = None,
                    progress: gr.Progress = gr.Progress()):
-        image, mask = editor_inputs(editor)
+        with self.errors():  # the editor's files get the upload checks and one line each, like /inpaint's
+            image, layers = self.editor_files(editor)
+            mask = painted_mask(image, layers) if image else None
         if image is None:
             raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",
                            print_exception=False)
+        with self.errors():
+            references = file_paths(files, self.stored)
         request = GenerateRequest(prompt, resolution, steps, None if randomize else seed,
-                                  None if self.distilled else guidance, references=file_paths(files),
+                                  None if self.distilled else guidance, references=references,
                                   reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength)
         # The editor's image and painted layers join the history entry, so picking it restores the mask too.
-        kept = {"background": image, "layers": file_paths(editor.get("layers")), "composite": None}
+        kept = {"background": image, "layers": layers, "composite": None}
         return self.run(request, history, progress, session, {"editor": kept})
+
+    def editor_files(self, value: Any) -> tuple[str | None, list[str]]:
+        """The editor's background and painted layers as paths of the app's files: as sent (its value takes them
+        unprocessed: preprocess=False), or saved like an upload when the browser sent its canvas beside the event
+        (the value is then an id)."""
+        if not isinstance(value, dict):
+            return None, []
+        blob_id = value.get("id")
+        if isinstance(blob_id, str) and blob_id and self.editor is not None:
+            background, layers = gradio_bridge.take_editor_blobs(self.editor, blob_id)
+            root = self.stored.root
+            return (keep_bytes(root, background, "background.png") if background else None,
+                    [keep_bytes(root, layer, f"layer_{i}.png") for i, layer in enumerate(layers)])
+        return file_path(value.get("background"), self.stored), file_paths(value.get("layers"), self.stored)
 
     # -- the named API ---------------------------------------------------------------------------
 
@@ -141,11 +166,13 @@ class EditingHandlers:
                     references: Any = None, reference_size: str | None = None) -> tuple[str, dict[str, Any]]:
         """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate."""
         with self.errors():
-            if file_path(image) is None or file_path(mask) is None:
+            image, mask = file_path(image, self.stored), file_path(mask, self.stored)
+            if image is None or mask is None:
                 raise ValueError("inpainting needs both an image and a mask")
-            request = GenerateRequest(prompt, resolution, steps, seed, references=file_paths(references),
-                                      reference_size=reference_size or None, image=file_path(image),
-                                      mask=file_path(mask), strength=strength)
+            request = GenerateRequest(prompt, resolution, steps, seed,
+                                      references=file_paths(references, self.stored),
+                                      reference_size=reference_size or None, image=image, mask=mask,
+                                      strength=strength)
             result = self.engine.inpaint(request)
             return self.save(result), result.info()
 

@@ -5,6 +5,7 @@ upgrade means reading this file against the new source, and the tests named besi
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -46,6 +47,38 @@ def current_event() -> tuple[str | None, str | None]:
 
     request = LocalContext.request.get(None)
     return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
+
+
+def file_inputs(fn: Any) -> tuple[frozenset[int], frozenset[str]]:
+    """Which inputs of a demo function take files: their positions, and their handler's parameter names (the
+    names /call/v2 bodies use: gradio/routes.py maps them by the function's signature, 6.31). A component takes
+    files when its API schema holds a FileData (gradio_client's value_is_file, as the client decides to upload)."""
+    from gradio_client.utils import value_is_file
+
+    def takes_files(block: Any) -> bool:
+        try:
+            return value_is_file(block.api_info())
+        except Exception:  # noqa: BLE001 - a component without an API schema takes no file
+            return False
+
+    indices = frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
+    try:
+        parameters = list(inspect.signature(fn.fn).parameters)
+    except (TypeError, ValueError):
+        parameters = []
+    return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
+
+
+def take_editor_blobs(editor: gr.ImageEditor, blob_id: str) -> tuple[bytes | None, list[bytes]]:
+    """The image editor's canvas (background, painted layers) that the browser posted beside the event through the
+    component's accept_blobs, taken out of the component so nothing stays. Gradio 6.31 keeps it in the component's
+    `blob_storage` by id (gradio/components/image_editor.py) and its value then carries only the id; a session
+    whose editor Gradio copied (a component update) keeps its own, not found here: the handler then asks for an
+    image. tests/test_http_editing.py fails if this moves."""
+    blobs = getattr(editor, "blob_storage", {}).pop(blob_id, None)
+    if blobs is None:
+        return None, []
+    return blobs.background, [layer for layer in blobs.layers or [] if layer]
 
 
 def session_stops(demo: gr.Blocks) -> SessionStops:

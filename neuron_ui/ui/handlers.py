@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
+from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS, GenerateRequest
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.ui import session as sessions
@@ -58,6 +59,7 @@ class Handlers:
         self.distilled = engine.status().distilled
         self.held = held or sessions.HeldResults()  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
+        self.stored = StoredFiles(self.uploads)  # the rule for every file a request names (contract/files.py)
         self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
 
     def status(self) -> EngineStatus:
@@ -70,8 +72,8 @@ class Handlers:
                  fit: str = "crop") -> GenerateRequest:
         # Distilled models ignore guidance; the engine's default is the model's own.
         return GenerateRequest(prompt, resolution, steps, seed, None if self.distilled else guidance,
-                               references=file_paths(references), reference_size=reference_size or None,
-                               fit=fit)
+                               references=file_paths(references, self.stored),
+                               reference_size=reference_size or None, fit=fit)
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
               session: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -115,8 +117,9 @@ class Handlers:
                     reference_size: str | None = None, fit: str = "crop", session: Any = None,
                     progress: gr.Progress = gr.Progress()):
         """One image from the form; the seed box then shows the seed actually used."""
-        request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
-                                reference_size, fit)
+        with user_errors():  # a reference that is not one of the app's files: one line
+            request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
+                                    reference_size, fit)
         return self.run(request, history, progress, session)
 
     def run(self, request: GenerateRequest, history: list[dict[str, Any]], progress: Callable[..., Any],
@@ -303,7 +306,8 @@ class Handlers:
         """One image and its generation info; steps and guidance default to the model's, seed to random."""
         with user_errors():
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
-                                      references=file_paths(references), reference_size=reference_size or None)
+                                      references=file_paths(references, self.stored),
+                                      reference_size=reference_size or None)
             with self.stops.track(*current_event()) as stop:
                 result = self.engine.generate(request, stop=stop)
             return self.store.save(result), result.info()

@@ -1,0 +1,83 @@
+"""Which files a caller may name, and opening one safely; no torch, no Gradio.
+
+A file value from a caller (an API call's FileData with or without "meta", a bare path, a reference list, the image
+editor's background and layers) names a path on the server. Only files this app stored may be read: its uploads
+and its results, all inside one private folder (ui/files.py, private_file_folder). `StoredFiles.resolve` decides
+that from the string alone, before anything touches the disk, so a refusal is the same for a file that exists and
+one that does not. The server's gate and the UI's handlers both call it: this is the one copy of the rule.
+`open_regular` then refuses what is not a regular file (a FIFO would hold the request open, a device never ends),
+and the reader counts bytes as they come: stat() says 0 for a FIFO or a device, so it is never trusted for size.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+MAX_PATH_CHARS = 4096
+
+
+class ForeignFile(ValueError):
+    """A file value names a file this app did not store (or is not a path at all); nothing was read."""
+
+
+def foreign(path: object) -> ForeignFile:
+    shown = repr(path) if len(repr(path)) <= 80 else repr(path)[:79] + "…"
+    return ForeignFile(f"{shown} is not a file of this app: upload it first (POST /gradio_api/upload)")
+
+
+@dataclass(frozen=True)
+class StoredFiles:
+    """The folder of files this app stored (uploads and results): the only files a request may name."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(os.path.realpath(self.root)))
+
+    @property
+    def prefix(self) -> str:
+        return str(self.root) + os.sep
+
+    def resolve(self, path: object) -> str:
+        """`path` as an absolute path inside the folder (a relative one is taken inside it), or ForeignFile.
+
+        A string check only ('..' folded, no link followed, nothing on disk read): the app writes no links there."""
+        if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS or "\x00" in path:
+            raise foreign(path)
+        full = os.path.normpath(os.path.join(self.root, path))  # an absolute `path` stays itself
+        if not full.startswith(self.prefix):
+            raise foreign(path)
+        return full
+
+    def use(self, path: object) -> str:
+        """resolve(), and the file's retention clock restarts (ui/uploads.py removes uploads unused for a while)."""
+        full = self.resolve(path)
+        try:
+            os.utime(full, times=(time.time(),) * 2, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            pass  # gone, or never there: the read that follows says so in one line
+        return full
+
+
+def open_regular(path: str | Path, role: str) -> BinaryIO:
+    """The file opened for reading if it is a regular file; ValueError (one line) otherwise.
+
+    O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it, and any device, unread."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError):
+        raise ValueError(f"{role}: the uploaded file cannot be read (it may have expired: upload it again)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{role} is not a regular file: upload an image file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

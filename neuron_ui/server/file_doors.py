@@ -1,0 +1,121 @@
+"""The gate's checks on files: every file a call names is one the app stored, and uploads stay within their budget.
+
+The API takes files as sent (preprocess=False), and so does the inpaint editor, so a path in a request would be read
+from disk as is: `full_paths` refuses (ForeignFile, a 403) any that is not inside the app's folder, before anything
+reads it, with the one rule of contract/files.py. Uploads reach Gradio only within the disk budget of
+ui/uploads.py: `admit_upload` refuses the rest in one line, unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from neuron_ui.server.asgi import Refusal, Send
+from neuron_ui.ui import gradio_bridge
+
+UPLOAD_REFUSALS = {"length": (411, ""), "too_large": (413, ""), "full": (507, "60")}  # status, retry-after
+EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value holds files under these keys
+
+
+class FileDoors:
+    """File checks for the Gate; `server` is neuron_ui.server.Server (its `stored` rule and `uploads` folder)."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self._file_inputs: dict[Any, tuple[frozenset[int], frozenset[str]]] = {}  # per function, found once
+
+    def full_paths(self, data: Any, fn: Any = None, by_name: bool = False) -> Any:
+        """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
+
+        Where an input takes files (`fn`'s file inputs, by position, or by parameter name for /call/v2) every
+        value must name one of the app's files, in any shape: a path, a FileData with or without "meta", a list,
+        an editor value. Elsewhere a FileData with "meta" (a gallery's selected image) is checked the same way.
+        The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
+        indices, names = self.file_inputs(fn)
+        if isinstance(data, dict) and by_name:
+            data = {key: self.stored(value) if key in names else value for key, value in data.items()}
+        elif isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = {**data, "data": [self.stored(value) if index in indices else value
+                                     for index, value in enumerate(data["data"])]}
+        return self.meta_paths(data)
+
+    def file_inputs(self, fn: Any) -> tuple[frozenset[int], frozenset[str]]:
+        if fn is None:
+            return frozenset(), frozenset()
+        if fn not in self._file_inputs:
+            self._file_inputs[fn] = gradio_bridge.file_inputs(fn)
+        return self._file_inputs[fn]
+
+    def stored(self, value: Any) -> Any:
+        """A value sent where a file goes: each path in it must be one of the app's files (its retention restarts)."""
+        if isinstance(value, list):
+            return [self.stored(item) for item in value]
+        if isinstance(value, dict):
+            value = dict(value)
+            if "path" in value:
+                value["path"] = self.server.stored.use(value["path"])
+            for part in EDITOR_PARTS:
+                if part in value:
+                    value[part] = self.stored(value[part])
+            return value
+        if isinstance(value, str):
+            return self.server.stored.use(value)
+        return value  # None, a number: the handler refuses what is not a file
+
+    def meta_paths(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self.meta_paths(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        value = {key: self.meta_paths(item) for key, item in value.items()}
+        if isinstance(value.get("meta"), dict) and "path" in value:
+            value["path"] = self.server.stored.resolve(value["path"])
+        return value
+
+    async def admit_upload(self, scope: dict) -> tuple[Refusal | None, UploadAnswer | None]:
+        """An upload within the budget on disk (ui/uploads.py), refused unread past it. Without the login Gradio
+        refuses it before reading anything, and it reserves nothing."""
+        if self.server.settings.auth and not gradio_bridge.logged_in(self.server.gradio_app, scope):
+            return None, None
+        length = content_length(scope)
+        refused = await asyncio.to_thread(self.server.uploads.admit, length)
+        if refused is not None:
+            status, retry = UPLOAD_REFUSALS[refused.kind]
+            return Refusal(status, refused.message, (("retry-after", retry),) if retry else ()), None
+        return None, UploadAnswer(length)
+
+
+class UploadAnswer:
+    """Gradio's answer to an admitted upload, watched for how many files it wrote (a JSON list of their paths)."""
+
+    def __init__(self, length: int):
+        self.length = length
+        self._body: list[bytes] = []
+        self._ok = False
+
+    def watch(self, send: Send) -> Send:
+        async def watched(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self._ok = message["status"] == 200
+            elif message["type"] == "http.response.body" and self._ok:
+                self._body.append(message.get("body", b""))
+            await send(message)
+
+        return watched
+
+    def files(self) -> int:
+        try:
+            written = json.loads(b"".join(self._body)) if self._ok else []
+        except ValueError:
+            return 0
+        return len(written) if isinstance(written, list) else 0
+
+
+def content_length(scope: dict) -> int | None:
+    """The request's declared length (None if it declares none, or nonsense: a chunked body)."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            return int(value) if value.isdigit() and len(value) < 19 else None
+    return None

@@ -1,0 +1,167 @@
+"""Uploads on disk, bounded: a total budget with a one-line refusal past it, and removal once unused for a while.
+
+Gradio writes every upload (POST /gradio_api/upload: gradio_client's handle_file, the browser's file inputs and
+the image editor) into its upload folder, here the app's private folder (files.py, private_file_folder), as
+`<sha256>/<name>` with the multipart parser's temporary `tmp*` file beside it, and keeps it until the process exits:
+40 x 25 MB uploads once added 1 GB in 5 s. The gate asks `admit` before each upload reaches Gradio: its declared
+length must fit in what is left of the budget, or it is refused in one line, unread. A sweep every SWEEP_SECONDS
+(and before any refusal) removes uploads unused for `retention` seconds (a request that names one restarts its
+clock: contract/files.py, StoredFiles.use) and counts what is left, each file at least FILE_COST bytes, so a
+thousand tiny files cost what they take on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_ui.contract.images import MAX_UPLOAD_BYTES, too_big
+
+logger = logging.getLogger(__name__)
+
+UPLOAD_FOLDER = re.compile(r"[0-9a-f]{64}")  # Gradio's <sha256 of the bytes>/ folder of one upload
+PARSER_TEMP = re.compile(r"tmp\w+")  # a multipart parser's file, left behind when its client went away
+FILE_COST = 8192  # the least one file is counted for: a block for its data and one for its folder
+SWEEP_SECONDS = 30.0
+
+
+def keep_bytes(root: Path, data: bytes, name: str) -> str:
+    """Bytes a browser sent beside an event (the image editor's canvas) kept as an upload is, in <sha256>/<name>
+    under the same retention; past the upload size limit they are refused unwritten."""
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise too_big(name)
+    folder = Path(root) / hashlib.sha256(data).hexdigest()
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_bytes(data)
+    return str(path)
+
+
+@dataclass(frozen=True)
+class UploadRefusal:
+    """Why an upload is refused, in one line, and its kind: "length" (no Content-Length), "too_large" (more than
+    the whole budget) or "full" (no room now; a few minutes frees some)."""
+
+    kind: str
+    message: str
+
+
+class UploadFolder:
+    """The uploads in `root`: at most `budget` bytes, each removed `retention` seconds after its last use."""
+
+    def __init__(self, root: Path, budget: int, retention: float, clock: Callable[[], float] = time.time):
+        self.root = Path(root)
+        self.budget = budget
+        self.retention = retention
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._counted = 0  # on disk at the last sweep
+        self._since = 0  # admitted and finished since the last sweep (their files are on disk, uncounted)
+        self._in_flight = 0  # admitted, still arriving
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def used(self) -> int:
+        return self._counted + self._since + self._in_flight
+
+    def admit(self, length: int | None) -> UploadRefusal | None:
+        """Reserve `length` bytes for one upload request (then call `done`), or say why not. May sweep: call it
+        from a thread, not the event loop."""
+        limit = f"{self.budget / 2**20:g} MB"
+        if length is None:
+            return UploadRefusal("length", "an upload must say its size (a Content-Length header)")
+        if length > self.budget:
+            return UploadRefusal("too_large", f"this upload is {length / 2**20:.1f} MB; uploads may take {limit} "
+                                 "in all")
+        with self._lock:
+            fits = self.used + length <= self.budget
+        if not fits:
+            self.sweep()
+        with self._lock:
+            if self.used + length > self.budget:
+                minutes = max(1, round(self.retention / 60))
+                return UploadRefusal("full", f"the server's {limit} for uploads is full (each is kept {minutes} min "
+                                     "after its last use); try again in a few minutes")
+            self._in_flight += length
+        return None
+
+    def done(self, length: int, files: int) -> None:
+        """An admitted upload ended; `files` it wrote (0 if it failed) count at least FILE_COST each."""
+        with self._lock:
+            self._in_flight -= length
+            self._since += length + files * FILE_COST
+
+    def sweep(self) -> None:
+        """Remove the uploads unused for `retention` seconds, and count the rest."""
+        deadline = self.clock() - self.retention
+        total = removed = 0
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            entries = []
+        for entry in entries:
+            if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                kept, gone = self._sweep_folder(entry.path, deadline)
+                total, removed = total + kept, removed + gone
+            elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                kept, gone = self._sweep_file(entry.path, deadline)
+                total, removed = total + kept, removed + gone
+        with self._lock:
+            self._counted, self._since = total, 0
+        if removed:
+            logger.info("removed %d uploads unused for %.0f s; %.1f MB of uploads kept", removed, self.retention,
+                        total / 2**20)
+
+    def _sweep_folder(self, folder: str, deadline: float) -> tuple[int, int]:
+        total = removed = 0
+        try:
+            files = list(os.scandir(folder))
+        except OSError:
+            return 0, 0
+        for entry in files:
+            kept, gone = self._sweep_file(entry.path, deadline)
+            total, removed = total + kept, removed + gone
+        try:
+            os.rmdir(folder)  # only once empty
+        except OSError:
+            pass
+        return total, removed
+
+    @staticmethod
+    def _sweep_file(path: str, deadline: float) -> tuple[int, int]:
+        """(bytes it still counts for, 1 if it was removed)."""
+        try:
+            info = os.lstat(path)
+            if info.st_mtime < deadline:
+                os.unlink(path)
+                return 0, 1
+        except OSError:
+            return 0, 0
+        return max(info.st_size, FILE_COST), 0
+
+    # -- the sweeper ---------------------------------------------------------------------------------------
+
+    def start(self) -> UploadFolder:
+        self._thread = threading.Thread(target=self._sweep_every, name="upload-sweeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _sweep_every(self) -> None:
+        while not self._stop.wait(min(SWEEP_SECONDS, max(self.retention / 2, 0.05))):
+            try:
+                self.sweep()
+            except Exception:
+                logger.exception("sweeping the uploads failed")

@@ -1,0 +1,81 @@
+"""Uploads cannot fill the disk, by raw HTTP (httpx) against app.py's app on the tiny model in this process: a total
+budget with a one-line refusal past it, nothing written when refused, and uploads removed once unused a while.
+The server here takes 1 MB of uploads in all and keeps each 3 s after its last use."""
+
+import time
+
+import httpx
+import pytest
+from serving import TIMEOUT, served, wait_until
+
+RETENTION = 3.0
+
+
+@pytest.fixture(scope="module")
+def s(tmp_path_factory):
+    flags = ("--upload-budget-mb", "1", "--upload-retention", str(RETENTION))
+    with served(tmp_path_factory.mktemp("http-uploads") / "cache", *flags) as s:
+        yield s
+
+
+def post_upload(s, *files: tuple[str, bytes], **kwargs) -> httpx.Response:
+    return httpx.post(s.url + "/gradio_api/upload", files=[("files", f) for f in files], timeout=TIMEOUT, **kwargs)
+
+
+def on_disk(s) -> int:
+    """Bytes of uploads in the app's folder (Gradio's <sha256>/ folders), as du counts files."""
+    root = s.server.stored.root
+    return sum(p.stat().st_size for p in root.glob("[0-9a-f]" * 64 + "/*"))
+
+
+def test_uploads_past_the_budget_are_refused_in_one_line_unread_until_retention_frees_room(s):
+    first = post_upload(s, ("a.png", b"a" * 600_000))
+    assert first.status_code == 200, first.text
+    (kept,) = first.json()
+    stored = s.server.stored.root / kept
+    assert stored.is_file()
+    before = on_disk(s)
+    refused = [post_upload(s, (f"{n}.png", bytes([n]) * 600_000)) for n in range(5)]
+    for response in refused:
+        assert response.status_code == 507, response.text
+        detail = response.json()["detail"]
+        assert "uploads is full" in detail and "try again in a few minutes" in detail and "\n" not in detail
+        assert response.headers["retry-after"] == "60"
+    assert on_disk(s) == before  # nothing of the refused ones reached the disk
+    # Unused for the retention time, the first upload is removed (by the sweeper, with no request needed)...
+    wait_until(lambda: not stored.exists(), "the unused upload is removed", timeout=RETENTION * 10)
+    # ...and the next upload fits again.
+    again = post_upload(s, ("b.png", b"b" * 600_000))
+    assert again.status_code == 200, again.text
+
+
+def test_a_named_upload_is_kept_while_it_is_used(s):
+    wait_until(lambda: post_upload(s, ("c.png", b"c" * 1000)).status_code == 200, "room for an upload")
+    (kept,) = post_upload(s, ("d.png", b"d" * 1000)).json()
+    path = s.server.stored.root / kept
+    for _ in range(4):  # used every second, twice the retention time in all: kept
+        s.server.stored.use(kept)
+        time.sleep(RETENTION / 2)
+        assert path.is_file()
+
+
+def test_an_upload_larger_than_the_budget_or_without_a_length_is_refused(s):
+    too_large = post_upload(s, ("big.png", b"x" * 1_200_000))
+    assert too_large.status_code == 413 and "uploads may take 1 MB in all" in too_large.json()["detail"]
+
+    def chunks():
+        yield b"--x\r\nContent-Disposition: form-data; name=\"files\"; filename=\"a.png\"\r\n\r\n"
+        yield b"a" * 1000 + b"\r\n--x--\r\n"
+
+    chunked = httpx.post(s.url + "/gradio_api/upload", content=chunks(), timeout=TIMEOUT,
+                         headers={"content-type": "multipart/form-data; boundary=x"})
+    assert chunked.status_code == 411 and "Content-Length" in chunked.json()["detail"]
+
+
+def test_a_thousand_tiny_files_cost_what_they_take_on_disk(s):
+    wait_until(lambda: s.server.uploads.used == 0 or s.server.uploads.sweep() or False, "an empty folder",
+               timeout=RETENTION * 10)
+    many = post_upload(s, *[(f"{n}.png", bytes([n % 256, n // 256])) for n in range(200)])
+    assert many.status_code == 200 and len(many.json()) == 200
+    refused = post_upload(s, ("e.png", b"e" * 1000))  # 200 files at 8 KiB each fill the 1 MB
+    assert refused.status_code == 507, refused.text
