@@ -12,7 +12,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState
-from neuron_ui.serving import build_engine, build_follower_runner, make_engine
+from neuron_ui.serving import build_engine, build_follower_runner, make_engine, stop_serving
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -77,17 +77,31 @@ def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server |
     return server.mount(engine, demo)
 
 
-def stop_on_sigterm(server: Server) -> None:
-    """SIGTERM (a Space, a balancer or torchrun stopping us) drains once serving (Server.drain: the image on the
-    device finishes, waiting requests hear "shutting down", exit 0); while the model loads it unwinds like Ctrl-C,
-    so `finally` blocks stop the server. Never sys.exit() mid-generation: that aborted the process (rc -6)."""
+EXIT_CUT_SHORT = 1  # the drain did not finish: the image on the device ran out of time, or a second signal came
 
-    def on_sigterm(*_: Any) -> None:
+
+def stop_on_signals(server: Server) -> None:
+    """SIGTERM (a Space, a balancer or torchrun stopping us) or Ctrl-C (SIGINT): the first drains once serving
+    (Server.drain: the image on the device finishes, waiting requests hear "shutting down", exit 0); while the model
+    loads it unwinds, so `finally` blocks stop the server. A second one exits at once with EXIT_CUT_SHORT, by
+    os._exit: a normal exit while a pipeline thread runs aborts in its C++ destructor (rc -6), and a
+    KeyboardInterrupt raised in the drain printed a traceback."""
+
+    def on_signal(number: int, _frame: Any) -> None:
+        name = signal.Signals(number).name
         if not server.ready:
             raise SystemExit(0)
+        if server.drain_requested:
+            for each in (signal.SIGTERM, signal.SIGINT):  # a third one must not start this again
+                signal.signal(each, signal.SIG_IGN)
+            logger.warning("%s again: exiting now, without waiting for the drain", name)
+            stop_serving(server.settings, at_once=True)  # replicas: a local Ray's processes go too
+            os._exit(EXIT_CUT_SHORT)
+        logger.info("%s: draining (a second SIGTERM or Ctrl-C exits at once)", name)
         server.request_drain()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, on_signal)
 
 
 def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
@@ -165,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
                  f"app.py ..., or --replicas N --tp {settings.tp}")
     loading = LoadingState()
     server = start_server(settings, loading=loading)
-    stop_on_sigterm(server)
+    stop_on_signals(server)  # replicas.launch puts these back after ray.init replaced them
     try:
         engine, demo = build_app(settings, loading=loading)
         drained = launch(engine, demo, settings, server).serve_forever()
@@ -173,5 +187,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {error}")
     finally:
         server.stop()
+        stop_serving(settings)  # replicas: Serve and the local Ray
     if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)
-        os._exit(1)
+        os._exit(EXIT_CUT_SHORT)

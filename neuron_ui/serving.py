@@ -61,6 +61,15 @@ def build_replicas(settings: Settings, num_cpus: int | None = None) -> ReplicaCl
     return launch(settings, num_cpus)
 
 
+def stop_serving(settings: Settings, at_once: bool = False) -> None:
+    """After the drain: with replicas, Serve and this process's Ray stop too (`at_once`: Ray's local processes
+    are ended, for an exit that cannot wait); an engine in this process holds nothing that needs stopping."""
+    if settings.replicas:
+        from neuron_ui.replicas.launch import shutdown
+
+        shutdown(settings, at_once=at_once)
+
+
 def build_follower_runner(settings: Settings, group: ParallelGroup) -> PipelineRunner:
     """A torchrun follower's runner (not a whole engine): its shard, on its device, compiled as rank 0's is."""
     from neuron_ui.engine.setup import build_follower_runner as build

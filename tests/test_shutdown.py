@@ -1,4 +1,5 @@
-"""SIGTERM during a generation, against a real `python app.py` process: it drains instead of aborting."""
+"""SIGTERM and Ctrl-C during a generation, against a real `python app.py` process: the first signal drains instead
+of aborting, a second one exits at once, cleanly."""
 
 import json
 import re
@@ -10,54 +11,103 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from serving import TIMEOUT, wait_until
 
 from neuron_ui.config.processes import free_port
+from neuron_ui.main import EXIT_CUT_SHORT
 
 ROOT = Path(__file__).resolve().parent.parent
-SLOW = ["a slow one", "512x512", 60, 1, None, None, None]  # 60 steps of the tiny model: several seconds on a CPU
+SLOW = ["a slow one", "256x256", 60, 1, None, None, None]  # its steps are set by seconds_per_step()
 
 
 def stream(url: str, event_id: str, into: dict) -> None:
     text = httpx.get(f"{url}/gradio_api/call/generate/{event_id}", timeout=TIMEOUT).text
-    event, data = re.findall(r"event: (\w+)\ndata: (.*)\n", text)[-1]
-    into[event_id] = (event, json.loads(data))
+    found = re.findall(r"event: (\w+)\ndata: (.*)\n", text)
+    into[event_id] = (found[-1][0], json.loads(found[-1][1])) if found else ("cut", text[-300:])
 
 
-def test_sigterm_mid_generation_finishes_the_image_refuses_the_rest_and_exits_0(tmp_path):
+def start_app(tmp_path, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [sys.executable, "app.py", "--model", "tiny", "--compile-backend", "eager", "--device", "cpu",
-         "--resolutions", "512x512", "--cache-dir", str(tmp_path / "cache"), "--port", str(port)],
+         "--resolutions", "256x256", "--cache-dir", str(tmp_path / "cache"), "--port", str(port), *flags],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def seconds_per_step(url: str, resolution: str) -> float:
+    """Compile the size, then time a 4-step image: a step takes 0.05 s on an idle CPU and 1 s on 2 cores shared
+    with other tests, so an image's length in steps is chosen from this, never assumed."""
+    wait_until(lambda: _status(url + "/healthz") == 200, "the app serves", timeout=300)
+    made: dict = {}
+    for steps in (1, 4):
+        event_id = httpx.post(url + "/gradio_api/call/generate",
+                              json={"data": ["warm", resolution, steps, 1, None, None, None]}).json()["event_id"]
+        stream(url, event_id, made)
+    return made[event_id][1][1]["run_seconds"] / 4
+
+
+def steps_lasting(seconds: float, per_step: float) -> int:
+    return max(8, min(100, round(seconds / per_step)))
+
+
+def one_running_one_waiting(url: str, request: list, busy: str = "neuron_ui_device_busy 1.0") -> tuple[str, str, dict]:
+    """An image on the device and one waiting behind it, both streams open; their results land in the dict."""
+    running = httpx.post(url + "/gradio_api/call/generate", json={"data": request}).json()["event_id"]
+    wait_until(lambda: busy in httpx.get(url + "/metrics").text, "the device is busy", timeout=TIMEOUT)
+    waiting = httpx.post(url + "/gradio_api/call/generate", json={"data": request}).json()["event_id"]
+    results: dict = {}
+    for event_id in (running, waiting):
+        threading.Thread(target=stream, args=(url, event_id, results), daemon=True).start()
+    time.sleep(0.5)  # both streams open
+    return running, waiting, results
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_signal_mid_generation_finishes_the_image_refuses_the_rest_and_exits_0(tmp_path, first):
+    """Ctrl-C mid-image was "terminate called without an active exception", rc -6: now it drains as SIGTERM does."""
+    process, url = start_app(tmp_path)
     try:
-        wait_until(lambda: _status(url + "/healthz") == 200, "the app serves", timeout=TIMEOUT)
-        running = httpx.post(url + "/gradio_api/call/generate", json={"data": SLOW}).json()["event_id"]
-        wait_until(lambda: "neuron_ui_device_busy 1.0" in httpx.get(url + "/metrics").text, "the device is busy")
-        waiting = httpx.post(url + "/gradio_api/call/generate", json={"data": SLOW}).json()["event_id"]
-        results: dict = {}
-        readers = [threading.Thread(target=stream, args=(url, e, results), daemon=True) for e in (running, waiting)]
-        for reader in readers:
-            reader.start()
-        time.sleep(0.5)  # both streams open
-        process.send_signal(signal.SIGTERM)
+        steps = steps_lasting(6.0, seconds_per_step(url, "256x256"))  # running at the signal, done well within 30 s
+        request = [*SLOW[:2], steps, *SLOW[3:]]
+        running, waiting, results = one_running_one_waiting(url, request)
+        process.send_signal(first)
         wait_until(lambda: _status(url + "/healthz") == 503, "/healthz says shutting down", timeout=10)
-        refused = httpx.post(url + "/gradio_api/call/generate", json={"data": SLOW})
+        refused = httpx.post(url + "/gradio_api/call/generate", json={"data": request})
         assert refused.status_code == 503 and "shutting down" in refused.json()["detail"]
-        for reader in readers:
-            reader.join(TIMEOUT)
+        wait_until(lambda: len(results) == 2, "both requests are answered", timeout=60)
         assert process.wait(timeout=40) == 0  # the bound: 30 s for the image on the device (server.DRAIN_SECONDS)
     finally:
         if process.poll() is None:
             process.kill()
         output = process.communicate()[0]
     event, data = results[running]
-    assert event == "complete" and data[1]["steps"] == 60, data  # the running image finished and was delivered
+    assert event == "complete" and data[1]["steps"] == steps, data  # the running image finished and was delivered
     event, data = results[waiting]
     assert event == "error" and "shutting down" in data["error"], data
     assert "terminate called" not in output and "Traceback" not in output, output[-3000:]
     assert "shutting down" in output
+
+
+def test_a_second_signal_during_the_drain_exits_at_once_without_an_abort(tmp_path):
+    """SIGTERM, then Ctrl-C while the image drains: was a KeyboardInterrupt traceback and rc -6; now the process
+    exits at once with EXIT_CUT_SHORT and one line saying so."""
+    process, url = start_app(tmp_path)
+    try:
+        steps = steps_lasting(60.0, seconds_per_step(url, "256x256"))  # still running when the second signal comes
+        running, _, results = one_running_one_waiting(url, [*SLOW[:2], steps, *SLOW[3:]])
+        process.send_signal(signal.SIGTERM)
+        wait_until(lambda: _status(url + "/healthz") == 503, "/healthz says shutting down", timeout=10)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == EXIT_CUT_SHORT
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.communicate()[0]
+    assert results.get(running, ("cut",))[0] != "complete"  # it did not wait for the image
+    assert "SIGINT again: exiting now" in output
+    assert "terminate called" not in output and "Traceback" not in output, output[-3000:]
 
 
 def _status(url: str) -> int | None:

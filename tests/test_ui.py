@@ -407,24 +407,71 @@ def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
     assert history[0]["references"] == [] and "editor" not in history[0]
 
 
-def test_held_results_are_bounded_in_time_and_count():
+def test_held_results_are_bounded_in_time_and_count(tmp_path):
     clock = [0.0]
     held = sessions.HeldResults(hold_seconds=600, max_sessions=3, max_held=2, clock=lambda: clock[0])
+    images = []
     for index in range(5):
-        held.hold(f"session-{index:012d}", {"path": f"{index}.png"})
-    assert len(held) == 3  # the oldest sessions made room
-    assert held.results("session-000000000000") == []
+        images.append(tmp_path / f"{index}.png")
+        images[-1].write_bytes(b"png")
+        held.hold(f"session-{index:012d}", {"path": str(images[-1])})
+    assert len(held) == 3  # the first three are owed their images: the newcomers are not held
+    assert [e["path"] for e in held.results("session-000000000000")] == [str(images[0])]
+    assert held.results("session-000000000004") == []
+    images[1].unlink()  # the store dropped session 1's image: it is owed nothing now, its room goes first
+    held.hold("session-000000000004", {"path": str(images[4])})
+    assert held.results("session-000000000001") == [] and len(held.results("session-000000000004")) == 1
     for index in range(4):
         held.hold("session-000000000004", {"path": f"again-{index}.png"})
     assert [e["path"] for e in held.results("session-000000000004")] == ["again-3.png", "again-2.png"]
+    clock[0] = 601.0  # ten minutes on: nothing is owed any more
     held.start("session-000000000009", "512x512")  # a long compile is never dropped while it runs
-    clock[0] = 601.0
+    clock[0] = 1300.0
     assert len(held) == 1 and held.running("session-000000000009") == "512x512"
     held.fail("session-000000000009", "boom")
-    clock[0] = 1300.0
+    assert held.take_error("session-000000000009") == "boom" and held.take_error("session-000000000009") is None
+    clock[0] = 2000.0
     assert len(held) == 0
     held.hold(None, {"path": "nobody.png"})  # no session id: nothing held
     assert len(held) == 0
+
+
+def test_a_flood_of_bad_requests_with_new_session_ids_holds_nothing_and_evicts_nobody(engine, tmp_path):
+    """300 invalid requests, each with a fresh session id (issue 21, item 7): none is held, A's image stays; then
+    valid ones from strangers fill the table, and A's image, still owed, stays too."""
+    handlers = Handlers(engine, ImageStore(tmp_path / "images"),
+                        held=sessions.HeldResults(max_sessions=8))
+    alice = {"id": "a" * 20}
+    handlers.on_generate("a red fox", "256x256", 1, 5, False, 1.0, [], session=alice)
+    for index in range(300):
+        with pytest.raises(gr.Error):
+            handlers.on_generate("", "256x256", 1, 5, False, 1.0, [], session={"id": f"stranger-{index:09d}"})
+    assert len(handlers.held) == 1 and [e["seed"] for e in handlers.held.results(alice["id"])] == [5]
+    assert "prompt is empty" in handlers.on_failed({"id": "stranger-000000299"})  # the error line still shows
+    for index in range(12):
+        handlers.on_generate("a cat", "256x256", 1, index, False, 1.0, [], session={"id": f"valid-{index:012d}"})
+    assert len(handlers.held) == 8 and [e["seed"] for e in handlers.held.results(alice["id"])] == [5]
+
+
+def test_a_forged_made_in_the_history_sorts_as_zero(handlers):
+    """A history entry whose `made` is not a number beside one that is crashed the restore's sort (TypeError)."""
+    ours = handlers.store.save(result_with("memory_hit"))
+    entry = {"path": ours, "seed": 1, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1}
+    forged = {"id": "f" * 20, "history": [{**entry, "made": "x"}, {**entry, "made": 1.0}, {**entry, "made": None}]}
+    assert [e["made"] for e in handlers.on_restore(forged)[7]] == [1.0, 0.0, 0.0]
+
+
+def test_a_huge_history_is_cut_before_it_is_cleaned(handlers, monkeypatch):
+    """A megabyte of history entries costs no more than the 24 kept: clean_entry is counted, so the test says the
+    cut, not the machine's speed (every entry was cleaned first: 0.7 s of CPU for 1 MB)."""
+    ours = handlers.store.save(result_with("memory_hit"))
+    entry = {"path": ours, "seed": 1, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1, "made": 1.0,
+             "references": ["/x"] * 100}
+    huge = {"id": "h" * 20, "history": [entry] * 3000}
+    assert len(json.dumps(huge)) > 1_000_000
+    cleaned, original = [], sessions.clean_entry
+    monkeypatch.setattr(sessions, "clean_entry", lambda *args: cleaned.append(1) or original(*args))
+    assert len(handlers.on_restore(huge)[7]) == HISTORY_SIZE and len(cleaned) == HISTORY_SIZE
 
 
 def test_the_page_collects_a_result_made_while_it_reloaded(handlers):

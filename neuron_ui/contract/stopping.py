@@ -15,8 +15,9 @@ from contextlib import contextmanager
 
 from neuron_ui.contract.errors import EngineError
 
-# Where a request is when a stop reaches it.
-QUEUED, COMPILING, RUNNING, DONE = "queued", "compiling", "running", "done"
+# Where a request is when a stop reaches it. RECEIVED: not yet checked; the engine enters QUEUED once the request
+# is valid (admitted), and a stop before then is told as a stop in the queue (the request never reaches it).
+RECEIVED, QUEUED, COMPILING, RUNNING, DONE = "received", "queued", "compiling", "running", "done"
 STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
 
 
@@ -30,13 +31,14 @@ class Stopped(EngineError):
 class StopToken:
     """One request's stop signal: set from any thread, read by the engine between steps."""
 
-    def __init__(self, event_id: str | None = None) -> None:
+    def __init__(self, event_id: str | None = None, on_admitted: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self.event_id = event_id  # the Gradio event it serves, so a cancel of that one event finds it
-        self.phase = QUEUED
+        self.phase = RECEIVED
         self.reason: str | None = None
+        self._on_admitted = on_admitted  # called once, when the engine has checked the request and queues it
 
     @property
     def stopped(self) -> bool:
@@ -53,12 +55,15 @@ class StopToken:
             listeners, phase = list(self._listeners), self.phase
         for listener in listeners:
             listener()
-        return phase
+        return QUEUED if phase == RECEIVED else phase
 
     def enter(self, phase: str) -> None:
-        """The engine says where the request is now."""
+        """The engine says where the request is now; leaving RECEIVED (for anything but DONE) admits it."""
         with self._lock:
+            admitted = self.phase == RECEIVED and phase not in (RECEIVED, DONE)
             self.phase = phase
+        if admitted and self._on_admitted is not None:  # once: nothing enters RECEIVED again
+            self._on_admitted()
 
     def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call `listener` on stop (e.g. to wake the device's queue); returns what removes it."""
@@ -84,9 +89,11 @@ class SessionStops:
         self._tokens: dict[str, list[StopToken]] = {}
 
     @contextmanager
-    def track(self, session: str | None, event_id: str | None = None) -> Iterator[StopToken]:
-        """A token for one request of `session` (Gradio event `event_id`), findable by stop() until it ends."""
-        token = StopToken(event_id)
+    def track(self, session: str | None, event_id: str | None = None,
+              on_admitted: Callable[[], None] | None = None) -> Iterator[StopToken]:
+        """A token for one request of `session` (Gradio event `event_id`), findable by stop() until it ends;
+        `on_admitted` runs once the engine has checked the request (StopToken.enter)."""
+        token = StopToken(event_id, on_admitted)
         key = session or ""
         with self._lock:
             self._tokens.setdefault(key, []).append(token)

@@ -33,7 +33,7 @@ from neuron_ui.contract.requests import (
 )
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import COMPILING as COMPILING_NOW
-from neuron_ui.contract.stopping import RUNNING, Stopped, StopToken
+from neuron_ui.contract.stopping import QUEUED, RUNNING, Stopped, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.engine.setup import load_for, prepare_pipeline, warmup_call
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from neuron_ui.parallel.group import ParallelGroup
 
 logger = logging.getLogger(__name__)
-
 
 
 def _ignore(update: ProgressUpdate) -> None:
@@ -185,6 +184,7 @@ class Engine:
         valid = self.validate(request)
         # 2. Layout: the static shape this request makes, so one graph per sequence length.
         layout = Layout.of(valid)
+        stop.enter(QUEUED)  # admitted: the caller may now hold the request for its session (StopToken.enter)
         # 3. Queue: one run on the device at a time; a waiting user hears what is ahead and about how long.
         waited = Wait()
         queued = time.perf_counter()

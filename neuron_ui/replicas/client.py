@@ -23,7 +23,7 @@ from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inp
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS
 from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
-from neuron_ui.replicas.stream import StreamCaller
+from neuron_ui.replicas.stream import SHUTTING_DOWN, StreamCaller
 from neuron_ui.replicas.watcher import ReplicaWatcher
 
 if TYPE_CHECKING:
@@ -117,14 +117,15 @@ class ReplicaClient:
         return self._warmups.wait(timeout)
 
     def drain(self, timeout: float) -> bool:
-        """Shutting down: no new requests from this front; True once none it sent is still running."""
+        """Shutting down, as the engine does: no new requests from this front, the ones waiting for a replica hear
+        "shutting down", the ones running on a replica may finish within `timeout`; True if they did."""
         self._closed = True
-        self.watcher.stop()
+        self.calls.close()
         deadline = time.monotonic() + timeout
-        while self.watcher.busy() and time.monotonic() < deadline:
-            time.sleep(0.2)
-            self.watcher.read()  # the watcher's thread has stopped: read the board here, or wait on a stale one
-        return not self.watcher.busy()
+        while self.calls.started() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.watcher.stop()
+        return not self.calls.started()
 
     def _warm_one(self, resolution: str) -> bool:
         if self._closed:
@@ -138,7 +139,7 @@ class ReplicaClient:
     def _call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
               stop: StopToken | None = None) -> Any:
         if self._closed:
-            raise EngineError("the server is shutting down; try again in a minute", kind="shutting_down")
+            raise EngineError(SHUTTING_DOWN, kind="shutting_down")
         return self.calls.call(method, argument, layout, progress, stop)
 
     # -- status ------------------------------------------------------------------------------------------

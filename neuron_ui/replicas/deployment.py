@@ -25,7 +25,7 @@ from ray import serve
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
-from neuron_ui.contract.stopping import QUEUED, StopToken
+from neuron_ui.contract.stopping import RECEIVED, StopToken
 from neuron_ui.replicas.board import REPORT_SECONDS, find_board
 from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
@@ -149,7 +149,7 @@ class EngineReplica:
                 self._report()
 
         task = loop.run_in_executor(None, run)
-        phase = QUEUED
+        phase = RECEIVED  # the engine's QUEUED (the request is valid) is sent on, and admits it at the front
         try:
             while not task.done() or not queue.empty():
                 getter = asyncio.ensure_future(queue.get())

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,7 @@ from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, Repli
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
-from neuron_ui.replicas.ray_bridge import local_ray_binds_loopback
+from neuron_ui.replicas.ray_bridge import kill_local_ray, local_ray_binds_loopback
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -28,9 +30,24 @@ logger = logging.getLogger(__name__)
 
 
 def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
-    """A local Ray (no dashboard, token auth on, as Ray 2.60 makes it) or the cluster at --ray-address."""
+    """A local Ray (no dashboard, token auth on, as Ray 2.60 makes it) or the cluster at --ray-address.
+
+    ray.init replaces the caller's SIGTERM handler (Ray 2.60: one that exits, and on a local Ray one that kills
+    Ray's processes and exits 1, its C++ core logging the signal), so the app's drain never ran: the caller's
+    SIGTERM and SIGINT handlers are put back once Ray is up. The app then stops Serve and Ray itself (shutdown)."""
     if ray.is_initialized():
         return
+    ours = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if ours else {}
+    try:
+        _init(settings, num_cpus)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(sig, handler)
+
+
+def _init(settings: Settings, num_cpus: int | None) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
     else:
@@ -41,6 +58,26 @@ def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
         # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
                  log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20)
+
+
+def shutdown(settings: Settings, app_name: str = APP_NAME, at_once: bool = False) -> None:
+    """After the drain: the replicas go (all of Serve on the local Ray; this front's application on a cluster,
+    which stays up), then this process's Ray. `at_once` (a second signal): the local Ray's processes are ended
+    without asking Serve. Nothing to do where Ray never started."""
+    if not ray.is_initialized():
+        return
+    if at_once:
+        kill_local_ray()
+        return
+    try:
+        if settings.ray_address:
+            serve.delete(app_name)
+        else:
+            serve.shutdown()
+    except Exception as error:  # noqa: BLE001 - Ray still goes below; the log says what Serve said
+        logger.warning("stopping Serve failed: %s", error)
+    ray.shutdown()
+    logger.info("replicas and Ray stopped")
 
 
 def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):

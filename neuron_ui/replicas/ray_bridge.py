@@ -31,3 +31,16 @@ def local_ray_binds_loopback() -> bool:
     from ray._private import ray_constants
 
     return not ray_constants.ENABLE_RAY_CLUSTER
+
+
+def kill_local_ray() -> None:
+    """The local Ray this driver started (raylet, GCS, agents), stopped now, as Ray's own SIGTERM handler does; for
+    an exit that cannot wait for ray.shutdown(). Nothing where this driver joined a cluster."""
+    # Ray 2.60.0: ray._private.worker._global_node is the Node that ray.init made; `head` is True when it started
+    # the cluster here. Node.kill_all_processes(allow_graceful=True) sends SIGTERM (SIGKILL after 1 s), the raylet
+    # first, so it ends its workers and agents. Without it an os._exit left the agents running (ppid 1).
+    from ray._private import worker
+
+    node = worker._global_node
+    if node is not None and node.head:
+        node.kill_all_processes(check_alive=False, allow_graceful=True)

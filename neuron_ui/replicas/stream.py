@@ -1,5 +1,6 @@
 """One call to the deployment from the front: its stream of typed messages read to the end and acted on, the
-waiting count it keeps while the router holds it, and one retry when its replica dies."""
+calls it keeps (waiting in the router, or started on a replica), one retry when its replica dies, and the drain:
+close() tells the waiting calls the server is shutting down and lets the started ones finish."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ STOPPED_WORDS = {
     COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
     RUNNING: "stopped at the next step; no image was made",
 }
+SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
 
 
 class StreamCaller:
@@ -39,11 +41,26 @@ class StreamCaller:
         self.handle = handle
         self.observers = observers
         self._lock = threading.Lock()
-        self._waiting = 0  # sent to the deployment, not yet started on a replica
+        self._waiting: dict[int, Any] = {}  # sent to the deployment, not yet started on a replica: id -> its stream
+        self._started = 0  # started on a replica, not yet ended
+        self._closed = False
 
     def waiting(self) -> int:
         with self._lock:
-            return self._waiting
+            return len(self._waiting)
+
+    def started(self) -> int:
+        """Calls running on a replica now (what a drain waits for)."""
+        with self._lock:
+            return self._started
+
+    def close(self) -> None:
+        """Shutting down: no new call, and every call still waiting for a replica ends with SHUTTING_DOWN."""
+        with self._lock:
+            self._closed = True
+            waiting = list(self._waiting.values())
+        for stream in waiting:
+            stream.cancel()
 
     def call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
              stop: StopToken | None = None) -> Any:
@@ -62,29 +79,31 @@ class StreamCaller:
                 report(ProgressUpdate("waiting", "a replica stopped; trying again on another"))
 
     def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
+        handle = self.handle.options(stream=True, multiplexed_model_id=str(layout.tokens))
+        stream = getattr(handle, method).remote(argument)
         with self._lock:
-            ahead = self._waiting
-            self._waiting += 1
-        waiting = True
+            ahead = len(self._waiting)
+            self._waiting[id(stream)] = stream
+            closed = self._closed
+        started = False
         if ahead:
             report(ProgressUpdate("waiting", f"waiting for a free replica, {ahead} ahead"))
         try:
-            handle = self.handle.options(stream=True, multiplexed_model_id=str(layout.tokens))
             done: list[Any] = []
-            stream = getattr(handle, method).remote(argument)
             forget = stop.listen(stream.cancel)
-            if stop.stopped:  # stopped before the stream existed
+            if stop.stopped or closed:  # stopped (or shutting down) before the stream existed
                 stream.cancel()
             try:
                 # Read to the end of the stream, not just to Done: the replica counts as busy until its request
                 # ends, and the next request for this graph should find it free, not spill to another replica.
                 for message in stream:
-                    if isinstance(message, Started) and waiting:
-                        waiting = False
-                        with self._lock:
-                            self._waiting -= 1
+                    if isinstance(message, Started) and not started:
+                        started = self._start(stream)
                     self._take(message, report, stop, done)
             except RequestCancelledError:
+                if not started and not stop.stopped:  # close() cancelled it while it waited
+                    self.observers.notify("on_failed", "shutting_down")
+                    raise EngineError(SHUTTING_DOWN, kind="shutting_down") from None
                 self.observers.notify("on_failed", "stopped")
                 raise Stopped(STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[QUEUED]).format(layout=layout)) from None
             finally:
@@ -93,9 +112,17 @@ class StreamCaller:
                 return done[0]
             raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
         finally:
-            if waiting:
-                with self._lock:
-                    self._waiting -= 1
+            with self._lock:
+                if started:
+                    self._started -= 1
+                self._waiting.pop(id(stream), None)
+
+    def _start(self, stream: Any) -> bool:
+        """The call left the router: it no longer waits, and a drain lets it finish."""
+        with self._lock:
+            self._waiting.pop(id(stream), None)
+            self._started += 1
+        return True
 
     def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Any]) -> None:
         """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is)."""

@@ -188,6 +188,10 @@ class Server:
         """Safe in a signal handler: serve_forever() drains and returns."""
         self._drain_requested.set()
 
+    @property
+    def drain_requested(self) -> bool:
+        return self._drain_requested.is_set()
+
     def serve_forever(self) -> bool:
         """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
 

@@ -57,7 +57,7 @@ class Handlers:
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
         self.stops = SessionStops()  # the running requests of each Gradio session, for Stop, /stop and disconnects
         self.distilled = engine.status().distilled
-        self.held = held or sessions.HeldResults()  # results a reloaded page comes back for
+        self.held = sessions.HeldResults() if held is None else held  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
         self.stored = StoredFiles(self.uploads)  # the rule for every file a request names (contract/files.py)
         self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
@@ -80,10 +80,14 @@ class Handlers:
         """Generate, save the PNG, and return the history entry for it, held for the session's page too (it may
         have reloaded by the time the image is done). `extra` joins the entry (the inpaint editor's value)."""
         sid = sessions.session_id(session)
-        self.held.start(sid, request.resolution if isinstance(request.resolution, str) else "")
+        what = request.resolution if isinstance(request.resolution, str) else ""
+
+        def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
+            self.held.start(sid, what)
+
         try:
             with (user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter,
-                  self.stops.track(*current_event()) as stop):
+                  self.stops.track(*current_event(), on_admitted=admitted) as stop):
                 result = self.engine.generate(request, progress=reporter, stop=stop)
                 path = self.store.save(result)  # a full disk is told like any other server failure
         except gr.Error as error:

@@ -3,12 +3,17 @@
 The browser keeps the form and the history in gr.BrowserState (its localStorage), with a session id. A result that
 finishes while its page is away (reloaded, closed, a new tab) is held here under that id so the page shows it when
 it comes back. Held for HOLD_SECONDS, for at most MAX_SESSIONS sessions of MAX_HELD results each: never unbounded.
-Everything the browser sends back is untrusted (the BrowserState secret is sent to the page): `clean_*` keeps only
-well-formed values and files inside this app's own folder.
+A session is held only once the engine has admitted its request (a valid one), and room for a new session is made
+only from sessions owed nothing (no request running, no held image still on disk): a flood of requests with new
+session ids cannot push out an image another session is owed. Everything the browser sends back is untrusted (the
+BrowserState secret is sent to the page): `clean_*` keeps only well-formed values and files inside this app's own
+folder, and looks at no more entries than it keeps.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 import secrets
 import threading
@@ -19,10 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 STORAGE_KEY = "neuron-ui-session"
 HOLD_SECONDS = 600.0
-MAX_SESSIONS = 256
+MAX_SESSIONS = 1024  # above the image store's 512 files plus the device's queue: a newcomer always finds room
 MAX_HELD = 8
+MAX_PATHS = 16  # references or editor layers of one history entry: more than any request takes
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
@@ -50,8 +58,14 @@ def inside(path: Any, folder: Path, base: Path) -> str | None:
 
 
 def clean_paths(values: Any, folder: Path) -> list[str]:
-    paths = [inside(p, folder, folder) for p in values] if isinstance(values, list) else []
+    paths = [inside(p, folder, folder) for p in values[:MAX_PATHS]] if isinstance(values, list) else []
     return [p for p in paths if p]
+
+
+def clean_made(value: Any) -> float:
+    """When an entry was made (time.time()), or 0.0: a forged one must still sort beside the others."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else 0.0
 
 
 def clean_entry(entry: Any, images: Path, uploads: Path) -> dict[str, Any] | None:
@@ -59,7 +73,7 @@ def clean_entry(entry: Any, images: Path, uploads: Path) -> dict[str, Any] | Non
     path = inside(entry.get("path"), images, uploads) if isinstance(entry, dict) else None
     if path is None or not isinstance(entry.get("seed"), int) or not isinstance(entry.get("resolution"), str):
         return None
-    cleaned = {**entry, "path": path, "info": str(entry.get("info", ""))[:2000]}
+    cleaned = {**entry, "path": path, "info": str(entry.get("info", ""))[:2000], "made": clean_made(entry.get("made"))}
     cleaned["references"] = clean_paths(entry.get("references"), uploads)
     editor = entry.get("editor")
     background = inside(editor.get("background"), uploads, uploads) if isinstance(editor, dict) else None
@@ -72,8 +86,9 @@ def clean_entry(entry: Any, images: Path, uploads: Path) -> dict[str, Any] | Non
 
 
 def clean_history(history: Any, images: Path, uploads: Path, limit: int) -> list[dict[str, Any]]:
-    entries = [clean_entry(e, images, uploads) for e in history] if isinstance(history, list) else []
-    return [e for e in entries if e is not None][:limit]
+    """The first `limit` entries the browser sent, those well-formed: a megabyte of history costs no more than 24."""
+    entries = [clean_entry(e, images, uploads) for e in history[:limit]] if isinstance(history, list) else []
+    return [e for e in entries if e is not None]
 
 
 def merge_history(history: list[dict[str, Any]], held: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -88,12 +103,16 @@ def merge_history(history: list[dict[str, Any]], held: list[dict[str, Any]], lim
 class _Held:
     results: list[dict[str, Any]] = field(default_factory=list)  # newest first
     running: str | None = None  # what is being made for this session right now
-    error: str | None = None  # the last request's error, for the line under the image
     touched: float = 0.0
+
+    def owed(self) -> bool:
+        """Something the page may still come back for: a request running, or a held image still on disk."""
+        return self.running is not None or any(Path(e["path"]).is_file() for e in self.results)
 
 
 class HeldResults:
-    """Results, the request in progress and the last error of each browser session, bounded in time and count."""
+    """Results and the request in progress of each browser session, bounded in time and count, and the last error
+    of each (a line for the page right after the failure, kept apart: an error never takes a session's room)."""
 
     def __init__(self, hold_seconds: float = HOLD_SECONDS, max_sessions: int = MAX_SESSIONS,
                  max_held: int = MAX_HELD, clock: Callable[[], float] = time.monotonic):
@@ -102,6 +121,7 @@ class HeldResults:
         self.max_held = max_held
         self.clock = clock
         self._sessions: OrderedDict[str, _Held] = OrderedDict()
+        self._errors: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -113,17 +133,24 @@ class HeldResults:
         with self._lock:
             if held := self._touch(sid):
                 held.results = [entry, *held.results][: self.max_held]
-                held.running = held.error = None
+                held.running = None
 
     def start(self, sid: str | None, what: str) -> None:
+        """The engine admitted a request of this session (it is valid and waits for the device, or runs)."""
         with self._lock:
             if held := self._touch(sid):
                 held.running = what
 
     def fail(self, sid: str | None, message: str) -> None:
         with self._lock:
-            if held := self._touch(sid):
-                held.running, held.error = None, message
+            held = self._sessions.get(sid) if sid else None
+            if held is not None:
+                held.running = None
+            if sid:
+                self._errors.pop(sid, None)
+                self._errors[sid] = message
+                while len(self._errors) > self.max_sessions:
+                    self._errors.popitem(last=False)
 
     def results(self, sid: str | None) -> list[dict[str, Any]]:
         with self._lock:
@@ -139,22 +166,32 @@ class HeldResults:
 
     def take_error(self, sid: str | None) -> str | None:
         with self._lock:
-            held = self._sessions.get(sid) if sid else None
-            if held is None:
-                return None
-            error, held.error = held.error, None
-            return error
+            return self._errors.pop(sid, None) if sid else None
 
     def _touch(self, sid: str | None) -> _Held | None:
+        """The session's entry, made the most recent; a new one only where there is room (see _make_room)."""
         if not sid:
             return None
         self._expire()
-        held = self._sessions.pop(sid, None) or _Held()
+        held = self._sessions.pop(sid, None)
+        if held is None:
+            if not self._make_room():
+                logger.warning("%d browser sessions are owed results: a new one is not held", len(self._sessions))
+                return None
+            held = _Held()
         held.touched = self.clock()
         self._sessions[sid] = held  # the most recent last
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
         return held
+
+    def _make_room(self) -> bool:
+        """Room for one more session: the least recent one owed nothing goes; a session owed a result never does."""
+        if len(self._sessions) < self.max_sessions:
+            return True
+        spare = next((sid for sid, held in self._sessions.items() if not held.owed()), None)
+        if spare is None:
+            return False
+        del self._sessions[spare]
+        return True
 
     def _expire(self) -> None:
         deadline = self.clock() - self.hold_seconds
