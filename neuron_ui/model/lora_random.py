@@ -23,8 +23,8 @@ def target_layers(transformer: torch.nn.Module) -> list[str]:
 
 def build_random_lora(transformer: torch.nn.Module, rank: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
     """`transformer.<layer>.lora_A/B.weight` for every block layer; both factors non-zero (a trained LoRA's
-    lora_B starts at zero; this one must change images visibly): the delta's entries are about as large as the
-    base weights' (a layer's default init has entries up to 1/sqrt(in))."""
+    lora_B starts at zero; this one must change images visibly): the delta's entries are a few times as large
+    as the base weights' (a layer's default init has entries up to 1/sqrt(in))."""
     if rank < 1:
         raise ValueError(f"rank must be at least 1, got {rank}")
     generator = torch.Generator().manual_seed(seed)
@@ -32,7 +32,7 @@ def build_random_lora(transformer: torch.nn.Module, rank: int = 4, seed: int = 0
     for name in target_layers(transformer):
         layer = transformer.get_submodule(name)
         down = torch.randn(rank, layer.in_features, generator=generator) / layer.in_features ** 0.5
-        up = torch.randn(layer.out_features, rank, generator=generator) / rank ** 0.5
+        up = torch.randn(layer.out_features, rank, generator=generator) * (2 / rank ** 0.5)
         state[f"{name}.lora_A.weight"] = down
         state[f"{name}.lora_B.weight"] = up
     return state
