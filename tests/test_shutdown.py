@@ -15,7 +15,7 @@ from serving import TIMEOUT, wait_until
 from neuron_ui.config.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-SLOW = ["a slow one", "512x512", 60, 1, None, None, None]  # 60 steps of the tiny model: several seconds on a CPU
+SLOW = ["a slow one", "512x512", 60, 1, None, None, None, None, None]  # 60 steps of the tiny model: several seconds on a CPU
 
 
 def stream(url: str, event_id: str, into: dict) -> None:

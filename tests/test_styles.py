@@ -7,6 +7,7 @@ loaded the documented way (load_lora_weights + set_adapters).
 
 import json
 import logging
+import os
 import pickle
 import threading
 
@@ -17,7 +18,9 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from neuron_ui import cli
+from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import EAGER, MEMORY_HIT
+from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.contract.requests import GenerateRequest
@@ -46,6 +49,11 @@ def mean_diff(a: Image.Image, b: Image.Image) -> float:
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
+
+
+@pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Style A (rank 4, alpha = rank) and B (rank 2, alpha 4: a scaling of 2), for the tiny model's transformer."""
     folder = tmp_path_factory.mktemp("styles")
@@ -55,17 +63,17 @@ def files(tmp_path_factory):
             "folder": folder}
 
 
-def build_engine(files, compile_mode: str = "regional", backend: str = "eager") -> Engine:
+def build_engine(files, cache, compile_mode: str = "regional", backend: str = "eager") -> Engine:
     torch._dynamo.reset()
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
     styles = StyleBook.load([str(files["a"]), f"bee={files['b']}@0.5"], loaded.pipe.transformer)
-    return Engine(loaded, presets=parse_resolutions(SIZE), compile_mode=compile_mode, backend=backend,
-                  styles=styles)
+    return Engine(loaded, presets=parse_resolutions(SIZE), compile_mode=compile_mode, backend=backend, cache=cache,
+                  manifest=CacheManifest(cache.manifest, error=cache.problem), styles=styles)
 
 
 @pytest.fixture(scope="module")
-def engine(files):
-    yield build_engine(files)
+def engine(files, cache):
+    yield build_engine(files, cache)
     torch._dynamo.reset()
 
 
@@ -77,12 +85,12 @@ SWITCHES = [("base", None, None), ("ink", "ink", 0.8), ("bee", "bee", None), ("b
             ("none", None, None)]
 
 
-def run_switches(engine: Engine, steps: int = 2) -> dict:
+def run_switches(engine: Engine, steps: int = 2, switches=SWITCHES) -> dict:
     """The base image first (it compiles the size), then every switch with recompiles made errors."""
     results = {"base": engine.generate(request(steps=steps))}
     weights = {k: v.clone() for k, v in engine.pipe.transformer.state_dict().items()}
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for label, lora, scale in SWITCHES[1:]:
+        for label, lora, scale in switches[1:]:
             results[label] = engine.generate(request(lora, scale, steps=steps))
     results["weights"] = weights
     results["weights after"] = {k: v.clone() for k, v in engine.pipe.transformer.state_dict().items()}
@@ -164,22 +172,23 @@ def test_two_users_with_different_styles_each_get_theirs(engine, sequence):
 
 
 @pytest.mark.parametrize("mode", ["eager", "full"])
-def test_no_compile_mode_compiles_for_a_style(files, mode):
-    engine = build_engine(files, mode)
+def test_no_compile_mode_compiles_for_a_style(files, cache, mode):
+    engine = build_engine(files, cache, mode)
+    switches = [s for s in SWITCHES if s[0] != "bee strength"]  # the regional engine above runs that one too
     try:
-        results = run_switches(engine, steps=1)
+        results = run_switches(engine, steps=1, switches=switches)
     finally:
         torch._dynamo.reset()
-    events = {results[label].cache_event for label, _, _ in SWITCHES[1:]}
+    events = {results[label].cache_event for label, _, _ in switches[1:]}
     assert events == {EAGER if mode == "eager" else MEMORY_HIT}
     assert max_diff(results["none"].image, results["base"].image) <= TOLERANCE
     assert mean_diff(results["ink"].image, results["base"].image) > 3
 
 
 @pytest.mark.slow
-def test_aot_packages_take_styles_as_weights(files):
+def test_aot_packages_take_styles_as_weights(files, tmp_path):
     """AOTInductor packages take the weights as inputs: a switch reaches them without a new package."""
-    engine = build_engine(files, "aot", "inductor")
+    engine = build_engine(files, configure_cache_env(tmp_path / "cache", environ={}), "aot", "inductor")
     try:
         results = run_switches(engine, steps=1)
     finally:
@@ -298,7 +307,15 @@ def test_replicas_get_every_style_through_their_settings(files):
     assert portable(request("ink", 0.3)).lora_scale == 0.3
 
 
-def test_random_lora_and_headless_generate_with_a_style(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def environ():
+    saved = dict(os.environ)  # the command sets the compile cache's variables
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_random_lora_and_headless_generate_with_a_style(tmp_path, capsys, environ):
     out = tmp_path / "style.safetensors"
     assert cli.main(["lora", "random", "--model", "tiny", "--rank", "4", "--seed", "1", "--out", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
@@ -312,3 +329,25 @@ def test_random_lora_and_headless_generate_with_a_style(tmp_path, capsys, monkey
     (tmp_path / "bad.safetensors").write_bytes(b"nope")
     assert cli.main([*common, "--lora", str(tmp_path / "bad.safetensors")]) == 2
     assert "error: style not loaded: " in capsys.readouterr().err
+
+
+# -- the UI's side: what the browser sends back is untrusted ----------------------------------------------------
+
+
+def test_style_controls_restore_only_loaded_styles_and_sane_strengths():
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from neuron_ui.ui.styles import StyleHandlers, request_style
+
+    engine = SimpleNamespace(status=lambda: SimpleNamespace(styles=[{"name": "ink", "default_scale": 0.8}]))
+    handlers = StyleHandlers(engine)
+    assert handlers.on_restore({"style": "ink", "strength": 1.5}) == ("ink", 1.5)
+    assert handlers.on_restore({"style": "ink", "strength": "9; drop"}) == ("ink", 0.8)  # its default instead
+    assert handlers.on_restore({"style": "../../etc/passwd"}) == (gr.skip(), gr.skip())
+    history = [{"lora": "ink", "lora_scale": 0.3}, {"lora": "gone", "lora_scale": 1.0}, {"lora": None}]
+    picks = [handlers.on_select(history, SimpleNamespace(index=i)) for i in range(3)]
+    assert picks == [("ink", 0.3), ("None", gr.skip()), ("None", gr.skip())]
+    assert handlers.on_style("ink") == 0.8
+    assert request_style("None", 1.2) == (None, None) and request_style("ink", 1.2) == ("ink", 1.2)

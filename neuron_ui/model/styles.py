@@ -110,8 +110,7 @@ class StyleFuser:
                 for module, layer in targets.items():
                     weight = self._weight(module)
                     base = self._originals[module].to(weight.device) if module in self._fused else weight
-                    fused = base.to(torch.float32) + layer.delta(weight.device, strength)
-                    weight.copy_(fused.to(weight.dtype))
+                    weight.copy_(layer.delta(weight.device, strength).add_(base))  # one float32 layer at a time
                     self._fused[module] = strength
             self.current = wanted
             seconds = time.perf_counter() - start
