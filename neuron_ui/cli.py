@@ -3,6 +3,8 @@
     python -m neuron_ui generate --prompt "a lighthouse at dusk" --resolution 512x512 --seed 1 --out out.png
     python -m neuron_ui generate --prompt "this, at night" --resolution 512x512 --reference photo.jpg
     python -m neuron_ui generate --prompt "a red door" --resolution 512x512 --image photo.jpg --mask mask.png
+    python -m neuron_ui generate --prompt "a lighthouse" --resolution 512x512 --lora style.safetensors --lora-scale 0.8
+    python -m neuron_ui lora random --model tiny --rank 4 --seed 1 --out style.safetensors
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
     python -m neuron_ui cache import bundle.tar.gz [--cache-bundle-sha256 DIGEST]
@@ -50,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--image", metavar="PATH", help="inpaint this image (with --mask)")
     generate.add_argument("--mask", metavar="PATH", help="white where --image is redone, black where it is kept")
     generate.add_argument("--strength", type=float, help="inpaint strength, above 0 up to 1 (default 1)")
+    generate.add_argument("--lora-scale", type=float, help="the --lora style's strength, 0-2 (default: its own)")
+
+    lora = commands.add_parser("lora", help="styles: write a random LoRA for a model (to try styles offline)")
+    lora_actions = lora.add_subparsers(dest="action", required=True)
+    random_lora = lora_actions.add_parser("random", help="a random LoRA in diffusers' klein format for --model")
+    random_lora.add_argument("--model", default="tiny", help="'tiny' (default), a Hub repo id or a local folder")
+    random_lora.add_argument("--rank", type=int, default=4)
+    random_lora.add_argument("--seed", type=int, default=0)
+    random_lora.add_argument("--alpha", type=float, help="LoRA alpha (default: the rank, a scaling of 1)")
+    random_lora.add_argument("--out", required=True, help="the .safetensors file to write")
 
     cache = commands.add_parser("cache", help="list, export, import or clear the compile cache")
     actions = cache.add_subparsers(dest="action", required=True)
@@ -82,14 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     cache = configure_cache_env(settings.cache_dir)  # before torch loads: it reads the cache env vars then
     if args.command == "cache":
         return run_cache(args, settings, cache)
+    if args.command == "lora":
+        return run_lora(args)
+    if len(settings.loras) > 1:
+        print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
+        return 2
     from neuron_ui.contract.errors import EngineError
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.engine.engine import Engine
 
     engine = Engine.from_settings(settings, cache)
+    if settings.loras and not engine.styles.styles:  # the app starts without a bad style; this image asked for it
+        print(f"error: style not loaded: {engine.styles.refused[settings.loras[0]]}", file=sys.stderr)
+        return 2
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
                               references=args.reference, reference_size=args.reference_size, fit=args.fit,
-                              image=args.image, mask=args.mask, strength=args.strength)
+                              image=args.image, mask=args.mask, strength=args.strength,
+                              lora=next(iter(engine.styles.styles), None), lora_scale=args.lora_scale)
     try:
         result = engine.generate(request)
     except (ValueError, EngineError) as error:
@@ -97,6 +118,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result.save_png(args.out)
     print(json.dumps({**result.info(), "out": args.out}, indent=1))
+    return 0
+
+
+def run_lora(args: argparse.Namespace) -> int:
+    """`lora random`: a random LoRA for the model's transformer, written as diffusers writes one."""
+    import torch
+
+    from neuron_ui.model.loading import choose_model, load_model
+    from neuron_ui.model.lora_random import write_random_lora
+
+    try:  # only the transformer's layer shapes matter: a real model is loaded in bfloat16
+        choice = choose_model(args.model, 5.0)
+        loaded = load_model(choice, torch.float32 if choice.is_tiny else torch.bfloat16)
+        out = write_random_lora(loaded.pipe.transformer, Path(args.out), args.rank, args.seed, args.alpha)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: a random rank-{args.rank} LoRA for {loaded.name}'s transformer (seed {args.seed})")
     return 0
 
 

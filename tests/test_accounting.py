@@ -281,7 +281,7 @@ def test_invalid_warmup_requests_are_counted_and_their_value_echoed_readably(ser
     ("\u200b\u200b", "no visible characters"),
 ])
 def test_invisible_and_nul_prompts_are_refused_over_http(server, prompt, message):
-    event, data = raw_call(server, "generate", [prompt, "256x256", 1, 1, None, None, None])
+    event, data = raw_call(server, "generate", [prompt, "256x256", 1, 1, *[None] * 5])
     assert event == "error" and message in data["error"], data
 
 

@@ -18,7 +18,8 @@ from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
 from neuron_ui.ui.files import private_file_folder
 
-GENERATE = ["a fox", "256x256", 1, 1, None, None, None]  # prompt, resolution, steps, seed, guidance, references, reference size
+GENERATE = ["a fox", "256x256", 1, 1, None, None, None, None, None]  # prompt, resolution, steps, seed, guidance,
+# references, reference size, lora, lora_scale
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
     lock = threading.Lock()
 
     def one(seed):
-        response = post(s, "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, seed, None, None, None]})
+        response = post(s, "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, seed, *[None] * 5]})
         with lock:
             answers.append(response)
 

@@ -125,9 +125,9 @@ def raw_generate(s, body: str) -> tuple[str, object]:
 
 
 @pytest.mark.parametrize("body, message", [
-    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null]}', "seed must be a whole number from 0 to 4294967295.*got nan"),
-    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null]}', "guidance must be a number from 0 to 20, got inf"),
-    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null]}', "prompt has characters that are not valid Unicode"),
+    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null, null, null]}', "seed must be a whole number from 0 to 4294967295.*got nan"),
+    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null, null, null]}', "guidance must be a number from 0 to 20, got inf"),
+    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null, null, null]}', "prompt has characters that are not valid Unicode"),
 ])
 def test_values_no_client_would_send_are_told_too(server, body, message):
     s, client = server
@@ -496,7 +496,7 @@ def test_auth_protects_the_ui_the_api_and_metrics(tmp_path):
     with served(tmp_path / "cache", environ={"NEURON_UI_AUTH": "ada:lovelace"}) as s:
         with pytest.raises(AuthenticationError):
             connect(s.url, tmp_path)
-        posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, None, None, None]})
+        posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, *[None] * 5]})
         assert posted.status_code == 401
         assert httpx.get(s.url + "/gradio_api/info").status_code == 401
         assert httpx.get(s.url + "/config").status_code == 401

@@ -18,7 +18,7 @@ from neuron_ui.config.processes import free_port
 from neuron_ui.main import EXIT_CUT_SHORT
 
 ROOT = Path(__file__).resolve().parent.parent
-SLOW = ["a slow one", "256x256", 60, 1, None, None, None]  # its steps are set by seconds_per_step()
+SLOW = ["a slow one", "256x256", 60, 1, None, None, None, None, None]  # its steps are set by seconds_per_step()
 
 
 def stream(url: str, event_id: str, into: dict) -> None:

@@ -121,7 +121,7 @@ def test_a_client_that_closes_its_event_stream_stops_its_image(app):
     s.clock.hold()  # the image waits at the device until this client is listening
     with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
         joined = http.post("/gradio_api/queue/join", json={
-            "data": ["a long one", "256x256", LONG, 4, None, None, None], "fn_index": generate,
+            "data": ["a long one", "256x256", LONG, 4, *[None] * 5], "fn_index": generate,
             "session_hash": session, "event_data": None, "trigger_id": None})
         assert joined.status_code == 200, joined.text
         with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:

@@ -60,6 +60,7 @@ class Settings:
     ray_address: str | None = None  # join this Ray cluster instead of starting a local one
     upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
     upload_retention: float = 600.0  # seconds an upload is kept after its last use
+    loras: tuple[str, ...] = ()  # styles: `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` each (docs/styles.md)
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -85,6 +86,10 @@ class Settings:
             raise ValueError(f"--upload-retention must be positive, got {self.upload_retention}")
         if self.replicas < 0:
             raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
+        self.loras = tuple(self.loras)
+        if self.loras and (self.tp or 1) > 1:
+            raise ValueError("--lora with --tp: styles are fused into the weights whole, and tensor parallelism "
+                             "shards them; serve styles without --tp (or with --replicas N, one device each)")
         if self.ray_address and self.replicas == 0:
             self.replicas = 1
         missing = [str(r) for r in self.warmup if r not in self.resolutions]
@@ -173,6 +178,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "(env NEURON_UI_TP_TIMEOUT; default 60; a size's first call gets 30 min to compile)")
     parser.add_argument("--max-references", type=int,
                         help="reference images per request, 0-5 (env NEURON_UI_MAX_REFERENCES; default 2)")
+    parser.add_argument("--lora", action="append", metavar="[NAME=]PATH[@SCALE]",
+                        help="a style: a LoRA .safetensors file, a folder or a Hub repo id (repeatable; env "
+                             "NEURON_UI_LORAS, comma-separated); see docs/styles.md")
 
 
 def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
@@ -225,6 +233,9 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
     pin = pick(getattr(args, "cache_bundle_sha256", None), "NEURON_UI_CACHE_BUNDLE_SHA256")
     if pin:
         values["cache_bundle_sha256"] = split_list(pin)
+    loras = getattr(args, "lora", None) or [s for s in environ.get("NEURON_UI_LORAS", "").split(",") if s.strip()]
+    if loras:
+        values["loras"] = tuple(s.strip() for s in loras)
     if getattr(args, "tp", None) is not None:
         values["tp"] = args.tp
     if getattr(args, "share", False):

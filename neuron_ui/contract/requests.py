@@ -12,6 +12,8 @@ from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract import references as refs
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.images import ImageSource
     from neuron_ui.contract.references import FittedImage
@@ -40,6 +42,9 @@ class GenerateRequest:
     image: ImageSource | None = None
     mask: ImageSource | None = None
     strength: float | None = None
+    # A style (a LoRA loaded with --lora) by name, None for none; its strength, None for the style's default.
+    lora: str | None = None
+    lora_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class ValidRequest:
     source: FittedImage | None = None  # the image to inpaint, fitted to `resolution`
     mask: FittedImage | None = None
     strength: float = 1.0
+    lora: str | None = None
+    lora_scale: float | None = None  # set whenever lora is
 
     @property
     def inputs(self) -> list[FittedImage]:
@@ -154,6 +161,32 @@ def validate_strength(strength: object) -> float:
     return strength
 
 
+MAX_LORA_SCALE = 2.0
+NO_STYLE = "None"  # what the UI's Style dropdown shows for no style; the API takes it as None too
+
+
+def validate_style(name: object, styles: Mapping[str, float]) -> str | None:
+    """A style by name (None, "" or "None": no style); ValueError names the ones loaded here."""
+    if name is None or name == "" or name == NO_STYLE:
+        return None
+    allowed = ", ".join([NO_STYLE, *styles]) if styles else None
+    if not isinstance(name, str) or name not in styles:
+        if allowed is None:
+            raise ValueError(f"lora {_shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
+        raise ValueError(f"lora {_shown(name)} is not a style loaded here; allowed: {allowed}")
+    return name
+
+
+def validate_style_scale(scale: object) -> float:
+    """A style's strength: 0 (none of it) to MAX_LORA_SCALE."""
+    if _is_int(scale):
+        scale = float(scale)
+    if not isinstance(scale, float) or not math.isfinite(scale) or not 0.0 <= scale <= MAX_LORA_SCALE:
+        raise ValueError(f"lora_scale must be a number from 0 to {MAX_LORA_SCALE:g} (or empty for the style's "
+                         f"default), got {_shown(scale)}")
+    return scale
+
+
 def require_inpaint_inputs(request: GenerateRequest) -> None:
     """An inpaint redoes the masked part of an image: it needs both."""
     if request.image is None or request.mask is None:
@@ -162,10 +195,11 @@ def require_inpaint_inputs(request: GenerateRequest) -> None:
 
 def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...],
                      reference_sizes: tuple[Resolution, ...], max_references: int, default_steps: int,
-                     default_guidance: float) -> ValidRequest:
+                     default_guidance: float, styles: Mapping[str, float] | None = None) -> ValidRequest:
     """Every field checked, defaults filled in (a random seed when none is given), input images fitted to their
-    sizes; ValueError names what is allowed."""
+    sizes; `styles` are the loaded styles' default strengths by name. ValueError names what is allowed."""
     resolution = validate_resolution(request.resolution, presets)
+    lora = validate_style(request.lora, styles or {})  # a strength without a style is no style
     references: tuple = ()
     if request.references:
         size = refs.validate_reference_size(request.reference_size or str(reference_sizes[0]),
@@ -187,4 +221,7 @@ def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...
         source=source,
         mask=mask,
         strength=1.0 if request.strength is None else validate_strength(request.strength),
+        lora=lora,
+        lora_scale=None if lora is None else styles[lora] if request.lora_scale is None
+        else validate_style_scale(request.lora_scale),
     )

@@ -60,6 +60,9 @@ class GenerateResult:
     waited_seconds: float = 0.0
     waited_for: str | None = None
     replica: str | None = None  # with --replicas, the replica that made it (the /metrics `replica` label)
+    lora: str | None = None  # the style that made it (None: none), its strength and its file's sha256
+    lora_scale: float | None = None
+    lora_sha256: str | None = None
 
     def info(self) -> dict[str, Any]:
         """Everything but the image, JSON-ready."""
@@ -74,6 +77,8 @@ class GenerateResult:
         for key in ("prompt", "resolution", "steps", "seed", "model"):
             meta.add_text(key, str(getattr(self, key)))
         meta.add_text("guidance", "not used" if self.guidance is None else f"{self.guidance:g}")
+        if self.lora is not None:
+            meta.add_text("lora", f"{self.lora} at {self.lora_scale:g} (sha256 {self.lora_sha256})")
         return meta
 
     def save_png(self, path: Path | str) -> Path:
@@ -133,6 +138,9 @@ class EngineStatus:
     # With replicas (neuron_ui/replicas/), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
     replicas: list[dict[str, Any]] | None = None
     replica_states: dict[str, int] | None = None  # Ray Serve's count per replica state: RUNNING, STARTING, ...
+    # The styles loaded (--lora): name, default_scale, sha256, layers, rank, host_mb, and `fused`: the strength it
+    # is fused at in the weights now, None when not (engine/styles.py)
+    styles: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -37,6 +37,7 @@ from neuron_ui.contract.stopping import QUEUED, RUNNING, Stopped, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.engine.setup import load_for, prepare_pipeline, warmup_call
+from neuron_ui.engine.styles import StyleBook
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.model.runner import PipelineCall, PipelineRunner, step_callback, steps_run
@@ -79,35 +80,30 @@ class Engine:
         compile_folder: CompileFolder | None = None,
         max_references: int = 2,
         reference_sizes: tuple[Resolution, ...] = refs.REFERENCE_SIZES,
+        styles: StyleBook | None = None,
     ):
         self.loaded = loaded
         self.presets = presets
         self.max_references = max_references
         self.reference_sizes = reference_sizes
-        self.device = device
-        self.dtype = dtype
-        self.compile_mode = compile_mode
-        self.backend = backend
+        self.device, self.dtype, self.compile_mode, self.backend = device, dtype, compile_mode, backend
         self.cache = cache
         self.observers = Observers()
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
-        self.key = CompileKey.current(
-            loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree
-        )
-        if manifest is None:
-            manifest = CacheManifest(cache.manifest, error=cache.problem) if cache else CacheManifest(
-                Path(".neuron-ui-manifest.json"))
-        self.manifest = manifest
+        self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree)
+        self.manifest = manifest if manifest is not None else CacheManifest(cache.manifest, error=cache.problem) \
+            if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self._device = DeviceQueue()
         self._warmups: WarmupList[Resolution] = WarmupList(self._warm_one)
         self.allowed = Layouts(presets, reference_sizes, max_references)
-        self.graphs = GraphBook(self.key, manifest, compile_mode, backend, presets)
+        self.graphs = GraphBook(self.key, self.manifest, compile_mode, backend, presets)
         self._watch = DeviceWatch(self.graphs, compile_mode)
         self.pipe = prepare_pipeline(loaded.pipe, device=device, compile_mode=compile_mode, backend=backend,
                                      cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
         self.runner = runner or PipelineRunner(self.pipe)
+        self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
 
     @classmethod
     def from_settings(cls, settings: Settings, cache: CachePaths, group: "ParallelGroup | None" = None,
@@ -126,6 +122,7 @@ class Engine:
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
             max_references=settings.max_references,
+            styles=StyleBook.load(settings.loras, loaded.pipe.transformer),
         )
 
     # -- requests -------------------------------------------------------------------------------
@@ -139,18 +136,15 @@ class Engine:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
         return validate_request(request, presets=self.presets, reference_sizes=self.reference_sizes,
                                 max_references=self.max_references, default_steps=self.default_steps,
-                                default_guidance=self.default_guidance)
+                                default_guidance=self.default_guidance, styles=self.styles.defaults)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
         """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
         return count_prompt_tokens(self.pipe.tokenizer, text)
 
     def guidance_applied(self, guidance: float) -> float | None:
-        """The guidance scale diffusers applies, recorded in place of the one asked for.
-
-        Flux2KleinPipeline (diffusers 0.42.1) ignores guidance_scale for a step-distilled model and does
-        classifier-free guidance only above 1 (`do_classifier_free_guidance`); otherwise it applies none: None.
-        """
+        """The guidance scale diffusers applies, recorded in place of the one asked for: Flux2KleinPipeline (0.42.1)
+        ignores it for a step-distilled model and guides (`do_classifier_free_guidance`) only above 1; else None."""
         return None if self.loaded.distilled or guidance <= 1.0 else guidance
 
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
@@ -232,6 +226,7 @@ class Engine:
             inputs=[f.meta() for f in valid.inputs],
             waited_seconds=round(start - queued, 3),
             waited_for=waited.what if start - queued >= WAIT_WORTH_TELLING else None,
+            **self.styles.result_fields(valid),
         )
         self.graphs.image(layout, event, result.total_seconds)
         logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
@@ -310,6 +305,7 @@ class Engine:
 
     def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
+        self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
         return self.runner(PipelineCall.of(valid), step_callback(steps, report, stop))
 
     # -- status -----------------------------------------------------------------------------------
@@ -347,4 +343,5 @@ class Engine:
             layouts=layouts,
             reference_sizes=[str(r) for r in self.reference_sizes],
             max_references=self.max_references,
+            styles=self.styles.status(),
         )

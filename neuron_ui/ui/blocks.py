@@ -16,11 +16,13 @@ from neuron_ui.ui.editing import (
     add_reference_panel,
     add_result_buttons,
     api_reference_inputs,
+    api_style_inputs,
 )
 from neuron_ui.ui.errors import user_errors
 from neuron_ui.ui.files import ASSETS, ImageStore, private_file_folder
 from neuron_ui.ui.gradio_bridge import DEVICE, device_queue_length
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
+from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
     REFRESH_SECONDS,
     TABLE_HEADERS,
@@ -69,6 +71,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                                         lines=1, max_lines=4, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
                                         autofocus=True)
                     prompt_count = gr.Markdown(elem_id="prompt-count")
+                    styles = add_style_controls(engine)
                     resolution = gr.Dropdown(resolution_choices(status), value=first, label="Resolution",
                                              elem_id="resolution")
                     hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
@@ -129,14 +132,15 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
         made = [image, info, seed, history, history_gallery]
+        style_inputs = [styles["style"], styles["strength"]]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
-                          [*form, history, *ref_inputs, session], made, show_progress_on=[image], **on_device,
+                          [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image], **on_device,
                           **private)
         generated.then(**refresh)
         generated.failure(**failed)
         varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
                                        **private).then(
-            handlers.on_variations, [*form, count, history, session],
+            handlers.on_variations, [*form, count, history, session, *style_inputs],
             [image, info, seed, variations, history, history_gallery],
             show_progress_on=[image, variations], **on_device, **private)
         varied.then(**refresh)
@@ -158,6 +162,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         history_gallery.select(handlers.on_select, [history],
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
+        wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
         reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **hidden)
         layout_inputs = [resolution, edit_refs["files"], edit_refs["size"]]
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
@@ -171,7 +176,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         inpainted = edit_inpaint["button"].click(
             editing_handlers.on_inpaint,
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
-             *ref_inputs, history, session],
+             *ref_inputs, history, session, *style_inputs],
             made, show_progress_on=[image], **on_device, **private,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
@@ -183,7 +188,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):
             api_inputs = [gr.Textbox(label="prompt"), gr.Textbox(label="resolution"), gr.Number(label="steps"),
-                          gr.Number(label="seed"), gr.Number(label="guidance"), *api_reference_inputs()]
+                          gr.Number(label="seed"), gr.Number(label="guidance"), *api_reference_inputs(),
+                          *api_style_inputs()]
             api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
             api_trigger = gr.Button()
         # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).

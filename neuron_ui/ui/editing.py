@@ -128,8 +128,8 @@ class EditingHandlers:
 
     def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
-                   fit: str, history: list[dict[str, Any]], session: Any = None,
-                   progress: gr.Progress = gr.Progress()):
+                   fit: str, history: list[dict[str, Any]], session: Any = None, lora: str | None = None,
+                   lora_scale: float | None = None, progress: gr.Progress = gr.Progress()):
         with self.errors():  # the editor's files get the upload checks and one line each, like /inpaint's
             image, layers = self.editor_files(editor)
             mask = painted_mask(image, layers) if image else None
@@ -140,7 +140,8 @@ class EditingHandlers:
             references = file_paths(files, self.stored)
         request = GenerateRequest(prompt, resolution, steps, None if randomize else seed,
                                   None if self.distilled else guidance, references=references,
-                                  reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength)
+                                  reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength,
+                                  lora=lora, lora_scale=lora_scale)
         # The editor's image and painted layers join the history entry, so picking it restores the mask too.
         kept = {"background": image, "layers": layers, "composite": None}
         return self.run(request, history, progress, session, {"editor": kept})
@@ -163,8 +164,10 @@ class EditingHandlers:
 
     def api_inpaint(self, image: Any, mask: Any, prompt: str, strength: float | None = None,
                     resolution: str | None = None, steps: float | None = None, seed: float | None = None,
-                    references: Any = None, reference_size: str | None = None) -> tuple[str, dict[str, Any]]:
-        """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate."""
+                    references: Any = None, reference_size: str | None = None, lora: str | None = None,
+                    lora_scale: float | None = None) -> tuple[str, dict[str, Any]]:
+        """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate;
+        `lora` and `lora_scale` as for /generate."""
         with self.errors():
             image, mask = file_path(image, self.stored), file_path(mask, self.stored)
             if image is None or mask is None:
@@ -172,7 +175,7 @@ class EditingHandlers:
             request = GenerateRequest(prompt, resolution, steps, seed,
                                       references=file_paths(references, self.stored),
                                       reference_size=reference_size or None, image=image, mask=mask,
-                                      strength=strength)
+                                      strength=strength, lora=lora, lora_scale=lora_scale)
             result = self.engine.inpaint(request)
             return self.save(result), result.info()
 
@@ -181,6 +184,11 @@ def api_reference_inputs() -> list[gr.Component]:
     """The optional inputs /generate takes for references (hidden; gradio_client's handle_file fills them)."""
     return [gr.File(label="references", file_count="multiple", file_types=["image"]),
             gr.Textbox(label="reference_size")]
+
+
+def api_style_inputs() -> list[gr.Component]:
+    """The optional style inputs of /generate and /inpaint: a loaded style's name and its strength."""
+    return [gr.Textbox(label="lora"), gr.Number(label="lora_scale")]
 
 
 def add_reference_panel(engine: EngineLike) -> dict[str, gr.Component]:
@@ -223,7 +231,7 @@ def add_inpaint_api(handlers: EditingHandlers, on_device: dict[str, Any]) -> Non
     with gr.Column(visible=False):
         inputs = [gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"),
                   gr.Textbox(label="prompt"), gr.Number(label="strength"), gr.Textbox(label="resolution"),
-                  gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs()]
+                  gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs(), *api_style_inputs()]
         outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
         trigger = gr.Button()
     trigger.click(handlers.api_inpaint, inputs, outputs, api_name="inpaint", preprocess=False, **on_device)

@@ -19,6 +19,7 @@ from neuron_ui.ui.editing import file_paths
 from neuron_ui.ui.errors import public_status, user_errors
 from neuron_ui.ui.gradio_bridge import current_event
 from neuron_ui.ui.progress import ProgressReporter
+from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.words import (
     describe_activity,
     describe_inputs,
@@ -69,11 +70,12 @@ class Handlers:
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
                  guidance: float | None, references: Any = None, reference_size: str | None = None,
-                 fit: str = "crop") -> GenerateRequest:
+                 fit: str = "crop", style: str | None = None, style_strength: float | None = None) -> GenerateRequest:
         # Distilled models ignore guidance; the engine's default is the model's own.
+        lora, lora_scale = request_style(style, style_strength)
         return GenerateRequest(prompt, resolution, steps, seed, None if self.distilled else guidance,
                                references=file_paths(references, self.stored),
-                               reference_size=reference_size or None, fit=fit)
+                               reference_size=reference_size or None, fit=fit, lora=lora, lora_scale=lora_scale)
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
               session: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -95,11 +97,12 @@ class Handlers:
             raise
         entry = {
             "path": path,
-            "info": describe_result(result, show_guidance=not self.distilled) + describe_inputs(result),
+            "info": describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
+            + describe_style(result),
             "cache_event": result.cache_event,
             "made": time.time(),
             **{key: getattr(result, key) for key in ("prompt", "resolution", "steps", "seed", "guidance", "mode",
-                                                     "strength")},
+                                                     "strength", "lora", "lora_scale")},
             "references": [r for r in request.references if isinstance(r, str)],
             "reference_size": request.reference_size,
             "fit": request.fit,
@@ -119,11 +122,12 @@ class Handlers:
     def on_generate(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                     guidance: float, history: list[dict[str, Any]], references: Any = None,
                     reference_size: str | None = None, fit: str = "crop", session: Any = None,
+                    style: str | None = None, style_strength: float | None = None,
                     progress: gr.Progress = gr.Progress()):
         """One image from the form; the seed box then shows the seed actually used."""
         with user_errors():  # a reference that is not one of the app's files: one line
             request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
-                                    reference_size, fit)
+                                    reference_size, fit, style, style_strength)
         return self.run(request, history, progress, session)
 
     def run(self, request: GenerateRequest, history: list[dict[str, Any]], progress: Callable[..., Any],
@@ -135,6 +139,7 @@ class Handlers:
 
     def on_variations(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                       guidance: float, count: float, history: list[dict[str, Any]], session: Any = None,
+                      style: str | None = None, style_strength: float | None = None,
                       progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
         """N images at consecutive seeds, one after another at batch 1 (no new shape), each shown when done; the
         seed box shows the seed of the image shown."""
@@ -147,7 +152,8 @@ class Handlers:
                 next_seed = None if randomize else seed
             else:
                 next_seed = (first + index) % (MAX_SEED + 1)
-            request = self._request(prompt, resolution, steps, next_seed, guidance)
+            request = self._request(prompt, resolution, steps, next_seed, guidance, style=style,
+                                    style_strength=style_strength)
             entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ", session=session)
             first = entry["seed"] if index == 0 else first
             gallery.append((entry["path"], f"seed {entry['seed']}"))
@@ -306,12 +312,15 @@ class Handlers:
 
     def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
                      guidance: float | None = None, references: Any = None,
-                     reference_size: str | None = None) -> tuple[str, dict[str, Any]]:
-        """One image and its generation info; steps and guidance default to the model's, seed to random."""
+                     reference_size: str | None = None, lora: str | None = None,
+                     lora_scale: float | None = None) -> tuple[str, dict[str, Any]]:
+        """One image and its generation info; steps and guidance default to the model's, seed to random; `lora` a
+        loaded style's name (None: none), `lora_scale` its strength (None: the style's default)."""
         with user_errors():
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
                                       references=file_paths(references, self.stored),
-                                      reference_size=reference_size or None)
+                                      reference_size=reference_size or None,
+                                      lora=lora, lora_scale=lora_scale)
             with self.stops.track(*current_event()) as stop:
                 result = self.engine.generate(request, stop=stop)
             return self.store.save(result), result.info()

@@ -212,6 +212,10 @@ def describe_activity(status: EngineStatus) -> str:
     parts = [f"**Device** {device}"]
     if status.replicas is not None:
         parts.append(describe_replicas(status))
+    if status.styles:
+        fused = next((s for s in status.styles if s.get("fused") is not None), None)
+        parts.append(f"**Style in the weights** {fused['name']} at {fused['fused']:g}" if fused else
+                     "**Style in the weights** none")
     if not status.persistent_cache:
         parts.append("**Cache** not persistent: compiled sizes will not survive a restart")
     if status.warmup_queue:

@@ -1,0 +1,87 @@
+"""The styles this engine serves (`--lora`), and the hook that switches them between images on the device queue.
+
+A style is data, not a shape: the engine fuses the request's style into the transformer's weights right before
+its run, while it holds the device, so the image before it and the one after it are made with their own styles
+and nothing compiles (neuron_ui/model/styles.py says why). A style whose file fails a check is left out at
+start-up with one log line naming the file and why; the app serves without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.model.lora_files import StyleError, load_style
+from neuron_ui.model.styles import StyleFuser
+
+if TYPE_CHECKING:
+    import torch
+
+    from neuron_ui.contract.requests import ValidRequest
+    from neuron_ui.model.styles import Style
+
+logger = logging.getLogger(__name__)
+
+
+class StyleBook:
+    """The loaded styles by name, and which one the transformer's weights hold now."""
+
+    def __init__(self, styles: list[Style] | None = None, transformer: torch.nn.Module | None = None,
+                 refused: dict[str, str] | None = None):
+        self.styles = {style.name: style for style in styles or []}
+        self.refused = refused or {}  # spec -> why, for the status
+        self.fuser = StyleFuser(transformer) if transformer is not None else None
+        for style in self.styles.values():
+            self.fuser.keep_originals(style)
+
+    @classmethod
+    def load(cls, specs: tuple[str, ...] | list[str], transformer: torch.nn.Module) -> StyleBook:
+        """Every style that passes its checks; each one that does not is logged in one line and left out."""
+        styles: list[Style] = []
+        refused: dict[str, str] = {}
+        for spec in specs:
+            try:
+                style = load_style(spec, transformer)
+                if style.name in {s.name for s in styles}:
+                    raise StyleError(f"{spec}: another style is already named {style.name!r}; name this one "
+                                     "with NAME=PATH")
+            except StyleError as error:
+                logger.warning("style not loaded: %s", error)
+                refused[spec] = str(error)
+                continue
+            styles.append(style)
+            logger.info("style %r loaded from %s: %d layers, default strength %g, sha256 %s", style.name,
+                        style.file, len(style.layers), style.default_scale, style.sha256[:12])
+        return cls(styles, transformer if styles else None, refused)
+
+    @property
+    def defaults(self) -> dict[str, float]:
+        """Each style's default strength, by name: what requests are checked against."""
+        return {name: style.default_scale for name, style in self.styles.items()}
+
+    def use(self, valid: ValidRequest) -> float:
+        """Fuse the request's style (or none) before its run; call only while holding the device. Seconds spent."""
+        if self.fuser is None:
+            return 0.0
+        style = self.styles[valid.lora] if valid.lora is not None else None
+        return self.fuser.use(style, valid.lora_scale or 0.0)
+
+    def result_fields(self, valid: ValidRequest) -> dict[str, Any]:
+        """What the result (and its PNG) records of the style: name, strength and its file's sha256."""
+        style = self.styles.get(valid.lora) if valid.lora is not None else None
+        return {"lora": valid.lora, "lora_scale": valid.lora_scale if style else None,
+                "lora_sha256": style.sha256 if style else None}
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each loaded style for the status: what it costs on the host, and `fused`, the strength it is fused at
+        in the weights now (None when it is not)."""
+        now, strength = self.fuser.current if self.fuser else (None, 0.0)
+        return [{**style.describe(), "fused": strength if name == now else None}
+                for name, style in self.styles.items()]
+
+    def memory(self) -> dict[str, Any]:
+        """Host memory the styles hold: their factors, and the original weights kept to restore from."""
+        factors = sum(style.host_bytes for style in self.styles.values())
+        originals = self.fuser.host_bytes if self.fuser else 0
+        return {"factors_mb": round(factors / 2**20, 3), "originals_mb": round(originals / 2**20, 3),
+                "now": self.fuser.current[0] if self.fuser else None}

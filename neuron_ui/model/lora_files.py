@@ -1,0 +1,220 @@
+"""Reading a style (`--lora`): where its file is, and every check a LoRA passes against this transformer before it
+may be fused. A file that fails one is refused with one line naming it and why (StyleError); the app starts
+without it.
+
+A spec is `[NAME=]SOURCE[@SCALE]`: SOURCE a `.safetensors` file, a folder holding one, or a Hub repo id
+`owner/repo[:weight_name]`; NAME defaults to the file name without its extension (the repo name for a repo id);
+SCALE is the style's default strength (1.0). Formats are diffusers' for klein (its own `transformer.*.lora_A/B`,
+PEFT's, kohya's and ai-toolkit's, converted by `Flux2KleinPipeline.lora_state_dict`), transformer only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neuron_ui.model.styles import LoraLayer, Style
+
+DIFFUSERS_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # what diffusers' save_lora_weights writes by default
+METADATA_KEY = "lora_adapter_metadata"  # diffusers' LoRA config in the safetensors header (loaders/lora_base.py)
+MAX_SCALE = 2.0
+NAME_PATTERN = re.compile(r"[\w][\w .+-]{0,63}")
+REPO_PATTERN = re.compile(r"[\w.-]+/[\w.-]+(:[\w./-]+)?")
+TEXT_ENCODER_PREFIXES = ("text_encoder", "lora_te", "te_", "te1", "te2", "text_model")
+
+
+class StyleError(ValueError):
+    """A style that cannot be loaded: one line, naming the file and why."""
+
+
+def parse_spec(spec: str) -> tuple[str | None, str, float | None]:
+    """`[NAME=]SOURCE[@SCALE]` as (name or None, source, scale or None); StyleError on a bad name or scale."""
+    name, source, scale = None, spec.strip(), None
+    head, sep, tail = source.partition("=")
+    if sep and "/" not in head and head.strip():
+        name, source = head.strip(), tail.strip()
+    body, sep, last = source.rpartition("@")
+    if sep and body and re.fullmatch(r"[-+]?[\d.]+(e[-+]?\d+)?", last):
+        scale, source = float(last), body
+        if not math.isfinite(scale) or not 0.0 <= scale <= MAX_SCALE:
+            raise StyleError(f"{spec}: strength @{last} must be from 0 to {MAX_SCALE:g}")
+    if name is not None:
+        check_name(name, spec)
+    return name, source, scale
+
+
+def check_name(name: str, spec: str) -> str:
+    if name.lower() == "none" or not NAME_PATTERN.fullmatch(name):
+        raise StyleError(f"{spec}: style name {name!r} is not allowed (letters, digits, space . _ + -, up to 64; "
+                         "not 'None'); name it with NAME=PATH")
+    return name
+
+
+def resolve_file(source: str) -> tuple[Path, str]:
+    """The local `.safetensors` file of a source and the style's default name; StyleError if there is none."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path, path.stem
+    if path.is_dir():
+        candidates = sorted(path.glob("*.safetensors"))
+        named = [c for c in candidates if c.name == DIFFUSERS_WEIGHT_NAME]
+        if named or len(candidates) == 1:
+            return (named or candidates)[0], path.name
+        found = f"{len(candidates)} .safetensors files" if candidates else "no .safetensors file"
+        raise StyleError(f"{source}: the folder has {found}; name the file itself")
+    if REPO_PATTERN.fullmatch(source) and not source.startswith((".", "/")):
+        return download(source)
+    raise StyleError(f"{source}: no such file or folder (nor a Hub repo id owner/repo[:weight_name])")
+
+
+def download(source: str) -> tuple[Path, str]:
+    """A Hub repo's LoRA file (`owner/repo[:weight_name]`), through the local Hugging Face cache."""
+    from huggingface_hub import hf_hub_download
+
+    repo, _, weight_name = source.partition(":")
+    try:
+        return Path(hf_hub_download(repo, weight_name or DIFFUSERS_WEIGHT_NAME)), repo.split("/")[1]
+    except Exception as error:  # noqa: BLE001 - offline, no such repo or file, no access: one line for the log
+        raise StyleError(f"{source}: could not fetch it from the Hub: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")) from None
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """The tensors and diffusers' LoRA config from the header; StyleError for a file that is not safetensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt", device="cpu") as opened:
+            tensors = {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118 - safe_open is not a dict
+            header = opened.metadata() or {}
+    except SafetensorError as error:
+        message = str(error)
+        if "incomplete" in message or "not fully covered" in message:
+            raise StyleError(f"{path}: truncated or damaged (the file is shorter than its header says)") from None
+        raise StyleError(f"{path}: not a safetensors file ({message})") from None
+    except OSError as error:
+        raise StyleError(f"{path}: cannot be read ({error.strerror or error})") from None
+    raw = header.get(METADATA_KEY)
+    try:
+        config = json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        raise StyleError(f"{path}: its LoRA metadata ({METADATA_KEY}) is not JSON") from None
+    return tensors, config
+
+
+def check_format(path: Path, keys: list[str]) -> None:
+    """Refuse what cannot be fused as a transformer LoRA, naming the format."""
+    def some(match) -> list[str]:
+        return [k for k in keys if match(k)]
+
+    if not keys:
+        raise StyleError(f"{path}: holds no weights")
+    if some(lambda k: "lokr_" in k):
+        raise StyleError(f"{path}: a LoKr adapter (lokr_* weights); styles here are LoRA only (lora_A/lora_B)")
+    if some(lambda k: "hada_" in k):
+        raise StyleError(f"{path}: a LoHa adapter (hada_* weights); styles here are LoRA only (lora_A/lora_B)")
+    if some(lambda k: "dora_scale" in k or "lora_magnitude_vector" in k):
+        raise StyleError(f"{path}: a DoRA adapter (magnitude weights); styles here are plain LoRA only")
+    text = some(lambda k: k.startswith(TEXT_ENCODER_PREFIXES))
+    if text:
+        raise StyleError(f"{path}: targets the text encoder ({len(text)} weights, e.g. {text[0]!r}); klein loads "
+                         "transformer LoRAs only")
+
+
+def convert(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' own conversion to its `transformer.<layer>.lora_A/B.weight` keys (kohya, ai-toolkit, PEFT)."""
+    from diffusers import Flux2KleinPipeline
+
+    try:
+        return Flux2KleinPipeline.lora_state_dict(dict(tensors))
+    except Exception as error:  # noqa: BLE001 - any conversion failure is one line for the log
+        raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''})") from None
+
+
+def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
+    """PEFT's rank_pattern/alpha_pattern lookup (peft.utils.other.get_pattern_key): a key matches a module name
+    that ends with it."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def scalings(modules: dict[str, int], config: dict[str, Any] | None) -> dict[str, float]:
+    """`alpha / rank` per layer as PEFT computes it from diffusers' saved config; without one, diffusers takes
+    alpha = rank (utils/peft_utils.get_peft_kwargs): a scaling of 1."""
+    if config is None:
+        return dict.fromkeys(modules, 1.0)
+    alpha = config.get("lora_alpha", 8)  # LoraConfig's default
+    patterns = config.get("alpha_pattern") or {}
+    root = math.sqrt if config.get("use_rslora") else (lambda r: r)
+    return {m: pattern_value(patterns, m, alpha) / root(rank) for m, rank in modules.items()}
+
+
+def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, Any] | None,
+                 transformer: torch.nn.Module) -> tuple[LoraLayer, ...]:
+    """Pair each layer's factors and check them against the transformer: every layer must exist, be linear and
+    take the factors' shapes."""
+    outside = [k for k in state if not k.startswith("transformer.")]
+    if outside:
+        raise StyleError(f"{path}: {len(outside)} weights are not for a transformer (e.g. {outside[0]!r}): a LoRA for "
+                         "another model")
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in state.items():
+        found = re.fullmatch(r"transformer\.(.+)\.(lora_A|lora_B)\.weight", key)
+        if found is None:
+            raise StyleError(f"{path}: unrecognised weight {key!r} (a LoRA holds lora_A/lora_B weights only)")
+        pairs.setdefault(found[1], {})[found[2]] = tensor
+    modules = dict(transformer.named_modules())
+    missing = [m for m in pairs if not isinstance(modules.get(m), torch.nn.Linear)]
+    if missing:
+        raise StyleError(f"{path}: {len(missing)} of the {len(pairs)} layers it targets are not in this transformer "
+                         f"(e.g. {missing[0]!r}): a LoRA for another model")
+    ranks: dict[str, int] = {}
+    for module, factors in pairs.items():
+        linear, down, up = modules[module], factors.get("lora_A"), factors.get("lora_B")
+        if down is None or up is None:
+            raise StyleError(f"{path}: {module!r} has only {', '.join(factors)}; a LoRA layer needs lora_A and lora_B")
+        if (down.ndim != 2 or up.ndim != 2 or down.shape[1] != linear.in_features
+                or up.shape[0] != linear.out_features or up.shape[1] != down.shape[0]):
+            raise StyleError(f"{path}: wrong shapes for {module!r}: lora_A {list(down.shape)}, lora_B "
+                             f"{list(up.shape)}, but the layer maps {linear.in_features} to {linear.out_features} "
+                             "(a LoRA for another size of model?)")
+        ranks[module] = down.shape[0]
+    scale = scalings(ranks, config)
+    return tuple(LoraLayer(m, pairs[m]["lora_A"].contiguous(), pairs[m]["lora_B"].contiguous(), scale[m])
+                 for m in sorted(pairs))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_style(spec: str, transformer: torch.nn.Module) -> Style:
+    """One style from its spec, checked against `transformer`; StyleError (one line) says why not."""
+    name, source, scale = parse_spec(spec)
+    path, default_name = resolve_file(source)
+    tensors, config = read_safetensors(path)
+    check_format(path, list(tensors))
+    state = convert(path, tensors)
+    if config is not None:
+        config = {k.removeprefix("transformer."): v for k, v in config.items() if k.startswith("transformer.")} \
+            or config  # diffusers packs it per component ("transformer.r"); a bare PEFT config is taken as is
+    if config is not None and config.get("use_dora"):
+        raise StyleError(f"{path}: a DoRA adapter (use_dora in its config); styles here are plain LoRA only")
+    layers = match_layers(path, state, config, transformer)
+    if not layers:
+        raise StyleError(f"{path}: holds no LoRA layers")
+    return Style(name=check_name(name or default_name, spec), source=source, file=path, sha256=file_sha256(path),
+                 default_scale=1.0 if scale is None else scale, layers=layers)

@@ -1,0 +1,121 @@
+"""Styles as data, not shapes: a LoRA's factors held on the host, fused into the transformer's weights in place
+between two images, and the base weights restored bit-exactly.
+
+Why fuse in place: a compiled graph (dynamo's, an AOTInductor package's) takes the transformer's weights as inputs,
+not constants, so writing new values into the same tensors changes what the graph computes without changing the
+graph: no guard fails, nothing recompiles, in any compile mode. diffusers' hot-swap keeps the LoRA as extra layers
+(padded to a target rank, scale as a tensor): that also avoids recompiles, but costs two extra matmuls per layer
+per step on every image and adds layers to the graph; a fused style costs nothing per image.
+
+Restoring: the first time a style targets a layer, that layer's original weight is copied to the host once (shared
+by every style); a switch writes `original + scale * alpha/rank * up @ down` (computed in float32 from the original,
+rounded once to the weight's dtype) and a switch back copies the original in. So A -> B gives exactly the weights
+none -> B gives, and -> none gives the base weights back bit for bit (tests/test_styles.py compares them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    """One linear layer's low-rank delta: `up @ down`, times `alpha / rank` (PEFT's scaling) times the strength."""
+
+    module: str  # the layer's name in the transformer, e.g. "transformer_blocks.0.attn.to_q"
+    down: torch.Tensor  # lora_A: [rank, in_features], on the host
+    up: torch.Tensor  # lora_B: [out_features, rank], on the host
+    scaling: float
+
+    @property
+    def rank(self) -> int:
+        return self.down.shape[0]
+
+    def delta(self, device: torch.device, strength: float) -> torch.Tensor:
+        """The scaled delta in float32 on `device`, the weight's shape."""
+        up = self.up.to(device=device, dtype=torch.float32)
+        down = self.down.to(device=device, dtype=torch.float32)
+        return (up @ down).mul_(self.scaling * strength)
+
+
+@dataclass(frozen=True)
+class Style:
+    """A LoRA that passed every check against this transformer, ready to fuse."""
+
+    name: str
+    source: str  # as given: a path, a folder or a Hub repo id
+    file: Path
+    sha256: str
+    default_scale: float
+    layers: tuple[LoraLayer, ...]
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory of its factors (the original weights it shares with other styles are counted apart)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.down, layer.up))
+
+    def describe(self) -> dict:
+        """What the status and the API say about it."""
+        return {"name": self.name, "default_scale": self.default_scale, "sha256": self.sha256,
+                "file": self.file.name, "layers": len(self.layers), "rank": max(layer.rank for layer in self.layers),
+                "host_mb": round(self.host_bytes / 2**20, 3)}
+
+
+class StyleFuser:
+    """Which style is fused into the transformer's weights now, and the switch to another, in place.
+
+    Not thread-safe by design of its caller: the engine switches only while it holds the device (between images);
+    the lock here only guards against a misuse turning into torn weights."""
+
+    def __init__(self, transformer: torch.nn.Module):
+        self.transformer = transformer
+        self._originals: dict[str, torch.Tensor] = {}  # host copies of every weight a loaded style targets
+        self._fused: dict[str, float] = {}  # layers holding a delta now
+        self.current: tuple[str | None, float] = (None, 0.0)
+        self._lock = threading.Lock()
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory of the original weights kept to restore from."""
+        return sum(t.numel() * t.element_size() for t in self._originals.values())
+
+    def keep_originals(self, style: Style) -> None:
+        """Copy to the host, once, each weight this style targets: the base a restore comes back to."""
+        with torch.no_grad():
+            for layer in style.layers:
+                if layer.module not in self._originals:
+                    weight = self._weight(layer.module)
+                    self._originals[layer.module] = weight.detach().to("cpu", copy=True)
+
+    def use(self, style: Style | None, strength: float) -> float:
+        """Fuse `style` at `strength` (None: the base weights); seconds spent, 0 when it was already fused."""
+        wanted = (style.name, strength) if style is not None and strength != 0 else (None, 0.0)
+        with self._lock:
+            if wanted == self.current:
+                return 0.0
+            start = time.perf_counter()
+            with torch.no_grad():
+                targets = {layer.module: layer for layer in style.layers} if wanted[0] is not None else {}
+                for module in [m for m in self._fused if m not in targets]:
+                    self._weight(module).copy_(self._originals[module])
+                    del self._fused[module]
+                for module, layer in targets.items():
+                    weight = self._weight(module)
+                    base = self._originals[module].to(weight.device) if module in self._fused else weight
+                    weight.copy_(layer.delta(weight.device, strength).add_(base))  # one float32 layer at a time
+                    self._fused[module] = strength
+            self.current = wanted
+            seconds = time.perf_counter() - start
+        logger.info("style %s at %g fused in %.3f s", wanted[0] or "none", wanted[1], seconds)
+        return seconds
+
+    def _weight(self, module: str) -> torch.Tensor:
+        return self.transformer.get_submodule(module).weight

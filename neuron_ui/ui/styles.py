@@ -1,0 +1,92 @@
+"""The Style dropdown and its Strength slider: which style (a LoRA loaded with --lora) the next image uses.
+
+The choice is kept in the browser (its own gr.BrowserState, so the form's session is left as it is) and in each
+history entry, so picking an image in the history restores its style. Every check is the engine's
+(contract.requests.validate_style); what the browser sends back is untrusted and only a loaded style comes back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.results import GenerateResult
+
+STORAGE_KEY = "neuron-ui-style"
+DEFAULT_STRENGTH = 1.0
+
+
+def request_style(style: Any, strength: Any) -> tuple[Any, Any]:
+    """The dropdown and slider as a request's (lora, lora_scale): None for no style."""
+    if style is None or style == "" or style == NO_STYLE:
+        return None, None
+    return style, strength
+
+
+def describe_style(result: GenerateResult) -> str:
+    """The style part of the line under the image."""
+    if result.lora is None:
+        return ""
+    return f" · style **{result.lora}** at {result.lora_scale:g}"
+
+
+class StyleHandlers:
+    """The style controls' handlers: defaults when a style is picked, history restore, the browser's copy."""
+
+    def __init__(self, engine: EngineLike):
+        self.defaults = {s["name"]: s["default_scale"] for s in engine.status().styles}
+
+    def _valid(self, style: Any, strength: Any) -> tuple[str, float] | None:
+        if style not in self.defaults:
+            return None
+        ok = isinstance(strength, (int, float)) and not isinstance(strength, bool) and 0 <= strength <= MAX_LORA_SCALE
+        return style, float(strength) if ok else self.defaults[style]
+
+    def on_style(self, style: str) -> Any:
+        """A style picked by hand: the slider moves to its default strength."""
+        return self.defaults.get(style, gr.skip())
+
+    def on_select(self, history: list[dict[str, Any]], event: gr.SelectData) -> tuple[Any, Any]:
+        """A history image picked: its style and strength come back (no style: None)."""
+        if not isinstance(event.index, int) or not 0 <= event.index < len(history):
+            return gr.skip(), gr.skip()
+        entry = history[event.index]
+        kept = self._valid(entry.get("lora"), entry.get("lora_scale"))
+        return kept if kept else (NO_STYLE, gr.skip())
+
+    def on_restore(self, saved: Any) -> tuple[Any, Any]:
+        """On page load: the style and strength this browser last chose, if still loaded here."""
+        saved = saved if isinstance(saved, dict) else {}
+        kept = self._valid(saved.get("style"), saved.get("strength"))
+        return kept if kept else (gr.skip(), gr.skip())
+
+    @staticmethod
+    def on_save(style: str, strength: float) -> dict[str, Any]:
+        return {"style": style, "strength": strength}
+
+
+def add_style_controls(engine: EngineLike) -> dict[str, gr.Component]:
+    """Style and Strength, next to the prompt; hidden when no style is loaded."""
+    names = [s["name"] for s in engine.status().styles]
+    with gr.Row(equal_height=True, visible=bool(names), elem_id="style-row"):
+        style = gr.Dropdown([NO_STYLE, *names], value=NO_STYLE, label="Style", scale=2, elem_id="style",
+                            info="a LoRA loaded on this server; switching never compiles")
+        strength = gr.Slider(0, MAX_LORA_SCALE, value=DEFAULT_STRENGTH, step=0.05, label="Strength", scale=1,
+                             elem_id="style-strength")
+    return {"style": style, "strength": strength, "state": gr.BrowserState({}, storage_key=STORAGE_KEY)}
+
+
+def wire_style_controls(handlers: StyleHandlers, controls: dict[str, gr.Component], history_gallery: gr.Gallery,
+                        history: gr.State, demo: gr.Blocks, hidden: dict[str, Any]) -> None:
+    """Picking a style, restoring one from the history, and keeping the choice in the browser."""
+    style, strength, state = controls["style"], controls["strength"], controls["state"]
+    style.input(handlers.on_style, [style], [strength], **hidden)
+    history_gallery.select(handlers.on_select, [history], [style, strength], **hidden)
+    demo.load(handlers.on_restore, [state], [style, strength], **hidden)
+    gr.on([style.change, strength.change], handlers.on_save, [style, strength], [state],
+          trigger_mode="always_last", **hidden)
