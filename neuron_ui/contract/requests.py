@@ -39,6 +39,9 @@ class GenerateRequest:
     image: ImageSource | None = None
     mask: ImageSource | None = None
     strength: float | None = None
+    # Whose request it is, for fair turns on the device (engine.turns): the logged-in user, a browser's session or
+    # an API client's session; None: a visitor of its own. Not part of the image.
+    visitor: str | None = None
 
 
 @dataclass(frozen=True)

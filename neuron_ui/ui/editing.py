@@ -16,6 +16,7 @@ from PIL import Image
 
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class EditingHandlers:
                 raise ValueError("inpainting needs both an image and a mask")
             request = GenerateRequest(prompt, resolution, steps, seed, references=file_paths(references),
                                       reference_size=reference_size or None, image=file_path(image),
-                                      mask=file_path(mask), strength=strength)
+                                      mask=file_path(mask), strength=strength, visitor=current_visitor())
             result = self.engine.inpaint(request)
             return self.save(result), result.info()
 
