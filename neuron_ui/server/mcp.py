@@ -1,12 +1,13 @@
 """The studio as a tool for AI assistants (--mcp): an MCP server over streamable HTTP at /gradio_api/mcp/, whose
 only tools are generate, inpaint, status and warmup (neuron_ui.server.mcp_tools), with the app's own doors.
 
-Why not Gradio's own MCP server (`mcp_server=True`, 6.31 gradio/mcp.py): it makes a tool of every public named
-endpoint, named after its Python function (api_generate, ..., and api_stop, which would stop every MCP client's
-work: they all share one session); it calls each tool through one gradio_client of its own, created without the
-login (so under NEURON_UI_AUTH every call fails) and shared by every MCP client (one visitor for all of them);
-and its progress says only Gradio's queue positions. So the server's mount keeps it off, and this one calls the
-engine the way the UI does:
+Why not Gradio's own MCP server (`mcp_server=True`, 6.31 gradio/mcp.py; tried on this app): it makes a tool of
+every public named endpoint, named after its Python function (api_generate, api_inpaint, api_warmup, api_status
+and api_stop, which would stop every MCP client's work: they all share one session); it calls each tool through
+one gradio_client of its own, created without the login (under NEURON_UI_AUTH every call failed: "credentials
+were not provided") and shared by every MCP client (one visitor for all of them); the image came back as a text
+dump of Gradio's file record, not as an image; and its progress says only Gradio's queue positions. So the
+server's mount keeps it off, and this one calls the engine the way the UI does:
 
 - login: with NEURON_UI_AUTH a request needs HTTP Basic credentials (or the browser's login cookie), else a 401
   in one line;
