@@ -40,3 +40,17 @@ def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
     assert all(0 < seconds < 20 * stop["step_s"] + 2 for seconds in stop["stop_to_next_start_s"].values())
     assert set(results["targets"]) == {"round_trip_over_plain", "clients_throughput_over_plain_loop",
                                        "engine_no_prompt_cache_over_plain"}
+
+
+def test_fair_turns_bench_prints_b_wait_and_throughput_at_toy_size(tmp_path):
+    out = tmp_path / "fair_turns.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fair_turns.py"), "--queued", "3", "--steps", "2", "--rounds", "1",
+         "--out", str(out)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    results = json.loads(out.read_text())
+    assert [r["order"] for r in results["runs"]] == ["fifo", "fair"] and all(r["images"] == 4 for r in results["runs"])
+    # At toy size the figures are noise; the order is not: first come first served makes B wait for A's queue.
+    assert results["summary"]["fifo"]["b_wait_s"] > results["summary"]["fair"]["b_wait_s"]
+    assert "B's wait with turns" in done.stdout and results["busy_share_fair_over_fifo"] > 0

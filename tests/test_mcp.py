@@ -31,11 +31,11 @@ def app(tmp_path_factory):
 def with_session(app, work, auth=AUTH):
     """Run `work(session)` in an initialized MCP client session (logged in with `auth`)."""
     async def main():
-        async with httpx.AsyncClient(auth=auth and httpx.BasicAuth(*auth), timeout=TIMEOUT) as http:
-            async with streamable_http_client(app.url + "/gradio_api/mcp/", http_client=http) as (read, write, _):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
-                    return await work(session)
+        async with (httpx.AsyncClient(auth=auth and httpx.BasicAuth(*auth), timeout=TIMEOUT) as http,
+                    streamable_http_client(app.url + "/gradio_api/mcp/", http_client=http) as (read, write, _),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            return await work(session)
 
     return asyncio.run(main())
 

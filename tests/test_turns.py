@@ -91,9 +91,9 @@ def test_a_visitor_with_the_limit_waiting_is_refused_at_once_and_others_are_not(
     with queue.user(visitor="A"):
         threads = [take(queue, log, f"a{i}", "A") for i in range(2)]
         wait_for_waiting(queue, 2)
-        with pytest.raises(EngineError, match=r"^your own queue is full: 2 of your requests are already waiting") as refused:
-            with queue.user(visitor="A"):
-                pass
+        with (pytest.raises(EngineError, match=r"^your own queue is full: 2 of your requests are already waiting")
+              as refused, queue.user(visitor="A")):
+            pass
         assert refused.value.kind == "visitor_queue_full"
         threads.append(take(queue, log, "b0", "B"))
         wait_for_waiting(queue, 3)
