@@ -16,7 +16,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from PIL import Image
-from serving import TIMEOUT, served
+from serving import TIMEOUT, served, wait_until
 
 AUTH = ("me", "secret")
 
@@ -136,3 +136,35 @@ def test_without_the_login_nothing_is_served(app):
     assert "401" in repr(refused.value) or "401" in str(getattr(refused.value, "exceptions", ""))
     # Gradio's own MCP server stayed off (GRADIO_MCP_SERVER=True is set here): its SSE route is not there.
     assert httpx.get(app.url + "/gradio_api/mcp/sse", timeout=TIMEOUT, auth=AUTH).status_code == 404
+
+
+def test_a_client_that_goes_away_mid_image_stops_it_at_the_next_step(app):
+    stopped = app.metric("neuron_ui_errors_total", kind="stopped") or 0
+
+    async def work(session):
+        call = asyncio.ensure_future(session.call_tool("generate", {"prompt": "a long one", "resolution": "256x256",
+                                                                    "steps": 100, "seed": 3}))
+        while not app.engine.status().busy:
+            await asyncio.sleep(0.02)
+        call.cancel()  # then the session ends (the client's DELETE): the server cancels what runs for it
+
+    with_session(app, work)
+    wait_until(lambda: (app.metric("neuron_ui_errors_total", kind="stopped") or 0) > stopped,
+               "the engine's request was stopped", timeout=TIMEOUT)
+    assert not app.engine.status().busy
+
+
+def test_a_tool_call_over_the_queue_bound_is_refused_in_one_line():
+    """The bound the gate keeps for Gradio's requests, kept for MCP's too (no app needed: the endpoint alone)."""
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.errors import EngineError
+    from neuron_ui.server.mcp import McpEndpoint
+
+    events = [2]
+    endpoint = McpEndpoint(Settings(max_queue=2), lambda: events[0], lambda scope: False)
+    endpoint._admit()  # two admitted (one on the device, one waiting): a third may wait
+    assert endpoint.in_flight == 1
+    events[0] = 3
+    with pytest.raises(EngineError, match=r"^Queue is full: 2 requests are waiting for the device; try again"):
+        endpoint._admit()
+    assert endpoint.in_flight == 1
