@@ -50,3 +50,17 @@ def test_decode_memory_bench_runs_at_toy_size(tmp_path):
     result = json.loads(out.read_text())
     assert result["answers"] == {"complete": 2} and result["idle_rss_mb"] > 0
     assert {"peak_over_idle_mb", "after_over_idle_mb"} <= set(result)
+
+
+def test_fair_turns_bench_prints_b_wait_and_throughput_at_toy_size(tmp_path):
+    out = tmp_path / "fair_turns.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fair_turns.py"), "--queued", "3", "--steps", "2", "--rounds", "1",
+         "--out", str(out)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    results = json.loads(out.read_text())
+    assert [r["order"] for r in results["runs"]] == ["fifo", "fair"] and all(r["images"] == 4 for r in results["runs"])
+    # At toy size the figures are noise; the order is not: first come first served makes B wait for A's queue.
+    assert results["summary"]["fifo"]["b_wait_s"] > results["summary"]["fair"]["b_wait_s"]
+    assert "B's wait with turns" in done.stdout and results["busy_share_fair_over_fifo"] > 0

@@ -229,6 +229,36 @@ def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deploym
     assert freed < whole / 2, f"the replica stayed busy {freed:.1f} s after the stop; a whole image takes {whole:.1f} s"
 
 
+def test_visitors_take_turns_at_the_front_across_the_replicas(deployment, monkeypatch):
+    """The front decides who goes next: with both replicas busy with A's images, B's one is sent before A's rest."""
+    client, sent, results = deployment.engine, [], {}
+    call = client.calls.call
+
+    def recorded(method, argument, *args, **kwargs):  # the order requests leave the front for the deployment
+        sent.append(argument.prompt)
+        return call(method, argument, *args, **kwargs)
+
+    monkeypatch.setattr(client.calls, "call", recorded)
+
+    def ask(name, visitor):
+        req = GenerateRequest(name, "256x256", steps=12, seed=5, visitor=visitor)
+        thread = threading.Thread(target=lambda: results.__setitem__(name, client.generate(req)), daemon=True)
+        thread.start()
+        return thread
+
+    threads = [ask("a0", "user:A")]
+    wait_until(lambda: len(sent) == 1, "A's first is sent")
+    threads.append(ask("a1", "user:A"))
+    wait_until(lambda: len(sent) == 2, "A's second is sent: both replicas are busy")
+    for i, name in enumerate(("a2", "a3", "b0")):
+        threads.append(ask(name, "user:A" if name[0] == "a" else "user:B"))
+        wait_until(lambda i=i: client.turns.waiting == i + 1, f"{name} waits at the front")
+    assert client.status().visitors_waiting == 2
+    for thread in threads:
+        thread.join(TIMEOUT)
+    assert sent == ["a0", "a1", "b0", "a2", "a3"] and len(results) == 5
+
+
 def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(deployment):
     """Everything of ours that listens (this process, Ray's daemons, the replicas) is on loopback, but one port per
     Serve replica: ray/serve/_private/replica.py (2.60) binds its inter-deployment gRPC server to [::]:0."""

@@ -54,3 +54,15 @@ def test_warmup_list_or_all():
     with pytest.raises(ValueError, match="--warmup 1024x1024: not among the presets"):
         parse(["--resolutions", "512x512", "--warmup", "1024x1024"])
     assert parse([], {"NEURON_UI_CACHE_BUNDLE": "/b.tar.gz"}).cache_bundle == ("/b.tar.gz",)
+
+
+def test_turns_and_mcp_settings_from_flags_and_env():
+    assert (Settings().max_queue_per_user, Settings().mcp) == (4, False)
+    assert parse(["--max-queue-per-user", "2", "--mcp"]).max_queue_per_user == 2
+    env = parse([], {"NEURON_UI_MAX_QUEUE_PER_USER": "3", "NEURON_UI_MCP": "yes"})
+    assert (env.max_queue_per_user, env.mcp) == (3, True)
+    assert not parse([], {"NEURON_UI_MCP": "0"}).mcp
+    with pytest.raises(ValueError, match="--max-queue-per-user must be at least 1, got 0"):
+        parse(["--max-queue-per-user", "0"])
+    with pytest.raises(ValueError, match="NEURON_UI_MCP must be 1/true/yes/on or 0/false/no/off, got 'maybe'"):
+        parse([], {"NEURON_UI_MCP": "maybe"})

@@ -164,7 +164,7 @@ def test_a_waiting_user_hears_the_compile_ahead_then_the_images_ahead_and_the_wa
     assert waiting.stage == "waiting"
     assert waiting.message.startswith("waiting for 512x512 to compile, ")
     assert "(estimate)" in waiting.message or "compile time not measured yet" in waiting.message
-    assert "then 1 image ahead, about " in waiting.message
+    assert "then 1 image ahead of yours, about " in waiting.message
     time.sleep(0.6)
     clock.open()
     for thread in (other, ahead, mine):

@@ -211,7 +211,7 @@ class FailingEngine:
     def generate(self, request, progress=None, stop=None):
         raise self.error
 
-    def warmup(self, resolution, progress=None):
+    def warmup(self, resolution, progress=None, visitor=None):
         raise self.error
 
     def status(self):

@@ -48,6 +48,8 @@ class Settings:
     port: int = 7860
     share: bool = False
     max_queue: int = 16
+    max_queue_per_user: int = 4  # requests one visitor may have waiting (visitors take turns on the device)
+    mcp: bool = False  # serve the tools generate, inpaint, status and warmup to MCP clients at /gradio_api/mcp/
     auth: tuple[str, str] | None = None
     warmup: tuple[Resolution, ...] = ()
     cache_bundle: tuple[str, ...] = ()  # local files, http(s):// URLs or hf:// Hub files, tried in order
@@ -74,6 +76,8 @@ class Settings:
             raise ValueError(f"--tp-timeout must be positive, got {self.tp_timeout}")
         if self.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
+        if self.max_queue_per_user < 1:
+            raise ValueError(f"--max-queue-per-user must be at least 1, got {self.max_queue_per_user}")
         if not 0 <= self.max_references <= 5:
             raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
         self.cache_dir = Path(self.cache_dir).expanduser()
@@ -133,6 +137,16 @@ def pair_bundle_pins(bundles: str | tuple[str, ...],
     return bundles, pins
 
 
+def parse_switch(value: str | None, name: str) -> bool:
+    """An on/off environment variable: 1/true/yes/on or 0/false/no/off (unset or empty: off)."""
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {value!r}")
+
+
 def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-bundle-sha256", help="import only bundles with these sha256 digests, one per "
                         "bundle (comma-separated, in order); needed for a URL or hf:// bundle "
@@ -149,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="port (env GRADIO_SERVER_PORT; default 7860)")
     parser.add_argument("--share", action="store_true", help="open a public Gradio share link")
     parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
+    parser.add_argument("--max-queue-per-user", type=int,
+                        help="requests one visitor may have waiting (env NEURON_UI_MAX_QUEUE_PER_USER; default 4)")
+    parser.add_argument("--mcp", action="store_true",
+                        help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ (env NEURON_UI_MCP)")
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
     parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// URL "
                         "or hf://<repo_id>/<path>[@revision]; several comma-separated (env NEURON_UI_CACHE_BUNDLE)")
@@ -209,6 +227,7 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
     for name, env, kind in (
         ("port", "GRADIO_SERVER_PORT", int),
         ("max_queue", "NEURON_UI_MAX_QUEUE", int),
+        ("max_queue_per_user", "NEURON_UI_MAX_QUEUE_PER_USER", int),
         ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
         ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
         ("max_references", "NEURON_UI_MAX_REFERENCES", int),
@@ -240,6 +259,8 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         values["tp"] = args.tp
     if getattr(args, "share", False):
         values["share"] = True
+    if getattr(args, "mcp", False) or parse_switch(environ.get("NEURON_UI_MCP"), "NEURON_UI_MCP"):
+        values["mcp"] = True
     auth = environ.get("NEURON_UI_AUTH")
     if auth:
         user, sep, password = auth.partition(":")

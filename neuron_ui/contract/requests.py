@@ -45,6 +45,9 @@ class GenerateRequest:
     # A style (a LoRA loaded with --lora) by name, None for none; its strength, None for the style's default.
     lora: str | None = None
     lora_scale: float | None = None
+    # Whose request it is, for fair turns on the device (engine.turns): the logged-in user, a browser's session or
+    # an API client's session; None: a visitor of its own. Not part of the image.
+    visitor: str | None = None
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ class EngineStatus:
     busy: bool
     tensor_parallel: dict | None = None  # {"degree": N, "ranks": [{"rank", "graphs", "calls", "alive"}]}
     queue_depth: int = 0
+    visitors_waiting: int = 0  # how many visitors those requests belong to (never who)
     warmup_queue: list[str] = field(default_factory=list)
     warmup_seconds_left: float = 0.0  # about how long the rest of the warm-up list should take
     shapes: list[ShapeStatus] = field(default_factory=list)

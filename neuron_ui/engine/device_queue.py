@@ -1,27 +1,27 @@
-"""Who gets the device next: users first come, first served; background warm-up only when no user waits.
+"""Who gets the device next: visitors in turn (engine.turns); background warm-up only when no user waits.
 
-One pipeline run at a time is a hardware fact (one NeuronCore group, one GPU); a plain lock would let
-a background warm-up grab the device again between two compilations while a user waits, and would not
-serve users in the order they came.
+One pipeline run at a time is a hardware fact (one NeuronCore group, one GPU); a plain lock would let a background
+warm-up grab the device again between two compilations while a user waits, and would serve whoever the OS wakes.
+The replicas' front keeps one too, with a slot per replica (`slots`).
 
 close() is the first half of a graceful shutdown: nothing new gets the device, everyone waiting is told so at
 once, and the caller waits (bounded) for the run already on the device to finish.
 
 A user's StopToken takes them out of the queue at once; while they wait, `on_wait` hears what is ahead of them
-(the `job` each waiting user came with) when they join, whenever the queue moves, and every REPORT_SECONDS.
+in the real order (the `job` each request came with) and how many of those are their own, when they join,
+whenever that changes, and every REPORT_SECONDS.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.stopping import Stopped
+from neuron_ui.engine.turns import Ticket, Turns
 
 if TYPE_CHECKING:
     from neuron_ui.contract.stopping import StopToken
@@ -31,54 +31,64 @@ SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LEFT_THE_QUEUE = "stopped: you left the queue; no image was made"
 REPORT_SECONDS = 1.0  # how often a waiting user hears how long is left
 
+OnWait = Callable[[list[Any], int], None]  # the jobs ahead in the order they go, and how many are the caller's own
 
-@dataclass(eq=False)
-class _Ticket:
-    job: Any
+
+def own_queue_full(limit: int) -> str:
+    return (f"your own queue is full: {limit} of your requests are already waiting (at most {limit} per visitor); "
+            "ask again once one has started")
 
 
 class DeviceQueue:
-    def __init__(self) -> None:
+    def __init__(self, max_per_visitor: int | None = None, slots: int = 1) -> None:
         self._cond = threading.Condition()
-        self._busy = False
-        self._waiting: deque[_Ticket] = deque()
+        self._running = 0
+        self._slots = slots
+        self._turns = Turns()
         self._closed = False
+        self.max_per_visitor = max_per_visitor
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._running >= self._slots
 
     @property
     def waiting(self) -> int:
-        """Users waiting for the device (not counting the one on it)."""
-        return len(self._waiting)
+        """Users waiting for the device (not counting the ones on it)."""
+        return len(self._turns)
+
+    @property
+    def visitors_waiting(self) -> int:
+        """How many visitors wait (each counted once, however many requests they queued)."""
+        with self._cond:
+            return self._turns.visitors()
 
     @contextmanager
-    def user(self, stop: StopToken | None = None, job: Any = None,
-             on_wait: Callable[[list[Any]], None] | None = None) -> Iterator[None]:
-        """Hold the device for a user's request, after every user who came before; a stop leaves the queue."""
-        ticket = _Ticket(job)
+    def user(self, stop: StopToken | None = None, job: Any = None, on_wait: OnWait | None = None,
+             visitor: str | None = None) -> Iterator[None]:
+        """Hold the device for a user's request when its visitor's turn comes; a stop leaves the queue. A visitor
+        with `max_per_visitor` requests waiting is refused at once (EngineError, kind "visitor_queue_full")."""
+        with self._cond:
+            if self.max_per_visitor and self._turns.waiting_for(visitor) >= self.max_per_visitor:
+                raise EngineError(own_queue_full(self.max_per_visitor), kind="visitor_queue_full")
+            ticket = self._turns.join(job, visitor)
         forget = stop.listen(self._wake) if stop is not None else (lambda: None)
         try:
-            with self._cond:
-                self._waiting.append(ticket)
-            try:
-                self._wait_turn(ticket, stop, on_wait)
-            finally:
-                with self._cond:
-                    self._waiting.remove(ticket)
-                    self._cond.notify_all()  # the users behind moved up
+            self._wait_turn(ticket, stop, on_wait)
         finally:
             forget()
+            with self._cond:
+                self._turns.leave(ticket)  # still waiting only when it did not get the device
+                self._cond.notify_all()  # the users behind moved up
         try:
             yield
         finally:
             self._release()
 
-    def _wait_turn(self, ticket: _Ticket, stop: StopToken | None, on_wait: Callable[[list[Any]], None] | None) -> None:
+    def _wait_turn(self, ticket: Ticket, stop: StopToken | None, on_wait: OnWait | None) -> None:
         def done() -> bool:
             return (self._closed or (stop is not None and stop.stopped)
-                    or (not self._busy and self._waiting[0] is ticket))
+                    or (self._running < self._slots and self._turns.first() is ticket))
 
         while True:
             with self._cond:
@@ -88,15 +98,18 @@ class DeviceQueue:
                     self._refuse_if_closed()
                     if stop is not None and stop.stopped:
                         raise Stopped(LEFT_THE_QUEUE)
-                    self._busy = True
+                    self._turns.take(ticket)
+                    self._running += 1
                     return
-                ahead = [t.job for t in list(self._waiting)[: self._ahead(ticket)]]
-            on_wait(ahead)  # outside the lock: it may take its time (an engine's estimates, a progress bar)
+                ahead = self._ahead(ticket)
+            # outside the lock: it may take its time (an engine's estimates, a progress bar)
+            on_wait([t.job for t in ahead], sum(1 for t in ahead if t.visitor is not None and t.visitor == ticket.visitor))
             with self._cond:
-                self._cond.wait_for(lambda: done() or self._ahead(ticket) != len(ahead), REPORT_SECONDS)
+                self._cond.wait_for(lambda seen=ahead: done() or self._ahead(ticket) != seen, REPORT_SECONDS)
 
-    def _ahead(self, ticket: _Ticket) -> int:
-        return self._waiting.index(ticket)
+    def _ahead(self, ticket: Ticket) -> list[Ticket]:
+        order = self._turns.order()
+        return order[: order.index(ticket)]
 
     def _wake(self) -> None:
         with self._cond:
@@ -106,20 +119,20 @@ class DeviceQueue:
     def background(self) -> Iterator[None]:
         """Hold the device for background work, only when no user is waiting for it."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or (not self._busy and not self._waiting))
+            self._cond.wait_for(lambda: self._closed or (self._running < self._slots and not self._turns))
             self._refuse_if_closed()
-            self._busy = True
+            self._running += 1
         try:
             yield
         finally:
             self._release()
 
     def close(self, timeout: float) -> bool:
-        """Refuse the device to everyone from now on; True once the run on it (if any) has ended within `timeout`."""
+        """Refuse the device to everyone from now on; True once the runs on it (if any) have ended within `timeout`."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            return self._cond.wait_for(lambda: not self._busy, timeout)
+            return self._cond.wait_for(lambda: not self._running, timeout)
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
@@ -127,5 +140,5 @@ class DeviceQueue:
 
     def _release(self) -> None:
         with self._cond:
-            self._busy = False
+            self._running -= 1
             self._cond.notify_all()

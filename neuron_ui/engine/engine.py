@@ -81,6 +81,7 @@ class Engine:
         max_references: int = 2,
         reference_sizes: tuple[Resolution, ...] = refs.REFERENCE_SIZES,
         styles: StyleBook | None = None,
+        max_queue_per_user: int | None = None,
     ):
         self.loaded = loaded
         self.presets = presets
@@ -95,7 +96,7 @@ class Engine:
             if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
-        self._device = DeviceQueue()
+        self._device = DeviceQueue(max_queue_per_user)  # visitors take turns (engine.turns)
         self._warmups: WarmupList[Resolution] = WarmupList(self._warm_one)
         self.allowed = Layouts(presets, reference_sizes, max_references)
         self.graphs = GraphBook(self.key, self.manifest, compile_mode, backend, presets)
@@ -121,7 +122,7 @@ class Engine:
             cache=cache,
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
-            max_references=settings.max_references,
+            max_references=settings.max_references, max_queue_per_user=settings.max_queue_per_user,
             styles=StyleBook.load(settings.loras, loaded.pipe.transformer),
         )
 
@@ -179,10 +180,10 @@ class Engine:
         # 2. Layout: the static shape this request makes, so one graph per sequence length.
         layout = Layout.of(valid)
         stop.enter(QUEUED)  # admitted: the caller may now hold the request for its session (StopToken.enter)
-        # 3. Queue: one run on the device at a time; a waiting user hears what is ahead and about how long.
-        waited = Wait()
-        queued = time.perf_counter()
-        with self._device.user(stop, job=layout, on_wait=lambda ahead: report(self._watch.describe(ahead, waited))):
+        # 3. Queue: one run on the device at a time, visitors in turn; a waiting user hears what is ahead, how long.
+        waited, queued = Wait(), time.perf_counter()
+        with self._device.user(stop, job=layout, visitor=request.visitor,
+                               on_wait=lambda ahead, mine: report(self._watch.describe(ahead, waited, mine))):
             start = time.perf_counter()
             before = read_counters(self._neff_dir)
             # 4. Ensure compiled: the first request for a shape compiles it, once, while the others wait.
@@ -233,11 +234,11 @@ class Engine:
         return result
 
     def warmup(self, resolution: str, progress: ProgressFn | None = None, *, references: int = 0,
-               reference_size: str | None = None, inpaint: bool = False) -> ShapeStatus:
+               reference_size: str | None = None, inpaint: bool = False, visitor: str | None = None) -> ShapeStatus:
         """Compile one preset (or one of its editing layouts) without making an image, before anyone asks."""
         with self._counting_failures():
             layout = self.layout(resolution, references, reference_size, inpaint)
-            with self._device.user():
+            with self._device.user(visitor=visitor):
                 self._ensure_compiled(layout, progress or _ignore)
         self.graphs.seen(layout)
         return self.layout_status(layout)
@@ -336,7 +337,7 @@ class Engine:
             cache_error=self.compile_folder.problem or self.manifest.error,
             busy=self._device.busy,
             tensor_parallel=self.runner.describe(),
-            queue_depth=self._device.waiting,
+            queue_depth=self._device.waiting, visitors_waiting=self._device.visitors_waiting,
             warmup_queue=[str(p) for p in warmup],
             warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),
             shapes=shapes,

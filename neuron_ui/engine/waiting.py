@@ -60,9 +60,10 @@ class DeviceWatch:
         with self._lock:
             self._image_seconds[layout] = seconds
 
-    def describe(self, ahead: list[Layout], waited: Wait) -> ProgressUpdate:
+    def describe(self, ahead: list[Layout], waited: Wait, mine: int = 0) -> ProgressUpdate:
         """What a waiting user waits for and about how long: what holds the device (a compile: its estimate
-        minus the time it has run), then each request ahead at its layout's latency."""
+        minus the time it has run), then each request ahead in the order turns give (`mine` of them the user's
+        own) at its layout's latency."""
         now = time.perf_counter()
         with self._lock:
             current = self._on_device
@@ -80,7 +81,8 @@ class DeviceWatch:
                 parts.append(f"waiting for an image at {current.layout} to finish{about}")
         if ahead:
             known = [s for s in ahead_seconds if s is not None]
-            count = f"{len(ahead)} image{'s' if len(ahead) > 1 else ''} ahead"
+            count = f"{len(ahead)} image{'s' if len(ahead) > 1 else ''} ahead of yours"
+            count += f" ({mine} from you)" if mine else ""
             about = (f"about {seconds_text(sum(known))}" if len(known) == len(ahead)
                      else "time not measured yet for some sizes")
             parts.append(f"{'then ' if parts else 'waiting: '}{count}, {about}")

@@ -20,6 +20,8 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.images import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
+from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS
 from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
@@ -56,6 +58,9 @@ class ReplicaClient:
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
         self.observers = Observers()
         self.calls = StreamCaller(handle, self.observers)
+        # The front decides who goes next: visitors in turn, as many at once as there are replicas (each makes one
+        # image at a time); the deployment then routes each by its shape.
+        self.turns = DeviceQueue(settings.max_queue_per_user, slots=plan.replicas)
         self._closed = False
         self._last: EngineStatus | None = None
         self._tokenizer: Any = None
@@ -81,7 +86,12 @@ class ReplicaClient:
             raise
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(2**32))
-        result = self._call("generate", request, layout, progress, stop)
+        try:
+            result = self._call("generate", request, layout, progress, stop, request.visitor)
+        except EngineError as error:
+            if error.kind == "visitor_queue_full":  # refused at the front: counted here, as the engine does
+                self.observers.notify("on_failed", error.kind)
+            raise
         self.observers.notify("on_generated", result)
         return result
 
@@ -103,10 +113,11 @@ class ReplicaClient:
             raise
         return self.generate(request, progress, stop)
 
-    def warmup(self, resolution: str, progress: ProgressFn | None = None) -> ShapeStatus:
+    def warmup(self, resolution: str, progress: ProgressFn | None = None, *,
+               visitor: str | None = None) -> ShapeStatus:
         """Compile one preset on one replica; the others load it from the cache when asked for it."""
         layout = self.layout(resolution)
-        self._call("warmup", str(layout), layout, progress)
+        self._call("warmup", str(layout), layout, progress, visitor=visitor)
         return self.layout_status(layout)
 
     def start_warmup(self, resolutions: list[str]) -> None:
@@ -120,6 +131,7 @@ class ReplicaClient:
         """Shutting down, as the engine does: no new requests from this front, the ones waiting for a replica hear
         "shutting down", the ones running on a replica may finish within `timeout`; True if they did."""
         self._closed = True
+        self.turns.close(0)  # whoever waits at the front hears "shutting down" now
         self.calls.close()
         deadline = time.monotonic() + timeout
         while self.calls.started() and time.monotonic() < deadline:
@@ -131,16 +143,22 @@ class ReplicaClient:
         if self._closed:
             return False
         try:
-            self.warmup(resolution)
+            layout = self.layout(resolution)
+            with self.turns.background():  # only while no visitor waits at the front
+                self.calls.call("warmup", str(layout), layout, None)
         except (ValueError, EngineError) as error:
             logger.warning("warm-up of %s failed: %s", resolution, error)
         return True
 
     def _call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
-              stop: StopToken | None = None) -> Any:
+              stop: StopToken | None = None, visitor: str | None = None) -> Any:
+        """One call to the deployment once its visitor's turn comes at the front."""
         if self._closed:
             raise EngineError(SHUTTING_DOWN, kind="shutting_down")
-        return self.calls.call(method, argument, layout, progress, stop)
+        report = progress or (lambda update: None)
+        with self.turns.user(stop, job=layout, visitor=visitor,
+                             on_wait=lambda ahead, mine: report(describe_turn(ahead, mine))):
+            return self.calls.call(method, argument, layout, progress, stop)
 
     # -- status ------------------------------------------------------------------------------------------
 
@@ -181,7 +199,8 @@ class ReplicaClient:
         status = replace(
             healthy[0]["status"],
             busy=all(s["busy"] for s in healthy),
-            queue_depth=self.calls.waiting(),
+            queue_depth=self.turns.waiting + self.calls.waiting(),
+            visitors_waiting=self.turns.visitors_waiting,
             warmup_queue=self._warmups.pending(),
             warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),
             shapes=shapes,
@@ -201,6 +220,12 @@ class ReplicaClient:
 
     def healthy(self) -> int:
         return len(self.watcher.healthy())
+
+
+def describe_turn(ahead: list[Layout], mine: int) -> ProgressUpdate:
+    """What a request waiting at the front hears: the images ahead of it in turn order, how many its own."""
+    count = f"{len(ahead)} image{'s' if len(ahead) != 1 else ''} ahead of yours" + (f" ({mine} from you)" if mine else "")
+    return ProgressUpdate("waiting", f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
 
 
 def portable(request: GenerateRequest) -> GenerateRequest:

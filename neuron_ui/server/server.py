@@ -15,7 +15,7 @@ import logging
 import secrets
 import threading
 import time
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Callable
 
 import gradio as gr
@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.routing import Route
 
 from neuron_ui.contract import stopping
 from neuron_ui.contract.files import StoredFiles
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
-MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"  # Gradio's upload route takes what editing accepts, no more
+MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"
+MCP_PATHS = ("/gradio_api/mcp", "/gradio_api/mcp/")  # Gradio's upload route takes what editing accepts, no more
 
 
 class Server:
@@ -75,6 +77,7 @@ class Server:
         self._drain_requested = threading.Event()
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
+        self.mcp = self._build_mcp() if settings.mcp else None
         self.app = self._build_app()
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=3)
@@ -98,7 +101,8 @@ class Server:
         @asynccontextmanager
         async def lifespan(app: FastAPI):
             self._loop = asyncio.get_running_loop()
-            async with self._gradio_lifespan:  # Gradio's own lifespan, entered by mount(), ends with ours
+            # Gradio's own lifespan, entered by mount(), ends with ours; the MCP sessions' too (--mcp)
+            async with self._gradio_lifespan, self.mcp.running() if self.mcp else nullcontext():
                 yield
 
         app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -124,7 +128,21 @@ class Server:
                                 headers={"WWW-Authenticate": 'Basic realm="neuron-ui metrics"'})
             return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+        if self.mcp is not None:  # before Gradio's mount at /, which would answer these paths itself
+            app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)
         return app
+
+    def _build_mcp(self) -> Any:
+        """The MCP tools (--mcp): imported only then (the `mcp` package)."""
+        from neuron_ui.server.mcp import McpEndpoint
+
+        return McpEndpoint(self.settings, self.device_events, self._logged_in)
+
+    def _logged_in(self, scope: dict) -> bool:
+        """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        return basic_auth_ok(header, self.settings.auth) or (
+            self.gradio_app is not None and gradio_bridge.logged_in(self.gradio_app, scope))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -161,6 +179,9 @@ class Server:
         self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
         self.metrics.watch_held(lambda: gradio_bridge.held(demo, self.gradio_app))
         self.engine, self.demo = engine, demo
+        if self.mcp is not None:
+            self.mcp.serve(engine)
+            logger.info("MCP tools at %s/gradio_api/mcp/ (generate, inpaint, status, warmup)", self.url)
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:
             self.share_url = gradio_bridge.open_share_link(demo, self.settings)
@@ -171,8 +192,10 @@ class Server:
         return device_queue_length(self.demo) if self.demo is not None else 0
 
     def device_events(self) -> int:
-        """Device requests accepted and not finished (the Gate bounds them by --max-queue + 1)."""
-        return device_events(self.demo) if self.demo is not None else 0
+        """Device requests accepted and not finished, from Gradio and MCP clients (the Gate and the MCP endpoint
+        bound them by --max-queue + 1)."""
+        mcp = self.mcp.in_flight if self.mcp is not None else 0
+        return (device_events(self.demo) if self.demo is not None else 0) + mcp
 
     def stop_cancelled(self, session: str, event_id: str | None) -> None:
         """A client cancelled an event (the Gate saw its /cancel): stop the engine's request for it."""

@@ -145,7 +145,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             show_progress_on=[image, variations], **on_device, **private)
         varied.then(**refresh)
         varied.failure(**failed)
-        warmup.click(handlers.on_warmup, [resolution], [hint], **on_device, **private).then(**refresh)
+        warmup.click(handlers.on_warmup, [resolution, session], [hint], **on_device, **private).then(**refresh)
         resolution.change(handlers.on_resolution, [resolution], [hint], **hidden)
         seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
         prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **hidden)

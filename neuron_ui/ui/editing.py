@@ -19,6 +19,7 @@ from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.ui import gradio_bridge
 from neuron_ui.ui.uploads import keep_bytes
+from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
@@ -175,7 +176,8 @@ class EditingHandlers:
             request = GenerateRequest(prompt, resolution, steps, seed,
                                       references=file_paths(references, self.stored),
                                       reference_size=reference_size or None, image=image, mask=mask,
-                                      strength=strength, lora=lora, lora_scale=lora_scale)
+                                      strength=strength, lora=lora, lora_scale=lora_scale,
+                                      visitor=current_visitor())
             result = self.engine.inpaint(request)
             return self.save(result), result.info()
 

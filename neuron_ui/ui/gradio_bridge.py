@@ -81,6 +81,16 @@ def take_editor_blobs(editor: gr.ImageEditor, blob_id: str) -> tuple[bytes | Non
     return blobs.background, [layer for layer in blobs.layers or [] if layer]
 
 
+def current_user() -> str | None:
+    """The logged-in user of the event this handler runs for (None without a login, or outside an event).
+
+    Gradio puts the event's gr.Request, username included, in the same context variable as current_event reads
+    (gradio/utils.py before_fn; route_utils.Request.username, 6.31); tests/test_fair_turns.py fails if it moves."""
+    from gradio.context import LocalContext
+
+    return getattr(LocalContext.request.get(None), "username", None)
+
+
 def session_stops(demo: gr.Blocks) -> SessionStops:
     """The demo's registry of running requests by session (the Handlers' own), for the server's gate."""
     return next(fn.fn.__self__.stops for fn in demo.fns.values() if fn.api_name == "stop")
@@ -176,6 +186,7 @@ def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str)
     gr.mount_gradio_app(app, demo, path="/", server_name=settings.host, server_port=settings.port,
                         auth=settings.auth,
                         show_error=False,  # only our gr.Error messages reach users; anything else is logged
+                        mcp_server=False,  # never Gradio's own MCP server, even with GRADIO_MCP_SERVER (server.mcp)
                         max_file_size=max_file_size, **launch_options())
     mounted = app.router.routes[-1]
     if not isinstance(mounted, Mount):

@@ -20,6 +20,7 @@ from neuron_ui.ui.errors import public_status, user_errors
 from neuron_ui.ui.gradio_bridge import current_event
 from neuron_ui.ui.progress import ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
+from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import (
     describe_activity,
     describe_inputs,
@@ -82,6 +83,7 @@ class Handlers:
         """Generate, save the PNG, and return the history entry for it, held for the session's page too (it may
         have reloaded by the time the image is done). `extra` joins the entry (the inpaint editor's value)."""
         sid = sessions.session_id(session)
+        request = replace(request, visitor=current_visitor(session))  # visitors take turns on the device
         what = request.resolution if isinstance(request.resolution, str) else ""
 
         def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
@@ -160,10 +162,10 @@ class Handlers:
             history = self._remember(entry, history)
             yield entry["path"], entry["info"], entry["seed"], list(gallery), history, gallery_items(history)
 
-    def on_warmup(self, resolution: str, progress: gr.Progress = gr.Progress()) -> str:
+    def on_warmup(self, resolution: str, session: Any = None, progress: gr.Progress = gr.Progress()) -> str:
         """Compile the chosen size now, so the first image at it is fast."""
         with user_errors(), ProgressReporter(progress, on_compile=self._on_compile) as reporter:
-            return describe_size(self.engine.warmup(resolution, progress=reporter))
+            return describe_size(self.engine.warmup(resolution, progress=reporter, visitor=current_visitor(session)))
 
     def on_select(self, history: list[dict[str, Any]], event: gr.SelectData):
         """Restore a history entry's parameters (and show its image) so it can be made again or varied: prompt,
@@ -320,7 +322,7 @@ class Handlers:
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
                                       references=file_paths(references, self.stored),
                                       reference_size=reference_size or None,
-                                      lora=lora, lora_scale=lora_scale)
+                                      lora=lora, lora_scale=lora_scale, visitor=current_visitor())
             with self.stops.track(*current_event()) as stop:
                 result = self.engine.generate(request, stop=stop)
             return self.store.save(result), result.info()
@@ -328,7 +330,7 @@ class Handlers:
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""
         with user_errors():
-            return asdict(self.engine.warmup(resolution))
+            return asdict(self.engine.warmup(resolution, visitor=current_visitor()))
 
     def api_stop(self, request: gr.Request) -> dict[str, Any]:
         """Stop this client's requests (its session): a running image at the next step, a queued one at once."""

@@ -209,6 +209,8 @@ def describe_activity(status: EngineStatus) -> str:
     device = "busy" if status.busy else "idle"
     if status.queue_depth:
         device += f", {status.queue_depth} waiting"
+        if status.visitors_waiting > 1:  # how many, never who
+            device += f" from {status.visitors_waiting} visitors, who take turns"
     parts = [f"**Device** {device}"]
     if status.replicas is not None:
         parts.append(describe_replicas(status))

@@ -1,0 +1,106 @@
+"""Whose request goes next: visitors take turns. Among the requests waiting, the next one is the first request of
+the visitor served least recently; each visitor's own requests keep their order.
+
+First come, first served let one visitor who queued twelve images hold the device for twelve image times while
+the next person waited; turns give that person the device after at most the one image on it. A visitor is named by
+the caller (the logged-in user, a browser's session, an API client's session); a request without one is a
+visitor of its own, so requests that name nobody are served first come, first served, as before.
+
+Plain bookkeeping, no threads or locks: DeviceQueue (one device) and the replicas' front (N replicas) hold it under
+their own lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+REMEMBERED_VISITORS = 4096  # when each was last served; the oldest are forgotten (they would sort first anyway)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One waiting request: what it is (`job`, for the waiting words), whose, and when it came."""
+
+    job: Any
+    visitor: str | None
+    arrival: int
+
+    @property
+    def key(self) -> Any:
+        return self.visitor if self.visitor is not None else ("anonymous", self.arrival)
+
+
+class Turns:
+    """The waiting requests and when each visitor was last served: the order they get the device in."""
+
+    def __init__(self, remembered: int = REMEMBERED_VISITORS) -> None:
+        self._waiting: list[Ticket] = []  # in arrival order
+        self._last_served: OrderedDict[Any, int] = OrderedDict()  # visitor -> clock of its latest turn
+        self._clock = 0
+        self._arrivals = 0
+        self._remembered = remembered
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, ticket: Ticket) -> bool:
+        return ticket in self._waiting
+
+    def join(self, job: Any, visitor: str | None) -> Ticket:
+        self._arrivals += 1
+        ticket = Ticket(job, visitor, self._arrivals)
+        self._waiting.append(ticket)
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        """A request stopped waiting without a turn (stopped, refused)."""
+        if ticket in self._waiting:
+            self._waiting.remove(ticket)
+
+    def take(self, ticket: Ticket) -> None:
+        """`ticket` gets the device now: it stops waiting and its visitor counts as just served."""
+        self._waiting.remove(ticket)
+        if ticket.visitor is None:
+            return
+        self._clock += 1
+        self._last_served[ticket.visitor] = self._clock
+        self._last_served.move_to_end(ticket.visitor)
+        while len(self._last_served) > self._remembered:
+            self._last_served.popitem(last=False)
+
+    def waiting_for(self, visitor: str | None) -> int:
+        """Requests of `visitor` waiting (0 for nobody: a request without a visitor is its own)."""
+        return 0 if visitor is None else sum(1 for t in self._waiting if t.visitor == visitor)
+
+    def visitors(self) -> int:
+        """How many visitors wait (not who)."""
+        return len({t.key for t in self._waiting})
+
+    def first(self) -> Ticket | None:
+        """The request that gets the device next: the first one of the visitor served least recently."""
+        heads: dict[Any, Ticket] = {}
+        for ticket in self._waiting:
+            heads.setdefault(ticket.key, ticket)
+        return min(heads.values(), key=self._rank, default=None)
+
+    def order(self) -> list[Ticket]:
+        """Every waiting request in the order it would get the device if nobody else came: turns played out."""
+        queues: dict[Any, list[Ticket]] = {}
+        for ticket in self._waiting:
+            queues.setdefault(ticket.key, []).append(ticket)
+        last = {key: self._last_served.get(key, 0) for key in queues}
+        clock, ordered = self._clock, []
+        while queues:
+            key = min(queues, key=lambda k: (last[k], queues[k][0].arrival))
+            ordered.append(queues[key].pop(0))
+            clock += 1
+            last[key] = clock
+            if not queues[key]:
+                del queues[key]
+        return ordered
+
+    def _rank(self, ticket: Ticket) -> tuple[int, int]:
+        """Served longest ago first (never served: 0), then the earlier request."""
+        return self._last_served.get(ticket.key, 0), ticket.arrival

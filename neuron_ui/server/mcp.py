@@ -1,0 +1,211 @@
+"""The studio as a tool for AI assistants (--mcp): an MCP server over streamable HTTP at /gradio_api/mcp/, whose
+only tools are generate, inpaint, status and warmup (neuron_ui.server.mcp_tools), with the app's own doors.
+
+Why not Gradio's own MCP server (`mcp_server=True`, 6.31 gradio/mcp.py; tried on this app): it makes a tool of
+every public named endpoint, named after its Python function (api_generate, api_inpaint, api_warmup, api_status
+and api_stop, which would stop every MCP client's work: they all share one session); it calls each tool through
+one gradio_client of its own, created without the login (under NEURON_UI_AUTH every call failed: "credentials
+were not provided") and shared by every MCP client (one visitor for all of them); the image came back as a text
+dump of Gradio's file record, not as an image; and its progress says only Gradio's queue positions. So the
+server's mount keeps it off, and this one calls the engine the way the UI does:
+
+- login: with NEURON_UI_AUTH a request needs HTTP Basic credentials (or the browser's login cookie), else a 401
+  in one line;
+- the queue bound: a device call counts with the Gradio requests against --max-queue ("Queue is full" otherwise);
+- fair turns: the caller is a visitor, the logged-in user or else its MCP session;
+- progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
+  every second, steps) as MCP progress notifications when the client asks for them;
+- errors: one line as a tool error, never a trace; a cancelled call stops the engine's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from mcp import types
+from mcp.server.lowlevel import Server as McpServer
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.stopping import StopToken
+from neuron_ui.server import mcp_tools
+from neuron_ui.server.asgi import Refusal, reply
+from neuron_ui.ui.errors import public_status, redact_paths
+from neuron_ui.ui.progress import ProgressReporter
+from neuron_ui.ui.visitors import visitor_name
+
+if TYPE_CHECKING:
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.engine_like import EngineLike
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY = 48 * 2**20  # an inpaint's image and mask as base64: up to the upload limit each
+LOGIN = ("login required: send the NEURON_UI_AUTH user and password as HTTP Basic credentials "
+         "(header Authorization: Basic base64(user:password))")
+UNEXPECTED = "the server failed unexpectedly; the details are in the server log"
+DEVICE_TOOLS = ("generate", "inpaint", "warmup")
+
+
+class McpEndpoint:
+    """The ASGI app at /gradio_api/mcp/: login, then the MCP session manager. `running()` belongs in the server's
+    lifespan; `serve(engine)` once the model is loaded (before, the gate answers "loading")."""
+
+    def __init__(self, settings: Settings, device_events: Callable[[], int], authorized: Callable[[dict], bool]):
+        self.settings = settings
+        self.device_events = device_events  # device requests accepted and not finished: Gradio's and ours
+        self.authorized = authorized  # the request carries the login (NEURON_UI_AUTH set)
+        self.engine: EngineLike | None = None
+        self.in_flight = 0  # device calls from MCP clients, counted against --max-queue
+        self._lock = threading.Lock()
+        self.server = self._build_server()
+        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_BODY)
+
+    def serve(self, engine: EngineLike) -> None:
+        self.engine = engine
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self.engine is None:
+            await reply(send, Refusal(503, "the model is loading; try again in a moment", (("retry-after", "5"),)))
+            return
+        if self.settings.auth and not self.authorized(scope):
+            await reply(send, Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),)))
+            return
+        await self.manager.handle_request(scope, receive, send)
+
+    # -- the MCP server ----------------------------------------------------------------------------
+
+    def _build_server(self) -> McpServer:
+        server: McpServer = McpServer("neuron-ui", instructions=(
+            "An image studio for FLUX.2-klein: call status to see which resolutions are ready, warmup to compile "
+            "one ahead, generate to make an image, inpaint to redo part of one."))
+
+        @server.list_tools()
+        async def list_tools() -> list[types.Tool]:
+            return await self._tools()
+
+        @server.call_tool(validate_input=False)  # the engine checks values, with the same words as the API
+        async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+            return await self._call(name, arguments or {})
+
+        return server
+
+    async def _tools(self) -> list[types.Tool]:
+        return mcp_tools.build_tools(await asyncio.to_thread(self.engine.status))
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        try:
+            mcp_tools.check_arguments(name, arguments, await self._tools())
+            if name == "status":
+                return _ok(mcp_tools.json_result(public_status(await asyncio.to_thread(self.engine.status))))
+            self._admit()
+            try:
+                return _ok(await self._on_device(name, arguments))
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+        except (ValueError, EngineError) as error:
+            line = str(error) if isinstance(error, ValueError) else redact_paths(str(error))
+            return _failed(line.splitlines()[0] if line else type(error).__name__)
+        except Exception:
+            logger.exception("MCP tool %s failed", name)
+            return _failed(UNEXPECTED)
+
+    def _admit(self) -> None:
+        """The same bound as the gate's: --max-queue waiting plus the one on the device, Gradio's and ours."""
+        with self._lock:
+            admitted = self.device_events()
+            if admitted > self.settings.max_queue:
+                raise EngineError(f"Queue is full: {admitted - 1} requests are waiting for the device; try again in "
+                                  "a moment", kind="queue_full")
+            self.in_flight += 1
+
+    async def _on_device(self, name: str, arguments: dict[str, Any]) -> list[types.ContentBlock]:
+        """Run the tool on a thread of its own (it may wait its turn a long while), forwarding its progress; a
+        cancelled call stops the engine's request at its next step (or takes it out of the queue)."""
+        context = self.server.request_context
+        visitor = self._visitor(context.request)
+        token = context.meta.progressToken if context.meta is not None else None
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[str] = asyncio.Queue()
+        done: asyncio.Future = loop.create_future()
+        stop = StopToken()
+
+        def progress(fraction: float | None = None, desc: str = "", **_: Any) -> None:
+            loop.call_soon_threadsafe(updates.put_nowait, desc)
+
+        def work() -> None:
+            try:
+                with ProgressReporter(progress) as reporter:
+                    value = self._run(name, arguments, reporter, stop, visitor)
+                loop.call_soon_threadsafe(_settle, done, value, None)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's task, which tells it
+                loop.call_soon_threadsafe(_settle, done, None, error)
+
+        threading.Thread(target=work, name=f"mcp-{name}", daemon=True).start()
+        sent = 0
+        try:
+            while not done.done() or not updates.empty():
+                getter = asyncio.ensure_future(updates.get())
+                await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    continue
+                if token is not None:
+                    sent += 1
+                    await context.session.send_progress_notification(
+                        token, sent, message=getter.result(), related_request_id=str(context.request_id))
+        except asyncio.CancelledError:
+            stop.stop()  # the client cancelled or went away: free the device for the next visitor
+            done.cancel()  # what the thread still ends with is dropped
+            raise
+        return done.result()
+
+    def _run(self, name: str, arguments: dict[str, Any], report: Any, stop: StopToken,
+             visitor: str | None) -> list[types.ContentBlock]:
+        if name == "warmup":
+            return mcp_tools.json_result(self.engine.warmup(arguments["resolution"], report, visitor=visitor))
+        images = {}
+        if name == "inpaint":
+            images = {"image": mcp_tools.decode_image(arguments["image"], "image"),
+                      "mask": mcp_tools.decode_image(arguments["mask"], "mask"), "strength": arguments.get("strength")}
+        request = GenerateRequest(arguments["prompt"], arguments["resolution"], arguments.get("steps"),
+                                  arguments.get("seed"), arguments.get("guidance"), visitor=visitor, **images)
+        call = self.engine.inpaint if name == "inpaint" else self.engine.generate
+        return mcp_tools.image_result(call(request, report, stop))
+
+    def _visitor(self, request: Any) -> str | None:
+        """The logged-in user (the one NEURON_UI_AUTH names), else this client's MCP session."""
+        if self.settings.auth:
+            return visitor_name(user=self.settings.auth[0])
+        session = request.headers.get("mcp-session-id") if request is not None else None
+        return f"mcp:{session}" if session else None
+
+
+def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _ok(content: list[types.ContentBlock]) -> types.CallToolResult:
+    return types.CallToolResult(content=content, isError=False)
+
+
+def _failed(line: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=line)], isError=True)
+

@@ -1,0 +1,148 @@
+"""What an AI assistant sees of the studio over MCP: exactly four tools (generate, inpaint, status, warmup), their
+inputs, and descriptions a model can act on, written from the engine's status when a client lists them (which
+sizes are ready, which compile on first use and about how long, what a cache event means).
+
+Plain values and the `mcp` package's types; the calls themselves are neuron_ui.server.mcp's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from mcp import types
+
+from neuron_ui.contract.references import MAX_UPLOAD_BYTES
+from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from neuron_ui.contract.results import COMPILING, FAILED, PNG_COMPRESS_LEVEL, READY
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
+
+TOOLS = ("generate", "inpaint", "status", "warmup")
+
+CACHE_EVENTS = ("cache_event says what the compile cache did: 'memory_hit' = the size was ready, full speed; "
+                "'compiled' = this call compiled the size first (slow, once per size); 'disk_hit' = its compiled "
+                "graph was loaded from the disk cache (seconds, once per server start); 'eager' = no compilation "
+                "in this mode.")
+TURNS = ("One image is made at a time and visitors take turns: with others waiting your call waits its turn "
+         "(progress notifications say what is ahead), and each visitor may have only a few requests waiting.")
+
+
+def describe_sizes(status: EngineStatus) -> str:
+    """Every preset and what its first image costs now, in one sentence a model can plan with."""
+    ready, other = [], []
+    for shape in status.shapes:
+        if shape.state == READY:
+            ready.append(shape.resolution)
+        else:
+            other.append(f"{shape.resolution} ({_cost(shape)})")
+    parts = [f"Allowed resolutions (WIDTHxHEIGHT, no others): {', '.join(s.resolution for s in status.shapes)}."]
+    if ready:
+        parts.append(f"Ready now, full speed: {', '.join(ready)}.")
+    if other:
+        parts.append(f"Not ready; the first call at these waits while the size compiles, later calls are fast: "
+                     f"{'; '.join(other)}. Call warmup first to pay that wait up front.")
+    return " ".join(parts)
+
+
+def _cost(shape: ShapeStatus) -> str:
+    about = "time not measured yet" if shape.estimate_seconds is None else (
+        f"about {shape.estimate_seconds:.0f} s, {'a guess' if shape.estimate_guess else 'an estimate'}")
+    if shape.state == COMPILING:
+        return "compiling now"
+    if shape.state == FAILED:
+        return "its last compile failed; a call tries again"
+    return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
+
+
+def build_tools(status: EngineStatus) -> list[types.Tool]:
+    """The four tools, described from `status` (what is ready now)."""
+    presets = [s.resolution for s in status.shapes]
+    sizes = describe_sizes(status)
+    resolution = {"type": "string", "enum": presets, "description": "output size, one of the allowed resolutions"}
+    steps = {"type": "integer", "minimum": 1, "maximum": MAX_STEPS,
+             "description": f"denoising steps; omit for the model's default ({status.default_steps})"}
+    seed = {"type": "integer", "minimum": 0, "maximum": MAX_SEED,
+            "description": "omit for a random seed; the result's seed remakes the same image"}
+    prompt = {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "what the image shows"}
+    generate = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed}
+    if not status.distilled:
+        generate["guidance"] = {"type": "number", "minimum": 0, "maximum": MAX_GUIDANCE,
+                                "description": f"guidance scale; omit for {status.default_guidance:g}"}
+    picture = {"type": "string", "description": "a PNG or JPEG as base64 (a data: URL is fine too)"}
+    model = f"{status.model}{' (tiny random-weight test model: its images are noise)' if status.is_tiny else ''}"
+    result = ("Returns the PNG as an image and the result as JSON text: seed, resolution, steps, timings in seconds "
+              f"(compile_seconds, run_seconds, total_seconds, waited_seconds). {CACHE_EVENTS}")
+    return [
+        types.Tool(name="generate", inputSchema=_schema(generate, ["prompt", "resolution"]), description=(
+            f"Make one image from a text prompt with {model}. {sizes} {result} {TURNS}")),
+        types.Tool(name="inpaint", inputSchema=_schema(
+            {"image": picture, "mask": {**picture, "description": "white where the image is redone, black where it "
+                                                                  "is kept; fitted to the image"},
+             "prompt": prompt, "resolution": resolution,
+             "strength": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                          "description": "how much of the masked part is redone; omit for 1 (from scratch)"},
+             "steps": steps, "seed": seed}, ["image", "mask", "prompt", "resolution"]), description=(
+            "Redo the white part of a mask in an image, following the prompt; the image is fitted (cropped) to the "
+            f"resolution. An inpaint at a size is its own compiled shape: its first call compiles. {sizes} {result} "
+            f"{TURNS}")),
+        types.Tool(name="status", inputSchema=_schema({}, []), description=(
+            "The server's state as JSON: model, device, each preset's state ('ready', 'cold' = compiles on first "
+            "use, 'compiling', 'failed'), estimate_seconds for a cold one, hits and last_latency, how many requests "
+            "and visitors are waiting (never who), and the warm-up list. Fast: it never waits for the device.")),
+        types.Tool(name="warmup", inputSchema=_schema({"resolution": resolution}, ["resolution"]), description=(
+            "Compile one resolution without making an image, so later generate calls at it are fast; returns that "
+            f"size's status as JSON (state 'ready' and compile_seconds). {sizes} A ready size returns at once. "
+            f"{TURNS}")),
+    ]
+
+
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def check_arguments(name: str, arguments: dict[str, Any], tools: list[types.Tool]) -> None:
+    """Unknown tools and arguments are refused with what is allowed (the values themselves are the engine's to
+    check, so a bad one gets the same line as over the API)."""
+    tool = next((t for t in tools if t.name == name), None)
+    if tool is None:
+        raise ValueError(f"there is no tool {name!r}; the tools are {', '.join(TOOLS)}")
+    allowed = tool.inputSchema["properties"]
+    unknown = sorted(set(arguments) - set(allowed))
+    if unknown:
+        raise ValueError(f"{name} takes {', '.join(allowed) or 'no arguments'}; not {', '.join(unknown)}")
+    missing = [key for key in tool.inputSchema["required"] if arguments.get(key) is None]
+    if missing:
+        raise ValueError(f"{name} needs {', '.join(missing)}")
+
+
+def decode_image(value: Any, role: str) -> bytes:
+    """An image sent as base64 text (or a data: URL): its bytes; never a path (a string is not read from disk)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{role} must be a PNG or JPEG as base64 text, got {type(value).__name__}")  # noqa: TRY004
+    text = value.split(",", 1)[1] if value.startswith("data:") and "," in value else value
+    if len(text) > MAX_UPLOAD_BYTES * 4 // 3 + 4:
+        raise ValueError(f"{role} is larger than {MAX_UPLOAD_BYTES // 2**20} MB")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{role} is not base64: send the image file's bytes as base64 text") from None
+
+
+def image_result(result: GenerateResult) -> list[types.ContentBlock]:
+    """The PNG (its parameters in its metadata) as image content, then the result dict as JSON text."""
+    buffer = io.BytesIO()
+    result.image.save(buffer, format="PNG", pnginfo=result.png_info(), compress_level=PNG_COMPRESS_LEVEL)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return [types.ImageContent(type="image", data=data, mimeType="image/png"),
+            types.TextContent(type="text", text=json.dumps(result.info()))]
+
+
+def json_result(value: Any) -> list[types.ContentBlock]:
+    data = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+    return [types.TextContent(type="text", text=json.dumps(data))]

@@ -1,0 +1,170 @@
+"""The studio as MCP tools (--mcp), through the real `mcp` Python client over streamable HTTP at /gradio_api/mcp/.
+
+One app for the module (tests/serving.py: the tiny model, eager backend), with a login, and with
+GRADIO_MCP_SERVER=True set to show that Gradio's own MCP server stays off: only our four tools are served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+
+import httpx
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from PIL import Image
+from serving import TIMEOUT, served, wait_until
+
+AUTH = ("me", "secret")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    environ = {"NEURON_UI_AUTH": ":".join(AUTH), "GRADIO_MCP_SERVER": "True"}
+    with served(tmp_path_factory.mktemp("cache"), "--mcp", environ=environ) as s:
+        yield s
+
+
+def with_session(app, work, auth=AUTH):
+    """Run `work(session)` in an initialized MCP client session (logged in with `auth`)."""
+    async def main():
+        async with (httpx.AsyncClient(auth=auth and httpx.BasicAuth(*auth), timeout=TIMEOUT) as http,
+                    streamable_http_client(app.url + "/gradio_api/mcp/", http_client=http) as (read, write, _),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            return await work(session)
+
+    return asyncio.run(main())
+
+
+def test_exactly_the_four_tools_are_listed_with_descriptions_a_model_can_act_on(app):
+    async def work(session):
+        return (await session.list_tools()).tools
+
+    tools = {tool.name: tool for tool in with_session(app, work)}
+    assert sorted(tools) == ["generate", "inpaint", "status", "warmup"]
+    generate = tools["generate"]
+    assert generate.inputSchema["properties"]["resolution"]["enum"] == ["256x256", "384x256"]
+    assert generate.inputSchema["required"] == ["prompt", "resolution"]
+    text = generate.description
+    assert "Allowed resolutions (WIDTHxHEIGHT, no others): 256x256, 384x256." in text
+    assert "compiles on first use, about" in text and "Call warmup first" in text
+    assert "'compiled' = this call compiled the size first" in text and "'memory_hit'" in text
+    assert "visitors take turns" in text
+    assert set(tools["inpaint"].inputSchema["required"]) == {"image", "mask", "prompt", "resolution"}
+
+
+def test_generate_compiles_a_cold_size_with_progress_then_serves_it_ready(app):
+    async def work(session):
+        heard = []
+
+        async def progress(value, total, message):
+            heard.append(message)
+
+        cold = await session.call_tool("generate", {"prompt": "a lighthouse", "resolution": "256x256", "steps": 2,
+                                                    "seed": 7}, progress_callback=progress)
+        ready = await session.call_tool("generate", {"prompt": "a lighthouse", "resolution": "256x256", "steps": 2,
+                                                     "seed": 7})
+        listed = (await session.list_tools()).tools
+        return cold, ready, heard, listed
+
+    cold, ready, heard, listed = with_session(app, work)
+    assert not cold.isError and not ready.isError
+    image, info = cold.content
+    assert image.type == "image" and image.mimeType == "image/png"
+    png = Image.open(io.BytesIO(base64.b64decode(image.data)))
+    assert png.size == (256, 256) and png.text["seed"] == "7"  # the PNG keeps its parameters
+    info = json.loads(info.text)
+    assert (info["cache_event"], info["resolution"], info["seed"]) == ("compiled", "256x256", 7)
+    assert any(m and m.startswith("compiling 256x256") for m in heard), heard  # while it compiled
+    assert any(m == "step 2/2" for m in heard), heard
+    assert json.loads(ready.content[1].text)["cache_event"] == "memory_hit"
+    again = Image.open(io.BytesIO(base64.b64decode(ready.content[0].data)))
+    assert list(again.getdata()) == list(png.getdata())  # same seed, same image
+    assert "Ready now, full speed: 256x256." in next(t for t in listed if t.name == "generate").description
+
+
+def test_bad_values_are_one_line_tool_errors(app):
+    async def work(session):
+        return [await session.call_tool(name, args) for name, args in [
+            ("generate", {"prompt": "a fox", "resolution": "1024x1024"}),
+            ("generate", {"prompt": "", "resolution": "256x256"}),
+            ("generate", {"prompt": "a fox", "resolution": "256x256", "size": 3}),
+            ("inpaint", {"image": "/etc/passwd", "mask": "x", "prompt": "a fox", "resolution": "256x256"}),
+            ("stop", {}),
+        ]]
+
+    results = with_session(app, work)
+    lines = [r.content[0].text for r in results]
+    assert all(r.isError and len(r.content) == 1 and "\n" not in line for r, line in zip(results, lines))
+    assert lines == [
+        "resolution 1024x1024 is not a preset; allowed: 256x256, 384x256",
+        "prompt is empty: describe the image you want",
+        "generate takes prompt, resolution, steps, seed; not size",
+        "image is not base64: send the image file's bytes as base64 text",
+        "there is no tool 'stop'; the tools are generate, inpaint, status, warmup",
+    ]
+
+
+def test_status_and_warmup_answer_as_json(app):
+    async def work(session):
+        return (await session.call_tool("warmup", {"resolution": "384x256"}),
+                await session.call_tool("status", {}))
+
+    warmup, status = with_session(app, work)
+    shape = json.loads(warmup.content[0].text)
+    assert (shape["resolution"], shape["state"]) == ("384x256", "ready")
+    status = json.loads(status.content[0].text)
+    assert {s["resolution"]: s["state"] for s in status["shapes"]}["384x256"] == "ready"
+    assert "cache_dir" not in status and status["visitors_waiting"] == 0
+
+
+def test_without_the_login_nothing_is_served(app):
+    raw = httpx.post(app.url + "/gradio_api/mcp/", timeout=TIMEOUT,
+                     json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                     headers={"accept": "application/json, text/event-stream"})
+    assert raw.status_code == 401 and raw.headers["www-authenticate"].startswith("Basic")
+    assert raw.json() == {"detail": "login required: send the NEURON_UI_AUTH user and password as HTTP Basic "
+                                    "credentials (header Authorization: Basic base64(user:password))"}
+    wrong = httpx.post(app.url + "/gradio_api/mcp", timeout=TIMEOUT, auth=("me", "wrong"), json={})
+    assert wrong.status_code == 401
+    with pytest.raises(Exception) as refused:  # the client gives up: the HTTP error, in a task group
+        with_session(app, lambda session: session.list_tools(), auth=None)
+    assert "401" in repr(refused.value) or "401" in str(getattr(refused.value, "exceptions", ""))
+    # Gradio's own MCP server stayed off (GRADIO_MCP_SERVER=True is set here): its SSE route is not there.
+    assert httpx.get(app.url + "/gradio_api/mcp/sse", timeout=TIMEOUT, auth=AUTH).status_code == 404
+
+
+def test_a_client_that_goes_away_mid_image_stops_it_at_the_next_step(app):
+    stopped = app.metric("neuron_ui_errors_total", kind="stopped") or 0
+
+    async def work(session):
+        call = asyncio.ensure_future(session.call_tool("generate", {"prompt": "a long one", "resolution": "256x256",
+                                                                    "steps": 100, "seed": 3}))
+        while not app.engine.status().busy:
+            await asyncio.sleep(0.02)
+        call.cancel()  # then the session ends (the client's DELETE): the server cancels what runs for it
+
+    with_session(app, work)
+    wait_until(lambda: (app.metric("neuron_ui_errors_total", kind="stopped") or 0) > stopped,
+               "the engine's request was stopped", timeout=TIMEOUT)
+    assert not app.engine.status().busy
+
+
+def test_a_tool_call_over_the_queue_bound_is_refused_in_one_line():
+    """The bound the gate keeps for Gradio's requests, kept for MCP's too (no app needed: the endpoint alone)."""
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.errors import EngineError
+    from neuron_ui.server.mcp import McpEndpoint
+
+    events = [2]
+    endpoint = McpEndpoint(Settings(max_queue=2), lambda: events[0], lambda scope: False)
+    endpoint._admit()  # two admitted (one on the device, one waiting): a third may wait
+    assert endpoint.in_flight == 1
+    events[0] = 3
+    with pytest.raises(EngineError, match=r"^Queue is full: 2 requests are waiting for the device; try again"):
+        endpoint._admit()
+    assert endpoint.in_flight == 1
