@@ -62,7 +62,7 @@ def test_sigterm_drains_the_replicas_app_then_stops_serve_and_its_local_ray(tmp_
     process, url = start_app(tmp_path, "--replicas", "1")
     try:
         steps = steps_lasting(6.0, seconds_per_step(url, "256x256"))  # running at the signal, done well within 30 s
-        request = ["a slow one", "256x256", steps, 1, None, None, None]
+        request = ["a slow one", "256x256", steps, 1, None, None, None, None, None]
         ray_processes = psutil.Process(process.pid).children(recursive=True)
         running, waiting, results = one_running_one_waiting(url, request)
         process.send_signal(signal.SIGTERM)
