@@ -222,6 +222,8 @@ HOSTILE = [  # (method, path, JSON body or raw bytes): each was a bare 500, a 50
     ("POST", "/gradio_api/cancel", b'{"session_hash": %s, "fn_index": 0, "event_id": "x"}' % DEEP.encode()),
     ("POST", "/gradio_api/call/generate", b'{"data": ["%s"]}' % (b"x" * (1 << 20))),  # over the 1 MB the gate reads
     ("POST", "/gradio_api/call/inpaint", {"data": [NUL_FILE, NUL_FILE, "a door", 0.9, "256x256", 1, 1, None, None]}),
+    ("POST", "/gradio_api/run/predict", lambda s: {"data": [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}],
+                                                   "fn_index": fn_index(s, "on_select"), "event_data": {"index": 0}}),
     ("GET", "/?page=nowhere", None),
     ("POST", "/gradio_api/call/v2/generate", {"data": {}}),
     ("POST", "/gradio_api/call/v2/generate", {}),
