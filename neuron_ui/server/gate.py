@@ -11,7 +11,8 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
 So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on
 `cancel` and `reset`, gives every error a one-line message, and keeps the server's file folder out of what it
-sends (a relative `file=` path is read inside that folder, so gradio_client still downloads the image).
+sends (a relative `file=` path is read inside that folder, so gradio_client still downloads the image). Every file
+a call names must be one the app stored, and uploads stay within their disk budget (file_doors.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the

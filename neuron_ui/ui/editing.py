@@ -1,8 +1,9 @@
 """Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
 
 `build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `add_inpaint_api` inside its Blocks; the
-handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields and leave
-every check to the engine (neuron_ui/contract/references.py fits and validates the images).
+handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
+file value names one of the app's files or is refused unread (contract/files.py, the rule the gate applies too);
+the engine checks and fits the images (contract/references.py), and the editor's layers are read the same way.
 """
 
 from __future__ import annotations
