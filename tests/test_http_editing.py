@@ -221,29 +221,3 @@ def png_of(image: Image.Image) -> bytes:
     image.save(out, format="PNG")
     return out.getvalue()
 
-
-def test_the_editor_canvas_sent_beside_the_event_gets_the_same_checks(s):
-    """The browser posts the editor's canvas to its accept_blobs (component_server) and the event names only its id:
-    the canvas is taken out of the component (nothing stays) and checked like an upload."""
-    editor = next(f for f in s.demo.fns.values() if getattr(f.fn, "__name__", "") == "on_inpaint").inputs[0]
-    painted = Image.new("RGBA", (300, 200), (0, 0, 0, 0))
-    painted.paste((255, 0, 255, 255), (0, 0, 150, 100))
-
-    def send(session: str, blob: str, kind: str, index: str, data: bytes) -> None:
-        fields = {"component_id": str(editor._id), "session_hash": session, "fn_name": "accept_blobs", "type": kind,
-                  "index": index, "id": blob}
-        posted = httpx.post(s.url + "/gradio_api/component_server", data=fields, files={"file": ("blob", data)},
-                            timeout=TIMEOUT)
-        assert posted.status_code == 200, posted.text
-
-    send("canvas", "blob-ok", "background", "null", png())
-    send("canvas", "blob-ok", "layer", "0", png_of(painted))
-    made = join(s, "on_inpaint", editor_call({"id": "blob-ok", "background": None, "layers": [], "composite": None}),
-                "canvas")
-    assert made["success"] is True, made
-    assert "blob-ok" not in editor.blob_storage
-    send("canvas-big", "blob-big", "background", "null", png())
-    send("canvas-big", "blob-big", "layer", "0", png_header(12000, 12000))
-    refused = join(s, "on_inpaint", editor_call({"id": "blob-big", "background": None, "layers": [],
-                                                 "composite": None}), "canvas-big")
-    assert refused["output"]["error"] == "painted layer 1 is 12000x12000 pixels; the limit is 40 megapixels"

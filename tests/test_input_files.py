@@ -6,7 +6,6 @@ import os
 import threading
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract import images
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.files import ForeignFile, StoredFiles
-from neuron_ui.ui.uploads import FILE_COST, UploadFolder, keep_bytes
+from neuron_ui.ui.uploads import FILE_COST, UploadFolder
 
 
 def png(image: Image.Image, **save) -> bytes:
@@ -170,9 +169,3 @@ def test_many_tiny_files_count_what_they_take_on_disk(tmp_path):
     folder.sweep()
     assert folder.used == 20 * FILE_COST and folder.admit(1).kind == "full"
 
-
-def test_the_editor_canvas_is_kept_like_an_upload(tmp_path):
-    path = keep_bytes(tmp_path, b"\x89PNG...", "background.png")
-    assert path.startswith(str(tmp_path)) and Path(path).read_bytes() == b"\x89PNG..."
-    with pytest.raises(ValueError, match="MB limit"):
-        keep_bytes(tmp_path, b"x" * (images.MAX_UPLOAD_BYTES + 1), "layer_0.png")

@@ -12,7 +12,8 @@ So this gate lets through only the named endpoints (generate, warmup, status, st
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
 route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
 message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
-folder, so gradio_client still downloads the image).
+folder, so gradio_client still downloads the image). Every file a call names
+must be one the app stored, and uploads stay within their disk budget (file_doors.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the

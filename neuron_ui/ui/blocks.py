@@ -158,7 +158,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         gr.on([c.change for c in [*form, history]], handlers.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
         editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
-                                           handlers.distilled, handlers.stored, edit_inpaint["editor"])
+                                           handlers.distilled, handlers.stored)
         history_gallery.select(handlers.on_select, [history],
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)

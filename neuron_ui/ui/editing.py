@@ -1,8 +1,9 @@
 """Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
 
 `build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `add_inpaint_api` inside its Blocks; the
-handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields and leave
-every check to the engine (neuron_ui/contract/references.py fits and validates the images).
+handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
+file value names one of the app's files or is refused unread (contract/files.py, the rule the gate applies too);
+the engine checks and fits the images (contract/references.py), and the editor's layers are read the same way.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from PIL import Image
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.ui import gradio_bridge
-from neuron_ui.ui.uploads import keep_bytes
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_size
 
@@ -69,7 +68,7 @@ def painted_mask(background: str, layers: list[str]) -> Image.Image:
 class EditingHandlers:
     """Handlers for the editing inputs. `run` is ui.Handlers.run (generate, save, remember; the Generate
     button's outputs), `save` the image store's, `errors` ui.user_errors (ui imports this module), `stored` the
-    rule for the files a request may name, `editor` the inpaint editor (whose canvas may come beside the event)."""
+    rule for the files a request may name."""
 
     engine: EngineLike
     run: Callable[..., tuple]
@@ -77,7 +76,6 @@ class EditingHandlers:
     errors: Callable[[], Any]
     distilled: bool
     stored: StoredFiles
-    editor: gr.ImageEditor | None = None
 
     # -- previews and status ---------------------------------------------------------------------
 
@@ -148,17 +146,10 @@ class EditingHandlers:
         return self.run(request, history, progress, session, {"editor": kept})
 
     def editor_files(self, value: Any) -> tuple[str | None, list[str]]:
-        """The editor's background and painted layers as paths of the app's files: as sent (its value takes them
-        unprocessed: preprocess=False), or saved like an upload when the browser sent its canvas beside the event
-        (the value is then an id)."""
+        """The editor's background and painted layers as paths of the app's files (the browser uploads them; the
+        value reaches the handler unprocessed: preprocess=False)."""
         if not isinstance(value, dict):
             return None, []
-        blob_id = value.get("id")
-        if isinstance(blob_id, str) and blob_id and self.editor is not None:
-            background, layers = gradio_bridge.take_editor_blobs(self.editor, blob_id)
-            root = self.stored.root
-            return (keep_bytes(root, background, "background.png") if background else None,
-                    [keep_bytes(root, layer, f"layer_{i}.png") for i, layer in enumerate(layers)])
         return file_path(value.get("background"), self.stored), file_paths(value.get("layers"), self.stored)
 
     # -- the named API ---------------------------------------------------------------------------

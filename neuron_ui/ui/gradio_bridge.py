@@ -69,18 +69,6 @@ def file_inputs(fn: Any) -> tuple[frozenset[int], frozenset[str]]:
     return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
 
 
-def take_editor_blobs(editor: gr.ImageEditor, blob_id: str) -> tuple[bytes | None, list[bytes]]:
-    """The image editor's canvas (background, painted layers) that the browser posted beside the event through the
-    component's accept_blobs, taken out of the component so nothing stays. Gradio 6.31 keeps it in the component's
-    `blob_storage` by id (gradio/components/image_editor.py) and its value then carries only the id; a session
-    whose editor Gradio copied (a component update) keeps its own, not found here: the handler then asks for an
-    image. tests/test_http_editing.py fails if this moves."""
-    blobs = getattr(editor, "blob_storage", {}).pop(blob_id, None)
-    if blobs is None:
-        return None, []
-    return blobs.background, [layer for layer in blobs.layers or [] if layer]
-
-
 def current_user() -> str | None:
     """The logged-in user of the event this handler runs for (None without a login, or outside an event).
 

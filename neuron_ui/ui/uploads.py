@@ -12,7 +12,6 @@ thousand tiny files cost what they take on disk.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -22,26 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_ui.contract.images import MAX_UPLOAD_BYTES, too_big
-
 logger = logging.getLogger(__name__)
 
 UPLOAD_FOLDER = re.compile(r"[0-9a-f]{64}")  # Gradio's <sha256 of the bytes>/ folder of one upload
 PARSER_TEMP = re.compile(r"tmp\w+")  # a multipart parser's file, left behind when its client went away
 FILE_COST = 8192  # the least one file is counted for: a block for its data and one for its folder
 SWEEP_SECONDS = 30.0
-
-
-def keep_bytes(root: Path, data: bytes, name: str) -> str:
-    """Bytes a browser sent beside an event (the image editor's canvas) kept as an upload is, in <sha256>/<name>
-    under the same retention; past the upload size limit they are refused unwritten."""
-    if len(data) > MAX_UPLOAD_BYTES:
-        raise too_big(name)
-    folder = Path(root) / hashlib.sha256(data).hexdigest()
-    folder.mkdir(exist_ok=True)
-    path = folder / name
-    path.write_bytes(data)
-    return str(path)
 
 
 @dataclass(frozen=True)
