@@ -147,6 +147,8 @@ class Gate:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return replay(body, receive), None, False  # Gradio says what is wrong with the JSON
+        if named and named.group(2) == "stop" and isinstance(data, dict):
+            data = self.stop_on_behalf(data)
         try:
             receive = replay(json.dumps(self.full_paths(data)).encode(), receive)
         except ForeignFile as error:
@@ -173,6 +175,15 @@ class Gate:
             message = f"Queue is full: {admitted - 1} requests are waiting for the device; try again in a moment"
             return receive, Refusal(503, message, (("retry-after", "5"),)), False
         return receive, None, True
+
+    def stop_on_behalf(self, data: dict) -> dict:
+        """A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
+        put this call's answer into that stream, and the two readers took each other's answers (the stopped client
+        waited for its timeout). The call runs in a session of its own that stops the named one."""
+        session = data.get("session_hash")
+        if not isinstance(session, str) or not session or self.server.demo is None:
+            return data
+        return {**data, "session_hash": gradio_bridge.session_stops(self.server.demo).on_behalf(session)}
 
     async def stop_cancelled(self, receive: Receive) -> Receive:
         """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
