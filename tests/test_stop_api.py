@@ -97,6 +97,24 @@ def test_the_stop_route_through_raw_http(app):
     assert refused.status_code == 404 and "/stop" in refused.json()["detail"]
 
 
+def test_a_stop_posted_for_a_session_answers_both_its_caller_and_the_stopped_client_at_once(app):
+    """Another connection posts /call/stop with the client's session hash (issue 21, item 11): its stream read the
+    client's session, so each took the other's answer (the stop's caller got the client's error, or a broken
+    stream; the client waited for its own timeout). Each now hears its own answer, at once."""
+    s = app
+    for seed in (20, 21):  # the readers raced: twice, so a lucky order does not hide it
+        client = connect(s.url, s.folder)
+        job = long_request(client, seed=seed)
+        running(s)
+        posted = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": client.session_hash},
+                            timeout=TIMEOUT)
+        answer = httpx.get(f"{s.url}/gradio_api/call/stop/{posted.json()['event_id']}", timeout=TIMEOUT).text
+        assert answer.startswith("event: complete\n") and '"stopped": ["running"]' in answer, answer
+        with pytest.raises(AppError, match="no image was made"):
+            job.result(10)  # its stop line, not its own 120 s timeout
+        freed_within(s, 10)
+
+
 def test_a_queued_request_that_is_stopped_never_runs(app):
     s = app
     holder, queued = connect(s.url, s.folder), connect(s.url, s.folder)

@@ -9,7 +9,9 @@ the UI and the engine both use it.
 
 from __future__ import annotations
 
+import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -19,6 +21,7 @@ from neuron_ui.contract.errors import EngineError
 # is valid (admitted), and a stop before then is told as a stop in the queue (the request never reaches it).
 RECEIVED, QUEUED, COMPILING, RUNNING, DONE = "received", "queued", "compiling", "running", "done"
 STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
+MAX_ON_BEHALF = 1024  # stop calls made for another session and not yet run
 
 
 class Stopped(EngineError):
@@ -87,6 +90,18 @@ class SessionStops:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokens: dict[str, list[StopToken]] = {}
+        self._on_behalf: OrderedDict[str, str] = OrderedDict()  # a stop call's own session -> the one it stops
+
+    def on_behalf(self, session: str) -> str:
+        """A session id of its own for a stop call that names `session` (a raw POST /call/stop): its answer then
+        goes to its own event stream, not to the stream the stopped session's client reads, where the two raced
+        for each other's answers. stop() with this id stops `session`, once."""
+        own = f"stop-{secrets.token_hex(12)}"
+        with self._lock:
+            self._on_behalf[own] = session
+            while len(self._on_behalf) > MAX_ON_BEHALF:
+                self._on_behalf.popitem(last=False)
+        return own
 
     @contextmanager
     def track(self, session: str | None, event_id: str | None = None,
@@ -116,6 +131,7 @@ class SessionStops:
         if not session:
             return []
         with self._lock:
+            session = self._on_behalf.pop(session, session)
             tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
         return [token.stop(reason) for token in tokens
                 if not (reason == DISCONNECTED and token.phase == COMPILING)]

@@ -162,6 +162,8 @@ class Gate:
         data, refusal = parse_json(body)
         if refusal is not None or data is NOT_JSON:
             return replay(body, receive), refusal, False  # not JSON: Gradio says what is wrong with it
+        if named and named.group(2) == "stop" and isinstance(data, dict):
+            data = self.stop_on_behalf(data)
         fn = self.called(data, named.group(2) if named else None)
         try:
             checked = self.files.full_paths(data, fn, by_name=bool(named) and named.group(1) == "call/v2")
@@ -202,6 +204,15 @@ class Gate:
             return next((f for f in fns.values() if f.api_name == api_name), None)
         index = data.get("fn_index") if isinstance(data, dict) else None
         return fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+
+    def stop_on_behalf(self, data: dict) -> dict:
+        """A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
+        put this call's answer into that stream, and the two readers took each other's answers (the stopped client
+        waited for its timeout). The call runs in a session of its own that stops the named one."""
+        session = data.get("session_hash")
+        if not isinstance(session, str) or not session or self.server.demo is None:
+            return data
+        return {**data, "session_hash": gradio_bridge.session_stops(self.server.demo).on_behalf(session)}
 
     async def stop_cancelled(self, receive: Receive) -> tuple[Receive, Refusal | None]:
         """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
