@@ -76,6 +76,27 @@ def test_a_cancelled_job_stops_its_image(app):
     the_next_request_runs(s, client)
 
 
+def test_cancelling_one_job_leaves_the_clients_other_jobs_alone(app):
+    """A soak of generate/cancel/stop (issue 21, item 11) found plain calls that never answered or were stopped:
+    Gradio's /cancel cancelled every running task of the function in the client's session (the plain call's
+    too: no answer, the client waited for its timeout), and a cancel without an event id (job.cancel() before
+    the client knew it) stopped all of the session's requests."""
+    s = app
+    client = connect(s.url, s.folder)
+    generate = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "generate")
+    job = long_request(client, seed=30)
+    running(s)
+    unknown = httpx.post(s.url + "/gradio_api/cancel", timeout=TIMEOUT, json={
+        "session_hash": client.session_hash, "fn_index": generate, "event_id": None})
+    assert unknown.status_code == 422  # Gradio refuses it; the gate stops nothing for it
+    running(s, 3)  # the image goes on
+    plain = client.submit("plain", "256x256", 1, 31, None, None, None, api_name="/generate")
+    wait_until(lambda: s.engine.status().queue_depth == 1, "the plain call runs in Gradio, waiting for the device")
+    job.cancel()
+    assert plain.result(30)[1]["seed"] == 31
+    freed_within(s, 10)
+
+
 def test_the_stop_route_through_raw_http(app):
     s = app
     client = connect(s.url, s.folder)

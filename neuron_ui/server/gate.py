@@ -215,13 +215,20 @@ class Gate:
         return {**data, "session_hash": gradio_bridge.session_stops(self.server.demo).on_behalf(session)}
 
     async def stop_cancelled(self, receive: Receive) -> tuple[Receive, Refusal | None]:
-        """A cancel names its session and event: stop the engine's request for that event (Gradio then drops it)."""
+        """A cancel names its session, function and event: stop the engine's request for that event and cancel that
+        event's task only (Gradio's own cancel hit every request of the function in the session). A cancel without
+        an event id (gradio_client's job.cancel() before it knew the id) cannot say which request it meant: it stops
+        none, and Gradio refuses its body."""
         body = await read_body(receive)
         data, refusal = parse_json(body)
-        if refusal is None and isinstance(data, dict) and isinstance(data.get("session_hash"), str):
-            event_id = data.get("event_id")
-            self.server.stop_cancelled(data["session_hash"], event_id if isinstance(event_id, str) else None)
-        return replay(body, receive), refusal
+        if refusal is not None or not isinstance(data, dict):
+            return replay(body, receive), refusal
+        session, fn_index, event_id = data.get("session_hash"), data.get("fn_index"), data.get("event_id")
+        if isinstance(session, str) and isinstance(event_id, str) and isinstance(fn_index, int):
+            self.server.stop_cancelled(session, event_id)
+            await gradio_bridge.cancel_event_task(session, fn_index, event_id)
+            body = json.dumps({**data, "fn_index": gradio_bridge.NO_FUNCTION}).encode()
+        return replay(body, receive), None
 
     def stop_on_disconnect(self, scope: dict, receive: Receive, send: Outbound) -> Receive:
         """A session's event stream closed by its client before the server ended it: the client has gone."""

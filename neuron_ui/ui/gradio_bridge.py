@@ -84,6 +84,21 @@ def session_stops(demo: gr.Blocks) -> SessionStops:
     return next(fn.fn.__self__.stops for fn in demo.fns.values() if fn.api_name == "stop")
 
 
+NO_FUNCTION = -1  # a fn_index no task is named after
+
+
+async def cancel_event_task(session: str, fn_index: int, event_id: str) -> None:
+    """Cancel one event's task, as Gradio's /cancel means to. Its own cancel_tasks matches the "<session>_<fn>"
+    part of each task's name (gradio/utils.py, 6.31: set_task_name and cancel_tasks), so it also cancelled the
+    client's other running requests of that function, which then never answered (their client waited for its
+    timeout). Task names end in "<gradio-sep><event_id>"; the gate hands Gradio's route NO_FUNCTION instead."""
+    name = f"{session}_{fn_index}<gradio-sep>{event_id}"
+    tasks = [task for task in asyncio.all_tasks() if task.get_name() == name]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def device_events(demo: gr.Blocks) -> int:
     """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
     engine's queue or holds the device). server.gate.Gate bounds this by --max-queue + 1."""
