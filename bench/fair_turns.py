@@ -85,7 +85,8 @@ def one_run(engine, resolution: str, steps: int, queued: int, fair: bool) -> dic
     b = results["b0"]
     return {"order": "fair" if fair else "fifo", "b_wait_s": round(b.waited_seconds, 3),
             "image_s": round(image_s, 3), "b_wait_images": round(b.waited_seconds / image_s, 2), "images": len(results),
-            "images_per_s": round(len(results) / (ended - started), 4), "idle_share": round(1 - busy / (ended - started), 4)}
+            "images_per_s": round(len(results) / (ended - started), 4),
+            "idle_share": round(1 - busy / (ended - started), 4)}
 
 
 def main() -> None:
