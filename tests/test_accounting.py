@@ -276,13 +276,13 @@ def test_invalid_warmup_requests_are_counted_and_their_value_echoed_readably(ser
     assert server.metric("neuron_ui_errors_total", kind="invalid_request") == before + 2
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ("\u0000\u0000", "control characters (U+0000)"),
-    ("\u200b\u200b", "no visible characters"),
-])
-def test_invisible_and_nul_prompts_are_refused_over_http(server, prompt, message):
-    event, data = raw_call(server, "generate", [prompt, "256x256", 1, 1, *[None] * 5])
-    assert event == "error" and message in data["error"], data
+def test_invisible_and_nul_prompts_are_refused_over_http(server):
+    event, data = raw_call(server, "generate", ["\u200b\u200b", "256x256", 1, 1, *[None] * 5])
+    assert event == "error" and "no visible characters" in data["error"], data
+    # A NUL anywhere in a body is refused by the gate before Gradio parses it (issue 21: it broke paths with a 500)
+    response = httpx.post(f"{server.url}/gradio_api/call/generate", timeout=60,
+                          json={"data": ["\u0000\u0000", "256x256", 1, 1, *[None] * 5]})
+    assert response.status_code == 400 and "NUL character" in response.json()["detail"], response.text
 
 
 def test_a_compile_error_still_has_its_server_paths_redacted():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcp import types
 
-from neuron_ui.contract.references import MAX_UPLOAD_BYTES
+from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.contract.results import COMPILING, FAILED, PNG_COMPRESS_LEVEL, READY
 

@@ -21,6 +21,8 @@ from neuron_ui.ui import gradio_bridge
 OPEN_WITHOUT_LOGIN = frozenset({"/", "/theme.css", "/robots.txt", "/manifest.json", "/favicon.ico"})
 OPEN_PREFIXES = ("/assets/", "/static/")
 LOGIN_FORM = "/login"
+# The MCP tools (--mcp, server/mcp.py) check the login themselves: HTTP Basic, which MCP clients send, or the cookie.
+OWN_LOGIN = "/gradio_api/mcp"
 # Components' server functions (ImageEditor.accept_blobs, FileExplorer.ls). Gradio 6.31's editor page calls
 # accept_blobs only with a `realtime` prop its Python side cannot set, so this app's editor sends its images by upload;
 # and accept_blobs kept whatever anyone posted in memory for ever (a layer index of 10^8 alone cost 763 MB).
@@ -33,6 +35,8 @@ SESSION_STREAM = "/gradio_api/queue/data"
 def open_without_login(path: str, method: str) -> bool:
     """Whether a request may go on without a login when NEURON_UI_AUTH is set."""
     bare = path.rstrip("/") or "/"
+    if bare == OWN_LOGIN:
+        return True
     if bare == LOGIN_FORM:
         return method == "POST"
     if method not in ("GET", "HEAD"):
