@@ -62,7 +62,7 @@ def upload(http: httpx.Client, data: bytes, name: str) -> dict:
 
 def generate(http: httpx.Client, references: list[dict], seed: int) -> tuple[str, str]:
     """POST /gradio_api/call/generate and read its stream to the end: (last event, its data)."""
-    data = ["a fox", "256x256", 1, seed, None, references, "512x512"]
+    data = ["a fox", "256x256", 1, seed, None, references, "512x512", None, None]
     started = http.post("/gradio_api/call/generate", json={"data": data})
     if started.status_code != 200:
         return "refused", started.text
