@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 STORAGE_KEY = "neuron-ui-session"
 HOLD_SECONDS = 600.0
-MAX_SESSIONS = 1024  # above the image store's 512 files plus the device's queue: a newcomer always finds room
+MAX_SESSIONS = 1024  # above the image store's 512 files and the device's queue (--max-queue up to 500): room for a newcomer
 MAX_HELD = 8
 MAX_PATHS = 16  # references or editor layers of one history entry: more than any request takes
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
