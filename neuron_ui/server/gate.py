@@ -23,6 +23,7 @@ body, the stream's disconnect) and tells the server, which stops that session's 
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -165,6 +166,7 @@ class Gate:
         if named and named.group(2) == "stop" and isinstance(data, dict):
             data = self.stop_on_behalf(data)
         fn = self.called(data, named.group(2) if named else None)
+        data = with_defaults(data, fn)
         try:
             checked = self.files.full_paths(data, fn, by_name=bool(named) and named.group(1) == "call/v2")
             receive = replay(json.dumps(checked).encode(), receive)
@@ -263,6 +265,18 @@ class Gate:
             return scope
         headers = [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]
         return {**scope, "headers": headers}
+
+
+def with_defaults(data: Any, fn: Any) -> Any:
+    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
+    /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
+    values = data.get("data") if isinstance(data, dict) and fn is not None else None
+    if not isinstance(values, list) or len(values) >= len(fn.inputs):
+        return data
+    missing = gradio_bridge.input_defaults(fn)[len(values):]
+    if any(default is inspect.Parameter.empty for default in missing):
+        return data
+    return {**data, "data": [*values, *missing]}
 
 
 def rewritten(path: str) -> bool:

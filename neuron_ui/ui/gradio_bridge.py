@@ -69,6 +69,17 @@ def file_inputs(fn: Any) -> tuple[frozenset[int], frozenset[str]]:
     return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
 
 
+def input_defaults(fn: Any) -> list[Any]:
+    """The default of each input of a demo function, from its handler's signature (inspect.Parameter.empty where
+    it has none): a call that leaves out trailing inputs that all have defaults gets those, as a keyword call
+    would (an older client's call, from before a release added an input)."""
+    try:
+        parameters = list(inspect.signature(fn.fn).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    return [parameters[i].default if i < len(parameters) else inspect.Parameter.empty for i in range(len(fn.inputs))]
+
+
 def current_user() -> str | None:
     """The logged-in user of the event this handler runs for (None without a login, or outside an event).
 
