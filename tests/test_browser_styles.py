@@ -60,7 +60,7 @@ def test_pick_a_style_generate_switch_and_restore_it_from_the_history(page):
     page.locator("#activity").get_by_text("Style in the weights ink at 1").wait_for()
 
     pick_style(page, "neon")  # its default strength comes with it
-    page.wait_for_function("() => document.querySelector('#style-strength input[type=number]').value === '0.5'")
+    page.wait_for_function("() => document.querySelector('#style-strength input[type=number]')?.value === '0.5'")
     page.locator("#generate").click()
     info.get_by_text(re.compile(r"style neon at 0\.5.*cache hit|cache hit.*style neon at 0\.5")).wait_for()
     shot(page, "styles-01-neon")
@@ -71,12 +71,12 @@ def test_pick_a_style_generate_switch_and_restore_it_from_the_history(page):
     assert "style" not in info.inner_text()
 
     page.locator("#history .thumbnail-item").nth(2).click()  # newest first: the ink image is third
-    page.wait_for_function("() => document.querySelector('#style input').value === 'ink'")
+    page.wait_for_function("() => document.querySelector('#style input')?.value === 'ink'")
     assert strength(page) == "1"
     assert "style ink at 1" in info.inner_text()
 
     page.reload()  # the choice is kept in the browser
-    page.wait_for_function("() => document.querySelector('#style input').value === 'ink'")
+    page.wait_for_function("() => document.querySelector('#style input')?.value === 'ink'")
     assert page.locator("#history .thumbnail-item").count() == 3
 
 
