@@ -142,9 +142,21 @@ def test_too_few_values_over_raw_http_get_an_error_without_internals(server):
     posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox"]}, timeout=TIMEOUT)
     # Checked before the queue (neuron_ui/server/gate.py); Gradio's own message lists component objects.
     assert posted.status_code == 422
-    assert posted.json()["detail"] == "generate takes 7 values (prompt, resolution, steps, seed, guidance, references, reference_size), got 1"
+    assert posted.json()["detail"] == ("generate takes 9 values (prompt, resolution, steps, seed, guidance, references, "
+                                       "reference_size, lora, lora_scale), got 1")
     assert_still_serves(client)
 
+
+
+def test_a_call_from_before_the_style_values_gets_their_defaults(server):
+    """A positional /generate of 7 values (a client from before lora and lora_scale existed) still makes its image;
+    only trailing inputs with defaults are filled in (the gate), a missing required one is refused as above."""
+    s, client = server
+    posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, None, None, None]},
+                        timeout=TIMEOUT)
+    assert posted.status_code == 200, posted.text
+    stream = httpx.get(s.url + f"/gradio_api/call/generate/{posted.json()['event_id']}", timeout=TIMEOUT).text
+    assert "event: complete" in stream and '"lora": null' in stream, stream
 
 SIZES = st.sampled_from(["256x256", "384x256", " 256x256 ", "256X256"])
 WORDS = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)  # JSON cannot carry lone surrogates
