@@ -1,7 +1,7 @@
 """The studio as MCP tools (--mcp), through the real `mcp` Python client over streamable HTTP at /gradio_api/mcp/.
 
-One app for the module (tests/serving.py: the tiny model, eager backend), with a login, and with
-GRADIO_MCP_SERVER=True set to show that Gradio's own MCP server stays off: only our four tools are served.
+One app for the module (tests/serving.py: the tiny model, eager backend), with a login, one style (--lora), and
+with GRADIO_MCP_SERVER=True set to show that Gradio's own MCP server stays off: only our four tools are served.
 """
 
 from __future__ import annotations
@@ -18,13 +18,18 @@ from mcp.client.streamable_http import streamable_http_client
 from PIL import Image
 from serving import TIMEOUT, served, wait_until
 
+from neuron_ui.model.lora_random import write_random_lora
+from neuron_ui.model.tiny import build_tiny_pipeline
+
 AUTH = ("me", "secret")
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     environ = {"NEURON_UI_AUTH": ":".join(AUTH), "GRADIO_MCP_SERVER": "True"}
-    with served(tmp_path_factory.mktemp("cache"), "--mcp", environ=environ) as s:
+    style = write_random_lora(build_tiny_pipeline().transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors",
+                              rank=4, seed=1)
+    with served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8", environ=environ) as s:
         yield s
 
 
@@ -103,10 +108,33 @@ def test_bad_values_are_one_line_tool_errors(app):
     assert lines == [
         "resolution 1024x1024 is not a preset; allowed: 256x256, 384x256",
         "prompt is empty: describe the image you want",
-        "generate takes prompt, resolution, steps, seed; not size",
+        "generate takes prompt, resolution, steps, seed, lora, lora_scale; not size",
         "image is not base64: send the image file's bytes as base64 text",
         "there is no tool 'stop'; the tools are generate, inpaint, status, warmup",
     ]
+
+
+def test_a_style_is_a_parameter_of_the_image_tools_and_makes_its_own_image(app):
+    async def work(session):
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        args = {"prompt": "a fox", "resolution": "384x256", "steps": 2, "seed": 4}
+        calls = [await session.call_tool("generate", {**args, **extra})
+                 for extra in ({}, {"lora": "ink"}, {"lora": "ink", "lora_scale": 1.5}, {"lora": "neon"})]
+        return tools, calls
+
+    tools, (plain, styled, stronger, unknown) = with_session(app, work)
+    for name in ("generate", "inpaint"):
+        properties = tools[name].inputSchema["properties"]
+        assert properties["lora"]["enum"] == ["ink"] and "ink (0.8)" in properties["lora"]["description"]
+        assert properties["lora_scale"]["maximum"] == 2
+    assert "lora" not in tools["warmup"].inputSchema["properties"]
+    infos = [json.loads(call.content[1].text) for call in (plain, styled, stronger)]
+    assert [(i.get("lora"), i.get("lora_scale")) for i in infos] == [(None, None), ("ink", 0.8), ("ink", 1.5)]
+    assert [i["cache_event"] for i in infos[1:]] == ["memory_hit", "memory_hit"]  # a style never compiles
+    images = [Image.open(io.BytesIO(base64.b64decode(call.content[0].data))) for call in (plain, styled, stronger)]
+    assert images[0].tobytes() != images[1].tobytes() != images[2].tobytes()  # same seed, each style its own
+    assert images[1].text["lora"].startswith("ink at 0.8 (sha256 ")
+    assert unknown.isError and unknown.content[0].text == "lora 'neon' is not a style loaded here; allowed: None, ink"
 
 
 def test_status_and_warmup_answer_as_json(app):

@@ -181,7 +181,8 @@ class McpEndpoint:
             images = {"image": mcp_tools.decode_image(arguments["image"], "image"),
                       "mask": mcp_tools.decode_image(arguments["mask"], "mask"), "strength": arguments.get("strength")}
         request = GenerateRequest(arguments["prompt"], arguments["resolution"], arguments.get("steps"),
-                                  arguments.get("seed"), arguments.get("guidance"), visitor=visitor, **images)
+                                  arguments.get("seed"), arguments.get("guidance"), lora=arguments.get("lora"),
+                                  lora_scale=arguments.get("lora_scale"), visitor=visitor, **images)
         call = self.engine.inpaint if name == "inpaint" else self.engine.generate
         return mcp_tools.image_result(call(request, report, stop))
 

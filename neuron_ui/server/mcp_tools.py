@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mcp import types
 
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
-from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
+from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.contract.results import COMPILING, FAILED, PNG_COMPRESS_LEVEL, READY
 
 if TYPE_CHECKING:
@@ -60,6 +60,22 @@ def _cost(shape: ShapeStatus) -> str:
     return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
 
 
+def style_properties(status: EngineStatus) -> dict[str, Any]:
+    """`lora` and `lora_scale` when the server has styles (--lora); none when it has none, so a tool never offers
+    a parameter that can only be refused."""
+    if not status.styles:
+        return {}
+    names = [style["name"] for style in status.styles]
+    defaults = ", ".join(f"{style['name']} ({style['default_scale']:g})" for style in status.styles)
+    return {
+        "lora": {"type": "string", "enum": names, "description": (
+            f"a style (a LoRA) to apply, by name; omit for none. Styles here, with their default strength: "
+            f"{defaults}. Switching style never compiles: any style costs the same as none at a ready size")},
+        "lora_scale": {"type": "number", "minimum": 0, "maximum": MAX_LORA_SCALE, "description": (
+            "the style's strength, 0 (none of it) to 2; omit for the style's default; ignored without lora")},
+    }
+
+
 def build_tools(status: EngineStatus) -> list[types.Tool]:
     """The four tools, described from `status` (what is ready now)."""
     presets = [s.resolution for s in status.shapes]
@@ -70,13 +86,15 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     seed = {"type": "integer", "minimum": 0, "maximum": MAX_SEED,
             "description": "omit for a random seed; the result's seed remakes the same image"}
     prompt = {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "what the image shows"}
-    generate = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed}
+    styles = style_properties(status)
+    generate = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed, **styles}
     if not status.distilled:
         generate["guidance"] = {"type": "number", "minimum": 0, "maximum": MAX_GUIDANCE,
                                 "description": f"guidance scale; omit for {status.default_guidance:g}"}
     picture = {"type": "string", "description": "a PNG or JPEG as base64 (a data: URL is fine too)"}
     model = f"{status.model}{' (tiny random-weight test model: its images are noise)' if status.is_tiny else ''}"
-    result = ("Returns the PNG as an image and the result as JSON text: seed, resolution, steps, timings in seconds "
+    result = ("Returns the PNG as an image and the result as JSON text: seed, resolution, steps, "
+              f"{'the style (lora, lora_scale, lora_sha256), ' if styles else ''}timings in seconds "
               f"(compile_seconds, run_seconds, total_seconds, waited_seconds). {CACHE_EVENTS}")
     return [
         types.Tool(name="generate", inputSchema=_schema(generate, ["prompt", "resolution"]), description=(
@@ -87,7 +105,7 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
              "prompt": prompt, "resolution": resolution,
              "strength": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                           "description": "how much of the masked part is redone; omit for 1 (from scratch)"},
-             "steps": steps, "seed": seed}, ["image", "mask", "prompt", "resolution"]), description=(
+             "steps": steps, "seed": seed, **styles}, ["image", "mask", "prompt", "resolution"]), description=(
             "Redo the white part of a mask in an image, following the prompt; the image is fitted (cropped) to the "
             f"resolution. An inpaint at a size is its own compiled shape: its first call compiles. {sizes} {result} "
             f"{TURNS}")),
