@@ -1,7 +1,8 @@
 """Engine replicas on Ray Serve (--replicas): routing by shape, compile once, faults, status, ports.
 
-One local Ray instance (2 CPUs) and one 2-replica deployment of the tiny model on the eager backend serve the
-whole module; the last test replaces it with an inductor deployment, where the disk cache is the point.
+One local Ray instance (2 CPUs) and one 2-replica deployment of the tiny model on the eager backend, with one style
+(--lora), serve the whole module; the last test replaces it with an inductor deployment, where the disk cache is the
+point.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from serving import TIMEOUT, served, wait_until
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
+from neuron_ui.model.lora_random import write_random_lora
+from neuron_ui.model.tiny import build_tiny_pipeline
 
 # Nothing here imports Ray at collection: serving.build_replicas sets the variable that binds a local Ray to
 # loopback, and Ray reads it once, when it is first imported (test_ray_listens_on_loopback_only... checks it).
@@ -30,7 +33,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2") as s:
+    style = write_random_lora(build_tiny_pipeline().transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors",
+                              rank=4, seed=1)
+    with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2", "--lora", str(style)) as s:
         yield s
     import ray
     from ray import serve
@@ -39,8 +44,9 @@ def deployment(tmp_path_factory):
     ray.shutdown()
 
 
-def request(resolution="256x256", seed=1, steps=2):
-    return GenerateRequest("a lighthouse at dusk", resolution, steps=steps, seed=seed)
+def request(resolution="256x256", seed=1, steps=2, lora=None, lora_scale=None):
+    return GenerateRequest("a lighthouse at dusk", resolution, steps=steps, seed=seed, lora=lora,
+                           lora_scale=lora_scale)
 
 
 def test_single_process_app_does_not_import_ray(tmp_path):
@@ -106,6 +112,21 @@ def test_a_compiled_shape_stays_on_its_replica(deployment):
     later = [client.generate(request("384x256", seed=2 + i)) for i in range(6)]
     assert {r.replica for r in later} == {first.replica}
     assert [r.cache_event for r in later] == ["memory_hit"] * 6
+
+
+def test_a_style_switch_on_a_replica_compiles_nothing_and_none_gives_the_base_image_back(deployment):
+    """Every replica holds every style (they travel in the settings); on the replica that holds the shape, a switch
+    to a style, to another strength and back to none is a memory_hit each: no new graph (a recompile would be one)."""
+    client = deployment.engine
+    base = client.generate(request("384x256", seed=9))
+    switched = [client.generate(request("384x256", seed=9, lora=lora, lora_scale=scale))
+                for lora, scale in (("ink", None), ("ink", 1.5), (None, None))]
+    assert [r.cache_event for r in switched] == ["memory_hit"] * 3
+    assert {r.replica for r in switched} == {base.replica}
+    assert [(r.lora, r.lora_scale) for r in switched] == [("ink", 1.0), ("ink", 1.5), (None, None)]
+    pixels = [r.image.tobytes() for r in (base, *switched)]
+    assert pixels[0] != pixels[1] != pixels[2] and pixels[3] == pixels[0]
+    assert [s["name"] for s in client.status().styles] == ["ink"]
 
 
 def test_the_replicas_client_offers_the_whole_interface_the_ui_uses(deployment):
