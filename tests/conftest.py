@@ -53,6 +53,16 @@ def make_engine(tmp_path):
     torch._dynamo.reset()
 
 
+@pytest.fixture(scope="session")
+def compiled_here(tmp_path_factory):
+    """A cache folder in which a fresh process made its first 256x256 image with inductor (a cold compile), and what
+    that process reported. The bundle tests export it, read-only; sharing it pays that compile once per suite."""
+    from test_bundles import first_image
+
+    folder = tmp_path_factory.mktemp("compiled-here")
+    return folder, first_image(folder, "256x256")
+
+
 def missing_engine_members(engine) -> list[str]:
     """What `engine` lacks of the one interface the UI and the server use (neuron_ui.schema.EngineLike)."""
     from neuron_ui.contract.engine_like import EngineLike

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from bundle_server import BundleServer, announces, cut_once, page, redirect, serve, stalls, truncated
-from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, first_image, snapshot
+from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, snapshot
 
 from neuron_ui.cache import fetch
 from neuron_ui.cache.admin import clear_cache, list_cache
@@ -450,15 +450,15 @@ print(json.dumps({"event": result.cache_event, "seconds": time.time() - started}
 
 
 @pytest.mark.slow
-def test_a_fresh_machine_makes_its_first_image_from_a_url_bundle_without_compiling(server, tmp_path):
+def test_a_fresh_machine_makes_its_first_image_from_a_url_bundle_without_compiling(compiled_here, server, tmp_path):
     import json
 
-    cold = first_image(tmp_path / "compiled-here", "256x256")
+    here, cold = compiled_here
     assert cold["event"] == COMPILED
     from neuron_ui.compile.key import CompileKey
 
     key = CompileKey(**cold["key"])
-    data = export_bundle(configure_cache_env(tmp_path / "compiled-here", environ={}), key,
+    data = export_bundle(configure_cache_env(here, environ={}), key,
                          tmp_path / "b.tar.gz").path.read_bytes()
     server.routes["/b.tar.gz"] = serve(data)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}

@@ -517,14 +517,14 @@ def first_image(cache_dir: Path, resolution: str) -> dict:
 
 
 @pytest.mark.slow
-def test_an_imported_bundle_starts_a_new_process_warm(tmp_path):
-    cold = first_image(tmp_path / "compiled-here", "256x256")
+def test_an_imported_bundle_starts_a_new_process_warm(compiled_here, tmp_path):
+    here, cold = compiled_here
     assert cold["event"] == COMPILED  # the empty folder really was cold
     key = key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
                                             resolutions=parse_resolutions("256x256")))
     assert dataclasses.asdict(key) == cold["key"]  # the CLI's key is the engine's key
 
-    source = configure_cache_env(tmp_path / "compiled-here", environ={})
+    source = configure_cache_env(here, environ={})
     export_bundle(source, key, tmp_path / "fleet.tar.gz")
     fresh = configure_cache_env(tmp_path / "fresh-instance", environ={})
     import_bundle(fresh, key, tmp_path / "fleet.tar.gz")
