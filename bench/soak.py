@@ -38,20 +38,33 @@ SIZES = ["256x256", "384x256", "256x384"]
 EXPECTED = ("stopped", "Stopped", "cancel", "not one of", "must be", "inpainting needs")  # the mix's own errors
 
 
-def tree_rss_mb(pid: int) -> float:
-    """RSS of `pid` and everything under it, in MB."""
+def role(process: psutil.Process, root: int) -> str:
+    """Which part of the tree a process is: the app (the front with --replicas), a replica, or Ray's own."""
+    if process.pid == root:
+        return "app"
+    try:
+        name = " ".join(process.cmdline())
+    except psutil.Error:
+        return "ray"
+    return "replicas" if "ServeReplica" in name else "ray"
+
+
+def tree_rss_mb(pid: int) -> dict[str, float]:
+    """RSS in MB of `pid` and everything under it, by role (app, replicas, ray) and in all."""
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0
+        return {"all": 0.0}
+    roles: dict[str, float] = {}
     for process in processes:
         try:
-            total += process.memory_info().rss
+            mb = process.memory_info().rss / 1e6
         except psutil.NoSuchProcess:
-            pass
-    return total / 1e6
+            continue
+        key = role(process, pid)
+        roles[key] = round(roles.get(key, 0.0) + mb, 1)
+    return {"all": round(sum(roles.values()), 1), **roles}
 
 
 def slope(points: list[tuple[float, float]]) -> float | None:
@@ -68,6 +81,7 @@ class Mix:
     def __init__(self, url: str, seed: int, work: Path, stop: threading.Event):
         from gradio_client import Client
 
+        self.url = url
         self.client = Client(url, verbose=False)
         self.random = random.Random(seed)
         self.work = work
@@ -83,9 +97,9 @@ class Mix:
                 action()
                 self.done[action.__name__] = self.done.get(action.__name__, 0) + 1
             except Exception as error:  # noqa: BLE001 - the soak records every error and goes on
-                text = f"{action.__name__}: {type(error).__name__}: {str(error)[:200]}"
+                text = f"{type(error).__name__}: {str(error)[:200]}"
                 if not any(word in text for word in EXPECTED):
-                    self.errors.append(text)
+                    self.errors.append(f"{action.__name__}: {text}")
         self.client.close()
 
     def generate(self) -> None:
@@ -110,9 +124,18 @@ class Mix:
                 raise
 
     def cancelled(self) -> None:
-        job = self.client.submit("cancel me", "256x256", 20, 2, api_name="/generate")
-        time.sleep(0.3)
-        job.cancel()
+        """A visitor who cancels and goes on, from a client of its own: with the cancelled event still open in the
+        loop's own client, gradio_client 2.x races the server's close_stream against the next call's join and
+        ends that call with a bare CancelledError (docs/operations.md, "Memory over time")."""
+        from gradio_client import Client
+
+        client = Client(self.url, verbose=False)
+        try:
+            job = client.submit("cancel me", "256x256", 20, 2, api_name="/generate")
+            time.sleep(0.3)
+            job.cancel()
+        finally:
+            client.close()
 
     def bad(self) -> None:
         try:
@@ -175,12 +198,13 @@ def soak(args: argparse.Namespace) -> dict:
             thread.start()
         start, samples = time.monotonic(), []
         while (elapsed := time.monotonic() - start) < args.minutes * 60 and proc.poll() is None:
-            samples.append((round(elapsed), round(tree_rss_mb(proc.pid), 1)))
+            samples.append((round(elapsed), tree_rss_mb(proc.pid)))
             if elapsed >= args.warmup * 60:
                 (work / "soak.start").touch()  # the tracemalloc watch starts here
-            print(f"{elapsed / 60:5.1f} min  RSS of the tree {samples[-1][1]:8.1f} MB", flush=True)
+            parts = "  ".join(f"{k} {v:.1f}" for k, v in samples[-1][1].items() if k != "all")
+            print(f"{elapsed / 60:5.1f} min  RSS of the tree {samples[-1][1]['all']:8.1f} MB  ({parts})", flush=True)
             time.sleep(min(30, max(args.minutes * 60 - elapsed, 0.1)))
-        samples.append((round(time.monotonic() - start), round(tree_rss_mb(proc.pid), 1)))
+        samples.append((round(time.monotonic() - start), tree_rss_mb(proc.pid)))
         stop.set()
         for thread in threads:
             thread.join(timeout=180)
@@ -194,22 +218,28 @@ def soak(args: argparse.Namespace) -> dict:
 
 
 def summarize(args: argparse.Namespace, samples: list, mixes: list[Mix], work: Path) -> dict:
-    after = [(t, mb) for t, mb in samples if t >= args.warmup * 60]
-    last = [(t, mb) for t, mb in samples if t >= samples[-1][0] - 600]
-    base = after[0][1] if after else None
     done: dict[str, int] = {}
     for mix in mixes:
         for name, count in mix.done.items():
             done[name] = done.get(name, 0) + count
+    roles = {key: trend(args, [(t, mb.get(key, 0.0)) for t, mb in samples]) for key in samples[-1][1]}
     return {
         "command": " ".join(sys.argv), "minutes": args.minutes, "clients": args.clients, "replicas": args.replicas,
-        "rss_mb": samples, "at_warmup_mb": base, "end_mb": samples[-1][1],
-        "growth_after_warmup_percent": round(100 * (samples[-1][1] - base) / base, 2) if base else None,
-        "slope_after_warmup_mb_per_min": _round(slope(after)), "slope_last_10_min_mb_per_min": _round(slope(last)),
+        "rss_mb": samples, **roles.pop("all"), "by_role": roles,
         "done": done, "unexpected_errors": [error for mix in mixes for error in mix.errors],
         "app_log": str(work / "app.log"),
         "tracemalloc": str(work / "soak.tracemalloc.txt") if args.tracemalloc else None,
     }
+
+
+def trend(args: argparse.Namespace, samples: list[tuple[float, float]]) -> dict:
+    """Growth from the warm-up mark to the end, and the slope after warm-up and over the last 10 minutes."""
+    after = [(t, mb) for t, mb in samples if t >= args.warmup * 60]
+    last = [(t, mb) for t, mb in samples if t >= samples[-1][0] - 600]
+    base = after[0][1] if after else None
+    return {"at_warmup_mb": base, "end_mb": samples[-1][1],
+            "growth_after_warmup_percent": round(100 * (samples[-1][1] - base) / base, 2) if base else None,
+            "slope_after_warmup_mb_per_min": _round(slope(after)), "slope_last_10_min_mb_per_min": _round(slope(last))}
 
 
 def _round(value: float | None) -> float | None:
