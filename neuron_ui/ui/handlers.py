@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from neuron_ui.ui.words import (
     describe_prompt,
     describe_result,
     describe_size,
+    describe_size_of,
     describe_stop,
     resolution_choices,
     status_rows,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from neuron_ui.ui.words import CompileWait
 
 
+FAILED_WAIT = 120.0  # seconds the error line waits for a stopped request's reason
 HISTORY_SIZE = 24
 MAX_VARIATIONS = 4
 FORM_FIELDS = ("prompt", "resolution", "steps", "seed", "randomize", "guidance")  # kept in the browser
@@ -89,6 +92,7 @@ class Handlers:
         def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
             self.held.start(sid, what)
 
+        self.held.begin(sid)  # its failure's line waits for its reason (on_failed)
         try:
             with (user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter,
                   self.stops.track(*current_event(), on_admitted=admitted) as stop):
@@ -97,6 +101,8 @@ class Handlers:
         except gr.Error as error:
             self.held.fail(sid, error.message)
             raise
+        finally:
+            self.held.end(sid)
         entry = {
             "path": path,
             "info": describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
@@ -185,9 +191,14 @@ class Handlers:
         """A typed seed is the seed used: typing one unticks Randomize (emptying the box ticks it)."""
         return seed is None
 
-    def on_failed(self, session: Any) -> str:
-        """The line under the image after an error: it says the error, never the previous image's parameters."""
-        error = self.held.take_error(sessions.session_id(session))
+    async def on_failed(self, session: Any) -> str:
+        """The line under the image after an error, never the previous image's; after a Stop it waits (no thread held)
+        for the stopped request's reason (HeldResults.settled), which comes at its next step or once a load ends."""
+        sid = sessions.session_id(session)
+        deadline = time.monotonic() + FAILED_WAIT
+        while not self.held.settled(sid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        error = self.held.error(sid)
         why = f" {error}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
 
@@ -292,7 +303,7 @@ class Handlers:
         return describe_stop(self.stops.stop(request.session_hash))
 
     def on_resolution(self, resolution: str) -> str:
-        return self._size_hint(self.engine.status(), resolution)
+        return describe_size_of(self.engine.status(), resolution)
 
     def on_tick(self, resolution: str, last: Any):
         """Status table, activity line, dropdown labels, hint and the line of what the device does now, for every
@@ -303,12 +314,7 @@ class Handlers:
         if signature == last:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
         return (status_rows(status), describe_activity(status), gr.Dropdown(choices=resolution_choices(status)),
-                self._size_hint(status, resolution), now, signature)
-
-    @staticmethod
-    def _size_hint(status: EngineStatus, resolution: str) -> str:
-        shape = next((s for s in status.shapes if s.resolution == resolution), None)
-        return describe_size(shape) if shape else ""
+                describe_size_of(status, resolution), now, signature)
 
     # -- the named API (gradio_client) ------------------------------------------------------------
 

@@ -165,6 +165,12 @@ def describe_size(shape: ShapeStatus) -> str:
     return f"**Not compiled yet.** The first image at {size} compiles first ({about}); later ones are fast.{warm}"
 
 
+def describe_size_of(status: EngineStatus, resolution: str) -> str:
+    """The size hint for a preset by name ("" for a name that is not one)."""
+    shape = next((s for s in status.shapes if s.resolution == resolution), None)
+    return describe_size(shape) if shape else ""
+
+
 def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
     """Dropdown options: the label tells aspect and state, the value stays "WxH"."""
     return [(f"{s.resolution} ({s.aspect}) — {describe_state(s)}", s.resolution) for s in status.shapes]
