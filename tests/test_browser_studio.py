@@ -6,7 +6,7 @@ import re
 import time
 
 import pytest
-from test_browser import (  # noqa: F401
+from test_browser import (
     WAIT_MS,
     browser,  # noqa: F401  (the module-scoped chromium fixture)
     served,
@@ -94,14 +94,13 @@ def test_stop_keeps_its_reason_in_every_one_of_twenty_stops(page):
 
 
 def test_no_timer_label_over_refreshed_lines(page):
-    page.evaluate("""() => {
+    page.evaluate("""pattern => {
         window.timerLabels = [];
-        const pattern = new RegExp(%r);
         const look = () => { for (const id of ['activity', 'device-now', 'info', 'size-hint']) {
             const text = document.getElementById(id)?.innerText ?? '';
             if (text.split('\\n').some(line => pattern.test(line.trim()))) window.timerLabels.push(id + ': ' + text); } };
         new MutationObserver(look).observe(document.body, {subtree: true, childList: true, characterData: true});
-    }""" % TIMER_LABEL)
+    }""", re.compile(TIMER_LABEL))
     first_image(page)  # an image, its refresh, and then four ticks of the timer (2 s each)
     time.sleep(8.5)
     page.locator("#stop").click()  # the stop's own line goes under the image too
