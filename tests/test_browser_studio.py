@@ -17,6 +17,7 @@ from test_browser import (
 from test_browser_session import set_steps
 
 from neuron_ui.config.processes import free_port
+from neuron_ui.engine.setup import WARMUP_PROMPT
 from neuron_ui.model.runner import RunnerWrapper
 
 pytestmark = pytest.mark.browser
@@ -41,6 +42,18 @@ class SlowSteps(RunnerWrapper):
                 return inner(*args, **kwargs)
 
         return self.inner(call, callback)
+
+
+class SlowLoad(RunnerWrapper):
+    """The pipeline runner, sleeping LOAD_SLEEP in a compile's (or a disk-cache load's) own call: time to Stop."""
+
+    def __call__(self, call, callback=None):
+        if call.prompt == WARMUP_PROMPT:
+            time.sleep(LOAD_SLEEP)
+        return self.inner(call, callback)
+
+
+LOAD_SLEEP = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +116,8 @@ def test_no_timer_label_over_refreshed_lines(page):
     }""", re.compile(TIMER_LABEL))
     first_image(page)  # an image, its refresh, and then four ticks of the timer (2 s each)
     time.sleep(8.5)
-    page.locator("#stop").click()  # the stop's own line goes under the image too
-    page.locator("#info").get_by_text("Nothing to stop").wait_for()
+    page.locator("#stop").click()
+    page.locator(".toast-body").filter(has_text="Nothing to stop").first.wait_for()
     time.sleep(0.5)
     labels = page.evaluate("window.timerLabels")
     assert not labels, f"a timer label showed {len(labels)} times: {labels[:3]}"
@@ -141,7 +154,8 @@ def test_a_phone_sees_progress_where_it_tapped(browser, url):  # noqa: F811
 
 def test_a_restart_keeps_the_browser_session(browser, tmp_path):  # noqa: F811
     """The form comes back after a restart on the same cache folder (the BrowserState secret is kept there). The
-    history's images lived in the old process's private folder, so its entries are dropped, not shown broken."""
+    history's images lived in the old process's private folder, so its entries are dropped, not shown broken.
+    Then a Stop during the size's disk-cache load: its reason shows, and no line still says "Compiling now"."""
     port = free_port()
     context = browser.new_context(viewport={"width": 1360, "height": 1000})
     page = context.new_page()
@@ -155,11 +169,22 @@ def test_a_restart_keeps_the_browser_session(browser, tmp_path):  # noqa: F811
             page.locator("#generate").click()
             page.locator("#info").get_by_text("384x256").wait_for()
             time.sleep(1.0)  # the form's save into the browser's storage
-        with served(tmp_path, PRESETS, port=port) as again:
+        with served(tmp_path, PRESETS, port=port, wrap_runner=SlowLoad) as again:
             assert again == url
             page.reload()
             page.wait_for_function(
                 "() => document.querySelector('#prompt textarea')?.value === 'a lighthouse kept across restarts'")
             assert page.locator("#resolution input").input_value().startswith("384x256")
+
+            page.locator("#size-hint").get_by_text("Cached on disk").wait_for()
+            page.locator("#generate").click()
+            page.locator("#device-now").get_by_text(re.compile("loading 384x256 from the disk cache")).wait_for()
+            page.locator("#stop").click()
+            page.locator("#info").get_by_text(re.compile(r"stopped: 384x256 .*ready; your image was not made")).wait_for()
+            page.locator("#size-hint").get_by_text("Ready.").wait_for()
+            time.sleep(1.0)
+            assert "Compiling now" not in page.locator("#layout-hint").inner_text()
+            assert "your image was not made" in page.locator("#info").inner_text()
+            shot(page, "41-stopped-during-a-load")
     finally:
         context.close()

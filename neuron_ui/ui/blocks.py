@@ -42,8 +42,10 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
 
 
-SHOW_IMAGE = """() => { if (window.innerWidth <= 720)
-    document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'smooth'}); }"""
+# Run in the page before a request's handler (its inputs pass through): a phone scrolls the image, where the progress
+# shows, into view; a wide page, where it is in view beside the button, does not move.
+SHOW_IMAGE = """(...args) => { if (window.innerWidth <= 720)
+    document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'}); return args; }"""
 
 
 def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
@@ -142,11 +144,11 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         style_inputs = [styles["style"], styles["strength"]]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image], **on_device,
-                          **private)
+                          js=SHOW_IMAGE, **private)
         generated.then(**refresh)
         generated.failure(**failed)
         varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
-                                       **private).then(
+                                       js=SHOW_IMAGE, **private).then(
             handlers.on_variations, [*form, count, history, session, *style_inputs],
             [image, info, seed, variations, history, history_gallery],
             show_progress_on=[image, variations], **on_device, **private)
@@ -184,16 +186,14 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
             editing_handlers.on_inpaint,
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history, session, *style_inputs],
-            made, show_progress_on=[image], **on_device, **private,
+            made, show_progress_on=[image], **on_device, **private, js=SHOW_IMAGE,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)
         inpainted.failure(**failed)
-        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running).
-        stop.click(handlers.on_stop, None, info, cancels=[generated, varied, inpainted], **hidden)
-        # A phone: the image (and its progress) is scrolled into view where the user tapped; a wide page moves not.
-        for started in (generate.click, prompt.submit, make_variations.click, edit_inpaint["button"].click):
-            started(None, js=SHOW_IMAGE, **hidden)
+        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
+        # notice says what Stop did, the line under the image the reason (on_failed).
+        stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted], **told)
         # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
             ended.then(editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)

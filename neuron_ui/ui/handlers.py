@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
@@ -31,6 +30,7 @@ from neuron_ui.ui.words import (
     describe_size,
     describe_size_of,
     describe_stop,
+    first_ignored_word,
     resolution_choices,
     status_rows,
 )
@@ -192,8 +192,9 @@ class Handlers:
         return seed is None
 
     async def on_failed(self, session: Any) -> str:
-        """The line under the image after an error, never the previous image's; after a Stop it waits (no thread held)
-        for the stopped request's reason (HeldResults.settled), which comes at its next step or once a load ends."""
+        """The line under the image after an error: it says the error, never the previous image's parameters. A Stop
+        fails the event before its request ends (at its next step, or once a load or compile is done): the line
+        waits for the reason (HeldResults.settled) without holding a thread."""
         sid = sessions.session_id(session)
         deadline = time.monotonic() + FAILED_WAIT
         while not self.held.settled(sid) and time.monotonic() < deadline:
@@ -208,19 +209,7 @@ class Handlers:
         if not text.strip():
             return ""
         tokens, limit = self.engine.prompt_tokens(text)
-        return describe_prompt(text, tokens, limit, self._first_ignored_word(text, limit) if tokens > limit else None)
-
-    def _first_ignored_word(self, text: str, limit: int) -> str | None:
-        """The first word past what the text encoder reads (a binary search over word ends: a few tokenizer calls)."""
-        words = list(re.finditer(r"\S+", text))
-        low, high = 0, len(words)
-        while low < high:
-            middle = (low + high) // 2
-            if self.engine.prompt_tokens(text[: words[middle].end()])[0] > limit:
-                high = middle
-            else:
-                low = middle + 1
-        return words[low].group()[:40] if low < len(words) else None
+        return describe_prompt(text, tokens, limit, first_ignored_word(text, limit, self.engine.prompt_tokens) if tokens > limit else None)
 
     # -- the session: what a reload or a new tab finds -----------------------------------------------
 
@@ -298,9 +287,11 @@ class Handlers:
             return gr.skip(), gr.skip()
         return history[0]["seed"], False
 
-    def on_stop(self, request: gr.Request) -> str:
-        """Stop this browser's image at the next step, or take it out of the queue; the line says which."""
-        return describe_stop(self.stops.stop(request.session_hash))
+    def on_stop(self, request: gr.Request) -> None:
+        """Stop this browser's image at the next step, or take it out of the queue; a notice says which. The line
+        under the image is the failure event's alone (on_failed: the stopped request's reason): two writers to it
+        raced, and the stop's line overwrote the reason in 8 of 20 stops here (tests/test_browser_studio.py)."""
+        gr.Info(describe_stop(self.stops.stop(request.session_hash)).replace("**", ""))
 
     def on_resolution(self, resolution: str) -> str:
         return describe_size_of(self.engine.status(), resolution)

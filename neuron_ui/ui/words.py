@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -257,6 +259,19 @@ def describe_prompt(text: str, tokens: int, limit: int, first_ignored: str | Non
     where = f" from “{first_ignored}”" if first_ignored else ""
     return (f"**{tokens}/{limit} tokens: the text encoder reads only the first {limit}; the words{where} on are "
             f"ignored** · {chars}")
+
+
+def first_ignored_word(text: str, limit: int, count_tokens: Callable[[str], tuple[int, int]]) -> str | None:
+    """The first word past what the text encoder reads (a binary search over word ends: a few tokenizer calls)."""
+    words = list(re.finditer(r"\S+", text))
+    low, high = 0, len(words)
+    while low < high:
+        middle = (low + high) // 2
+        if count_tokens(text[: words[middle].end()])[0] > limit:
+            high = middle
+        else:
+            low = middle + 1
+    return words[low].group()[:40] if low < len(words) else None
 
 
 def tiny_banner(status: EngineStatus) -> str:
