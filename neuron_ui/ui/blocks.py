@@ -196,7 +196,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted], **told)
         # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
-            ended.then(editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
+            ended.then(handlers.on_settled, [session], None, **hidden).then(
+                editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):
