@@ -11,8 +11,8 @@ def test_the_key_is_made_once_with_mode_0600_and_read_back(tmp_path):
     first = load_session_secret(tmp_path)
     assert stat.S_IMODE((tmp_path / SECRET_FILE).stat().st_mode) == 0o600
     assert load_session_secret(tmp_path) == first  # a restart on the same cache folder: the same key
-    assert load_session_secret(tmp_path / "other") != first  # another folder: its own key
     assert not [p for p in tmp_path.iterdir() if p.name != SECRET_FILE]  # no temp file left behind
+    assert load_session_secret(tmp_path / "other") != first  # another folder: its own key
 
 
 def test_a_given_key_wins_and_a_malformed_file_is_replaced_with_one_log_line(tmp_path, caplog):
