@@ -26,13 +26,13 @@ WAIT_MS = int(os.environ.get("NEURON_UI_BROWSER_WAIT_MS", "60000"))  # a first c
 
 
 @contextmanager
-def served(cache_dir, presets: str = PRESETS, wrap_runner=None):
-    """app.py's flow on the tiny model with the cheap eager backend, on a free local port; `wrap_runner` wraps the
-    engine's pipeline runner (e.g. a compile that takes longer)."""
+def served(cache_dir, presets: str = PRESETS, wrap_runner=None, port: int | None = None):
+    """app.py's flow on the tiny model with the cheap eager backend, on a free local port (or `port`: a restart keeps
+    the browser's origin); `wrap_runner` wraps the engine's pipeline runner (e.g. a compile that takes longer)."""
     saved = dict(os.environ)
     torch._dynamo.reset()
     settings = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", presets,
-                                   "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(free_port())])
+                                   "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(port or free_port())])
     server = None
     try:
         engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap_runner))

@@ -269,7 +269,8 @@ def test_stop_in_the_browser_frees_the_device_and_makes_no_image(page, url):
     start_long_image(page, "256x256")
     stopped = time.monotonic()
     page.locator("#stop").click()
-    page.locator("#info").get_by_text("Stopped.").wait_for()
+    page.locator(".toast-body").filter(has_text="Stopped.").first.wait_for()  # what Stop did, in a notice
+    page.locator("#info").get_by_text(re.compile(r"stopped after step \d+/100; no image was made")).wait_for()
     wait_until(lambda: not engine_status(url)["busy"], "the device is free after the stop")
     freed = time.monotonic() - stopped
     assert images_at(url, "256x256") == before, "the stopped image was made anyway"

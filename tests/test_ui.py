@@ -1,5 +1,6 @@
 """The UI handlers on their own: the real tiny engine (eager backend: a compile costs seconds) and fakes for faults."""
 
+import asyncio
 import json
 import re
 import subprocess
@@ -429,7 +430,9 @@ def test_held_results_are_bounded_in_time_and_count(tmp_path):
     clock[0] = 1300.0
     assert len(held) == 1 and held.running("session-000000000009") == "512x512"
     held.fail("session-000000000009", "boom")
-    assert held.take_error("session-000000000009") == "boom" and held.take_error("session-000000000009") is None
+    assert held.error("session-000000000009") == "boom" == held.error("session-000000000009")  # read twice
+    clock[0] += sessions.ERROR_SECONDS + 1
+    assert held.error("session-000000000009") is None  # then stale
     clock[0] = 2000.0
     assert len(held) == 0
     held.hold(None, {"path": "nobody.png"})  # no session id: nothing held
@@ -447,7 +450,7 @@ def test_a_flood_of_bad_requests_with_new_session_ids_holds_nothing_and_evicts_n
         with pytest.raises(gr.Error):
             handlers.on_generate("", "256x256", 1, 5, False, 1.0, [], session={"id": f"stranger-{index:09d}"})
     assert len(handlers.held) == 1 and [e["seed"] for e in handlers.held.results(alice["id"])] == [5]
-    assert "prompt is empty" in handlers.on_failed({"id": "stranger-000000299"})  # the error line still shows
+    assert "prompt is empty" in asyncio.run(handlers.on_failed({"id": "stranger-000000299"}))  # the error line still shows
     for index in range(12):
         handlers.on_generate("a cat", "256x256", 1, index, False, 1.0, [], session={"id": f"valid-{index:012d}"})
     assert len(handlers.held) == 8 and [e["seed"] for e in handlers.held.results(alice["id"])] == [5]
@@ -522,9 +525,9 @@ def test_after_an_error_the_line_under_the_image_says_the_error(engine, tmp_path
     session = {"id": "f" * 20}
     with pytest.raises(gr.Error):
         failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [], session=session)
-    line = failing.on_failed(session)
+    line = asyncio.run(failing.on_failed(session))
     assert "Not made" in line and "generation failed at 256x256: OOM" in line and "seed" not in line
-    assert "Not made" in failing.on_failed({"id": "g" * 20})  # no recorded error: still no stale line
+    assert "Not made" in asyncio.run(failing.on_failed({"id": "g" * 20}))  # no recorded error: still no stale line
 
 
 def test_the_prompt_counter_says_what_the_text_encoder_reads(handlers, engine):

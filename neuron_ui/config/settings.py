@@ -62,6 +62,7 @@ class Settings:
     ray_address: str | None = None  # join this Ray cluster instead of starting a local one
     upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
     upload_retention: float = 600.0  # seconds an upload is kept after its last use
+    session_secret: str | None = field(default=None, repr=False)  # the browsers' stored sessions' key (session_secret.py)
     loras: tuple[str, ...] = ()  # styles: `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` each (docs/styles.md)
 
     def __post_init__(self) -> None:
@@ -261,6 +262,8 @@ def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = o
         values["share"] = True
     if getattr(args, "mcp", False) or parse_switch(environ.get("NEURON_UI_MCP"), "NEURON_UI_MCP"):
         values["mcp"] = True
+    if environ.get("NEURON_UI_SESSION_SECRET"):
+        values["session_secret"] = environ["NEURON_UI_SESSION_SECRET"]
     auth = environ.get("NEURON_UI_AUTH")
     if auth:
         user, sep, password = auth.partition(":")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
+from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.editing import (
@@ -41,6 +42,12 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
 
 
+# Run in the page before a request's handler (its inputs pass through): a phone scrolls the image, where the progress
+# shows, into view; a wide page, where it is in view beside the button, does not move.
+SHOW_IMAGE = """(...args) => { if (window.innerWidth <= 720)
+    document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'}); return args; }"""
+
+
 def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
@@ -56,7 +63,8 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)
         # The form and history in the browser (a reload or a new tab finds them), with this session's id.
-        session = gr.BrowserState({}, storage_key=sessions.STORAGE_KEY)
+        session = gr.BrowserState({}, storage_key=sessions.STORAGE_KEY,
+                                  secret=load_session_secret(settings.cache_dir, settings.session_secret))
         gr.Markdown(f"# neuron-ui · FLUX.2-klein\n{describe_engine(status, settings)}", elem_id="header")
         if status.is_tiny:
             gr.Markdown(tiny_banner(status), elem_id="tiny-banner")
@@ -126,6 +134,7 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         on_device = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
         private = {"api_visibility": "private"}
         hidden = {"show_progress": "hidden", "queue": False, **private}
+        told = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
         refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                    "outputs": [table, activity, resolution, hint, now, seen], **hidden}
         failed = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
@@ -135,11 +144,11 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
         style_inputs = [styles["style"], styles["strength"]]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image], **on_device,
-                          **private)
+                          js=SHOW_IMAGE, **private)
         generated.then(**refresh)
         generated.failure(**failed)
         varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
-                                       **private).then(
+                                       js=SHOW_IMAGE, **private).then(
             handlers.on_variations, [*form, count, history, session, *style_inputs],
             [image, info, seed, variations, history, history_gallery],
             show_progress_on=[image, variations], **on_device, **private)
@@ -163,27 +172,32 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
         wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
-        reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **hidden)
+        reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **told)
         layout_inputs = [resolution, edit_refs["files"], edit_refs["size"]]
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
               editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
         gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click],
               editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
         edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
-                                 edit_refs["files"], **hidden)
+                                 edit_refs["files"], **told)
         edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],
-                                  **hidden)
+                                  **told)
         inpainted = edit_inpaint["button"].click(
             editing_handlers.on_inpaint,
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history, session, *style_inputs],
-            made, show_progress_on=[image], **on_device, **private,
+            made, show_progress_on=[image], **on_device, **private, js=SHOW_IMAGE,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)
         inpainted.failure(**failed)
-        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running).
-        stop.click(handlers.on_stop, None, info, cancels=[generated, varied, inpainted], queue=False, **private)
+        # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
+        # notice says what Stop did, the line under the image the reason (on_failed).
+        stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted], **told)
+        # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
+        for ended in (generated, varied, inpainted):
+            ended.then(handlers.on_settled, [session], None, **hidden).then(
+                editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         with gr.Column(visible=False):

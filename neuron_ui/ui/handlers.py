@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
@@ -28,7 +28,9 @@ from neuron_ui.ui.words import (
     describe_prompt,
     describe_result,
     describe_size,
+    describe_size_of,
     describe_stop,
+    first_ignored_word,
     resolution_choices,
     status_rows,
 )
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from neuron_ui.ui.words import CompileWait
 
 
+FAILED_WAIT = 120.0  # seconds the error line waits for a stopped request's reason
 HISTORY_SIZE = 24
 MAX_VARIATIONS = 4
 FORM_FIELDS = ("prompt", "resolution", "steps", "seed", "randomize", "guidance")  # kept in the browser
@@ -89,6 +92,7 @@ class Handlers:
         def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
             self.held.start(sid, what)
 
+        self.held.begin(sid)  # its failure's line waits for its reason (on_failed)
         try:
             with (user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter,
                   self.stops.track(*current_event(), on_admitted=admitted) as stop):
@@ -97,6 +101,8 @@ class Handlers:
         except gr.Error as error:
             self.held.fail(sid, error.message)
             raise
+        finally:
+            self.held.end(sid)
         entry = {
             "path": path,
             "info": describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
@@ -185,11 +191,23 @@ class Handlers:
         """A typed seed is the seed used: typing one unticks Randomize (emptying the box ticks it)."""
         return seed is None
 
-    def on_failed(self, session: Any) -> str:
-        """The line under the image after an error: it says the error, never the previous image's parameters."""
-        error = self.held.take_error(sessions.session_id(session))
+    async def on_failed(self, session: Any) -> str:
+        """The line under the image after an error: it says the error, never the previous image's parameters. A Stop
+        fails the event before its request ends (at its next step, or once a load or compile is done): the line
+        waits for the reason (HeldResults.settled) without holding a thread."""
+        sid = await self.on_settled(session)
+        error = self.held.error(sid)
         why = f" {error}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
+
+    async def on_settled(self, session: Any) -> str | None:
+        """Returns (the session's id) once the session's requests here have ended, or after FAILED_WAIT: a cancelled
+        event ends in the page before its request does, and what follows it must see the request's end."""
+        sid = sessions.session_id(session)
+        deadline = time.monotonic() + FAILED_WAIT
+        while not self.held.settled(sid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return sid
 
     def on_prompt(self, text: str | None) -> str:
         """The prompt's tokens against what the text encoder reads, and its characters against the box's cap."""
@@ -197,19 +215,7 @@ class Handlers:
         if not text.strip():
             return ""
         tokens, limit = self.engine.prompt_tokens(text)
-        return describe_prompt(text, tokens, limit, self._first_ignored_word(text, limit) if tokens > limit else None)
-
-    def _first_ignored_word(self, text: str, limit: int) -> str | None:
-        """The first word past what the text encoder reads (a binary search over word ends: a few tokenizer calls)."""
-        words = list(re.finditer(r"\S+", text))
-        low, high = 0, len(words)
-        while low < high:
-            middle = (low + high) // 2
-            if self.engine.prompt_tokens(text[: words[middle].end()])[0] > limit:
-                high = middle
-            else:
-                low = middle + 1
-        return words[low].group()[:40] if low < len(words) else None
+        return describe_prompt(text, tokens, limit, first_ignored_word(text, limit, self.engine.prompt_tokens) if tokens > limit else None)
 
     # -- the session: what a reload or a new tab finds -----------------------------------------------
 
@@ -287,12 +293,14 @@ class Handlers:
             return gr.skip(), gr.skip()
         return history[0]["seed"], False
 
-    def on_stop(self, request: gr.Request) -> str:
-        """Stop this browser's image at the next step, or take it out of the queue; the line says which."""
-        return describe_stop(self.stops.stop(request.session_hash))
+    def on_stop(self, request: gr.Request) -> None:
+        """Stop this browser's image at the next step, or take it out of the queue; a notice says which. The line
+        under the image is the failure event's alone (on_failed: the stopped request's reason): two writers to it
+        raced, and the stop's line overwrote the reason in 8 of 20 stops here (tests/test_browser_studio.py)."""
+        gr.Info(describe_stop(self.stops.stop(request.session_hash)).replace("**", ""))
 
     def on_resolution(self, resolution: str) -> str:
-        return self._size_hint(self.engine.status(), resolution)
+        return describe_size_of(self.engine.status(), resolution)
 
     def on_tick(self, resolution: str, last: Any):
         """Status table, activity line, dropdown labels, hint and the line of what the device does now, for every
@@ -303,12 +311,7 @@ class Handlers:
         if signature == last:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
         return (status_rows(status), describe_activity(status), gr.Dropdown(choices=resolution_choices(status)),
-                self._size_hint(status, resolution), now, signature)
-
-    @staticmethod
-    def _size_hint(status: EngineStatus, resolution: str) -> str:
-        shape = next((s for s in status.shapes if s.resolution == resolution), None)
-        return describe_size(shape) if shape else ""
+                describe_size_of(status, resolution), now, signature)
 
     # -- the named API (gradio_client) ------------------------------------------------------------
 

@@ -30,6 +30,7 @@ STORAGE_KEY = "neuron-ui-session"
 HOLD_SECONDS = 600.0
 MAX_SESSIONS = 1024  # above the image store's 512 files and the device's queue (--max-queue up to 500): room for a newcomer
 MAX_HELD = 8
+ERROR_SECONDS = 10.0  # a failure's line is shown to each of its failure events (a cancel and the error can both fire)
 MAX_PATHS = 16  # references or editor layers of one history entry: more than any request takes
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
@@ -112,7 +113,11 @@ class _Held:
 
 class HeldResults:
     """Results and the request in progress of each browser session, bounded in time and count, and the last error
-    of each (a line for the page right after the failure, kept apart: an error never takes a session's room)."""
+    of each (a line for the page right after the failure, kept apart: an error never takes a session's room).
+
+    A stopped image's failure reaches the page twice and in any order (the Stop's cancel and the request's own
+    error, issue 22): the error line is read, not taken, for ERROR_SECONDS, and `settled` says when the session's
+    requests in this process have all ended, so the line waits for the reason instead of racing it."""
 
     def __init__(self, hold_seconds: float = HOLD_SECONDS, max_sessions: int = MAX_SESSIONS,
                  max_held: int = MAX_HELD, clock: Callable[[], float] = time.monotonic):
@@ -121,7 +126,8 @@ class HeldResults:
         self.max_held = max_held
         self.clock = clock
         self._sessions: OrderedDict[str, _Held] = OrderedDict()
-        self._errors: OrderedDict[str, str] = OrderedDict()
+        self._errors: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._pending: dict[str, int] = {}  # requests of each session in a handler now (bounded by the queue)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -148,7 +154,7 @@ class HeldResults:
                 held.running = None
             if sid:
                 self._errors.pop(sid, None)
-                self._errors[sid] = message
+                self._errors[sid] = (message, self.clock())
                 while len(self._errors) > self.max_sessions:
                     self._errors.popitem(last=False)
 
@@ -164,9 +170,32 @@ class HeldResults:
             held = self._sessions.get(sid) if sid else None
             return held.running if held else None
 
-    def take_error(self, sid: str | None) -> str | None:
+    def begin(self, sid: str | None) -> None:
+        """A handler starts a request for the session: the last error is history now."""
+        if sid:
+            with self._lock:
+                self._errors.pop(sid, None)
+                self._pending[sid] = self._pending.get(sid, 0) + 1
+
+    def end(self, sid: str | None) -> None:
+        if sid:
+            with self._lock:
+                left = self._pending.get(sid, 0) - 1
+                if left > 0:
+                    self._pending[sid] = left
+                else:
+                    self._pending.pop(sid, None)
+
+    def settled(self, sid: str | None) -> bool:
+        """No request of the session is in a handler, or one has already failed (its reason is known)."""
         with self._lock:
-            return self._errors.pop(sid, None) if sid else None
+            return not sid or sid not in self._pending or sid in self._errors
+
+    def error(self, sid: str | None) -> str | None:
+        """The session's last error, if recent (see the class docstring)."""
+        with self._lock:
+            message, when = self._errors.get(sid, (None, 0.0)) if sid else (None, 0.0)
+            return message if message is not None and self.clock() - when <= ERROR_SECONDS else None
 
     def _touch(self, sid: str | None) -> _Held | None:
         """The session's entry, made the most recent; a new one only where there is room (see _make_room)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +167,12 @@ def describe_size(shape: ShapeStatus) -> str:
     return f"**Not compiled yet.** The first image at {size} compiles first ({about}); later ones are fast.{warm}"
 
 
+def describe_size_of(status: EngineStatus, resolution: str) -> str:
+    """The size hint for a preset by name ("" for a name that is not one)."""
+    shape = next((s for s in status.shapes if s.resolution == resolution), None)
+    return describe_size(shape) if shape else ""
+
+
 def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
     """Dropdown options: the label tells aspect and state, the value stays "WxH"."""
     return [(f"{s.resolution} ({s.aspect}) — {describe_state(s)}", s.resolution) for s in status.shapes]
@@ -251,6 +259,19 @@ def describe_prompt(text: str, tokens: int, limit: int, first_ignored: str | Non
     where = f" from “{first_ignored}”" if first_ignored else ""
     return (f"**{tokens}/{limit} tokens: the text encoder reads only the first {limit}; the words{where} on are "
             f"ignored** · {chars}")
+
+
+def first_ignored_word(text: str, limit: int, count_tokens: Callable[[str], tuple[int, int]]) -> str | None:
+    """The first word past what the text encoder reads (a binary search over word ends: a few tokenizer calls)."""
+    words = list(re.finditer(r"\S+", text))
+    low, high = 0, len(words)
+    while low < high:
+        middle = (low + high) // 2
+        if count_tokens(text[: words[middle].end()])[0] > limit:
+            high = middle
+        else:
+            low = middle + 1
+    return words[low].group()[:40] if low < len(words) else None
 
 
 def tiny_banner(status: EngineStatus) -> str:
