@@ -81,8 +81,8 @@ class Mix:
     def __init__(self, url: str, seed: int, work: Path, stop: threading.Event):
         from gradio_client import Client
 
-        self.url = url
         self.client = Client(url, verbose=False)
+        self.canceller = Client(url, verbose=False)
         self.random = random.Random(seed)
         self.work = work
         self.stop = stop
@@ -101,6 +101,7 @@ class Mix:
                 if not any(word in text for word in EXPECTED):
                     self.errors.append(f"{action.__name__}: {text}")
         self.client.close()
+        self.canceller.close()
 
     def generate(self) -> None:
         self.client.predict("a lighthouse at dusk", self.random.choice(SIZES), 2, self.random.randrange(10**6),
@@ -124,18 +125,13 @@ class Mix:
                 raise
 
     def cancelled(self) -> None:
-        """A visitor who cancels and goes on, from a client of its own: with the cancelled event still open in the
-        loop's own client, gradio_client 2.x races the server's close_stream against the next call's join and
-        ends that call with a bare CancelledError (docs/operations.md, "Memory over time")."""
-        from gradio_client import Client
-
-        client = Client(self.url, verbose=False)
-        try:
-            job = client.submit("cancel me", "256x256", 20, 2, api_name="/generate")
-            time.sleep(0.3)
-            job.cancel()
-        finally:
-            client.close()
+        """A visitor who cancels and goes on. The cancel goes through a second client of this visitor's: with the
+        cancelled event still open in the loop's own client, gradio_client 2.x races the server's close_stream
+        against the next call's join and ends that call with a bare CancelledError (docs/operations.md, "Memory
+        over time"). One per visitor, not one per cancel: a new client is a new session the server keeps."""
+        job = self.canceller.submit("cancel me", "256x256", 20, 2, api_name="/generate")
+        time.sleep(0.3)
+        job.cancel()
 
     def bad(self) -> None:
         try:
