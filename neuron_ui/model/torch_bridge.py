@@ -29,6 +29,18 @@ def raise_recompile_limits(needed: int) -> None:
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * needed)
 
 
+def share_cpu_kernels_across_thread_counts() -> None:
+    """Inductor's C++ CPU kernels read the thread count when they run, not when they compile.
+
+    torch 2.13 (torch/_inductor/codecache.py, FxGraphHashDetails) puts torch.get_num_threads() into every FX
+    graph's cache key while config.cpp.dynamic_threads is off, and codegen/cpp.py bakes it into the kernels: a
+    replica with 1 of 2 cores missed every graph the single process (2 threads) had compiled on the same folder,
+    and compiled it again. With it on, one cache serves every way of serving (tests/test_replicas_cluster.py)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.dynamic_threads = True
+
+
 @contextmanager
 def temporary_inductor_cache(folder: str) -> Iterator[None]:
     """Inductor compiles into `folder` for a while (torch._inductor.runtime.cache_dir_utils.temporary_cache_dir),
