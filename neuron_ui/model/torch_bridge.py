@@ -35,10 +35,15 @@ def share_cpu_kernels_across_thread_counts() -> None:
     torch 2.13 (torch/_inductor/codecache.py, FxGraphHashDetails) puts torch.get_num_threads() into every FX
     graph's cache key while config.cpp.dynamic_threads is off, and codegen/cpp.py bakes it into the kernels: a
     replica with 1 of 2 cores missed every graph the single process (2 threads) had compiled on the same folder,
-    and compiled it again. With it on, one cache serves every way of serving (tests/test_replicas_cluster.py)."""
+    and compiled it again. With it on, one cache serves every way of serving (tests/test_replicas_cluster.py).
+
+    Set as the default, not by assignment: torch 2.13's configs (torch/utils/_config_module.py) keep an assigned
+    value in a ContextVar, seen only by the thread that set it, and the engine compiles in request threads
+    (Gradio's workers, a replica's executor), which read the entry's `default`."""
     import torch._inductor.config as inductor_config
 
-    inductor_config.cpp.dynamic_threads = True
+    inductor_config._config["cpp.dynamic_threads"].default = True  # every thread without an override of its own
+    inductor_config.cpp.dynamic_threads = True  # this thread's too, which also marks its cached config hash stale
 
 
 @contextmanager
