@@ -293,6 +293,8 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow, updates.append)),
                               daemon=True)
     worker.start()
+    # Once our image runs, the one busy replica is ours (the reference's replica may still read busy just before).
+    wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
     busy = wait_until(lambda: next((snap for _, snap in client.reports().values() if snap["busy"]), None),
                       "a replica is busy", timeout=TIMEOUT)
     os.kill(busy["pid"], signal.SIGKILL)
