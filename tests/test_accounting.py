@@ -292,3 +292,24 @@ def test_a_compile_error_still_has_its_server_paths_redacted():
     assert redact_paths("resolution '../../etc/passwd' is not of the form") == (
         "resolution '../../etc/passwd' is not of the form")
 
+
+
+def test_compile_settings_reach_every_thread_that_compiles():
+    """torch 2.13 keeps an assigned config per thread (a ContextVar): set at start-up, it never reached the request
+    threads that compile (Gradio's workers, a replica's executor), which kept dynamo's recompile limit at 8 and keyed
+    inductor's CPU kernels on their own thread count (so a replica missed the single process's cache)."""
+    import threading
+
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    from neuron_ui.model.torch_bridge import raise_recompile_limits, share_cpu_kernels_across_thread_counts
+
+    raise_recompile_limits(40)
+    share_cpu_kernels_across_thread_counts()
+    seen: dict = {}
+    thread = threading.Thread(target=lambda: seen.update(limit=dynamo_config.recompile_limit,
+                                                          dynamic=inductor_config.cpp.dynamic_threads))
+    thread.start()
+    thread.join()
+    assert seen["limit"] >= 40 and seen["dynamic"] is True, seen

@@ -7,6 +7,7 @@ point.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -105,10 +106,15 @@ def test_a_failure_crosses_the_stream_as_a_typed_message_and_is_raised_as_the_en
     assert str(Failed.of(KeyError("lost")).error()) == "the replica failed: KeyError: 'lost'"
 
 
-def test_a_compiled_shape_stays_on_its_replica(deployment):
+def test_a_compiled_shape_stays_on_its_replica(deployment, caplog):
     client = deployment.engine
-    first = client.generate(request("384x256", seed=1))
+    with caplog.at_level(logging.INFO, logger="neuron_ui.replicas.stream"):
+        first = client.generate(request("384x256", seed=1))
     assert first.cache_event == "compiled"
+    lines = [r.getMessage() for r in caplog.records]  # the front logs what the replica's engine logs, in its words
+    assert any(line.startswith("compiled 384x256: compiled in ") and line.endswith(f" s on replica {first.replica}")
+               for line in lines), lines
+    assert f"generated 384x256: compiled, {first.total_seconds:.2f} s on replica {first.replica}" in lines, lines
     later = [client.generate(request("384x256", seed=2 + i)) for i in range(6)]
     assert {r.replica for r in later} == {first.replica}
     assert [r.cache_event for r in later] == ["memory_hit"] * 6
@@ -303,11 +309,17 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     slow = request(seed=7, steps=100)
     reference = client.generate(slow)
     outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow)), daemon=True)
+    updates: list = []
+    sent = time.perf_counter()
+    worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow, updates.append)),
+                              daemon=True)
     worker.start()
+    # Once our image runs, the one busy replica is ours (the reference's replica may still read busy just before).
+    wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
     busy = wait_until(lambda: next((snap for _, snap in client.reports().values() if snap["busy"]), None),
                       "a replica is busy", timeout=TIMEOUT)
     os.kill(busy["pid"], signal.SIGKILL)
+    killed_after = time.perf_counter() - sent
     from neuron_ui.ui.words import describe_activity
 
     wait_until(lambda: "restarting" in describe_activity(client.status()), "the status shows a replica restarting",
@@ -316,7 +328,17 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     result = outcome["result"]
     assert result.replica != busy["replica"]
     assert list(result.image.getdata()) == list(reference.image.getdata())
+    # The retry says why its steps start again, and its line counts the time lost on the killed replica.
+    from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
+
+    retried = [n for n, u in enumerate(updates) if u.message.startswith(RETRIED)]
+    assert retried and all(u.message.startswith(RETRIED) for u in updates[retried[0]:]), updates
+    assert result.waited_for == LOST_WAIT and result.waited_seconds >= killed_after, result.info()
     wait_until(lambda: client.healthy() == 2, "Serve replaced the killed replica", timeout=240)
+    # Once its replacement answers, the killed one is gone from the status and /healthz (it lingered 60 s).
+    assert [(r["state"], r["replica"] == busy["replica"]) for r in client.status().replicas] == [
+        ("healthy", False), ("healthy", False)]
+    assert deployment.get("/healthz").json() == {"status": "ok", "replicas_healthy": 2, "replicas": 2}
     assert client.generate(request(seed=3)).image.size == (256, 256)
 
 

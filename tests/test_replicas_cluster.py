@@ -35,6 +35,58 @@ def cluster():
     nodes.shutdown()
 
 
+# One process compiles a size on the cache folder (here 2 threads, torch's default on 2 cores), then exits.
+SINGLE_PROCESS = """
+import json, sys
+from neuron_ui.main import parse_settings
+from neuron_ui.config.cache_paths import configure_cache_env
+settings = parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
+                           "--cache-dir", sys.argv[1]])
+cache = configure_cache_env(settings.cache_dir)
+import torch
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.engine import Engine
+result = Engine.from_settings(settings, cache).generate(GenerateRequest("a lighthouse", "256x256", steps=2, seed=1))
+print(json.dumps({"event": result.cache_event, "threads": torch.get_num_threads()}))
+"""
+
+
+def test_a_size_the_single_process_compiled_is_a_disk_hit_on_the_replicas(cluster, tmp_path):
+    """The single process compiled 256x256 on the folder; replicas (1 thread each, on 1 CPU per node) served it
+    with "loads in about 4 s", then compiled it again and overwrote its cold time: inductor's FX graph key held
+    torch.get_num_threads(). Now the replica loads it from the disk, and the manifest keeps the cold time."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ray import serve
+
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-c", SINGLE_PROCESS, str(cache)], capture_output=True, text=True,
+                          timeout=900, check=False, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    single = json.loads(done.stdout.strip().splitlines()[-1])
+    assert single["event"] == "compiled" and single["threads"] > 1, single
+
+    def cold() -> dict:
+        (entry,) = json.loads((cache / "manifest.json").read_text())["entries"].values()
+        return entry["shapes"]["256x256"]
+
+    before = cold()
+    settings = parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
+                               "--cache-dir", str(cache), "--replicas", "2", "--ray-address", cluster.address])
+    client = launch(settings, app_name="neuron-ui-single")
+    try:
+        assert client.status().shape("256x256").on_disk  # what the status promised ...
+        result = client.generate(GenerateRequest("a lighthouse", "256x256", steps=2, seed=2))
+        assert result.cache_event == "disk_hit", result.info()  # ... is what the replica did
+        after = cold()
+        assert after["cold_seconds"] == before["cold_seconds"] and after["load_seconds"] is not None, (before, after)
+    finally:
+        serve.delete("neuron-ui-single")
+
+
 def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(cluster, tmp_path):
 
     settings = parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",

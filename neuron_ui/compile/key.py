@@ -24,6 +24,9 @@ class CompileKey:
     torch: str
     diffusers: str
     tp_degree: int = 1
+    # CPU kernels take the thread count at run time (model/torch_bridge.share_cpu_kernels_across_thread_counts), so
+    # processes with any thread count share the cache; a cache from before, specialised per count, is another key.
+    cpu_threads: str = "any"
 
     @classmethod
     def current(cls, model: str, mode: str, backend: Backend, dtype: str, tp_degree: int = 1) -> "CompileKey":

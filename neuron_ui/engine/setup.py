@@ -17,6 +17,7 @@ from neuron_ui.contract.layouts import Layouts
 from neuron_ui.contract.references import REFERENCE_SIZES
 from neuron_ui.model.loading import choose_model, load_model
 from neuron_ui.model.runner import PipelineCall, PipelineRunner
+from neuron_ui.model.torch_bridge import share_cpu_kernels_across_thread_counts
 
 if TYPE_CHECKING:
     from neuron_ui.compile.strategies import Backend
@@ -52,6 +53,7 @@ def prepare_pipeline(pipe: Any, *, device: str, compile_mode: str, backend: Back
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     raise_recompile_limit(len({layout.tokens for layout in layouts.all()}))
+    share_cpu_kernels_across_thread_counts()  # one cache for every process, whatever its thread count
     if compile_mode == "aot":
         aot.check_runtime(device, backend_name(backend), tp_degree)
         aot.install(pipe.transformer, aot.PackageStore(aot.package_folder(cache, key), key))

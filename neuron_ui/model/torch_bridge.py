@@ -21,12 +21,35 @@ def dynamo_counters() -> Any:
     return counters
 
 
+def set_for_every_thread(config: Any, name: str, value: Any) -> None:
+    """A torch config value that every thread reads, not only this one.
+
+    torch 2.13's configs (torch/utils/_config_module.py) keep an assigned value in a ContextVar, seen only by the
+    thread that assigned it; the engine compiles in request threads (Gradio's workers, a replica's executor), which
+    read the entry's `default` (tests/test_accounting.py checks it from a new thread)."""
+    config._config[name].default = value  # every thread without an override of its own
+    setattr(config, name, value)  # this thread's too, which also marks its cached config hash stale
+
+
 def raise_recompile_limits(needed: int) -> None:
     """dynamo's recompile limits (torch._dynamo.config): past them fullgraph calls fail outright."""
     import torch._dynamo.config as dynamo_config
 
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, needed)
-    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * needed)
+    set_for_every_thread(dynamo_config, "recompile_limit", max(dynamo_config.recompile_limit, needed))
+    set_for_every_thread(dynamo_config, "accumulated_recompile_limit",
+                         max(dynamo_config.accumulated_recompile_limit, 4 * needed))
+
+
+def share_cpu_kernels_across_thread_counts() -> None:
+    """Inductor's C++ CPU kernels read the thread count when they run, not when they compile.
+
+    torch 2.13 (torch/_inductor/codecache.py, FxGraphHashDetails) puts torch.get_num_threads() into every FX
+    graph's cache key while config.cpp.dynamic_threads is off, and codegen/cpp.py bakes it into the kernels: a
+    replica with 1 of 2 cores missed every graph the single process (2 threads) had compiled on the same folder,
+    and compiled it again. With it on, one cache serves every way of serving (tests/test_replicas_cluster.py)."""
+    import torch._inductor.config as inductor_config
+
+    set_for_every_thread(inductor_config, "cpp.dynamic_threads", True)
 
 
 @contextmanager

@@ -190,7 +190,7 @@ class ReplicaClient:
         if not healthy:
             if self._last is None:
                 raise EngineError("no replica has reported yet", kind="no_replica")
-            return replace(self._last, busy=False, replicas=replica_rows(reports),
+            return replace(self._last, busy=False, replicas=replica_rows(reports, self.plan.replicas),
                            replica_states=self.watcher.states())
         book = build_book(healthy[0], self.manifest_path)
         warmup = self.warmup_presets()
@@ -205,18 +205,18 @@ class ReplicaClient:
             warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),
             shapes=shapes,
             layouts=[self._merge(layout, healthy, book, warmup) for layout in used],
-            replicas=replica_rows(reports),
+            replicas=replica_rows(reports, self.plan.replicas),
             replica_states=self.watcher.states(),
         )
         self._last = status
         return status
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Up while at least one replica answers."""
+        """Up while at least one replica answers; `replicas` is the deployment's count, not every id ever seen."""
         replicas = self.status().replicas or []
         healthy = sum(1 for r in replicas if r["state"] == "healthy")
         return bool(healthy), {"status": "ok" if healthy else "no replica", "replicas_healthy": healthy,
-                               "replicas": len(replicas)}
+                               "replicas": self.plan.replicas}
 
     def healthy(self) -> int:
         return len(self.watcher.healthy())

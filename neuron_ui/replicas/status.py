@@ -60,9 +60,14 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
     )
 
 
-def replica_rows(reports: dict[str, tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The status's section per replica, in a stable order (by replica id)."""
-    return [replica_row(snap, age) for age, snap in sorted(reports.values(), key=lambda r: r[1]["replica"])]
+def replica_rows(reports: dict[str, tuple[float, dict[str, Any]]], total: int) -> list[dict[str, Any]]:
+    """The status's section per replica, in a stable order (by replica id): the deployment's `total` replicas,
+    not every id the board still remembers. A silent one is listed ("not responding") only while fewer than `total`
+    answer: once Serve's replacement reports, the dead one it replaced is gone from the status at once."""
+    fresh = [(age, snap) for age, snap in reports.values() if age < STALE_SECONDS]
+    silent = sorted((r for r in reports.values() if r[0] >= STALE_SECONDS), key=lambda r: r[0])
+    shown = fresh + silent[:max(0, total - len(fresh))]  # the most recently heard of the silent ones
+    return [replica_row(snap, age) for age, snap in sorted(shown, key=lambda r: r[1]["replica"])]
 
 
 def replica_row(snapshot: dict[str, Any], age: float) -> dict[str, Any]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.serve.exceptions import RequestCancelledError
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import COMPILING, QUEUED, RUNNING, Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
 
@@ -32,6 +34,8 @@ STOPPED_WORDS = {
     RUNNING: "stopped at the next step; no image was made",
 }
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
+RETRIED = "replica lost, retried on another"  # before every progress line of a retried request
+LOST_WAIT = "a lost replica, retried on another"  # the result's waited_for: "waited 21 s for a lost replica, ..."
 
 
 class StreamCaller:
@@ -64,19 +68,27 @@ class StreamCaller:
 
     def call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
              stop: StopToken | None = None) -> Any:
-        """The value of the stream's Done; a request whose replica dies is sent once more, to another replica."""
+        """The value of the stream's Done; a request whose replica dies is sent once more, to another replica. The
+        retry's progress says why its steps start again, and its result counts the time lost on the dead replica."""
         report = progress or (lambda update: None)
-        for attempt in (1, 2):
-            try:
-                return self._stream(method, argument, layout, report, stop or StopToken())
-            except REPLICA_LOST as error:
-                if attempt == 2:
-                    self.observers.notify("on_failed", "replica_lost")
-                    raise EngineError("the replica making this image stopped twice; try again in a minute",
-                                      kind="replica_lost") from error
-                logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
-                               type(error).__name__)
-                report(ProgressUpdate("waiting", "a replica stopped; trying again on another"))
+        stop = stop or StopToken()
+        sent = time.perf_counter()
+        try:
+            return self._stream(method, argument, layout, report, stop)
+        except REPLICA_LOST as error:
+            logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
+                           type(error).__name__)
+        lost = time.perf_counter() - sent
+        report(ProgressUpdate("waiting", f"{RETRIED}; the image starts again"))
+        try:
+            value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
+        except REPLICA_LOST as error:
+            self.observers.notify("on_failed", "replica_lost")
+            raise EngineError("the replica making this image stopped twice; try again in a minute",
+                              kind="replica_lost") from error
+        if isinstance(value, GenerateResult):  # the whole wait: the lost attempt is time before this one ran
+            value = replace(value, waited_seconds=round(lost + value.waited_seconds, 3), waited_for=LOST_WAIT)
+        return value
 
     def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
         handle = self.handle.options(stream=True, multiplexed_model_id=str(layout.tokens))
@@ -85,7 +97,7 @@ class StreamCaller:
             ahead = len(self._waiting)
             self._waiting[id(stream)] = stream
             closed = self._closed
-        started = False
+        started, replica = False, "?"
         if ahead:
             report(ProgressUpdate("waiting", f"waiting for a free replica, {ahead} ahead"))
         try:
@@ -98,8 +110,8 @@ class StreamCaller:
                 # ends, and the next request for this graph should find it free, not spill to another replica.
                 for message in stream:
                     if isinstance(message, Started) and not started:
-                        started = self._start(stream)
-                    self._take(message, report, stop, done)
+                        started, replica = self._start(stream), message.replica
+                    self._take(message, report, stop, done, layout, replica)
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
                     self.observers.notify("on_failed", "shutting_down")
@@ -124,21 +136,34 @@ class StreamCaller:
             self._started += 1
         return True
 
-    def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Any]) -> None:
-        """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is)."""
+    def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Any], layout: Layout,
+              replica: str) -> None:
+        """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is), and log its
+        compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide."""
         match message:
             case Progress(update):
+                if update.stage == "compiling":
+                    logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
                 report(update)
             case Phase(phase):
                 stop.enter(phase)
             case Compiled(resolution, event, seconds):
+                logger.info("compiled %s: %s in %.1f s on replica %s", resolution, event, seconds, replica)
                 self.observers.notify("on_compiled", resolution, event, seconds)
             case Failed():
                 self.observers.notify("on_failed", message.kind)
                 raise message.error()
             case Done(value):
+                if isinstance(value, GenerateResult):
+                    logger.info("generated %s: %s, %.2f s on replica %s", layout, value.cache_event,
+                                value.total_seconds, replica)
                 done.append(value)
             case Started():
                 pass  # counted by the caller: the request no longer waits in the router
             case _:  # a replica running other code than this front's: its message is ignored, as before
                 logger.warning("a replica sent an unknown message: %r", message)
+
+
+def retried(update: ProgressUpdate) -> ProgressUpdate:
+    """A retried request's progress line, saying why its steps start again."""
+    return replace(update, message=f"{RETRIED} · {update.message}")

@@ -126,16 +126,17 @@ def describe_ready_on(shape: ShapeStatus) -> str:
     return f"ready on {shape.ready_on} of {shape.replicas_total}"
 
 
-def describe_replicas(status: EngineStatus) -> str:
-    """The replicas section: how many answer, and what each holds and does."""
+def describe_replicas(status: EngineStatus, waiting: str = "") -> str:
+    """The replicas section: how many answer and how many of those are busy, then what each holds and does."""
     rows = status.replicas or []
     healthy = [r for r in rows if r["state"] == "healthy"]
+    busy = sum(1 for r in healthy if r["busy"])
     parts = [f"{r['replica'][:6]} {r['state'] if r['state'] != 'healthy' else 'busy' if r['busy'] else 'idle'}, "
              f"{len(r['graphs'])} graph{'s' if len(r['graphs']) != 1 else ''}, {r['devices']}" for r in rows]
     states = status.replica_states or {}
     restarting = sum(states.get(s, 0) for s in ("STARTING", "RECOVERING", "UPDATING"))
     starting = f", {restarting} restarting" if restarting else ""
-    return f"**Replicas** {len(healthy)} healthy{starting} ({'; '.join(parts)})"
+    return f"**Replicas** {len(healthy)} healthy, {busy} busy{starting}{waiting} ({'; '.join(parts)})"
 
 
 def describe_size(shape: ShapeStatus) -> str:
@@ -214,14 +215,15 @@ def describe_engine(status: EngineStatus, settings: Settings) -> str:
 
 def describe_activity(status: EngineStatus) -> str:
     """The line under the status table: what the device is doing for everyone right now."""
-    device = "busy" if status.busy else "idle"
+    waiting = ""
     if status.queue_depth:
-        device += f", {status.queue_depth} waiting"
+        waiting = f", {status.queue_depth} waiting"
         if status.visitors_waiting > 1:  # how many, never who
-            device += f" from {status.visitors_waiting} visitors, who take turns"
-    parts = [f"**Device** {device}"]
-    if status.replicas is not None:
-        parts.append(describe_replicas(status))
+            waiting += f" from {status.visitors_waiting} visitors, who take turns"
+    if status.replicas is not None:  # one device per replica: the replicas say which are busy, nothing else does
+        parts = [describe_replicas(status, waiting)]
+    else:
+        parts = [f"**Device** {'busy' if status.busy else 'idle'}{waiting}"]
     if status.styles:
         fused = next((s for s in status.styles if s.get("fused") is not None), None)
         parts.append(f"**Style in the weights** {fused['name']} at {fused['fused']:g}" if fused else
