@@ -98,8 +98,9 @@ class ShapeStatus:
     on_disk: bool = False
     warmup_queued: bool = False
     shares_graph_with: str | None = None
-    compile_seconds: float | None = None  # the latest compile from scratch
-    load_seconds: float | None = None  # the latest load of its compiled graph from the disk cache
+    # The latest compile from scratch, or load from the disk cache, of its graph (a size sharing a graph gets its time)
+    compile_seconds: float | None = None
+    load_seconds: float | None = None
     estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile; None if unknown
     estimate_guess: bool = False  # the estimate is a built-in guess: this machine has measured no compile yet
     hits: int = 0  # images served from the compiled graph in memory (memory_hit)
