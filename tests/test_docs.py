@@ -1,5 +1,5 @@
-"""The docs say what the code does: every error kind the metrics count is in the metrics table (issue 22, item
-14: `stopped` was missing)."""
+"""The docs say what the code does (issue 22, item 14): every error kind the metrics count is in the metrics table
+(`stopped` was missing), and CI runs the README's test command as written."""
 
 import re
 from pathlib import Path
@@ -19,3 +19,14 @@ def test_the_metrics_table_lists_every_error_kind_the_code_counts():
                if line.startswith("| `neuron_ui_errors_total`"))
     listed = set(re.findall(r"`(\w+)`", row))
     assert kinds - {"queue_full"} <= listed, f"not in docs/operations.md: {sorted(kinds - listed)}"
+
+
+def test_ci_runs_the_readme_test_command_as_written():
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set-up"):readme.index("## Using the app")]
+    command = next(line for line in setup.splitlines() if "requirements-test.txt" in line).split("#")[0].strip()
+    assert command == "pip install -r requirements-test.txt && python3 -m pytest"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert command in ci
+    runs = [line.strip() for line in ci.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert not any("pip install" in line and command not in line for line in runs)  # no set-up step of its own
