@@ -168,6 +168,11 @@ def overhead(bench: Bench, runs: int) -> dict:
             samples[name].append(median_time(fn, 1))
     medians = {name: statistics.median(values) for name, values in samples.items()}
 
+    # The PNG write alone, on one of these images: what the image store does now (uncompressed) against zlib level 1
+    made, folder = engine.generate(GenerateRequest(PROMPT, resolution, steps, next(bench.seeds))), tempfile.mkdtemp()
+    png_ms = {name: round(median_time(lambda fast=fast: made.save_png(Path(folder) / "x.png", fast=fast), 5) * 1000, 1)
+              for name, fast in (("uncompressed", True), ("zlib_level_1", False))}
+
     graphs_before = counters["stats"]["unique_graphs"]
     for i, (prompt, steps_i) in enumerate([("a red fox", 4), ("a blue whale", 2), ("a green field", 6)]):
         engine.generate(GenerateRequest(prompt, resolution, steps_i, 100 + i))
@@ -183,6 +188,7 @@ def overhead(bench: Bench, runs: int) -> dict:
         "spread_s": {k: [round(min(v), 4), round(max(v), 4)] for k, v in samples.items()},
         "ratio_to_plain": {k: round(v / medians["plain"], 3) for k, v in medians.items()},
         "prompt_cache_speedup": round(medians["engine_no_prompt_cache"] / medians["engine"], 3),
+        "png_write_ms": png_ms,
         "recompilations_after_warmup": recompilations,
     }
 
@@ -440,6 +446,9 @@ def report_overhead(o: dict, title: str) -> None:
         print(f"  {name:24} {seconds:8.3f} s   x{o['ratio_to_plain'][name]:.3f} of plain   "
               f"{o['added_ms'][name]:+7.1f} ms   ({low:.3f}-{high:.3f} s)")
     print(f"  prompt-embedding cache: engine {o['prompt_cache_speedup']:.3f}x faster with it than without")
+    if "png_write_ms" in o:
+        print(f"  the PNG alone: {o['png_write_ms']['uncompressed']} ms uncompressed (what the app writes), "
+              f"{o['png_write_ms']['zlib_level_1']} ms at zlib level 1")
     print(f"  recompilations after warm-up while prompt, seed and steps change: {o['recompilations_after_warmup']}")
 
 

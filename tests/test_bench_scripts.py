@@ -38,6 +38,7 @@ def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
     for run in runs:
         added = (run["median_s"]["round_trip"] - run["median_s"]["plain"]) * 1000
         assert run["added_ms"]["plain"] == 0 and abs(run["added_ms"]["round_trip"] - added) < 0.1
+        assert set(run["png_write_ms"]) == {"uncompressed", "zlib_level_1"} and run["png_write_ms"]["uncompressed"] > 0
     assert results["targets"]["round_trip_added_ms"]["measured"] == [r["added_ms"]["round_trip"] for r in runs]
     throughput = results["throughput"]
     assert throughput["clients"] == 4 and throughput["images_per_s"]["clients"] > 0 < throughput["ratio"]
