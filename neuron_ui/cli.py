@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(settings.loras) > 1:
         print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
         return 2
+    problem = check_files(args)
+    if problem:  # before the model loads (seconds to minutes), naming the path
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from neuron_ui.contract.errors import EngineError
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.engine.engine import Engine
@@ -119,6 +123,27 @@ def main(argv: list[str] | None = None) -> int:
     result.save_png(args.out)
     print(json.dumps({**result.info(), "out": args.out}, indent=1))
     return 0
+
+
+def check_files(args: argparse.Namespace) -> str | None:
+    """The first input image that is not a readable file, or an --out in a folder that is not there; None if all
+    are well. What is inside the files the engine checks as it checks an upload."""
+    inputs = [("--reference", path) for path in args.reference]
+    inputs += [(flag, path) for flag, path in (("--image", args.image), ("--mask", args.mask)) if path]
+    for flag, path in inputs:
+        file = Path(path).expanduser()
+        if not file.exists():
+            return f"{flag} {path}: no such file"
+        if not file.is_file():
+            return f"{flag} {path}: not a file"
+        try:
+            file.open("rb").close()
+        except OSError as error:
+            return f"{flag} {path}: cannot be read ({error.strerror})"
+    folder = Path(args.out).expanduser().parent
+    if not folder.is_dir():
+        return f"--out {args.out}: the folder {folder} does not exist"
+    return None
 
 
 def run_lora(args: argparse.Namespace) -> int:

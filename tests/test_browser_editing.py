@@ -73,6 +73,8 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.6, steps=10)
     page.mouse.up()
     shot(page, "11-mask-painted")
+    # Issue 22, item 8: with an image in the editor the hint tells Inpaint's layout (its source doubles the tokens).
+    hint.get_by_text("inpaint 256x256 + 2 refs 1024x1024").wait_for()
 
     page.locator("#inpaint").click()
     info.get_by_text("inpaint, strength 0.9").wait_for()

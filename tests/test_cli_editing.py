@@ -57,3 +57,23 @@ def test_bad_editing_input_exits_2_with_one_line(run, tmp_path):
     (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     code, _, err = run("--reference", str(tmp_path / "bad.png"))
     assert code == 2 and "error: reference 1 is" in err
+
+
+def test_missing_files_are_named_before_the_model_loads(run, tmp_path, monkeypatch):
+    """Issue 22, item 13: a missing --reference was "the uploaded file cannot be read", after the model loaded."""
+    from neuron_ui.engine.engine import Engine
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the files were checked")
+
+    monkeypatch.setattr(Engine, "from_settings", no_load)
+    good = picture(tmp_path / "a.png", 64, 64)
+    missing = str(tmp_path / "no-such-photo.jpg")
+    code, out, err = run("--reference", good, "--reference", missing)
+    assert code == 2 and out == "" and err.strip().splitlines()[-1] == f"error: --reference {missing}: no such file"
+    code, _, err = run("--image", str(tmp_path), "--mask", good)
+    assert code == 2 and f"error: --image {tmp_path}: not a file" in err
+    code, _, err = run("--image", good, "--mask", missing)
+    assert code == 2 and f"error: --mask {missing}: no such file" in err
+    code, _, err = run("--out", str(tmp_path / "nowhere" / "out.png"))
+    assert code == 2 and f"the folder {tmp_path / 'nowhere'} does not exist" in err

@@ -12,6 +12,7 @@ from serving import GatedRunner
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.ui.words import status_rows
 
 
 def gen(engine, resolution="256x256", prompt="a lighthouse", **kw):
@@ -97,6 +98,13 @@ def test_presets_with_the_same_token_count_share_one_graph(make_engine):
     assert status.shape("256x384").shares_graph_with == "384x256"
     assert status.shape("256x384").state == "ready"
     assert status.shape("384x256").shares_graph_with is None
+    # Issue 22, item 12: one source for the graph's time: /status gives the shared graph's compile seconds to
+    # every size that uses it, and the status table shows the same figure from the same field.
+    owner, sharer = status.shape("384x256"), status.shape("256x384")
+    assert owner.compile_seconds and owner.compile_seconds > 0
+    assert sharer.compile_seconds == owner.compile_seconds and sharer.load_seconds is None
+    rows = {row[0]: row[3] for row in status_rows(status)}
+    assert rows["256x384"] == rows["384x256"] == f"{owner.compile_seconds:.1f}"
 
 
 def failing_backend_for(tokens):

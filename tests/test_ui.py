@@ -512,6 +512,32 @@ def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_pa
     assert restored_editor == {"background": str(source), "layers": [str(layer)], "composite": None}
 
 
+def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_image(engine, tmp_path):
+    """Issue 22, item 8: after uploading to the inpaint editor (and painting) the hint named nothing, and with 2
+    references it announced Generate's layout while Inpaint compiled another, its source doubling the tokens."""
+    handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
+    editing = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors, True, handlers.stored)
+    files = []
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (64, 48), (200, 10, 30)).save(tmp_path / name)
+        files.append({"path": str(tmp_path / name)})  # as the browser sends them (preprocess=False)
+    editor = {"background": {"path": str(tmp_path / "a.png")}, "layers": [{"path": str(tmp_path / "b.png")}],
+              "composite": None}
+    plain = engine.layout("256x256", 2, "512x512")
+    inpaint = engine.layout("256x256", 2, "512x512", inpaint=True)
+    assert inpaint.tokens == plain.tokens + 256  # the source image's latents join the sequence
+
+    without = editing.on_layout("256x256", files, "512x512", None)
+    assert f"{plain.tokens} image tokens" in without and "inpaint" not in without
+    hint = editing.on_layout("256x256", files, "512x512", editor)
+    assert f"**inpaint 256x256 + 2 refs 512x512** ({inpaint.tokens} image tokens" in hint
+    assert f"{plain.tokens} image tokens" in hint  # Generate's layout still said, after Inpaint's
+    alone = editing.on_layout("256x256", None, "512x512", editor)  # uploaded and painted, no references
+    assert alone.startswith("Inpaint: ") and "**inpaint 256x256** (512 image tokens" in alone
+    assert editing.on_layout("256x256", None, "512x512", {"background": None, "layers": []}) == describe_size(
+        engine.status().shape("256x256"))
+
+
 def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):
     assert handlers.on_seed_typed(1234) is False
     assert handlers.on_seed_typed(None) is True  # an emptied box randomizes again

@@ -10,6 +10,8 @@ from typing import Any, Callable
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from neuron_ui.contract.png import write_png
+
 # Shape states; "cold" shapes may still be on disk (ShapeStatus.on_disk).
 COLD, COMPILING, READY, FAILED = "cold", "compiling", "ready", "failed"
 
@@ -31,8 +33,9 @@ class ProgressUpdate:
 ProgressFn = Callable[[ProgressUpdate], None]
 
 
-# zlib level 1, not PIL's 6: every image waits for its PNG before it is sent. On a 1024x1024 photo level 1 took
-# 0.14 s against 0.21 s for a file 15% larger (1.44 MB vs 1.25 MB); level 0 (0.05 s) made it 2.2x larger (3.1 MB).
+# zlib level 1, not PIL's 6, for the PNGs nobody waits on in a round trip (the headless command's, MCP's): on a
+# 1024x1024 photo level 1 took 0.14 s against 0.21 s for a file 15% larger (1.44 MB vs 1.25 MB). The images the
+# UI and the API serve are written uncompressed instead (save_png(fast=True), contract/png.py).
 PNG_COMPRESS_LEVEL = 1
 
 
@@ -70,18 +73,26 @@ class GenerateResult:
         data.pop("image")
         return data
 
-    def png_info(self) -> PngInfo:
+    def png_text(self) -> list[tuple[str, str]]:
         """Parameters in the PNG itself, so a saved image remembers how to make it again."""
-        meta = PngInfo()
-        meta.add_text("parameters", json.dumps(self.info(), sort_keys=True))
-        for key in ("prompt", "resolution", "steps", "seed", "model"):
-            meta.add_text(key, str(getattr(self, key)))
-        meta.add_text("guidance", "not used" if self.guidance is None else f"{self.guidance:g}")
+        text = [("parameters", json.dumps(self.info(), sort_keys=True))]
+        text += [(key, str(getattr(self, key))) for key in ("prompt", "resolution", "steps", "seed", "model")]
+        text.append(("guidance", "not used" if self.guidance is None else f"{self.guidance:g}"))
         if self.lora is not None:
-            meta.add_text("lora", f"{self.lora} at {self.lora_scale:g} (sha256 {self.lora_sha256})")
+            text.append(("lora", f"{self.lora} at {self.lora_scale:g} (sha256 {self.lora_sha256})"))
+        return text
+
+    def png_info(self) -> PngInfo:
+        meta = PngInfo()
+        for key, value in self.png_text():
+            meta.add_text(key, value)
         return meta
 
-    def save_png(self, path: Path | str) -> Path:
+    def save_png(self, path: Path | str, fast: bool = False) -> Path:
+        """The PNG with its parameters; `fast` for one a user waits on: uncompressed, written in milliseconds
+        (contract/png.py), else deflated at PNG_COMPRESS_LEVEL (the headless command's file)."""
+        if fast:
+            return write_png(self.image, path, self.png_text())
         path = Path(path)
         self.image.save(path, format="PNG", pnginfo=self.png_info(), compress_level=PNG_COMPRESS_LEVEL)
         return path
@@ -98,8 +109,9 @@ class ShapeStatus:
     on_disk: bool = False
     warmup_queued: bool = False
     shares_graph_with: str | None = None
-    compile_seconds: float | None = None  # the latest compile from scratch
-    load_seconds: float | None = None  # the latest load of its compiled graph from the disk cache
+    # The latest compile from scratch, or load from the disk cache, of its graph (a size sharing a graph gets its time)
+    compile_seconds: float | None = None
+    load_seconds: float | None = None
     estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile; None if unknown
     estimate_guess: bool = False  # the estimate is a built-in guess: this machine has measured no compile yet
     hits: int = 0  # images served from the compiled graph in memory (memory_hit)

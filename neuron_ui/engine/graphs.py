@@ -160,7 +160,8 @@ class GraphBook:
             shape.error = graph.error
             if graph.compiled_by != layout:
                 shape.shares_graph_with = str(graph.compiled_by)
-            elif graph.event == DISK_HIT:
+            # A size that shares a graph gives the graph's time too: /status and the table read this one field.
+            if graph.event == DISK_HIT:
                 shape.load_seconds = graph.seconds
             else:
                 shape.compile_seconds = graph.seconds

@@ -173,11 +173,12 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
                                 edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
         wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
         reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **told)
-        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"]]
+        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["editor"]]
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
               editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
-        gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click],
-              editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
+        gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click,
+               edit_inpaint["editor"].change, edit_inpaint["button"].click],
+              editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **hidden)
         edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
                                  edit_refs["files"], **told)
         edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],

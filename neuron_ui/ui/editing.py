@@ -100,13 +100,19 @@ class EditingHandlers:
                 gr.Info(note)
         return [(f.image, f"{f.role}: {f.source_size[0]}x{f.source_size[1]} → {f.size} ({f.fit})") for f in fitted]
 
-    def on_layout(self, resolution: str, files: Any, reference_size: str, inpaint: bool = False) -> str:
+    def on_layout(self, resolution: str, files: Any, reference_size: str, editor: Any = None) -> str:
+        """What the next image's layout costs, before the click: Generate's, and while the inpaint editor holds an
+        image, Inpaint's too (its source image doubles the output's tokens: another graph). The editor's value
+        comes unprocessed (preprocess=False) and only whether it holds an image is read here."""
         try:
             count = min(len(file_paths(files, self.stored)), self.engine.max_references)
-            layout = self.engine.layout(resolution, count, reference_size, inpaint)
+            plain = describe_size(self.engine.layout_status(self.engine.layout(resolution, count, reference_size)))
+            if not (isinstance(editor, dict) and editor.get("background")):
+                return plain
+            inpaint = self.engine.layout(resolution, count, reference_size, inpaint=True)
         except ValueError as error:
             return str(error)
-        return describe_size(self.engine.layout_status(layout))
+        return f"Inpaint: {describe_size(self.engine.layout_status(inpaint))}\n\nGenerate: {plain}"
 
     def on_use_as_reference(self, image: str | None, files: Any) -> Any:
         """Put the shown result among the references (the oldest drops out when full)."""

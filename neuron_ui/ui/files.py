@@ -49,7 +49,7 @@ class ImageStore:
             path = self.folder / name
             self._saved.append(path)
             dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
-        result.save_png(path)
+        result.save_png(path, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
         for oldest in dropped:
             oldest.unlink(missing_ok=True)
         return str(path)

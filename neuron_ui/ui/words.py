@@ -179,12 +179,8 @@ def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
     return [(f"{s.resolution} ({s.aspect}) — {describe_state(s)}", s.resolution) for s in status.shapes]
 
 
-def graph_seconds(shape: ShapeStatus, status: EngineStatus) -> str:
-    """How long the size's graph took to be ready here; a size that shares a graph shows the sharer's time."""
-    if shape.shares_graph_with:
-        sharer = next((s for s in [*status.shapes, *status.layouts]
-                       if (s.layout or s.resolution) == shape.shares_graph_with), None)
-        shape = sharer or shape
+def graph_seconds(shape: ShapeStatus) -> str:
+    """How long the size's graph took to be ready here (a size that shares a graph carries the graph's time)."""
     if shape.compile_seconds is not None and shape.state == READY:
         return f"{shape.compile_seconds:.1f}"
     if shape.load_seconds is not None and shape.state == READY:
@@ -195,7 +191,7 @@ def graph_seconds(shape: ShapeStatus, status: EngineStatus) -> str:
 def status_rows(status: EngineStatus) -> list[list[str]]:
     """One row per preset; every column means one thing (TABLE_LEGEND says which)."""
     return [
-        [s.resolution, s.aspect, describe_state(s), graph_seconds(s, status), str(s.images),
+        [s.resolution, s.aspect, describe_state(s), graph_seconds(s), str(s.images),
          "—" if s.last_latency is None else f"{s.last_latency:.2f}"]
         for s in status.shapes
     ]

@@ -1,0 +1,31 @@
+"""The README's set-up, for real in a fresh virtual environment: after `pip install -r requirements.txt` the
+headless command runs from any folder (issue 22, item 13: it worked only from the repo root)."""
+
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow  # a virtual environment and a pip install (about 15 s)
+def test_after_the_requirements_python_m_neuron_ui_runs_from_any_folder(tmp_path):
+    env_dir = tmp_path / "env"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)  # the dependencies: those installed here
+    python = env_dir / "bin" / "python"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    before = subprocess.run([str(python), "-m", "neuron_ui", "--help"], cwd=elsewhere, capture_output=True, text=True,
+                            check=False)
+    assert before.returncode != 0 and "No module named neuron_ui" in before.stderr  # not there until installed
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-r", "requirements.txt"], cwd=ROOT,
+                   check=True, capture_output=True, text=True, timeout=300)
+    after = subprocess.run([str(python), "-m", "neuron_ui", "--help"], cwd=elsewhere, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert after.returncode == 0 and "usage: python -m neuron_ui" in after.stdout
+    code = "import neuron_ui.ui.blocks as b; print(b.__file__)"
+    found = subprocess.run([str(python), "-c", code], check=True,
+                           cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert found.stdout.strip() == str(ROOT / "neuron_ui" / "ui" / "blocks.py")  # this checkout, editable
