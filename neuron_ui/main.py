@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.processes import limit_heap_arenas
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState
@@ -165,6 +166,7 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    limit_heap_arenas()  # before any thread: the server's memory stays flat (config/processes.py)
     set_offline_defaults()
     settings = parse_settings(argv)
     launch_info = detect_launch()

@@ -42,3 +42,41 @@ def test_per_session_and_per_event_records_stay_bounded(tmp_path, monkeypatch):
         assert held("analytics_events") <= 1
         wait_until(lambda: held("event_ids") <= 10, "the evicted sessions' event ids forgotten", timeout=10)
         assert result(s.url, unread[-1])["compile_backend"] == "eager"  # a recent one still finds its answer
+
+
+
+HEAP_CHURN = """
+import ctypes, sys, threading
+from neuron_ui.config.processes import limit_heap_arenas, release_free_heap
+if sys.argv[1] == "capped":
+    assert limit_heap_arenas(2)
+start = threading.Barrier(16)
+def request():  # a request's thread: its buffers (an image's tensors, its PNG) at once with the others'
+    start.wait()
+    blocks = [bytearray(4096) for _ in range(2_000)]
+    del blocks
+threads = [threading.Thread(target=request) for _ in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+release_free_heap()
+ctypes.CDLL("libc.so.6").malloc_stats()  # to stderr: one "Arena N:" section per arena
+"""
+
+
+def test_the_server_caps_its_heap_arenas_so_threads_share_freed_memory():
+    """glibc gives each thread that allocates while others do an arena of its own, which keeps its freed pages for
+    itself: with a server's many request threads RSS crept up (bench/soak.py: +80 MB in 4 minutes, flat with the
+    cap). main() caps the arenas at 2 before any thread starts; here 16 threads allocate at once, without and
+    with that cap."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def arenas(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", HEAP_CHURN, mode], capture_output=True, text=True, timeout=120,
+                              check=True, cwd=Path(__file__).resolve().parents[1])
+        return len(re.findall(r"^Arena \d+:", done.stderr, re.MULTILINE))
+
+    assert arenas("default") > 2
+    assert arenas("capped") == 2
+

@@ -17,6 +17,7 @@ import gradio as gr
 from starlette.requests import Request
 from starlette.routing import Mount
 
+from neuron_ui.config.processes import release_free_heap
 from neuron_ui.ui.files import ASSETS
 
 if TYPE_CHECKING:
@@ -227,10 +228,12 @@ async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack) -> N
 
 async def _housekeeping(demo: gr.Blocks, gradio_app: Any) -> None:
     """Every HOUSEKEEPING_SECONDS, on the server's loop (where Gradio changes these): forget() what Gradio 6.31
-    keeps of finished events and deleted files."""
+    keeps of finished events and deleted files, then hand the C heap's free pages back (images and tensors freed
+    since are counted in RSS until then)."""
     while True:
         await asyncio.sleep(HOUSEKEEPING_SECONDS)
         forget(demo, gradio_app)
+        release_free_heap()
 
 
 async def _cancel(task: asyncio.Task) -> None:
