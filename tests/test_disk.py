@@ -111,11 +111,11 @@ class Disk:
     def fill(self) -> None:
         self.full = True
         if self.real:
-            with open(self.folder / "filler", "wb") as handle:
+            # Unbuffered: a buffered file keeps the bytes a short write left, and its close() raised ENOSPC again.
+            with open(self.folder / "filler", "wb", buffering=0) as handle:
                 try:
                     while True:
                         handle.write(b"\0" * MiB)
-                        handle.flush()
                 except OSError as error:
                     assert error.errno == errno.ENOSPC
 
