@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 from ray.exceptions import RayActorError
+from test_replicas_turns import Stream
 
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.settings import Settings
@@ -22,17 +23,6 @@ from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
 from neuron_ui.ui.words import describe_activity, describe_result
 
 LOST_AFTER = 0.3  # seconds the first replica works before it dies
-
-
-class Stream:
-    def __init__(self, messages):
-        self.messages = messages
-
-    def __iter__(self):
-        return self.messages
-
-    def cancel(self):
-        pass
 
 
 class Handle:
