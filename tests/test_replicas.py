@@ -24,6 +24,7 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.replicas.board import REPORT_SECONDS
 
 # Nothing here imports Ray at collection: serving.build_replicas sets the variable that binds a local Ray to
 # loopback, and Ray reads it once, when it is first imported (test_ray_listens_on_loopback_only... checks it).
@@ -306,7 +307,7 @@ def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(de
 
 def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     client = deployment.engine
-    slow = request(seed=7, steps=100)
+    slow = request(seed=7, steps=300)
     reference = client.generate(slow)
     outcome: dict = {}
     updates: list = []
@@ -314,10 +315,14 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow, updates.append)),
                               daemon=True)
     worker.start()
-    # Once our image runs, the one busy replica is ours (the reference's replica may still read busy just before).
+    # Once our image runs, the one busy replica is ours. A report from before the reference ended could still say
+    # its replica is busy: wait two report intervals, and take only a report younger than one.
     wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
-    busy = wait_until(lambda: next((snap for _, snap in client.reports().values() if snap["busy"]), None),
+    time.sleep(2 * REPORT_SECONDS)
+    busy = wait_until(lambda: next((snap for age, snap in client.reports().values()
+                                    if snap["busy"] and age < REPORT_SECONDS), None),
                       "a replica is busy", timeout=TIMEOUT)
+    assert "result" not in outcome  # still running when its replica is killed
     os.kill(busy["pid"], signal.SIGKILL)
     killed_after = time.perf_counter() - sent
     from neuron_ui.ui.words import describe_activity
