@@ -307,7 +307,7 @@ def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(de
 
 def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     client = deployment.engine
-    slow = request(seed=7, steps=300)
+    slow = request(seed=7, steps=100)
     reference = client.generate(slow)
     outcome: dict = {}
     updates: list = []
