@@ -24,7 +24,6 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
-from neuron_ui.replicas.board import REPORT_SECONDS
 
 # Nothing here imports Ray at collection: serving.build_replicas sets the variable that binds a local Ray to
 # loopback, and Ray reads it once, when it is first imported (test_ray_listens_on_loopback_only... checks it).
@@ -315,6 +314,8 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow, updates.append)),
                               daemon=True)
     worker.start()
+    from neuron_ui.replicas.board import REPORT_SECONDS  # here, not at the top: it imports Ray
+
     # Once our image runs, the one busy replica is ours. A report from before the reference ended could still say
     # its replica is busy: wait two report intervals, and take only a report younger than one.
     wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
