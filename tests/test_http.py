@@ -2,6 +2,7 @@
 endpoints only, only through the queue and its bound, /status never behind the device, files only our own,
 a message with every error, and what still answers without a login."""
 
+import io
 import json
 import logging
 import os
@@ -361,3 +362,21 @@ def test_every_route_but_the_login_pages_asks_for_the_login(locked):
             status = response.status_code  # the headers: a stream (a heartbeat) is not read on
         (refused if status == 401 else answered).append(f"{method} {path} {status}")
     assert answered == [] and len(refused) > 60, (len(refused), answered)
+
+
+def test_an_image_made_over_plain_http_downloads_whole_in_one_megabyte_pieces(gated):
+    """What a browser or curl does: POST, the event stream, the PNG. Starlette's 64 kB pieces doubled the download
+    of a 1024x1024 PNG (server/server.py); a piece of 1 MB is what a reader that never reads can hold."""
+    from starlette.responses import FileResponse
+
+    from neuron_ui.server.server import DOWNLOAD_PIECE
+
+    s = gated
+    event_id = post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"]
+    event, data = result_of(s, "generate", event_id)
+    assert event == "complete", data
+    image = httpx.get(data[0]["url"], timeout=TIMEOUT)
+    assert image.status_code == 200 and int(image.headers["content-length"]) == len(image.content)
+    with Image.open(io.BytesIO(image.content)) as back:
+        assert back.size == (256, 256) and json.loads(back.text["parameters"])["seed"] == 1
+    assert FileResponse.chunk_size == DOWNLOAD_PIECE == 1 << 20

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neuron_ui.contract.png import write_png
+from neuron_ui.contract.png import stored_deflate, write_png
 from neuron_ui.contract.results import GenerateResult
 from neuron_ui.ui.files import ImageStore
 
@@ -66,3 +66,20 @@ def test_the_image_store_writes_the_png_a_user_waits_on_uncompressed(tmp_path):
     assert len(idat(tmp_path / "images" / path.rsplit("/", 1)[1])) > len(raw)  # stored blocks, not compressed
     with Image.open(path) as back:
         assert back.getpixel((5, 5)) == (10, 200, 30) and json.loads(back.text["parameters"])["seed"] == 7
+
+
+@pytest.mark.parametrize("size", [1, 0xFFFF - 1, 0xFFFF, 0xFFFF + 1, 3 * 0xFFFF + 17])
+def test_stored_deflate_is_a_zlib_stream_of_the_bytes_across_block_edges(size):
+    """Written in pieces that point into the pixels (no copy); zlib reads them back, its checksum included."""
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    pieces = stored_deflate(memoryview(data))
+    assert zlib.decompress(b"".join(pieces)) == data
+    assert sum(isinstance(piece, memoryview) for piece in pieces) == -(-size // 0xFFFF)  # the blocks: views
+
+
+def test_a_1024_square_png_is_read_back_by_pil_with_every_crc_checked(tmp_path):
+    image = noise("RGB", size=(1024, 1024))
+    path = write_png(image, tmp_path / "big.png", [("parameters", "{}")])
+    assert zlib.decompress(idat(path))[1:1 + 3 * 1024] == np.asarray(image)[0].tobytes()
+    with Image.open(path) as back:
+        assert np.array_equal(np.asarray(back), np.asarray(image))

@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import FileResponse
 from starlette.routing import Route
 
 from neuron_ui.contract import stopping
@@ -52,6 +53,10 @@ logger = logging.getLogger(__name__)
 DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
 MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"
 MCP_PATHS = ("/gradio_api/mcp", "/gradio_api/mcp/")  # Gradio's upload route takes what editing accepts, no more
+# Starlette sends a file 64 kB at a time, each piece a thread hop and a pass through every middleware: the 3 MB PNG
+# of a 1024x1024 image took 14 ms to download, 7 ms in 1 MB pieces (docs/performance.md). A reader that never
+# reads holds one piece of memory at most.
+DOWNLOAD_PIECE = 1 << 20
 
 
 class Server:
@@ -173,6 +178,7 @@ class Server:
             raise RuntimeError("start() the server before mounting the UI")
         if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/routes.py)
             raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
+        FileResponse.chunk_size = DOWNLOAD_PIECE  # Gradio's file route answers with Starlette's FileResponse
         self.gradio_app = gradio_bridge.mount(self.app, demo, self.settings, MAX_UPLOAD)
         asyncio.run_coroutine_threadsafe(gradio_bridge.start(demo, self.gradio_app, self._gradio_lifespan),
                                          self._loop).result(timeout)
