@@ -31,15 +31,17 @@ def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
         check=True, capture_output=True, text=True, timeout=300,
     )
     results = json.loads(out.read_text())
-    assert set(results["overhead"]["ratio_to_plain"]) == {"plain", "engine", "round_trip", "engine_no_prompt_cache"}
+    assert set(results["overhead"]["ratio_to_plain"]) == {"plain", "engine", "round_trip", "http_round_trip",
+                                                          "engine_no_prompt_cache"}
     # Issue 22: each repeat of the overhead section is kept, with what each variant adds over the plain call in ms.
     runs = results["overhead_runs"]
     assert len(runs) == 2 and results["overhead"] in runs
     for run in runs:
         added = (run["median_s"]["round_trip"] - run["median_s"]["plain"]) * 1000
         assert run["added_ms"]["plain"] == 0 and abs(run["added_ms"]["round_trip"] - added) < 0.1
-        paired = run["round_trip_paired_ms"]
-        assert 0 < paired["spread"][0] <= paired["median"] <= paired["spread"][1]  # a round trip costs something
+        for client in ("round_trip", "http_round_trip"):  # gradio_client's and plain HTTP's
+            paired = run[f"{client}_paired_ms"]
+            assert 0 < paired["spread"][0] <= paired["median"] <= paired["spread"][1]  # a round trip costs something
         assert set(run["png_write_ms"]) == {"uncompressed", "zlib_level_1"} and run["png_write_ms"]["uncompressed"] > 0
     assert results["targets"]["round_trip_added_ms"]["measured"] == [r["added_ms"]["round_trip"] for r in runs]
     throughput = results["throughput"]
@@ -50,7 +52,7 @@ def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
     assert all(0 < seconds < 20 * stop["step_s"] + 2 for seconds in stop["stop_to_next_start_s"].values())
     assert set(results["targets"]) == {"round_trip_over_plain", "clients_throughput_over_plain_loop",
                                        "engine_no_prompt_cache_over_plain", "round_trip_added_ms",
-                                       "round_trip_paired_ms"}
+                                       "round_trip_paired_ms", "http_round_trip_paired_ms"}
 
 
 def test_decode_memory_bench_runs_at_toy_size(tmp_path):
