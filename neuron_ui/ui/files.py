@@ -1,4 +1,5 @@
-"""Where images are written for Gradio to serve: a private folder per process, bounded."""
+"""Where images are written for Gradio to serve: a persistent folder in the cache folder, bounded, and a private
+folder per process for everything else Gradio keeps (uploads)."""
 
 from __future__ import annotations
 
@@ -23,36 +24,75 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
+IMAGES = "images"  # the images' folder in the cache folder, and the link to it in the private folder
+IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
 
 
 class ImageStore:
     """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
 
-    The folder lies inside this process's private Gradio folder (private_file_folder), so Gradio serves the PNGs
-    in place instead of copying each one into its cache (which nothing would ever clean): one folder, bounded,
-    removed at exit. A random part in each name keeps users from guessing the address of someone else's image.
+    `folder` is where they are (build_image_store: `<cache>/images`, so a restart finds them for the browsers'
+    stored histories); `served` is the path handed out for it, the link `<private folder>/images` (one folder of
+    served files, whose prefix the gate cuts from answers: a history entry's path stays the same across restarts).
+    Gradio serves the folder in place (gradio_bridge.serve_in_place) rather than copying each PNG into its cache.
+    The bound holds across restarts: the files already there count, oldest (by their number) dropped first. A random
+    part in each name keeps users from guessing the address of someone else's image.
     """
 
-    def __init__(self, folder: Path | None = None, keep: int = 512):
+    def __init__(self, folder: Path | None = None, keep: int = 512, served: Path | None = None):
         if folder is None:
             folder = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.served = Path(served) if served is not None else self.folder
         self.keep = keep
-        self._saved: collections.deque[Path] = collections.deque()
-        self._numbers = itertools.count(1)
         self._lock = threading.Lock()
+        found = self._found()
+        self._saved: collections.deque[str] = collections.deque(name for _, name in found)
+        self._numbers = itertools.count(found[-1][0] + 1 if found else 1)
+        self._drop()
+
+    def _found(self) -> list[tuple[int, str]]:
+        """The images a previous process left here, oldest first (numbers only grow: a restart continues them)."""
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return []
+        named = [(int(m.group(1)), e.name) for e in entries
+                 if (m := IMAGE_NAME.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
+        return sorted(named)
+
+    def _drop(self) -> None:
+        with self._lock:
+            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
+        for oldest in dropped:
+            (self.folder / oldest).unlink(missing_ok=True)
 
     def save(self, result: GenerateResult) -> str:
         with self._lock:
             name = f"{next(self._numbers):05d}-{secrets.token_hex(4)}-{result.resolution}-seed{result.seed}.png"
-            path = self.folder / name
-            self._saved.append(path)
-            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
-        result.save_png(path, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
-        for oldest in dropped:
-            oldest.unlink(missing_ok=True)
-        return str(path)
+            self._saved.append(name)
+        result.save_png(self.folder / name, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
+        self._drop()
+        return str(self.served / name)
+
+
+def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
+    """The images in `<cache_dir>/images` (mode 0700), served through the link `<private folder>/images`. A cache
+    folder that cannot hold them gets a folder inside the private one: served, bounded, gone at exit (one warning)."""
+    folder = Path(cache_dir).expanduser().resolve() / IMAGES
+    link = private_file_folder() / IMAGES
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        if not link.is_symlink():
+            link.symlink_to(folder, target_is_directory=True)
+        elif os.readlink(link) != str(folder):
+            raise FileExistsError(f"{link} already links to {os.readlink(link)}")
+    except OSError as error:
+        logger.warning("cannot keep images in %s (%s): they last until this process stops", folder, error)
+        return ImageStore(keep=keep)
+    return ImageStore(folder, keep, served=link)
 
 
 PRIVATE_FOLDER = re.compile(r"neuron-ui-(\d+)-\w+")
