@@ -51,7 +51,7 @@ class FileDoors:
     def file_route(self, scope: dict) -> tuple[dict, Refusal | None]:
         """A request on a file route names one of the app's files, or is refused before Gradio sees it: a relative
         name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one must lie
-        in it too ('..' folded first), and under the images' link (ui/files.py) only a name the store makes is served.
+        in it too ('..' folded first), and in the images' folders (ui/files.py) only a name the store makes is served.
         Gradio then checks the file itself (links resolved)."""
         path = scope["path"]
         route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
@@ -62,8 +62,8 @@ class FileDoors:
             full = self.server.stored.resolve(name)
         except ForeignFile:
             return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app")
-        images = self.server.stored.prefix + IMAGES + os.sep
-        if full.startswith(images) and not IMAGE_NAME.fullmatch(full[len(images):]):
+        folder, _, rest = full[len(self.server.stored.prefix):].partition(os.sep)
+        if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
             return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
         routed = FILE_ROUTES[0] + full
         return {**scope, "path": routed, "raw_path": routed.encode()}, None

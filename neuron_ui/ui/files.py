@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import errno
+import hashlib
 import itertools
 import logging
 import os
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.config.processes import pid_alive
+from neuron_ui.contract.errors import EngineError
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import GenerateResult
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
-IMAGES = "images"  # the images' folder in the cache folder, and the link to it in the private folder
+IMAGES = "images"  # the images' folder in the cache folder; its link in the private folder is named images-<hash>
 IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
 
 
@@ -32,8 +35,8 @@ class ImageStore:
     """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
 
     `folder` is where they are (build_image_store: `<cache>/images`, so a restart finds them for the browsers'
-    stored histories); `served` is the path handed out for it, the link `<private folder>/images` (one folder of
-    served files, whose prefix the gate cuts from answers: a history entry's path stays the same across restarts).
+    stored histories); `served` is the path handed out for it, a link in the private folder (one folder of served
+    files, whose prefix the gate cuts from answers: a history entry's path stays the same across restarts).
     Gradio serves the folder in place (gradio_bridge.serve_in_place) rather than copying each PNG into its cache.
     The bound holds across restarts: the files already there count, oldest (by their number) dropped first. A random
     part in each name keeps users from guessing the address of someone else's image.
@@ -72,23 +75,32 @@ class ImageStore:
         with self._lock:
             name = f"{next(self._numbers):05d}-{secrets.token_hex(4)}-{result.resolution}-seed{result.seed}.png"
             self._saved.append(name)
-        result.save_png(self.folder / name, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
+        try:
+            result.save_png(self.folder / name, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
+        except OSError as error:
+            (self.folder / name).unlink(missing_ok=True)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise EngineError("the image was made but the server's disk is full, so it could not be saved; "
+                                  "free some space (the cache folder's) and try again") from None
+            raise
         self._drop()
         return str(self.served / name)
 
 
 def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
-    """The images in `<cache_dir>/images` (mode 0700), served through the link `<private folder>/images`. A cache
-    folder that cannot hold them gets a folder inside the private one: served, bounded, gone at exit (one warning)."""
+    """The images in `<cache_dir>/images` (mode 0700), served through the link `<private folder>/images-<hash>`, named
+    after the folder: the same name after a restart, and its own for each cache folder a process serves (the tests
+    serve several). A cache folder that cannot hold them gets a folder inside the private one: served, bounded, gone
+    at exit (one warning)."""
     folder = Path(cache_dir).expanduser().resolve() / IMAGES
-    link = private_file_folder() / IMAGES
+    link = private_file_folder() / f"{IMAGES}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
         if not link.is_symlink():
             link.symlink_to(folder, target_is_directory=True)
         elif os.readlink(link) != str(folder):
-            raise FileExistsError(f"{link} already links to {os.readlink(link)}")
+            raise FileExistsError(f"{link} links to {os.readlink(link)}")
     except OSError as error:
         logger.warning("cannot keep images in %s (%s): they last until this process stops", folder, error)
         return ImageStore(keep=keep)
