@@ -116,7 +116,7 @@ def private_file_folder(environ: Any = os.environ) -> Path:
     Gradio's file route serves everything under GRADIO_TEMP_DIR (default <temp>/gradio: other apps' and other
     users' files too) and under GRADIO_EXAMPLES_CACHE; both are pointed here, inside the folder they named
     (or <temp>), so this app serves only its own files. Gradio reads them when it builds components and mounts,
-    so this runs first (ImageStore() in build_demo). Folders of killed processes (`neuron-ui-<pid>-*` whose pid
+    so this runs first (Server() and build_demo). Folders of killed processes (`neuron-ui-<pid>-*` whose pid
     is gone) are swept.
     """
     current = Path(environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir())
