@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import stat
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -69,7 +70,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch):
     made = image()
 
     def full(path, fast=False):
-        open(path, "wb").write(b"\x89PNG half")
+        Path(path).write_bytes(b"\x89PNG half")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(made, "save_png", full)

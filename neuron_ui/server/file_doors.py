@@ -4,8 +4,8 @@ uploads stay within their budget.
 The API takes files as sent (preprocess=False), and so does the inpaint editor, so a path in a request would be read
 from disk as is: `full_paths` refuses (ForeignFile, a 403) any that is not inside the app's folder, before anything
 reads it, with the one rule of contract/files.py; `file_route` applies the same rule to the file route (Gradio's own
-list of what it serves is the interpreter's, and grows with gradio_bridge.serve_in_place). Uploads reach Gradio only within the disk budget of
-ui/uploads.py: `admit_upload` refuses the rest in one line, unread.
+list of what it serves is the interpreter's, and grows with gradio_bridge.serve_in_place). Uploads reach Gradio only
+within the disk budget of ui/uploads.py: `admit_upload` refuses the rest in one line, unread.
 """
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ class ImageStore:
         try:
             result.save_png(self.folder / name, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
         except OSError as error:
-            (self.folder / name).unlink(missing_ok=True)
+            (self.folder / name).unlink(missing_ok=True)  # no half-written PNG is left, or counted
+            with self._lock:
+                self._saved.remove(name)
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise EngineError("the image was made but the server's disk is full, so it could not be saved; "
                                   "free some space (the cache folder's) and try again") from None
