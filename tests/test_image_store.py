@@ -65,19 +65,41 @@ def test_a_cache_folder_that_cannot_hold_images_gets_a_private_folder_and_one_wa
     assert os.path.isfile(store.save(image()))
 
 
+def full_disk(made, folder, monkeypatch):
+    """`made` cannot be written into `folder` (ENOSPC after half a file), elsewhere as usual."""
+    save = made.save_png
+
+    def short_of_room(path, fast=False):
+        if Path(path).parent == folder:
+            Path(path).write_bytes(b"\x89PNG half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return save(path, fast)
+
+    monkeypatch.setattr(made, "save_png", short_of_room)
+
+
 def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch):
     store = ImageStore(tmp_path / "images")
     made = image()
-
-    def full(path, fast=False):
-        Path(path).write_bytes(b"\x89PNG half")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(made, "save_png", full)
+    full_disk(made, store.folder, monkeypatch)
     with pytest.raises(EngineError, match="^the image was made but the server's disk is full") as error:
         store.save(made)
     assert "\n" not in str(error.value) and str(tmp_path) not in str(error.value)
     assert names(store.folder) == []
+
+
+def test_a_full_cache_disk_keeps_images_in_the_private_folder_until_there_is_room(tmp_path, monkeypatch, caplog):
+    store = build_image_store(tmp_path / "cache", keep=2)
+    made = image()
+    full_disk(made, store.folder, monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        spilled = [store.save(made) for _ in range(3)]
+    assert len([r for r in caplog.records if "no room for images" in r.message]) == 1
+    assert names(store.folder) == [] and all(Path(p).parent.parent == private_file_folder() for p in spilled)
+    assert [Path(p).is_file() for p in spilled] == [False, True, True]  # bounded there too
+    monkeypatch.undo()  # room again: back in the cache folder, the bound over both
+    kept = store.save(image())
+    assert Path(kept).parent == store.served and [Path(p).is_file() for p in spilled] == [False, False, True]
 
 
 def test_a_restored_history_keeps_entries_whose_images_are_there_and_drops_the_rest(tmp_path):

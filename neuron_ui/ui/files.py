@@ -31,6 +31,10 @@ IMAGES = "images"  # the images' folder in the cache folder; its link in the pri
 IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
 
 
+DISK_FULL = ("the image was made but the server's disk is full, so it could not be saved; free some space and try "
+             "again")
+
+
 class ImageStore:
     """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
 
@@ -39,21 +43,26 @@ class ImageStore:
     files, whose prefix the gate cuts from answers: a history entry's path stays the same across restarts).
     Gradio serves the folder in place (gradio_bridge.serve_in_place) rather than copying each PNG into its cache.
     The bound holds across restarts: the files already there count, oldest (by their number) dropped first. A random
-    part in each name keeps users from guessing the address of someone else's image.
+    part in each name keeps users from guessing the address of someone else's image. With `spill`, an image the
+    folder's disk has no room for goes to a folder in the private one (served, not kept across a restart), as the
+    compile cache falls back to a temporary folder; without, or with no room there either, it is one line: DISK_FULL.
     """
 
-    def __init__(self, folder: Path | None = None, keep: int = 512, served: Path | None = None):
+    def __init__(self, folder: Path | None = None, keep: int = 512, served: Path | None = None, spill: bool = False):
         if folder is None:
             folder = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
         self.folder = Path(folder)
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.served = Path(served) if served is not None else self.folder
         self.keep = keep
+        self.spill = spill
+        self._spilled: Path | None = None  # the spill folder, once made
+        self._spilling = False  # the last image went there (logged once each time it starts)
         self._lock = threading.Lock()
         found = self._found()
-        self._saved: collections.deque[str] = collections.deque(name for _, name in found)
+        self._saved: collections.deque[Path] = collections.deque(self.folder / name for _, name in found)
         self._numbers = itertools.count(found[-1][0] + 1 if found else 1)
-        self._drop()
+        self._keep_bound()
 
     def _found(self) -> list[tuple[int, str]]:
         """The images a previous process left here, oldest first (numbers only grow: a restart continues them)."""
@@ -65,28 +74,58 @@ class ImageStore:
                  if (m := IMAGE_NAME.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
         return sorted(named)
 
-    def _drop(self) -> None:
+    def _keep_bound(self, saved: Path | None = None) -> None:
         with self._lock:
+            if saved is not None:
+                self._saved.append(saved)
             dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
         for oldest in dropped:
-            (self.folder / oldest).unlink(missing_ok=True)
+            oldest.unlink(missing_ok=True)
 
     def save(self, result: GenerateResult) -> str:
         with self._lock:
             name = f"{next(self._numbers):05d}-{secrets.token_hex(4)}-{result.resolution}-seed{result.seed}.png"
-            self._saved.append(name)
         try:
-            result.save_png(self.folder / name, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
+            path, served = write_png_file(result, self.folder / name), self.served / name
+            if self._spilling:
+                logger.info("images are kept in %s again", self.folder)
+            self._spilling = False
         except OSError as error:
-            (self.folder / name).unlink(missing_ok=True)  # no half-written PNG is left, or counted
-            with self._lock:
-                self._saved.remove(name)
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise EngineError("the image was made but the server's disk is full, so it could not be saved; "
-                                  "free some space (the cache folder's) and try again") from None
-            raise
-        self._drop()
-        return str(self.served / name)
+            if not disk_full(error):
+                raise
+            if not self.spill:
+                raise EngineError(DISK_FULL) from None
+            if not self._spilling:
+                logger.warning("no room for images in %s: new ones are kept until this process stops", self.folder)
+            self._spilling = True
+            try:
+                path = served = write_png_file(result, self._spill_folder() / name)
+            except OSError as again:
+                if disk_full(again):
+                    raise EngineError(DISK_FULL) from None
+                raise
+        self._keep_bound(path)
+        return str(served)
+
+    def _spill_folder(self) -> Path:
+        with self._lock:
+            if self._spilled is None:
+                self._spilled = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
+            return self._spilled
+
+
+def write_png_file(result: GenerateResult, path: Path) -> Path:
+    """The PNG a user waits on, uncompressed (contract/png.py); nothing half-written is left behind."""
+    try:
+        result.save_png(path, fast=True)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
@@ -106,7 +145,7 @@ def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
     except OSError as error:
         logger.warning("cannot keep images in %s (%s): they last until this process stops", folder, error)
         return ImageStore(keep=keep)
-    return ImageStore(folder, keep, served=link)
+    return ImageStore(folder, keep, served=link, spill=True)
 
 
 PRIVATE_FOLDER = re.compile(r"neuron-ui-(\d+)-\w+")
