@@ -14,7 +14,7 @@ from test_browser import (
     status_table,
     wait_until,
 )
-from test_browser_session import set_steps
+from test_browser_session import history_count, set_steps
 
 from neuron_ui.config.processes import free_port
 from neuron_ui.engine.setup import WARMUP_PROMPT
@@ -153,8 +153,8 @@ def test_a_phone_sees_progress_where_it_tapped(browser, url):  # noqa: F811
 
 
 def test_a_restart_keeps_the_browser_session(browser, tmp_path):  # noqa: F811
-    """The form comes back after a restart on the same cache folder (the BrowserState secret is kept there). The
-    history's images lived in the old process's private folder, so its entries are dropped, not shown broken.
+    """The form and the history come back after a restart on the same cache folder (the BrowserState secret and the
+    images are kept there): the history's image shows, and clicking it restores its prompt and image.
     Then a Stop during the size's disk-cache load: its reason shows, and no line still says "Compiling now"."""
     port = free_port()
     context = browser.new_context(viewport={"width": 1360, "height": 1000})
@@ -175,6 +175,16 @@ def test_a_restart_keeps_the_browser_session(browser, tmp_path):  # noqa: F811
             page.wait_for_function(
                 "() => document.querySelector('#prompt textarea')?.value === 'a lighthouse kept across restarts'")
             assert page.locator("#resolution input").input_value().startswith("384x256")
+            wait_until(lambda: history_count(page) == 1, "the history comes back with its image")
+            page.wait_for_function("() => { const i = document.querySelector('#history .thumbnail-item img'); "
+                                   "return i && i.complete && i.naturalWidth > 0 }")  # served by the new process
+            page.locator("#prompt textarea").fill("another idea")
+            page.locator("#history .thumbnail-item").first.click()
+            page.wait_for_function(
+                "() => document.querySelector('#prompt textarea')?.value === 'a lighthouse kept across restarts'")
+            page.wait_for_function("() => { const i = document.querySelector('#image img'); "
+                                   "return i && i.complete && i.naturalWidth === 384 }")
+            shot(page, "42-history-after-a-restart")
 
             page.locator("#size-hint").get_by_text("Cached on disk").wait_for()
             page.locator("#generate").click()

@@ -148,8 +148,9 @@ def test_the_file_route_serves_only_this_apps_files(gated):
             assert s.get(f"/gradio_api/file={target}").status_code == 403, target
     finally:
         planted.unlink()
-    folder = s.handlers().store.folder
-    assert folder.parent == private_file_folder() and folder.parent.stat().st_mode & 0o077 == 0
+    store = s.handlers().store  # results are kept in the cache folder, served through a link in the private one
+    assert store.served.parent == private_file_folder() and private_file_folder().stat().st_mode & 0o077 == 0
+    assert store.folder.parent == s.settings.cache_dir.resolve() and store.folder.stat().st_mode & 0o077 == 0
 
 
 def test_a_dead_process_folder_is_swept_at_start(tmp_path):

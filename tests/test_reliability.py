@@ -539,8 +539,8 @@ def test_no_input_becomes_a_file_path(server):
 def test_generated_files_stay_in_one_folder_with_bounded_retention(server, tmp_path):
     s, _ = server
     store = s.handlers().store
-    assert store.folder.parent == private_file_folder()
-    outside = {p for p in private_file_folder().rglob("*") if store.folder not in p.parents}
+    assert store.served.parent == private_file_folder() and store.served.resolve() == store.folder
+    outside = {p for p in private_file_folder().rglob("*") if store.served not in p.parents}
     client = connect(s.url, tmp_path, download_files=False)  # answers carry the path inside the private folder
     keep, store.keep = store.keep, 3
     try:
@@ -549,10 +549,10 @@ def test_generated_files_stay_in_one_folder_with_bounded_retention(server, tmp_p
     finally:
         store.keep = keep
         client.close()
-    assert all(p.parent == store.folder for p in served_paths)  # served in place, not copied into Gradio's cache
+    assert all(p.parent == store.served for p in served_paths)  # served in place, not copied into Gradio's cache
     assert [p.is_file() for p in served_paths] == [False, False, True, True, True]
     assert len(list(store.folder.glob("*.png"))) <= 3
-    assert {p for p in private_file_folder().rglob("*") if store.folder not in p.parents} == outside
+    assert {p for p in private_file_folder().rglob("*") if store.served not in p.parents} == outside
 
 
 # -- operations -------------------------------------------------------------------------------------------

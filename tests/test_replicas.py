@@ -201,6 +201,20 @@ def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, t
         client.generate(GenerateRequest("gone", "256x256", references=[str(tmp_path / "missing.png")]))
 
 
+def test_the_front_keeps_the_images_in_the_cache_folder(deployment, tmp_path):
+    """With replicas the front writes and serves the images (issue 22, item 2): in its cache folder, so a restart of
+    the front finds the browsers' histories' images."""
+    from serving import call, connect
+
+    client = connect(deployment.url, tmp_path, download_files=False)
+    image, _ = call(client, "a lighthouse", "256x256", 2, 6)
+    client.close()
+    store = deployment.handlers().store
+    name = image["path"].rsplit("/", 1)[1]
+    assert store.folder == (deployment.settings.cache_dir / "images").resolve() and (store.folder / name).is_file()
+    assert deployment.get("/gradio_api/file=" + image["path"]).content.startswith(b"\x89PNG")
+
+
 def test_the_browser_shows_both_replicas(deployment):
     """The same UI over the deployment: the activity line counts the replicas, the table says where each size is."""
     from playwright.sync_api import sync_playwright

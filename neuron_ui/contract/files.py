@@ -2,7 +2,8 @@
 
 A file value from a caller (an API call's FileData with or without "meta", a bare path, a reference list, the image
 editor's background and layers) names a path on the server. Only files this app stored may be read: its uploads
-and its results, all inside one private folder (ui/files.py, private_file_folder). `StoredFiles.resolve` decides
+and its results, all inside one private folder (ui/files.py, private_file_folder; the results through its one link,
+to the images' folder in the cache folder). `StoredFiles.resolve` decides
 that from the string alone, before anything touches the disk, so a refusal is the same for a file that exists and
 one that does not. The server's gate and the UI's handlers both call it: this is the one copy of the rule.
 `open_regular` then refuses what is not a regular file (a FIFO would hold the request open, a device never ends),
@@ -46,7 +47,8 @@ class StoredFiles:
     def resolve(self, path: object) -> str:
         """`path` as an absolute path inside the folder (a relative one is taken inside it), or ForeignFile.
 
-        A string check only ('..' folded, no link followed, nothing on disk read): the app writes no links there."""
+        A string check only ('..' folded, no link followed, nothing on disk read): the only links there are the app's
+        own, each to its images' folder, all of whose files are the app's."""
         if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS or "\x00" in path:
             raise foreign(path)
         full = os.path.normpath(os.path.join(self.root, path))  # an absolute `path` stays itself

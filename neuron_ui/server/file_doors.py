@@ -1,19 +1,26 @@
-"""The gate's checks on files: every file a call names is one the app stored, and uploads stay within their budget.
+"""The gate's checks on files: every file a call names is one the app stored, the file route serves only those, and
+uploads stay within their budget.
 
 The API takes files as sent (preprocess=False), and so does the inpaint editor, so a path in a request would be read
 from disk as is: `full_paths` refuses (ForeignFile, a 403) any that is not inside the app's folder, before anything
-reads it, with the one rule of contract/files.py. Uploads reach Gradio only within the disk budget of
-ui/uploads.py: `admit_upload` refuses the rest in one line, unread.
+reads it, with the one rule of contract/files.py; `file_route` applies the same rule to the file route (Gradio's own
+list of what it serves is the interpreter's, and grows with gradio_bridge.serve_in_place). Uploads reach Gradio only
+within the disk budget of ui/uploads.py: `admit_upload` refuses the rest in one line, unread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
+from neuron_ui.contract.files import ForeignFile
 from neuron_ui.server.asgi import Refusal, Send
 from neuron_ui.ui import gradio_bridge
+from neuron_ui.ui.files import IMAGE_NAME, IMAGES
+
+FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # Gradio 6.31's file route, and its older spelling
 
 UPLOAD_REFUSALS = {"length": (411, ""), "too_large": (413, ""), "full": (507, "60")}  # status, retry-after
 EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value holds files under these keys
@@ -40,6 +47,26 @@ class FileDoors:
             data = {**data, "data": [self.stored(value) if index in indices else value
                                      for index, value in enumerate(data["data"])]}
         return self.meta_paths(data)
+
+    def file_route(self, scope: dict) -> tuple[dict, Refusal | None]:
+        """A request on a file route names one of the app's files, or is refused before Gradio sees it: a relative
+        name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one must lie
+        in it too ('..' folded first), and in the images' folders (ui/files.py) only a name the store makes is served.
+        Gradio then checks the file itself (links resolved)."""
+        path = scope["path"]
+        route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
+        if route is None:
+            return scope, None
+        name = path[len(route):]
+        try:
+            full = self.server.stored.resolve(name)
+        except ForeignFile:
+            return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app")
+        folder, _, rest = full[len(self.server.stored.prefix):].partition(os.sep)
+        if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
+            return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
+        routed = FILE_ROUTES[0] + full
+        return {**scope, "path": routed, "raw_path": routed.encode()}, None
 
     def file_inputs(self, fn: Any) -> tuple[frozenset[int], frozenset[str]]:
         if fn is None:

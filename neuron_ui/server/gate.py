@@ -12,7 +12,7 @@ So this gate lets through only the named endpoints (generate, warmup, status, st
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
 route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
 message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
-folder, so gradio_client still downloads the image). Every file a call names
+folder, so gradio_client still downloads the image). Every file a call or the file route names
 must be one the app stored, and uploads stay within their disk budget (file_doors.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
@@ -45,7 +45,7 @@ from neuron_ui.server.asgi import (
     reply,
     send_html,
 )
-from neuron_ui.server.file_doors import FileDoors, UploadAnswer
+from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
 from neuron_ui.ui import gradio_bridge
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,6 @@ PUBLIC_ENDPOINTS = ("generate", "inpaint", "warmup", "status", "stop")
 OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and while shutting down; GET and HEAD only
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
-FILE_ROUTE = "/gradio_api/file="
 UPLOAD = "/gradio_api/upload"
 CANCEL = "/gradio_api/cancel"
 EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
@@ -101,6 +100,8 @@ class Gate:
         upload: UploadAnswer | None = None
         device = False
         refusal = routes.refusal(scope, self.server.demo)
+        if refusal is None:
+            scope, refusal = self.files.file_route(scope)
         if refusal is None:
             receive, refusal, device = await self.check_call(scope, receive)
         if refusal is None and path == UPLOAD and method == "POST":
@@ -252,16 +253,9 @@ class Gate:
         return replay(json.dumps(self.files.full_paths(data, self.called(data, None))).encode(), receive), None
 
     def inbound(self, scope: dict) -> dict:
-        """A relative `file=` path is read inside the server's file folder (what Outbound cut from the answer);
-        API requests are not compressed, so Outbound can read what it sends."""
-        path = scope["path"]
-        if path.startswith(FILE_ROUTE):
-            name = path[len(FILE_ROUTE):]
-            if name and not name.startswith("/"):
-                full = FILE_ROUTE + self.server.files_prefix + name
-                return {**scope, "path": full, "raw_path": full.encode()}
-            return scope
-        if not rewritten(path):
+        """API requests are not compressed, so Outbound can read what it sends (a file route's path is already the
+        file's full path: FileDoors.file_route)."""
+        if not rewritten(scope["path"]):
             return scope
         headers = [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]
         return {**scope, "headers": headers}
@@ -281,7 +275,7 @@ def with_defaults(data: Any, fn: Any) -> Any:
 
 def rewritten(path: str) -> bool:
     """Gradio's API answers (JSON and event streams), not pages, assets or files' bytes."""
-    return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTE)) or path in ("/config", "/config/")
+    return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTES)) or path in ("/config", "/config/")
 
 
 def endpoint_list() -> str:

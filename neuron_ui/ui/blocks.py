@@ -20,8 +20,8 @@ from neuron_ui.ui.editing import (
     api_style_inputs,
 )
 from neuron_ui.ui.errors import user_errors
-from neuron_ui.ui.files import ASSETS, ImageStore, private_file_folder
-from neuron_ui.ui.gradio_bridge import DEVICE, device_queue_length
+from neuron_ui.ui.files import ASSETS, build_image_store, private_file_folder
+from neuron_ui.ui.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
@@ -57,8 +57,9 @@ def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
     """The whole app around one engine; queue() and launch() are the caller's (app.py)."""
     status = engine.status()
     # Gradio's queue is read at event time, from the demo built below (the closure binds `demo` late).
-    handlers = Handlers(engine, ImageStore(), waiting=lambda: device_queue_length(demo),
-                        uploads=private_file_folder())
+    store = build_image_store(settings.cache_dir)  # kept across restarts: the browsers' histories show them again
+    serve_in_place(store.folder)
+    handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder())
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)

@@ -1,9 +1,12 @@
-"""Where images are written for Gradio to serve: a private folder per process, bounded."""
+"""Where images are written for Gradio to serve: a persistent folder in the cache folder, bounded, and a private
+folder per process for everything else Gradio keeps (uploads)."""
 
 from __future__ import annotations
 
 import atexit
 import collections
+import errno
+import hashlib
 import itertools
 import logging
 import os
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.config.processes import pid_alive
+from neuron_ui.contract.errors import EngineError
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import GenerateResult
@@ -23,36 +27,125 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
+IMAGES = "images"  # the images' folder in the cache folder; its link in the private folder is named images-<hash>
+IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
+
+
+DISK_FULL = ("the image was made but the server's disk is full, so it could not be saved; free some space and try "
+             "again")
 
 
 class ImageStore:
     """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
 
-    The folder lies inside this process's private Gradio folder (private_file_folder), so Gradio serves the PNGs
-    in place instead of copying each one into its cache (which nothing would ever clean): one folder, bounded,
-    removed at exit. A random part in each name keeps users from guessing the address of someone else's image.
+    `folder` is where they are (build_image_store: `<cache>/images`, so a restart finds them for the browsers'
+    stored histories); `served` is the path handed out for it, a link in the private folder (one folder of served
+    files, whose prefix the gate cuts from answers: a history entry's path stays the same across restarts).
+    Gradio serves the folder in place (gradio_bridge.serve_in_place) rather than copying each PNG into its cache.
+    The bound holds across restarts: the files already there count, oldest (by their number) dropped first. A random
+    part in each name keeps users from guessing the address of someone else's image. With `spill`, an image the
+    folder's disk has no room for goes to a folder in the private one (served, not kept across a restart), as the
+    compile cache falls back to a temporary folder; without, or with no room there either, it is one line: DISK_FULL.
     """
 
-    def __init__(self, folder: Path | None = None, keep: int = 512):
+    def __init__(self, folder: Path | None = None, keep: int = 512, served: Path | None = None, spill: bool = False):
         if folder is None:
             folder = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.served = Path(served) if served is not None else self.folder
         self.keep = keep
-        self._saved: collections.deque[Path] = collections.deque()
-        self._numbers = itertools.count(1)
+        self.spill = spill
+        self._spilled: Path | None = None  # the spill folder, once made
+        self._spilling = False  # the last image went there (logged once each time it starts)
         self._lock = threading.Lock()
+        found = self._found()
+        self._saved: collections.deque[Path] = collections.deque(self.folder / name for _, name in found)
+        self._numbers = itertools.count(found[-1][0] + 1 if found else 1)
+        self._keep_bound()
+
+    def _found(self) -> list[tuple[int, str]]:
+        """The images a previous process left here, oldest first (numbers only grow: a restart continues them)."""
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return []
+        named = [(int(m.group(1)), e.name) for e in entries
+                 if (m := IMAGE_NAME.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
+        return sorted(named)
+
+    def _keep_bound(self, saved: Path | None = None) -> None:
+        with self._lock:
+            if saved is not None:
+                self._saved.append(saved)
+            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
+        for oldest in dropped:
+            oldest.unlink(missing_ok=True)
 
     def save(self, result: GenerateResult) -> str:
         with self._lock:
             name = f"{next(self._numbers):05d}-{secrets.token_hex(4)}-{result.resolution}-seed{result.seed}.png"
-            path = self.folder / name
-            self._saved.append(path)
-            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
-        result.save_png(path, fast=True)  # uncompressed: the round trip waits on it (contract/png.py)
-        for oldest in dropped:
-            oldest.unlink(missing_ok=True)
-        return str(path)
+        try:
+            path, served = write_png_file(result, self.folder / name), self.served / name
+            if self._spilling:
+                logger.info("images are kept in %s again", self.folder)
+            self._spilling = False
+        except OSError as error:
+            if not disk_full(error):
+                raise
+            if not self.spill:
+                raise EngineError(DISK_FULL) from None
+            if not self._spilling:
+                logger.warning("no room for images in %s: new ones are kept until this process stops", self.folder)
+            self._spilling = True
+            try:
+                path = served = write_png_file(result, self._spill_folder() / name)
+            except OSError as again:
+                if disk_full(again):
+                    raise EngineError(DISK_FULL) from None
+                raise
+        self._keep_bound(path)
+        return str(served)
+
+    def _spill_folder(self) -> Path:
+        with self._lock:
+            if self._spilled is None:
+                self._spilled = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
+            return self._spilled
+
+
+def write_png_file(result: GenerateResult, path: Path) -> Path:
+    """The PNG a user waits on, uncompressed (contract/png.py); nothing half-written is left behind."""
+    try:
+        result.save_png(path, fast=True)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
+    """The images in `<cache_dir>/images` (mode 0700), served through the link `<private folder>/images-<hash>`, named
+    after the folder: the same name after a restart, and its own for each cache folder a process serves (the tests
+    serve several). A cache folder that cannot hold them gets a folder inside the private one: served, bounded, gone
+    at exit (one warning)."""
+    folder = Path(cache_dir).expanduser().resolve() / IMAGES
+    link = private_file_folder() / f"{IMAGES}-{hashlib.sha256(str(folder).encode()).hexdigest()[:16]}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        if not link.is_symlink():
+            link.symlink_to(folder, target_is_directory=True)
+        elif os.readlink(link) != str(folder):
+            raise FileExistsError(f"{link} links to {os.readlink(link)}")
+    except OSError as error:
+        logger.warning("cannot keep images in %s (%s): they last until this process stops", folder, error)
+        return ImageStore(keep=keep)
+    return ImageStore(folder, keep, served=link, spill=True)
 
 
 PRIVATE_FOLDER = re.compile(r"neuron-ui-(\d+)-\w+")
@@ -64,7 +157,7 @@ def private_file_folder(environ: Any = os.environ) -> Path:
     Gradio's file route serves everything under GRADIO_TEMP_DIR (default <temp>/gradio: other apps' and other
     users' files too) and under GRADIO_EXAMPLES_CACHE; both are pointed here, inside the folder they named
     (or <temp>), so this app serves only its own files. Gradio reads them when it builds components and mounts,
-    so this runs first (ImageStore() in build_demo). Folders of killed processes (`neuron-ui-<pid>-*` whose pid
+    so this runs first (Server() and build_demo). Folders of killed processes (`neuron-ui-<pid>-*` whose pid
     is gone) are swept.
     """
     current = Path(environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir())

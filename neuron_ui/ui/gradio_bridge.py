@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlunparse
 
@@ -186,6 +187,17 @@ def page_server_calls(demo: gr.Blocks) -> list[str]:
     calls = {f"{type(block).__name__}.{name}" for block in demo.blocks.values() for name in dir(type(block))
              if getattr(getattr(type(block), name, None), "_is_server_fn", False)}
     return sorted(calls - {"ImageEditor.accept_blobs"})
+
+
+def serve_in_place(folder: Path) -> None:
+    """Gradio serves the files under `folder` where they are: a result outside its own folder (GRADIO_TEMP_DIR) was
+    copied into it, per event, and never removed. gr.set_static_paths is Gradio's public way (6.31: postprocessing
+    skips the copy, the file route allows the folder); its list is the interpreter's, so the gate still refuses a file
+    route naming anything outside this server's own folder (server/gate.py)."""
+    from gradio.data_classes import _StaticFiles
+
+    if Path(folder).resolve() not in _StaticFiles.all_paths:
+        gr.set_static_paths([folder])
 
 
 def launch_options() -> dict[str, Any]:

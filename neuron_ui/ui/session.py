@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import secrets
 import threading
@@ -45,21 +46,26 @@ def session_id(session: Any) -> str | None:
     return value if isinstance(value, str) and _SESSION_ID.fullmatch(value) else None
 
 
-def inside(path: Any, folder: Path, base: Path) -> str | None:
-    """The absolute path of an existing file under `folder` (after resolving links and '..'), else None: a path
-    from the browser is served only if the app made it. Gradio sends the paths of files in its own folder (`base`,
-    GRADIO_TEMP_DIR) relative to that folder."""
-    if not isinstance(path, str) or not path:
+def inside(path: Any, folders: tuple[Path, ...], base: Path) -> str | None:
+    """The path of an existing file under one of `folders` (after resolving links and '..'), as named under `base`,
+    else None: a path from the browser is served only if the app made it. Gradio sends the paths of files in its own
+    folder (`base`, GRADIO_TEMP_DIR) relative to that folder; the images are there through a link (files.py), so the
+    path given back is the one under `base`, never the link's target (the gate cuts `base` from answers)."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        return None
+    full = os.path.normpath(os.path.join(base, path))  # an absolute `path` stays itself
+    if not full.startswith(os.path.join(base, "")):
         return None
     try:
-        resolved = (base / path).resolve()  # an absolute `path` stays itself
+        resolved = Path(full).resolve()
+        ours = resolved.is_file() and any(resolved.is_relative_to(folder.resolve()) for folder in folders)
     except (OSError, RuntimeError, ValueError):
         return None
-    return str(resolved) if resolved.is_file() and resolved.is_relative_to(folder.resolve()) else None
+    return full if ours else None
 
 
-def clean_paths(values: Any, folder: Path) -> list[str]:
-    paths = [inside(p, folder, folder) for p in values[:MAX_PATHS]] if isinstance(values, list) else []
+def clean_paths(values: Any, folders: tuple[Path, ...], base: Path) -> list[str]:
+    paths = [inside(p, folders, base) for p in values[:MAX_PATHS]] if isinstance(values, list) else []
     return [p for p in paths if p]
 
 
@@ -70,16 +76,19 @@ def clean_made(value: Any) -> float:
 
 
 def clean_entry(entry: Any, images: Path, uploads: Path) -> dict[str, Any] | None:
-    """A history entry from the browser: its image must be one of ours; edit inputs are kept only if ours too."""
-    path = inside(entry.get("path"), images, uploads) if isinstance(entry, dict) else None
+    """A history entry from the browser: its image must be one of ours; edit inputs (uploads, or results used as
+    references or edited) are kept only if ours too. A file gone (an image the store dropped, an upload from before
+    a restart, a folder of another version) drops the entry, or that input, quietly."""
+    inputs = (uploads, images)
+    path = inside(entry.get("path"), (images,), uploads) if isinstance(entry, dict) else None
     if path is None or not isinstance(entry.get("seed"), int) or not isinstance(entry.get("resolution"), str):
         return None
     cleaned = {**entry, "path": path, "info": str(entry.get("info", ""))[:2000], "made": clean_made(entry.get("made"))}
-    cleaned["references"] = clean_paths(entry.get("references"), uploads)
+    cleaned["references"] = clean_paths(entry.get("references"), inputs, uploads)
     editor = entry.get("editor")
-    background = inside(editor.get("background"), uploads, uploads) if isinstance(editor, dict) else None
+    background = inside(editor.get("background"), inputs, uploads) if isinstance(editor, dict) else None
     if background:
-        cleaned["editor"] = {"background": background, "layers": clean_paths(editor.get("layers"), uploads),
+        cleaned["editor"] = {"background": background, "layers": clean_paths(editor.get("layers"), inputs, uploads),
                              "composite": None}
     else:
         cleaned.pop("editor", None)

@@ -1,0 +1,129 @@
+"""The images a browser's history shows survive a restart (issue 22, item 2): kept in the cache folder, bounded
+across restarts, served through the link in the private folder; a history entry whose file is gone is dropped.
+No model, no server: the HTTP side is in test_files_kept.py."""
+
+import errno
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from test_png import result
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.ui import session as sessions
+from neuron_ui.ui.files import IMAGE_NAME, IMAGES, ImageStore, build_image_store, private_file_folder
+
+
+def image(seed: int = 7):
+    made = result(Image.new("RGB", (32, 16), (seed, 0, 0)))
+    made.seed = seed
+    return made
+
+
+def names(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_the_bound_holds_across_restarts_oldest_first(tmp_path):
+    folder = tmp_path / "images"
+    first = ImageStore(folder, keep=3)
+    made = [os.path.basename(first.save(image(seed))) for seed in range(2)]
+    (folder / "notes.txt").write_text("not ours")  # a file the store did not name: neither counted nor removed
+    again = ImageStore(folder, keep=3)  # a restart: the two already there count
+    later = [os.path.basename(again.save(image(seed))) for seed in range(2, 4)]
+    assert names(folder) == sorted([made[1], *later, "notes.txt"])  # the oldest one went, not the newest
+    numbers = [int(IMAGE_NAME.fullmatch(name).group(1)) for name in [*made, *later]]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 4  # a restart continues the numbers
+    ImageStore(folder, keep=1)  # started with a smaller bound: the files beyond it go at once
+    assert names(folder) == sorted([later[1], "notes.txt"])
+
+
+def test_the_store_in_the_cache_folder_is_0700_and_served_through_the_private_folders_link(tmp_path):
+    store = build_image_store(tmp_path / "cache", keep=5)
+    assert store.folder == (tmp_path / "cache" / IMAGES).resolve()
+    assert stat.S_IMODE(store.folder.stat().st_mode) == 0o700
+    assert store.served.parent == private_file_folder() and store.served.resolve() == store.folder
+    assert store.served.name.startswith(f"{IMAGES}-") and str(tmp_path) not in store.served.name
+    path = store.save(image())
+    assert os.path.dirname(path) == str(store.served) and (store.folder / os.path.basename(path)).is_file()
+    assert IMAGE_NAME.fullmatch(os.path.basename(path))
+    assert build_image_store(tmp_path / "cache").served == store.served  # the same cache folder: the same link
+    other = build_image_store(tmp_path / "other")  # another cache folder served by this process: its own link
+    assert other.served != store.served and other.served.resolve() == (tmp_path / "other" / IMAGES).resolve()
+
+
+def test_a_cache_folder_that_cannot_hold_images_gets_a_private_folder_and_one_warning(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING):
+        store = build_image_store(blocker)
+    assert store.folder.parent == private_file_folder() and store.folder.name.startswith("images-")
+    assert len([r for r in caplog.records if "cannot keep images" in r.message]) == 1
+    assert os.path.isfile(store.save(image()))
+
+
+def full_disk(made, folder, monkeypatch):
+    """`made` cannot be written into `folder` (ENOSPC after half a file), elsewhere as usual."""
+    save = made.save_png
+
+    def short_of_room(path, fast=False):
+        if Path(path).parent == folder:
+            Path(path).write_bytes(b"\x89PNG half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return save(path, fast)
+
+    monkeypatch.setattr(made, "save_png", short_of_room)
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch):
+    store = ImageStore(tmp_path / "images")
+    made = image()
+    full_disk(made, store.folder, monkeypatch)
+    with pytest.raises(EngineError, match="^the image was made but the server's disk is full") as error:
+        store.save(made)
+    assert "\n" not in str(error.value) and str(tmp_path) not in str(error.value)
+    assert names(store.folder) == []
+
+
+def test_a_full_cache_disk_keeps_images_in_the_private_folder_until_there_is_room(tmp_path, monkeypatch, caplog):
+    store = build_image_store(tmp_path / "cache", keep=2)
+    made = image()
+    full_disk(made, store.folder, monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        spilled = [store.save(made) for _ in range(3)]
+    assert len([r for r in caplog.records if "no room for images" in r.message]) == 1
+    assert names(store.folder) == [] and all(Path(p).parent.parent == private_file_folder() for p in spilled)
+    assert [Path(p).is_file() for p in spilled] == [False, True, True]  # bounded there too
+    monkeypatch.undo()  # room again: back in the cache folder, the bound over both
+    kept = store.save(image())
+    assert Path(kept).parent == store.served and [Path(p).is_file() for p in spilled] == [False, False, True]
+
+
+def test_a_restored_history_keeps_entries_whose_images_are_there_and_drops_the_rest(tmp_path):
+    """Paths as the browser keeps them: relative to the private folder (the gate cut its prefix)."""
+    private = tmp_path / "private"
+    private.mkdir()
+    store = ImageStore(tmp_path / "cache" / IMAGES, keep=2, served=private / "images-0123456789abcdef")
+    store.served.symlink_to(store.folder)
+    (private / ("a" * 64)).mkdir()
+    upload = private / ("a" * 64) / "ref.png"
+    upload.write_bytes(b"x")
+    kept, pruned = (os.path.relpath(store.save(image(seed)), private) for seed in (1, 2))
+    os.unlink(store.folder / os.path.basename(pruned))  # gone, as the store's bound removes it
+    (store.folder.parent / "session-secret").write_text("k" * 40)
+    history = [{"path": kept, "seed": 1, "resolution": "32x16", "references": [kept, "a" * 64 + "/ref.png", "gone.png"],
+                "editor": {"background": kept, "layers": []}},
+               {"path": pruned, "seed": 2, "resolution": "32x16"},
+               {"path": "images-3f2a/00001-0123abcd-32x16-seed1.png", "seed": 3, "resolution": "32x16"},  # another version
+               {"path": f"{store.served.name}/../session-secret", "seed": 4, "resolution": "32x16"},
+               {"path": str(store.folder / os.path.basename(kept)), "seed": 5, "resolution": "32x16"},  # the target
+               {"path": str(upload), "seed": 6, "resolution": "32x16"}]  # an upload is not a result
+    cleaned = sessions.clean_history(history, store.folder, private, 10)
+    assert [entry["seed"] for entry in cleaned] == [1]
+    entry = cleaned[0]
+    assert entry["path"] == str(private / kept)  # named under the private folder, not the link's target
+    assert entry["references"] == [str(private / kept), str(upload)]
+    assert entry["editor"]["background"] == str(private / kept)
