@@ -6,7 +6,7 @@
 
 The app runs as a child process (app.py on the tiny model, eager, CPU), so the clients' own memory is not counted.
 Each client loops over a mix: images at three sizes, inpainting, a long image it stops, one it cancels, bad input
-and status polls. Printed: RSS of the app and every process it started (replicas, Ray's daemons) each 30 s, the
+and status polls. Printed: RSS of the app and every process it started (replicas, each of Ray's own by name) each 30 s, the
 growth from the --warmup mark to the end, the slope (MB per minute) over the run after warm-up and over its last
 10 minutes, and every unexpected error. With --tracemalloc S the app runs under tracemalloc and writes, every S
 seconds, the 25 biggest growths (by allocating traceback) since the first snapshot after warm-up to <out>.tracemalloc.txt.
@@ -51,9 +51,15 @@ def role(process: psutil.Process, root: int) -> str:
     if "ServeReplica" in line:
         return "replicas"
     if argv and argv[0].startswith("ray::"):  # an actor or worker: ray::ServeController, ray::IDLE, ...
-        return "ray/" + argv[0].removeprefix("ray::").split(":")[0]
+        return "ray/" + ray_actor(argv[0])
     script = next((Path(arg).stem for arg in argv if arg.endswith(".py")), None)  # dashboard.py, log_monitor.py
     return "ray/" + (script or Path(argv[0]).name if argv else process.name())
+
+
+def ray_actor(title: str) -> str:
+    """The actor's class from a Ray worker's process title: Ray retitles it while a method runs
+    ("ray::ReplicaBoard.report", "ray::ServeReplica:app:deployment.handle_request")."""
+    return title.removeprefix("ray::").split(":")[0].split(".")[0]
 
 
 def tree_rss_mb(pid: int) -> dict[str, float]:
@@ -229,7 +235,8 @@ def summarize(args: argparse.Namespace, samples: list, mixes: list[Mix], work: P
     for mix in mixes:
         for name, count in mix.done.items():
             done[name] = done.get(name, 0) + count
-    roles = {key: trend(args, [(t, mb.get(key, 0.0)) for t, mb in samples]) for key in samples[-1][1]}
+    keys = {key for _, mb in samples for key in mb}  # a part missing from a sample was not running then
+    roles = {key: trend(args, [(t, mb[key]) for t, mb in samples if key in mb]) for key in sorted(keys)}
     ray_parts = sorted((key for key in roles if key.startswith("ray/")), key=lambda k: -(roles[k]["slope_after_warmup_mb_per_min"] or 0))
     for key in ray_parts:  # Ray's own processes, the fastest grower first
         r = roles[key]
