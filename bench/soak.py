@@ -6,8 +6,8 @@
 
 The app runs as a child process (app.py on the tiny model, eager, CPU), so the clients' own memory is not counted.
 Each client loops over a mix: images at three sizes, inpainting, a long image it stops, one it cancels, bad input
-and status polls. Printed: RSS of the app and every process it started (replicas, each of Ray's own by name) each 30 s, the
-growth from the --warmup mark to the end, the slope (MB per minute) over the run after warm-up and over its last
+and status polls. Printed: RSS of the app and every process it started (replicas, each of Ray's own by name) each
+30 s, the growth from the --warmup mark to the end, the slope (MB per minute) over the run after warm-up and over its last
 10 minutes, and every unexpected error. With --tracemalloc S the app runs under tracemalloc and writes, every S
 seconds, the 25 biggest growths (by allocating traceback) since the first snapshot after warm-up to <out>.tracemalloc.txt.
 """
@@ -237,7 +237,8 @@ def summarize(args: argparse.Namespace, samples: list, mixes: list[Mix], work: P
             done[name] = done.get(name, 0) + count
     keys = {key for _, mb in samples for key in mb}  # a part missing from a sample was not running then
     roles = {key: trend(args, [(t, mb[key]) for t, mb in samples if key in mb]) for key in sorted(keys)}
-    ray_parts = sorted((key for key in roles if key.startswith("ray/")), key=lambda k: -(roles[k]["slope_after_warmup_mb_per_min"] or 0))
+    ray_parts = sorted((key for key in roles if key.startswith("ray/")),
+                       key=lambda k: -(roles[k]["slope_after_warmup_mb_per_min"] or 0))
     for key in ray_parts:  # Ray's own processes, the fastest grower first
         r = roles[key]
         print(f"{key:24s} {r['at_warmup_mb']} -> {r['end_mb']} MB, slope {r['slope_after_warmup_mb_per_min']} MB/min, "
