@@ -6,9 +6,9 @@
 
 The app runs as a child process (app.py on the tiny model, eager, CPU), so the clients' own memory is not counted.
 Each client loops over a mix: images at three sizes, inpainting, a long image it stops, one it cancels, bad input
-and status polls. Printed: RSS of the app and every process it started (replicas, Ray's daemons) each 30 s, the
-growth from the --warmup mark to the end, the slope (MB per minute) over the run after warm-up and over its last
-10 minutes, and every unexpected error. With --tracemalloc S the app runs under tracemalloc and writes, every S
+and status polls. Printed: RSS of the app and every process it started (replicas, each of Ray's own by name) each
+30 s, the growth from the --warmup mark to the end, the slope (MB per minute) over the run after warm-up and over
+its last 10 minutes, and every unexpected error. With --tracemalloc S the app runs under tracemalloc and writes, every S
 seconds, the 25 biggest growths (by allocating traceback) since the first snapshot after warm-up to <out>.tracemalloc.txt.
 """
 
@@ -39,18 +39,32 @@ EXPECTED = ("stopped", "Stopped", "cancel", "not one of", "must be", "inpainting
 
 
 def role(process: psutil.Process, root: int) -> str:
-    """Which part of the tree a process is: the app (the front with --replicas), a replica, or Ray's own."""
+    """Which part of the tree a process is: the app (the front with --replicas), a replica, or one of Ray's own,
+    named "ray/<what>" (gcs_server, raylet, ServeController, ProxyActor, ReplicaBoard, DashboardAgent, ...)."""
     if process.pid == root:
         return "app"
     try:
-        name = " ".join(process.cmdline())
+        argv = process.cmdline()
     except psutil.Error:
-        return "ray"
-    return "replicas" if "ServeReplica" in name else "ray"
+        return "ray/gone"
+    line = " ".join(argv)
+    if "ServeReplica" in line:
+        return "replicas"
+    if argv and argv[0].startswith("ray::"):  # an actor or worker: ray::ServeController, ray::IDLE, ...
+        return "ray/" + ray_actor(argv[0])
+    script = next((Path(arg).stem for arg in argv if arg.endswith(".py")), None)  # dashboard.py, log_monitor.py
+    return "ray/" + (script or Path(argv[0]).name if argv else process.name())
+
+
+def ray_actor(title: str) -> str:
+    """The actor's class from a Ray worker's process title: Ray retitles it while a method runs
+    ("ray::ReplicaBoard.report", "ray::ServeReplica:app:deployment.handle_request")."""
+    return title.removeprefix("ray::").split(":")[0].split(".")[0]
 
 
 def tree_rss_mb(pid: int) -> dict[str, float]:
-    """RSS in MB of `pid` and everything under it, by role (app, replicas, ray) and in all."""
+    """RSS in MB of `pid` and everything under it, by role (app, replicas, ray: all of Ray's own processes, and
+    each of them as ray/<what>) and in all."""
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
@@ -63,8 +77,11 @@ def tree_rss_mb(pid: int) -> dict[str, float]:
         except psutil.NoSuchProcess:
             continue
         key = role(process, pid)
-        roles[key] = round(roles.get(key, 0.0) + mb, 1)
-    return {"all": round(sum(roles.values()), 1), **roles}
+        roles[key] = roles.get(key, 0.0) + mb
+        if key.startswith("ray/"):
+            roles["ray"] = roles.get("ray", 0.0) + mb
+    whole = sum(mb for key, mb in roles.items() if not key.startswith("ray/"))
+    return {"all": round(whole, 1), **{key: round(mb, 1) for key, mb in sorted(roles.items())}}
 
 
 def slope(points: list[tuple[float, float]]) -> float | None:
@@ -197,7 +214,7 @@ def soak(args: argparse.Namespace) -> dict:
             samples.append((round(elapsed), tree_rss_mb(proc.pid)))
             if elapsed >= args.warmup * 60:
                 (work / "soak.start").touch()  # the tracemalloc watch starts here
-            parts = "  ".join(f"{k} {v:.1f}" for k, v in samples[-1][1].items() if k != "all")
+            parts = "  ".join(f"{k} {v:.1f}" for k, v in samples[-1][1].items() if k != "all" and k[:4] != "ray/")
             print(f"{elapsed / 60:5.1f} min  RSS of the tree {samples[-1][1]['all']:8.1f} MB  ({parts})", flush=True)
             time.sleep(min(30, max(args.minutes * 60 - elapsed, 0.1)))
         samples.append((round(time.monotonic() - start), tree_rss_mb(proc.pid)))
@@ -218,7 +235,14 @@ def summarize(args: argparse.Namespace, samples: list, mixes: list[Mix], work: P
     for mix in mixes:
         for name, count in mix.done.items():
             done[name] = done.get(name, 0) + count
-    roles = {key: trend(args, [(t, mb.get(key, 0.0)) for t, mb in samples]) for key in samples[-1][1]}
+    keys = {key for _, mb in samples for key in mb}  # a part missing from a sample was not running then
+    roles = {key: trend(args, [(t, mb[key]) for t, mb in samples if key in mb]) for key in sorted(keys)}
+    ray_parts = sorted((key for key in roles if key.startswith("ray/")),
+                       key=lambda k: -(roles[k]["slope_after_warmup_mb_per_min"] or 0))
+    for key in ray_parts:  # Ray's own processes, the fastest grower first
+        r = roles[key]
+        print(f"{key:24s} {r['at_warmup_mb']} -> {r['end_mb']} MB, slope {r['slope_after_warmup_mb_per_min']} MB/min, "
+              f"last 10 min {r['slope_last_10_min_mb_per_min']} MB/min", flush=True)
     return {
         "command": " ".join(sys.argv), "minutes": args.minutes, "clients": args.clients, "replicas": args.replicas,
         "rss_mb": samples, **roles.pop("all"), "by_role": roles,

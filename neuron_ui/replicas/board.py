@@ -16,7 +16,10 @@ APP_NAME = "neuron-ui"  # the Serve application
 DEPLOYMENT_NAME = "engine"  # its one deployment, of EngineReplica
 
 
-@ray.remote(num_cpus=0)
+# No task events: each call to an actor is a task whose events the GCS keeps (up to Ray's 100,000 tasks by default,
+# about 3 KB each, measured: bench/soak.py, docs/operations.md "Memory over time"). The replicas report and the front
+# reads four times a second, so with events on the GCS grew about 0.8 MB a minute for hours; nothing here reads them.
+@ray.remote(num_cpus=0, enable_task_events=False)
 class ReplicaBoard:
     """Where replicas say, every second, what they hold; the front reads it for status, /healthz and /metrics."""
 

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Tasks whose events a local Ray's GCS keeps (Ray 2.60's default: 100,000, some 300 MB at about 3 KB a task). The
+# board's own calls keep none (board.py); this bounds what Serve's and Ray's other tasks leave, about 30 MB at most.
+# Only for a Ray started here: a joined cluster keeps its own settings (docs/operations.md, "Memory over time").
+LOCAL_TASK_EVENTS_KEPT = 10_000
+
 
 def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
     """A local Ray (no dashboard, token auth on, as Ray 2.60 makes it) or the cluster at --ray-address.
@@ -57,7 +62,8 @@ def _init(settings: Settings, num_cpus: int | None) -> None:
         # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
         # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20)
+                 log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20,
+                 _system_config={"task_events_max_num_task_in_gcs": LOCAL_TASK_EVENTS_KEPT})
 
 
 def shutdown(settings: Settings, app_name: str = APP_NAME, at_once: bool = False) -> None:
