@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 from ray.exceptions import RayActorError
-from test_replicas_turns import Stream
+from test_replicas_turns import StandInHandle, Stream
 
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.settings import Settings
@@ -25,19 +25,12 @@ from neuron_ui.ui.words import describe_activity, describe_result
 LOST_AFTER = 0.3  # seconds the first replica works before it dies
 
 
-class Handle:
+class Handle(StandInHandle):
     """A deployment whose first replica dies mid-image (its stream raises RayActorError, as Ray's does after a
     kill -9) and whose second makes the image, compiling its size first."""
 
     def __init__(self):
         self.calls = 0
-
-    def options(self, **_):
-        return self
-
-    @property
-    def generate(self):
-        return SimpleNamespace(remote=self._stream)
 
     def _stream(self, request):
         self.calls += 1

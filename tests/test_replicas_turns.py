@@ -32,12 +32,9 @@ class Stream:
         pass
 
 
-class Handle:
-    """A deployment handle whose calls reach it in order (recorded) and end when `release` lets one go."""
-
-    def __init__(self):
-        self.reached: list[str] = []
-        self.release = threading.Semaphore(0)
+class StandInHandle:
+    """What the front calls on a deployment's handle: `options(...).generate.remote(request)`, a Stream from
+    `_stream`."""
 
     def options(self, **_):
         return self
@@ -45,6 +42,17 @@ class Handle:
     @property
     def generate(self):
         return SimpleNamespace(remote=self._stream)
+
+    def _stream(self, request) -> Stream:
+        raise NotImplementedError
+
+
+class Handle(StandInHandle):
+    """A deployment handle whose calls reach it in order (recorded) and end when `release` lets one go."""
+
+    def __init__(self):
+        self.reached: list[str] = []
+        self.release = threading.Semaphore(0)
 
     def _stream(self, request):
         self.reached.append(request.prompt)
