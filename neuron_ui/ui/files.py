@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import errno
 import hashlib
 import itertools
 import logging
@@ -18,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuron_ui.config.cache_paths import is_disk_full
 from neuron_ui.config.processes import pid_alive
 from neuron_ui.contract.errors import EngineError
 
@@ -91,7 +91,7 @@ class ImageStore:
                 logger.info("images are kept in %s again", self.folder)
             self._spilling = False
         except OSError as error:
-            if not disk_full(error):
+            if not is_disk_full(error):
                 raise
             if not self.spill:
                 raise EngineError(DISK_FULL) from None
@@ -101,7 +101,7 @@ class ImageStore:
             try:
                 path = served = write_png_file(result, self._spill_folder() / name)
             except OSError as again:
-                if disk_full(again):
+                if is_disk_full(again):
                     raise EngineError(DISK_FULL) from None
                 raise
         self._keep_bound(path)
@@ -122,10 +122,6 @@ def write_png_file(result: GenerateResult, path: Path) -> Path:
         path.unlink(missing_ok=True)
         raise
     return path
-
-
-def disk_full(error: OSError) -> bool:
-    return error.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
