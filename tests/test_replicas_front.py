@@ -121,3 +121,28 @@ def test_the_activity_line_says_once_how_many_replicas_are_busy(front, tmp_path)
     activity = describe_activity(front.status())
     assert activity.startswith("**Replicas** 2 healthy, 1 busy (a busy, "), activity
     assert "Device" not in activity, activity
+
+
+def test_a_replica_heard_of_before_a_failed_read_keeps_ageing(monkeypatch):
+    """A read of the board that fails (Ray busy) keeps the last reports; their ages still grow, so a killed replica
+    does not stay "healthy" for as long as reads fail."""
+    import ray
+
+    from neuron_ui.replicas import watcher as watching
+
+    answers = [{"a": (0.5, {"replica": "a"})}]
+
+    def board_read(ref, timeout):
+        if not answers:
+            raise TimeoutError("the board did not answer")  # as ray.get's GetTimeoutError
+        return answers.pop(0)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get", board_read)
+    monkeypatch.setattr(watching, "replica_states", lambda app, deployment: {})
+    watcher = watching.ReplicaWatcher(SimpleNamespace(read=SimpleNamespace(remote=lambda: None)), "app")
+    watcher.stop()
+    time.sleep(0.3)
+    watcher.read()  # fails: no answer left
+    age, _ = watcher.reports()["a"]
+    assert age >= 0.8, age

@@ -28,6 +28,7 @@ class ReplicaWatcher:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._read_at = time.monotonic()  # when the board's ages were measured
         self._states: dict[str, int] = {}  # Serve's count per replica state (RUNNING, STARTING, ...)
         self._states_read = -STATES_SECONDS  # when they were last read (time.monotonic())
         self.read()
@@ -57,14 +58,16 @@ class ReplicaWatcher:
             logger.debug("cannot read the replicas' reports: %s", error)
             return
         with self._lock:
-            self._reports = reports
+            self._reports, self._read_at = reports, time.monotonic()
             if states is not None:
                 self._states = states
 
     def reports(self) -> dict[str, tuple[float, dict[str, Any]]]:
-        """Each replica's last report and its age in seconds, as last read."""
+        """Each replica's last report and its age in seconds now: the age read, plus the time since that read (a
+        killed replica ages while reads fail or lag, rather than staying as fresh as its last report)."""
         with self._lock:
-            return dict(self._reports)
+            since = time.monotonic() - self._read_at
+            return {key: (age + since, snap) for key, (age, snap) in self._reports.items()}
 
     def states(self) -> dict[str, int]:
         with self._lock:

@@ -195,19 +195,22 @@ class Handlers:
         """The line under the image after an error: it says the error, never the previous image's parameters. A Stop
         fails the event before its request ends (at its next step, or once a load or compile is done): the line
         waits for the reason (HeldResults.settled) without holding a thread."""
-        sid = await self.on_settled(session)
+        sid = sessions.session_id(session)
+        await self._settled(sid)
         error = self.held.error(sid)
         why = f" {error}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
 
-    async def on_settled(self, session: Any) -> str | None:
-        """Returns (the session's id) once the session's requests here have ended, or after FAILED_WAIT: a cancelled
-        event ends in the page before its request does, and what follows it must see the request's end."""
-        sid = sessions.session_id(session)
+    async def on_settled(self, session: Any) -> None:
+        """Returns once the session's requests here have ended: a cancelled event ends in the page before its request
+        does, and what follows it must see the request's end."""
+        await self._settled(sessions.session_id(session))
+
+    async def _settled(self, sid: str) -> None:
+        """Waits, without holding a thread, until the session's requests have ended or FAILED_WAIT has passed."""
         deadline = time.monotonic() + FAILED_WAIT
         while not self.held.settled(sid) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return sid
 
     def on_prompt(self, text: str | None) -> str:
         """The prompt's tokens against what the text encoder reads, and its characters against the box's cap."""
