@@ -22,7 +22,12 @@ SLOW = ["a slow one", "256x256", 60, 1, None, None, None, None, None]  # its ste
 
 
 def stream(url: str, event_id: str, into: dict) -> None:
-    text = httpx.get(f"{url}/gradio_api/call/generate/{event_id}", timeout=TIMEOUT).text
+    """The event's last message, or ("cut", why) when the server closed the stream before its end."""
+    try:
+        text = httpx.get(f"{url}/gradio_api/call/generate/{event_id}", timeout=TIMEOUT).text
+    except httpx.RemoteProtocolError as closed:  # a process that exits at once cuts its open streams
+        into[event_id] = ("cut", str(closed))
+        return
     found = re.findall(r"event: (\w+)\ndata: (.*)\n", text)
     into[event_id] = (found[-1][0], json.loads(found[-1][1])) if found else ("cut", text[-300:])
 
