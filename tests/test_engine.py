@@ -319,3 +319,21 @@ def test_the_engine_offers_the_whole_interface_the_ui_uses(make_engine):
     from conftest import missing_engine_members
 
     assert missing_engine_members(make_engine()) == []
+
+
+def test_moving_the_model_logs_no_warning_about_an_empty_list_of_float32_modules(make_engine):
+    """diffusers 0.42 warned "... should be kept in float32: []" for the transformer and the VAE at every start."""
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    models = logging.getLogger("diffusers.models.modeling_utils")
+    models.addHandler(handler)  # behind the logger's own filters, as diffusers' handler is
+    try:
+        make_engine()
+        models.warning("There are modules in X that should be kept in float32: ['norm']. Casting directly ...")
+    finally:
+        models.removeHandler(handler)
+    assert not [m for m in seen if "float32: []" in m], seen
+    assert seen == ["There are modules in X that should be kept in float32: ['norm']. Casting directly ..."]
