@@ -552,7 +552,7 @@ def test_after_an_error_the_line_under_the_image_says_the_error(engine, tmp_path
     with pytest.raises(gr.Error):
         failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [], session=session)
     line = asyncio.run(failing.on_failed(session))
-    assert "Not made" in line and "generation failed at 256x256: OOM" in line and "seed" not in line
+    assert "Not made" in line and "generation failed at 256x256: OOM. (The image above" in line and "seed" not in line
     assert "Not made" in asyncio.run(failing.on_failed({"id": "g" * 20}))  # no recorded error: still no stale line
 
 

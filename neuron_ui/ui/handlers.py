@@ -198,7 +198,7 @@ class Handlers:
         sid = sessions.session_id(session)
         await self._settled(sid)
         error = self.held.error(sid)
-        why = f" {error}" if error else " The message says why."
+        why = f" {error}{'' if error.endswith(('.', '!', '?')) else '.'}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
 
     async def on_settled(self, session: Any) -> None:
