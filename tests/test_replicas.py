@@ -38,6 +38,7 @@ def deployment(tmp_path_factory):
                               rank=4, seed=1)
     with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2", "--lora", str(style)) as s:
         yield s
+    s.engine.watcher.stop()  # before Ray goes: a read after ray.shutdown() would start another Ray
     import ray
     from ray import serve
 
@@ -425,10 +426,12 @@ def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replic
     bundle = export_bundle(paths, key, tmp_path / "fleet.tar.gz")
     assert {"256x256", "384x256"} <= set(bundle.resolutions)
     serve.delete("neuron-ui-inductor")
+    client.watcher.stop()
     fresh = parse_settings([*flags, "--cache-dir", str(tmp_path / "fresh"), "--cache-bundle",
                                 str(tmp_path / "fleet.tar.gz")])
     warm = launch(fresh, app_name="neuron-ui-bundle")
     assert {s.resolution for s in warm.status().shapes if s.on_disk} == {"256x256", "384x256"}
     assert warm.generate(request("384x256", seed=3)).cache_event == "disk_hit"
     serve.delete("neuron-ui-bundle")
+    warm.watcher.stop()
     assert ray.is_initialized()

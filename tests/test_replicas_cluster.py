@@ -84,15 +84,17 @@ def test_a_size_the_single_process_compiled_is_a_disk_hit_on_the_replicas(cluste
         after = cold()
         assert after["cold_seconds"] == before["cold_seconds"] and after["load_seconds"] is not None, (before, after)
     finally:
+        client.watcher.stop()  # a read after the fixture's ray.shutdown() would join the cluster again
         serve.delete("neuron-ui-single")
 
 
-def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(cluster, tmp_path):
+def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(cluster, tmp_path, request):
 
     settings = parse_settings(["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path / "shared-cache"), "--replicas", "2",
                                    "--ray-address", cluster.address])
     client = launch(settings)
+    request.addfinalizer(client.watcher.stop)
     nodes = {snap["replica"]: snap["node"] for _, snap in client.reports().values()}
     assert len(set(nodes.values())) == 2, f"the 2 replicas did not land one per node: {nodes}"
 

@@ -146,3 +146,35 @@ def test_a_replica_heard_of_before_a_failed_read_keeps_ageing(monkeypatch):
     watcher.read()  # fails: no answer left
     age, _ = watcher.reports()["a"]
     assert age >= 0.8, age
+
+
+def test_stopping_the_watcher_waits_for_its_read_so_ray_can_go_after_it(monkeypatch):
+    """Serve's status call in the watcher's read starts (or joins) a Ray when none is connected: a read still in
+    flight at ray.shutdown() joined the test cluster again, and its teardown failed. stop() now waits it out."""
+    import threading
+
+    import ray
+
+    from neuron_ui.replicas import watcher as watching
+
+    reading, release, calls = threading.Event(), threading.Event(), []
+
+    def board_read(ref, timeout):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:  # the thread's first read: the constructor's was the first
+            reading.set()
+            release.wait(5)
+        return {}
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get", board_read)
+    monkeypatch.setattr(watching, "replica_states", lambda app, deployment: {})
+    watcher = watching.ReplicaWatcher(SimpleNamespace(read=SimpleNamespace(remote=lambda: None)), "app")
+    assert reading.wait(5)
+    threading.Timer(0.5, release.set).start()
+    started = time.monotonic()
+    watcher.stop()
+    assert time.monotonic() - started >= 0.4  # it waited for the read in flight
+    count = len(calls)
+    time.sleep(watching.REPORT_SECONDS)
+    assert len(calls) == count  # and no read after it

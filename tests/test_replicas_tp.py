@@ -30,7 +30,9 @@ def client(tmp_path_factory):
     settings = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path_factory.mktemp("tp") / "cache"),
                                    "--replicas", "1", "--tp", "2"])
-    yield build_replicas(settings, num_cpus=2)
+    client = build_replicas(settings, num_cpus=2)
+    yield client
+    client.watcher.stop()  # before Ray goes: a read after ray.shutdown() would start another Ray
     import ray
     from ray import serve
 
