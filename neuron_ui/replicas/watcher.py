@@ -39,8 +39,7 @@ class ReplicaWatcher:
         """No more reads on the thread (shutting down), once a read in flight has ended: Ray can be shut down after
         this without the thread's next Ray call joining or starting another Ray. read() still reads when called."""
         self._stopped.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self._thread.join(timeout)
 
     def _watch(self) -> None:
         # Ends with Ray: a Ray call after ray.shutdown() would start a new local Ray (Ray's auto-init).
