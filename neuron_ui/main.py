@@ -6,7 +6,8 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import limit_heap_arenas

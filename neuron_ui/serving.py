@@ -7,7 +7,8 @@ knows which one it got. Ray is imported only on the replicas' branch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from neuron_ui.config.cache_paths import configure_cache_env
 

@@ -26,7 +26,8 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
@@ -134,7 +135,7 @@ class PackageStore:
         return load_aoti_package(path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def machine_signature(device: torch.device) -> str:
     """What the compiled kernels assume of the machine: the GPU's compute capability, or the CPU's feature flags."""
     if device.type == "cuda":

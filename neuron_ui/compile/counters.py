@@ -32,7 +32,7 @@ class CompileCounters:
     packages_compiled: int = 0  # --compile aot: AOTInductor packages made from scratch
     packages_loaded: int = 0  # and loaded from the cache folder
 
-    def __sub__(self, other: "CompileCounters") -> "CompileCounters":
+    def __sub__(self, other: CompileCounters) -> CompileCounters:
         return CompileCounters(*(a - b for a, b in zip(asdict(self).values(), asdict(other).values())))
 
 

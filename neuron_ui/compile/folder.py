@@ -9,7 +9,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
 
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, is_disk_full
 from neuron_ui.model.torch_bridge import temporary_inductor_cache

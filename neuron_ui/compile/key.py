@@ -29,7 +29,7 @@ class CompileKey:
     cpu_threads: str = "any"
 
     @classmethod
-    def current(cls, model: str, mode: str, backend: Backend, dtype: str, tp_degree: int = 1) -> "CompileKey":
+    def current(cls, model: str, mode: str, backend: Backend, dtype: str, tp_degree: int = 1) -> CompileKey:
         import diffusers
         import torch
 

@@ -10,7 +10,8 @@ import socket
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 T = TypeVar("T")
 

@@ -87,7 +87,7 @@ class Runtime:
     backend: str
 
     @classmethod
-    def detect(cls, device: str = "auto", dtype: str = "auto", backend: str | None = None) -> "Runtime":
+    def detect(cls, device: str = "auto", dtype: str = "auto", backend: str | None = None) -> Runtime:
         chosen = detect_device(device)
         return cls(chosen, default_dtype(chosen) if dtype == "auto" else dtype, backend or default_compile_backend(chosen))
 

@@ -10,7 +10,8 @@ import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import torch
 from PIL import Image
@@ -107,8 +108,8 @@ class Engine:
         self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
 
     @classmethod
-    def from_settings(cls, settings: Settings, cache: CachePaths, group: "ParallelGroup | None" = None,
-                      wrap_runner: Callable[[Runner], Runner] | None = None) -> "Engine":
+    def from_settings(cls, settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
+                      wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine:
         """Detect the device, load the model (sharded over `group` under torchrun), set up compilation;
         `wrap_runner` wraps the pipeline runner (rank 0's LeaderRunner under torchrun)."""
         loaded, runtime = load_for(settings, group)

@@ -16,7 +16,8 @@ import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import gradio as gr
 import uvicorn
