@@ -7,16 +7,17 @@ front (ReplicaClient) is the real one. The Ray test of the same order is in test
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
+from serving import wait_until
 
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Done, Started
+from neuron_ui.replicas.watcher import ReplicaWatcher
 
 
 class Stream:
@@ -69,7 +70,8 @@ class Handle(StandInHandle):
 def front():
     handle = Handle()
     settings = Settings(model="tiny", max_queue_per_user=8)
-    client = ReplicaClient(handle, board=None, settings=settings, plan=SimpleNamespace(replicas=1))
+    watcher = ReplicaWatcher(read_board=dict, read_states=dict)  # no replica reports: the front alone
+    client = ReplicaClient(handle, board=None, settings=settings, plan=SimpleNamespace(replicas=1), watcher=watcher)
     yield client, handle
     client.watcher.stop()
 
@@ -87,10 +89,7 @@ def ask(client, prompt, visitor, results):
 
 
 def until(condition):
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
+    wait_until(condition, "the front's queue is as expected", timeout=10)
 
 
 def test_the_front_sends_the_next_visitors_request_before_the_rest_of_a_long_queue(front):

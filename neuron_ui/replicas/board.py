@@ -4,9 +4,15 @@ the front for the status, /healthz and /metrics; with the names and timings both
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from neuron_ui.compile.key import CompileKey
+    from neuron_ui.contract.layouts import Layout
+    from neuron_ui.contract.results import EngineStatus
 
 NAMESPACE = "neuron-ui"
 REPORT_SECONDS = 1.0  # how often a replica tells the board what it holds
@@ -16,15 +22,36 @@ APP_NAME = "neuron-ui"  # the Serve application
 DEPLOYMENT_NAME = "engine"  # its one deployment, of EngineReplica
 
 
+@dataclass(frozen=True)
+class ReplicaReport:
+    """What a replica tells the board every second, as plain values: Ray carries it as a pickle."""
+
+    replica: str  # Serve's short id of the replica
+    pid: int
+    node: str  # the first 8 characters of its Ray node's id
+    devices: str  # e.g. "cpu, 1 thread" or "neuron cores 0-1, tensor-parallel x2"
+    busy: bool
+    images: int  # made since it started
+    graphs: list[int]  # the token counts whose graph it holds, ready
+    layouts: list[Layout]  # the editing layouts it used or warmed up
+    key: CompileKey
+    status: EngineStatus  # its engine's own status
+    ranks: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of each tensor-parallel rank
+
+
+Reports = dict[str, tuple[float, ReplicaReport]]  # each replica's last report and its age in seconds
+
+
 # No task events: each call to an actor is a task whose events the GCS keeps (up to Ray's 100,000 tasks by default,
 # about 3 KB each, measured: bench/soak.py, docs/operations.md "Memory over time"). The replicas report and the front
 # reads four times a second, so with events on the GCS grew about 0.8 MB a minute for hours; nothing here reads them.
-@ray.remote(num_cpus=0, enable_task_events=False)
+# Ray 2.60's stubs leave enable_task_events out of ray.remote's keywords; ray.remote takes it (ray/_private/worker.py).
+@ray.remote(num_cpus=0, enable_task_events=False)  # type: ignore[call-overload]
 class ReplicaBoard:
     """Where replicas say, every second, what they hold; the front reads it for status, /healthz and /metrics."""
 
     def __init__(self) -> None:
-        self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._reports: Reports = {}  # the time each came (time.time()), not its age
         self._tokenizer: Any = None  # the model's tokenizer, for the front's prompt counter
 
     def share_tokenizer(self, tokenizer: Any) -> None:
@@ -33,13 +60,18 @@ class ReplicaBoard:
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def report(self, replica: str, snapshot: dict[str, Any]) -> None:
+    def report(self, replica: str, snapshot: ReplicaReport) -> None:
         self._reports[replica] = (time.time(), snapshot)
 
-    def read(self) -> dict[str, tuple[float, dict[str, Any]]]:
+    def read(self) -> Reports:
         now = time.time()
         self._reports = {k: v for k, v in self._reports.items() if now - v[0] < FORGET_SECONDS}
         return {k: (now - seen, snapshot) for k, (seen, snapshot) in self._reports.items()}
+
+
+def board_name(app_name: str) -> str:
+    """The board actor of a Serve application, one per application."""
+    return f"{app_name}-board"
 
 
 def find_board(name: str, timeout: float = 30.0):

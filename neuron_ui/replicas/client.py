@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inp
 from neuron_ui.contract.results import ProgressUpdate
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.warmup import WarmupList
-from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS
+from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS, ReplicaReport, Reports
 from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
 from neuron_ui.replicas.stream import SHUTTING_DOWN, StreamCaller
 from neuron_ui.replicas.watcher import ReplicaWatcher
@@ -47,7 +48,10 @@ class ReplicaClient:
     replica dies is sent once more, with the same seed, to another replica (neuron_ui.replicas.stream). A watcher
     thread reads the replicas' reports (neuron_ui.replicas.watcher), so status() and /healthz never wait for Ray."""
 
-    def __init__(self, handle, board, settings: Settings, plan: ReplicaPlan, app_name: str = APP_NAME):
+    def __init__(self, handle: Any, board: Any, settings: Settings, plan: ReplicaPlan, app_name: str = APP_NAME,
+                 watcher: ReplicaWatcher | None = None, clock: Callable[[], float] = time.perf_counter):
+        """`watcher` reads the replicas' reports (by default the board's and Serve's, on Ray); `clock` measures the
+        time a request lost on a replica that died."""
         self.board = board
         self.plan = plan
         self.app_name = app_name
@@ -57,7 +61,7 @@ class ReplicaClient:
         self.allowed = Layouts(self.presets, self.reference_sizes, self.max_references)
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
         self.observers = Observers()
-        self.calls = StreamCaller(handle, self.observers)
+        self.calls = StreamCaller(handle, self.observers, clock)
         # The front decides who goes next: visitors in turn, as many at once as there are replicas (each makes one
         # image at a time); the deployment then routes each by its shape.
         self.turns = DeviceQueue(settings.max_queue_per_user, slots=plan.replicas)
@@ -65,7 +69,7 @@ class ReplicaClient:
         self._last: EngineStatus | None = None
         self._tokenizer: Any = None
         self._warmups: WarmupList[str] = WarmupList(self._warm_one)
-        self.watcher = ReplicaWatcher(board, app_name)
+        self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -162,7 +166,7 @@ class ReplicaClient:
 
     # -- status ------------------------------------------------------------------------------------------
 
-    def reports(self) -> dict[str, tuple[float, dict[str, Any]]]:
+    def reports(self) -> Reports:
         """Each replica's last report and its age in seconds, as the watcher last read them."""
         return self.watcher.reports()
 
@@ -179,14 +183,14 @@ class ReplicaClient:
     def warmup_presets(self) -> list[Resolution]:
         return [self.allowed.layout(r).resolution for r in self._warmups.pending()]
 
-    def _merge(self, layout: Layout, healthy: list[dict[str, Any]], book: GraphBook,
+    def _merge(self, layout: Layout, healthy: list[ReplicaReport], book: GraphBook,
                warmup: list[Resolution]) -> ShapeStatus:
         return merge_layout(layout, healthy, book, warmup, self.plan.replicas)
 
     def status(self) -> EngineStatus:
         """One status over all replicas: each size ready on k of N, and a section per replica."""
         reports = self.watcher.reports()
-        healthy = [snap for age, snap in reports.values() if age < STALE_SECONDS]
+        healthy = [report for age, report in reports.values() if age < STALE_SECONDS]
         if not healthy:
             if self._last is None:
                 raise EngineError("no replica has reported yet", kind="no_replica")
@@ -194,11 +198,11 @@ class ReplicaClient:
                            replica_states=self.watcher.states())
         book = build_book(healthy[0], self.manifest_path)
         warmup = self.warmup_presets()
-        used = sorted({layout for snap in healthy for layout in snap["layouts"]}, key=str)
+        used = sorted({layout for report in healthy for layout in report.layouts}, key=str)
         shapes = [self._merge(Layout(p), healthy, book, warmup) for p in self.presets]
         status = replace(
-            healthy[0]["status"],
-            busy=all(s["busy"] for s in healthy),
+            healthy[0].status,
+            busy=all(report.busy for report in healthy),
             queue_depth=self.turns.waiting + self.calls.waiting(),
             visitors_waiting=self.turns.visitors_waiting,
             warmup_queue=self._warmups.pending(),
@@ -224,7 +228,8 @@ class ReplicaClient:
 
 def describe_turn(ahead: list[Layout], mine: int) -> ProgressUpdate:
     """What a request waiting at the front hears: the images ahead of it in turn order, how many its own."""
-    count = f"{len(ahead)} image{'s' if len(ahead) != 1 else ''} ahead of yours" + (f" ({mine} from you)" if mine else "")
+    count = f"{len(ahead)} image{'s' if len(ahead) != 1 else ''} ahead of yours"
+    count += f" ({mine} from you)" if mine else ""
     return ProgressUpdate("waiting", f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
 
 

@@ -26,7 +26,7 @@ from ray import serve
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import RECEIVED, StopToken
-from neuron_ui.replicas.board import REPORT_SECONDS, find_board
+from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, find_board
 from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
 from neuron_ui.replicas.plan import describe_devices
@@ -153,7 +153,8 @@ class EngineReplica:
         try:
             while not task.done() or not queue.empty():
                 getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                either: set[asyncio.Future[Any]] = {getter, task}
+                done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     yield getter.result()
                 else:
@@ -169,21 +170,20 @@ class EngineReplica:
         self.compiles.clear()
         yield task.result()
 
-    def snapshot(self) -> dict[str, Any]:
-        status = self.engine.status()
-        return {
-            "replica": self.name,
-            "pid": os.getpid(),
-            "ranks": self.group.group.processes if self.group else [],  # (host, pid) of each tensor-parallel rank
-            "node": ray.get_runtime_context().get_node_id()[:8],
-            "devices": self.devices,
-            "busy": self.active,
-            "images": self.images,
-            "graphs": self.engine.graphs.held(),
-            "layouts": self.engine.graphs.used(),
-            "key": self.engine.key,
-            "status": status,
-        }
+    def snapshot(self) -> ReplicaReport:
+        return ReplicaReport(
+            replica=self.name,
+            pid=os.getpid(),
+            node=ray.get_runtime_context().get_node_id()[:8],
+            devices=self.devices,
+            busy=self.active,
+            images=self.images,
+            graphs=self.engine.graphs.held(),
+            layouts=self.engine.graphs.used(),
+            key=self.engine.key,
+            status=self.engine.status(),
+            ranks=list(self.group.group.processes) if self.group else [],
+        )
 
     def _report(self) -> None:
         try:

@@ -11,12 +11,12 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray import serve
 
-from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard
+from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard, board_name
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
@@ -77,7 +77,7 @@ def shutdown(settings: Settings, app_name: str = APP_NAME, at_once: bool = False
         return
     try:
         if settings.ray_address:
-            serve.delete(app_name)
+            stop_app(app_name)
         else:
             serve.shutdown()
     except Exception as error:  # noqa: BLE001 - Ray still goes below; the log says what Serve said
@@ -86,11 +86,20 @@ def shutdown(settings: Settings, app_name: str = APP_NAME, at_once: bool = False
     logger.info("replicas and Ray stopped")
 
 
+def stop_app(app_name: str = APP_NAME) -> None:
+    """One application's replicas and its board gone; Ray, Serve and any other application stay (a cluster's)."""
+    serve.delete(app_name)
+    try:
+        ray.kill(ray.get_actor(board_name(app_name), namespace=NAMESPACE))
+    except ValueError:  # no board by that name: never started, or gone already
+        pass
+
+
 def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):
     """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
     serve.start(proxy_location="Disabled")
-    group_options = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
-    deployment = serve.deployment(EngineReplica, name=DEPLOYMENT_NAME).options(
+    group_options: dict[str, Any] = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
+    deployment = serve.deployment(name=DEPLOYMENT_NAME)(EngineReplica).options(
         num_replicas=plan.replicas,
         max_ongoing_requests=plan.max_ongoing_requests,
         ray_actor_options=plan.actor_options,
@@ -105,16 +114,17 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
            timeout: float = 600.0) -> ReplicaClient:
     """Ray, the board, the replicas and the client; returns once every replica has reported."""
     start_ray(settings, num_cpus)
-    board_name = f"{app_name}-board"
+    board = board_name(app_name)
     # Detached: the board lives by its name, not by this driver's reference count (in a long test session an
     # owned board was once collected before it ran); on a local Ray, ray.shutdown() ends it with everything else.
-    board = ReplicaBoard.options(name=board_name, namespace=NAMESPACE, get_if_exists=True,
-                                 lifetime="detached").remote()
-    ray.get(board.read.remote(), timeout=timeout)  # up and named before any replica looks for it
+    # Ray 2.60's stubs type a @ray.remote class as the class itself; it is an ActorClass, with options().
+    reports = ReplicaBoard.options(  # type: ignore[attr-defined]
+        name=board, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
+    ray.get(reports.read.remote(), timeout=timeout)  # up and named before any replica looks for it
     plan = plan_replicas(settings, ray.cluster_resources())
     started = time.perf_counter()
-    handle = deploy(settings, plan, app_name, board_name)
-    client = ReplicaClient(handle, board, settings, plan, app_name)
+    handle = deploy(settings, plan, app_name, board)
+    client = ReplicaClient(handle, reports, settings, plan, app_name)
     client.wait_for_replicas(plan.replicas, timeout)
     logger.info("%d replica(s) on %s ready in %.1f s", plan.replicas, plan.device, time.perf_counter() - started)
     return client

@@ -47,7 +47,7 @@ def kill_local_ray() -> None:
 
 
 def stored_task_events() -> dict[str, int]:
-    """How many tasks the GCS keeps events for, by function or method name; to check that what calls often keeps none."""
+    """How many tasks the GCS keeps events for, by function or method name: that what calls often keeps none."""
     # Ray 2.60.0: ray._private.state.state (GlobalState) reads the GCS's task events with _get_all_task_events(), a
     # list of gcs_pb2.TaskEvents whose task_info.func_or_class_name is e.g. "ReplicaBoard.report". The public state
     # API (ray.util.state.list_tasks) needs the dashboard, which a local Ray here runs without.

@@ -9,29 +9,29 @@ from typing import TYPE_CHECKING, Any
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY
 from neuron_ui.engine.graphs import GraphBook
-from neuron_ui.replicas.board import STALE_SECONDS
+from neuron_ui.replicas.board import STALE_SECONDS, ReplicaReport, Reports
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.layouts import Layout
-    from neuron_ui.contract.results import EngineStatus, ShapeStatus
+    from neuron_ui.contract.results import ShapeStatus
 
 
-def build_book(snapshot: dict[str, Any], manifest_path: Path) -> GraphBook:
+def build_book(report: ReplicaReport, manifest_path: Path) -> GraphBook:
     """Estimates for what no replica holds, from the shared manifest as it is on disk now."""
-    status: EngineStatus = snapshot["status"]
-    return GraphBook(snapshot["key"], CacheManifest(manifest_path), status.compile_mode, status.compile_backend)
+    status = report.status
+    return GraphBook(report.key, CacheManifest(manifest_path), status.compile_mode, status.compile_backend)
 
 
-def merge_layout(layout: Layout, healthy: list[dict[str, Any]], book: GraphBook, warmup: list[Resolution],
+def merge_layout(layout: Layout, healthy: list[ReplicaReport], book: GraphBook, warmup: list[Resolution],
                  total: int) -> ShapeStatus:
     """One layout over the healthy replicas' reports (`total` replicas planned)."""
-    seen = [row for snap in healthy for row in snap["status"].shapes + snap["status"].layouts
+    seen = [row for report in healthy for row in report.status.shapes + report.status.layouts
             if row.tokens == layout.tokens and row.layout == (None if layout.plain else str(layout))]
     if book.compile_mode == "eager":  # nothing to compile: ready wherever a replica answers
         ready_on = len(healthy)
     else:
-        ready_on = sum(layout.tokens in snap["graphs"] for snap in healthy)
+        ready_on = sum(layout.tokens in report.graphs for report in healthy)
     return merge_shape(book.status(layout, warmup), seen, ready_on, total)
 
 
@@ -60,18 +60,18 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
     )
 
 
-def replica_rows(reports: dict[str, tuple[float, dict[str, Any]]], total: int) -> list[dict[str, Any]]:
+def replica_rows(reports: Reports, total: int) -> list[dict[str, Any]]:
     """The status's section per replica, in a stable order (by replica id): the deployment's `total` replicas,
     not every id the board still remembers. A silent one is listed ("not responding") only while fewer than `total`
     answer: once Serve's replacement reports, the dead one it replaced is gone from the status at once."""
-    fresh = [(age, snap) for age, snap in reports.values() if age < STALE_SECONDS]
+    fresh = [(age, report) for age, report in reports.values() if age < STALE_SECONDS]
     silent = sorted((r for r in reports.values() if r[0] >= STALE_SECONDS), key=lambda r: r[0])
     shown = fresh + silent[:max(0, total - len(fresh))]  # the most recently heard of the silent ones
-    return [replica_row(snap, age) for age, snap in sorted(shown, key=lambda r: r[1]["replica"])]
+    return [replica_row(report, age) for age, report in sorted(shown, key=lambda r: r[1].replica)]
 
 
-def replica_row(snapshot: dict[str, Any], age: float) -> dict[str, Any]:
-    row = {k: snapshot[k] for k in ("replica", "pid", "node", "devices", "busy", "images", "graphs")}
-    row["state"] = "healthy" if age < STALE_SECONDS else "not responding"
-    row["seen_seconds_ago"] = round(age, 1)
-    return row
+def replica_row(report: ReplicaReport, age: float) -> dict[str, Any]:
+    """The status's row for one replica (EngineStatus.replicas keeps plain dicts for the UI and /metrics)."""
+    return {"replica": report.replica, "pid": report.pid, "node": report.node, "devices": report.devices,
+            "busy": report.busy, "images": report.images, "graphs": report.graphs,
+            "state": "healthy" if age < STALE_SECONDS else "not responding", "seen_seconds_ago": round(age, 1)}

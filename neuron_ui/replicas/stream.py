@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -41,9 +42,11 @@ LOST_WAIT = "a lost replica, retried on another"  # the result's waited_for: "wa
 class StreamCaller:
     """Calls a deployment method as a stream, routed by the layout's token count (the multiplexed model id)."""
 
-    def __init__(self, handle: Any, observers: Observers):
+    def __init__(self, handle: Any, observers: Observers, clock: Callable[[], float] = time.perf_counter):
+        """`clock` (seconds) measures the time a request lost on a replica that died."""
         self.handle = handle
         self.observers = observers
+        self.clock = clock
         self._lock = threading.Lock()
         self._waiting: dict[int, Any] = {}  # sent to the deployment, not yet started on a replica: id -> its stream
         self._started = 0  # started on a replica, not yet ended
@@ -72,13 +75,13 @@ class StreamCaller:
         retry's progress says why its steps start again, and its result counts the time lost on the dead replica."""
         report = progress or (lambda update: None)
         stop = stop or StopToken()
-        sent = time.perf_counter()
+        sent = self.clock()
         try:
             return self._stream(method, argument, layout, report, stop)
         except REPLICA_LOST as error:
             logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
                            type(error).__name__)
-        lost = time.perf_counter() - sent
+        lost = self.clock() - sent
         report(ProgressUpdate("waiting", f"{RETRIED}; the image starts again"))
         try:
             value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)

@@ -102,7 +102,8 @@ class ReplicaGroup:
         followers, runs = [], []
         for rank in range(1, tp):
             strategy = PlacementGroupSchedulingStrategy(placement_group=placement, placement_group_bundle_index=rank)
-            follower = RankFollower.options(scheduling_strategy=strategy,
+            # Ray 2.60's stubs type a @ray.remote class as the class itself; it is an ActorClass, with options().
+            follower = RankFollower.options(scheduling_strategy=strategy,  # type: ignore[attr-defined]
                                             **actor_options(placement.bundle_specs[rank])).remote()
             followers.append(follower)
             runs.append(follower.run.remote(settings, ray_launch(rank, tp), address, threads))
