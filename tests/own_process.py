@@ -1,4 +1,5 @@
-"""A pytest plugin: each module marked `own_process` runs in a pytest process of its own, reported test by test."""
+"""A pytest plugin: each module marked `own_process` runs in a pytest process of its own, reported test by test;
+modules marked `own_process("name")` share one such process, in collection order."""
 
 import os
 
@@ -6,8 +7,10 @@ import pytest
 
 # -- modules that run in a pytest process of their own --------------------------------------------------------
 # Ray keeps driver-side state for the life of a process (Serve's router and long-poll clients, named actors,
-# the worker's job); a Ray module after another one in the same process has hung in Serve's router. Each module
-# marked `own_process` therefore runs in a fresh `python -m pytest`, and its results come back here test by test.
+# the worker's job); a Ray module after another one in the same process has hung in Serve's router when each
+# started and stopped its own Ray. Modules marked `own_process` therefore run in a fresh `python -m pytest`, and
+# their results come back here test by test. The Ray modules marked `own_process("ray")` share one such process
+# and one local Ray (tests/ray_session.py), paying the imports and Ray's start once.
 
 CHILD = "NEURON_UI_TEST_RESULTS"  # set in the child: where it writes one JSON line per test phase
 CHILD_TIMEOUT = 1800  # seconds for one module's process (pytest-timeout still limits each test inside it)
@@ -18,7 +21,7 @@ class ChildFailure(Exception):
 
 
 class ModuleInChild:
-    """One own_process module's selected tests, run once in a child pytest on first use."""
+    """One own_process module's (or named group's) selected tests, run once in a child pytest on first use."""
 
     def __init__(self, nodeids: list[str], rootdir: str):
         self.nodeids = nodeids
@@ -109,8 +112,9 @@ def pytest_collection_modifyitems(session, config, items):
         return
     modules: dict[str, ModuleInChild] = {}
     for index, item in enumerate(items):
-        if item.get_closest_marker("own_process"):
-            module = modules.setdefault(str(item.path), ModuleInChild([], str(config.rootpath)))
+        if marker := item.get_closest_marker("own_process"):
+            group = marker.args[0] if marker.args else str(item.path)
+            module = modules.setdefault(group, ModuleInChild([], str(config.rootpath)))
             module.nodeids.append(item.nodeid)
             items[index] = InChild.from_parent(item.parent, name=item.name, module=module, original=item)
 

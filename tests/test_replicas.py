@@ -1,8 +1,8 @@
-"""Engine replicas on Ray Serve (--replicas): routing by shape, compile once, faults, status, ports.
+"""Engine replicas on Ray Serve (--replicas): routing by shape, faults, status, ports.
 
-One local Ray instance (2 CPUs) and one 2-replica deployment of the tiny model on the eager backend, with one style
-(--lora), serve the whole module; the last test replaces it with an inductor deployment, where the disk cache is the
-point.
+The Ray modules' one local Ray (tests/ray_session.py, 2 CPUs) and one 2-replica deployment of the tiny model on the
+eager backend, with one style (--lora), serve the whole module. Compiling once in a deployment, with inductor's disk
+cache and a bundle at replica start, is checked on two nodes in test_replicas_cluster.py.
 """
 
 from __future__ import annotations
@@ -14,36 +14,33 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
 from serving import TIMEOUT, served, wait_until
 
-from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.main import parse_settings
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
 
 # Nothing here imports Ray at collection: serving.build_replicas sets the variable that binds a local Ray to
 # loopback, and Ray reads it once, when it is first imported (test_ray_listens_on_loopback_only... checks it).
 
-# A Ray instance and replicas: about a minute to start on 2 cores.
-pytestmark = [pytest.mark.slow, pytest.mark.own_process]
+# Replicas: about a minute to start on 2 cores. One process and one Ray for the Ray modules (tests/own_process.py).
+pytestmark = [pytest.mark.slow, pytest.mark.own_process("ray")]
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
+def deployment(local_ray, tmp_path_factory):
     style = write_random_lora(build_tiny_pipeline().transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors",
                               rank=4, seed=1)
     with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2", "--lora", str(style)) as s:
         yield s
-    s.engine.watcher.stop()  # before Ray goes: a read after ray.shutdown() would start another Ray
-    import ray
-    from ray import serve
+    s.engine.watcher.stop()  # before its application goes: the next module's deployment takes its name
+    from neuron_ui.replicas.launch import stop_app
 
-    serve.shutdown()
-    ray.shutdown()
+    stop_app()
 
 
 def request(resolution="256x256", seed=1, steps=2, lora=None, lora_scale=None):
@@ -52,7 +49,8 @@ def request(resolution="256x256", seed=1, steps=2, lora=None, lora_scale=None):
 
 
 def test_single_process_app_does_not_import_ray(tmp_path):
-    code = ("import sys; from neuron_ui.main import build_app, parse_settings; s = parse_settings(['--model', 'tiny', '--compile-backend', 'eager', "
+    code = ("import sys; from neuron_ui.main import build_app, parse_settings; "
+            "s = parse_settings(['--model', 'tiny', '--compile-backend', 'eager', "
             f"'--resolutions', '256x256', '--cache-dir', {str(tmp_path)!r}]); build_app(s); "
             "assert 'ray' not in sys.modules, 'ray was imported'; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
@@ -63,8 +61,8 @@ def test_single_process_app_does_not_import_ray(tmp_path):
 def test_sigterm_drains_the_replicas_app_then_stops_serve_and_its_local_ray(tmp_path):
     """`python app.py --replicas 1` as a process: ray.init had replaced the app's SIGTERM handler (rc -6 idle, rc 1
     busy, a bare CancelledError for every client, /healthz never "shutting down"). Now it drains as in one process,
-    then stops Serve and the Ray it started. Its own local Ray, started before the module's deployment starts one
-    (this test comes first), so the two never run at once."""
+    then stops Serve and the Ray it started. Its own local Ray, started before the Ray modules' one starts (this
+    test comes first in their process), so the two never run at once."""
     from test_shutdown import _status, one_running_one_waiting, seconds_per_step, start_app, steps_lasting
 
     process, url = start_app(tmp_path, "--replicas", "1")
@@ -258,29 +256,46 @@ def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deploym
 
     worker = threading.Thread(target=long_request, daemon=True)
     worker.start()
-    busy = wait_until(lambda: next((s for _, s in client.reports().values() if s["busy"]), None), "a replica is busy",
+    busy = wait_until(lambda: next((r for _, r in client.reports().values() if r.busy), None), "a replica is busy",
                       timeout=TIMEOUT)
     wait_until(lambda: stop.phase == "running", "the replica said the image is running", timeout=TIMEOUT)
     stopped_at = time.monotonic()
     stop.stop()
     worker.join(TIMEOUT)
     assert outcome.get("stopped") == "stopped at the next step; no image was made", outcome
-    wait_until(lambda: not any(s["busy"] for _, s in client.reports().values() if s["replica"] == busy["replica"]),
+    wait_until(lambda: not any(r.busy for _, r in client.reports().values() if r.replica == busy.replica),
                "the replica is free again", timeout=30)
     freed = time.monotonic() - stopped_at
     assert freed < whole / 2, f"the replica stayed busy {freed:.1f} s after the stop; a whole image takes {whole:.1f} s"
 
 
-def test_visitors_take_turns_at_the_front_across_the_replicas(deployment, monkeypatch):
+class Recorded:
+    """A deployment's handle that records the prompt of each request as it leaves the front."""
+
+    def __init__(self, handle, sent: list[str]):
+        self.handle, self.sent = handle, sent
+
+    def options(self, **options):
+        return Recorded(self.handle.options(**options), self.sent)
+
+    @property
+    def generate(self):
+        method = self.handle.generate
+
+        def remote(request):
+            self.sent.append(request.prompt)
+            return method.remote(request)
+
+        return SimpleNamespace(remote=remote)
+
+
+def test_visitors_take_turns_at_the_front_across_the_replicas(deployment):
     """The front decides who goes next: with both replicas busy with A's images, B's one is sent before A's rest."""
-    client, sent, results = deployment.engine, [], {}
-    call = client.calls.call
+    from neuron_ui.replicas.client import ReplicaClient
 
-    def recorded(method, argument, *args, **kwargs):  # the order requests leave the front for the deployment
-        sent.append(argument.prompt)
-        return call(method, argument, *args, **kwargs)
-
-    monkeypatch.setattr(client.calls, "call", recorded)
+    served_client, sent, results = deployment.engine, [], {}
+    client = ReplicaClient(Recorded(served_client.calls.handle, sent), served_client.board, deployment.settings,
+                           served_client.plan, watcher=served_client.watcher)
 
     def ask(name, visitor):
         req = GenerateRequest(name, "256x256", steps=12, seed=5, visitor=visitor)
@@ -329,17 +344,15 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow, updates.append)),
                               daemon=True)
     worker.start()
-    from neuron_ui.replicas.board import REPORT_SECONDS  # here, not at the top: it imports Ray
-
     # Once our image runs, the one busy replica is ours. A report from before the reference ended could still say
-    # its replica is busy: wait two report intervals, and take only a report younger than one.
+    # its replica is busy: take only one made after our image began.
     wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
-    time.sleep(2 * REPORT_SECONDS)
-    busy = wait_until(lambda: next((snap for age, snap in client.reports().values()
-                                    if snap["busy"] and age < REPORT_SECONDS), None),
-                      "a replica is busy", timeout=TIMEOUT)
+    running_since = time.monotonic()
+    busy = wait_until(lambda: next((report for age, report in client.reports().values()
+                                    if report.busy and time.monotonic() - age > running_since), None),
+                      "a report made while the image runs says its replica is busy", timeout=TIMEOUT)
     assert "result" not in outcome  # still running when its replica is killed
-    os.kill(busy["pid"], signal.SIGKILL)
+    os.kill(busy.pid, signal.SIGKILL)
     killed_after = time.perf_counter() - sent
     from neuron_ui.ui.words import describe_activity
 
@@ -347,7 +360,7 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
                timeout=TIMEOUT)
     worker.join(TIMEOUT)
     result = outcome["result"]
-    assert result.replica != busy["replica"]
+    assert result.replica != busy.replica
     assert list(result.image.getdata()) == list(reference.image.getdata())
     # The retry says why its steps start again, and its line counts the time lost on the killed replica.
     from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
@@ -357,81 +370,14 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     assert result.waited_for == LOST_WAIT and result.waited_seconds >= killed_after, result.info()
     # Serve's replacement is a new id. (Counting two healthy is not enough: for STALE_SECONDS after the kill the
     # killed replica's last report still counts, and a quick retry can end inside that time.)
-    known = {result.replica, busy["replica"]}
-    wait_until(lambda: any(snap["replica"] not in known for snap in client.watcher.healthy()),
+    known = {result.replica, busy.replica}
+    wait_until(lambda: any(report.replica not in known for report in client.watcher.healthy()),
                "Serve's replacement of the killed replica reports", timeout=240)
     # Once its replacement answers, the killed one is gone from the status and /healthz (it lingered 60 s): at once,
     # or within STALE_SECONDS should the replacement have reported before the killed one's last report aged out.
     from neuron_ui.replicas.board import STALE_SECONDS
 
-    wait_until(lambda: [(r["state"], r["replica"] == busy["replica"]) for r in client.status().replicas] == [
+    wait_until(lambda: [(r["state"], r["replica"] == busy.replica) for r in client.status().replicas] == [
         ("healthy", False), ("healthy", False)], "the killed replica leaves the status", timeout=STALE_SECONDS + 2)
     assert deployment.get("/healthz").json() == {"status": "ok", "replicas_healthy": 2, "replicas": 2}
     assert client.generate(request(seed=3)).image.size == (256, 256)
-
-
-class Compiles:
-    """An observer of the client: every compilation the deployment reports, with the request that caused it."""
-
-    def __init__(self):
-        self.seen: list[tuple[str, str]] = []
-
-    def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
-        self.seen.append((resolution, event))
-
-    def on_generated(self, result) -> None:
-        pass
-
-    def on_failed(self, kind: str) -> None:
-        pass
-
-
-def test_compile_once_in_the_deployment_disk_hit_elsewhere_and_bundles_at_replica_start(deployment, tmp_path):
-    """Inductor (a persistent cache) on 2 replicas: 5 concurrent first requests for 256x256 compile it once; a
-    --warmup size compiles once and is ready on one replica; a bundle of that cache starts a new deployment warm."""
-    import ray
-    from ray import serve
-
-    from neuron_ui.config.cache_paths import CachePaths
-    from neuron_ui.replicas.board import APP_NAME
-    from neuron_ui.replicas.launch import launch
-
-    serve.delete(APP_NAME)
-    cache = tmp_path / "cache"
-    flags = ["--model", "tiny", "--compile-backend", "inductor", "--resolutions", "256x256,384x256", "--replicas", "2"]
-    client = launch(parse_settings([*flags, "--cache-dir", str(cache)]), app_name="neuron-ui-inductor")
-    compiles = Compiles()
-    client.observers.add(compiles)
-    results: list = []
-    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request(seed=i))), daemon=True)
-               for i in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(600)
-    events = sorted((r.cache_event, r.replica) for r in results)
-    assert len(results) == 5, events
-    compiled = [replica for event, replica in events if event == "compiled"]
-    assert len(compiled) == 1, events
-    assert any(event == "disk_hit" and replica != compiled[0] for event, replica in events), events
-
-    client.start_warmup(["384x256"])
-    assert client.wait_for_warmup(600)
-    assert [seen for seen in compiles.seen if seen[0] == "384x256"] == [("384x256", "compiled")]
-    shape = wait_until(lambda: (s := client.status().shape("384x256")).ready_on and s, "384x256 ready on a replica")
-    assert (shape.ready_on, shape.replicas_total) == (1, 2)
-
-    key = next(iter(client.reports().values()))[1]["key"]
-    paths = CachePaths(cache, cache / "neff", cache / "inductor", cache / "manifest.json")
-    bundle = export_bundle(paths, key, tmp_path / "fleet.tar.gz")
-    assert {"256x256", "384x256"} <= set(bundle.resolutions)
-    serve.delete("neuron-ui-inductor")
-    client.watcher.stop()
-    fresh = parse_settings([*flags, "--cache-dir", str(tmp_path / "fresh"), "--cache-bundle",
-                                str(tmp_path / "fleet.tar.gz")])
-    warm = launch(fresh, app_name="neuron-ui-bundle")
-    assert {s.resolution for s in warm.status().shapes if s.on_disk} == {"256x256", "384x256"}
-    assert warm.generate(request("384x256", seed=3)).cache_event == "disk_hit"
-    serve.delete("neuron-ui-bundle")
-    warm.watcher.stop()
-    assert ray.is_initialized()

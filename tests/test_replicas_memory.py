@@ -2,53 +2,42 @@
 
 The replicas report to the board, and the front reads it, four times a second; with task events on, Ray's GCS kept
 each call's events (up to 100,000 tasks, about 3 KB each) and grew for hours (docs/operations.md, "Memory over time").
-A bare local Ray with one board, no replicas: a few seconds.
+One board on the Ray modules' one local Ray (tests/ray_session.py), no replicas: a few seconds.
 """
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
+from serving import wait_until
 
-from neuron_ui.main import parse_settings
-from neuron_ui.serving import RAY_LOOPBACK_ENV
-
-pytestmark = [pytest.mark.own_process]  # Ray keeps driver-side state for the life of a process
+pytestmark = [pytest.mark.own_process("ray")]  # Ray keeps driver-side state for the life of a process
 
 REPORTS = 300
 
 
 @pytest.fixture(scope="module")
-def board():
-    os.environ.update(RAY_LOOPBACK_ENV)  # before Ray is imported, as serving.build_replicas does
+def board(local_ray):
     import ray
 
     from neuron_ui.replicas.board import NAMESPACE, ReplicaBoard
-    from neuron_ui.replicas.launch import start_ray
 
-    start_ray(parse_settings(["--model", "tiny", "--device", "cpu", "--replicas", "1"]), num_cpus=1)
-    yield ReplicaBoard.options(name="memory-board", namespace=NAMESPACE).remote()
-    ray.shutdown()
+    board = ReplicaBoard.options(name="memory-board", namespace=NAMESPACE).remote()
+    yield board
+    ray.kill(board)
 
 
-def stored_after_flush(name: str, expected_at_least: int = 0, timeout: float = 20.0) -> int:
+def stored_after_flush(name: str, expected_at_least: int = 0) -> int:
     """The GCS's count of tasks named `name`, once the workers' buffered events (sent every second) have arrived."""
     from neuron_ui.replicas.ray_bridge import stored_task_events
 
-    deadline = time.monotonic() + timeout
-    while True:
-        count = stored_task_events().get(name, 0)
-        if count >= expected_at_least or time.monotonic() > deadline:
-            return count
-        time.sleep(0.5)
+    return wait_until(lambda: (count := stored_task_events().get(name, 0)) >= expected_at_least and (count,),
+                      f"the GCS has the events of {expected_at_least} {name}", timeout=20)[0]
 
 
 def test_the_boards_reports_and_reads_leave_no_task_events_after_many_calls(board):
     import ray
 
-    snapshot = {"busy": False, "images": 1, "graphs": [256], "status": "idle"}
+    snapshot = {"busy": False, "images": 1, "graphs": [256], "status": "idle"}  # its content is not the point
     for i in range(REPORTS):
         board.report.remote(f"replica-{i % 2}", snapshot)
         board.read.remote()

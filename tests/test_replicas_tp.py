@@ -1,6 +1,7 @@
 """A tensor-parallel replica on Ray Serve (--replicas 1 --tp 2): two processes in one placement group, in lockstep.
 
-Its own Ray instance (2 CPUs: one bundle of 1 CPU per rank), the tiny model, the eager backend.
+On the Ray modules' one local Ray (tests/ray_session.py, 2 CPUs: one bundle of 1 CPU per rank), the tiny model, the
+eager backend.
 """
 
 from __future__ import annotations
@@ -20,24 +21,22 @@ from neuron_ui.model.runner import PipelineCall, run_pipeline
 from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.serving import build_replicas
 
-# Ray, a replica and a follower: a minute to start on 2 cores.
-pytestmark = [pytest.mark.slow, pytest.mark.own_process]
+# A replica and a follower: a minute to start on 2 cores. One process and one Ray for the Ray modules.
+pytestmark = [pytest.mark.slow, pytest.mark.own_process("ray")]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def client(local_ray, tmp_path_factory):
 
     settings = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path_factory.mktemp("tp") / "cache"),
                                    "--replicas", "1", "--tp", "2"])
-    client = build_replicas(settings, num_cpus=2)
+    client = build_replicas(settings)
     yield client
-    client.watcher.stop()  # before Ray goes: a read after ray.shutdown() would start another Ray
-    import ray
-    from ray import serve
+    client.watcher.stop()  # before its application goes: a read after it would ask Serve for a deleted app
+    from neuron_ui.replicas.launch import stop_app
 
-    serve.shutdown()
-    ray.shutdown()
+    stop_app()
 
 
 def pixels(image) -> np.ndarray:
@@ -53,15 +52,15 @@ def test_the_replica_matches_one_process_and_reports_degree_2(client):
     assert status.tensor_parallel["degree"] == 2, status.tensor_parallel
     leader, follower = status.tensor_parallel["ranks"]
     assert leader["calls"] == follower["calls"] >= 1 and follower["alive"], status.tensor_parallel  # in lockstep
-    (snapshot,) = [snap for _, snap in client.reports().values()]
-    assert snapshot["key"].tp_degree == 2
-    assert len(snapshot["ranks"]) == 2 and "tensor-parallel x2" in snapshot["devices"]
+    (report,) = [report for _, report in client.reports().values()]
+    assert report.key.tp_degree == 2
+    assert len(report.ranks) == 2 and "tensor-parallel x2" in report.devices
 
 
 def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces_the_replica(client):
     slow = GenerateRequest("a lighthouse", "256x256", steps=60, seed=7)
-    (before,) = [snap for _, snap in client.reports().values()]
-    follower_pid = before["ranks"][1][1]
+    (before,) = [report for _, report in client.reports().values()]
+    follower_pid = before.ranks[1][1]
     outcome: dict = {}
 
     def run() -> None:
@@ -72,7 +71,7 @@ def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    wait_until(lambda: any(snap["busy"] for _, snap in client.reports().values()), "the replica is busy",
+    wait_until(lambda: any(report.busy for _, report in client.reports().values()), "the replica is busy",
                timeout=TIMEOUT)
     os.kill(follower_pid, signal.SIGKILL)
     worker.join(TIMEOUT)
@@ -81,16 +80,16 @@ def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces
         message = str(outcome["error"])
         assert "\n" not in message and "rank 1" in message, message
     else:  # or Serve replaced the replica first and the request was sent again
-        assert outcome["result"].replica != before["replica"]
+        assert outcome["result"].replica != before.replica
 
     def replaced():
-        return [snap for age, snap in client.reports().values()
-                if age < 4 and snap["replica"] != before["replica"]]
+        return [report for age, report in client.reports().values()
+                if age < 4 and report.replica != before.replica]
 
     (after,) = wait_until(replaced, "Serve replaced the replica with a new group", timeout=240)
-    assert after["ranks"][1][1] != follower_pid
+    assert after.ranks[1][1] != follower_pid
     again = client.generate(GenerateRequest("a lighthouse", "256x256", steps=4, seed=3, guidance=1.0))
-    assert again.replica == after["replica"] and again.image.size == (256, 256)
+    assert again.replica == after.replica and again.image.size == (256, 256)
 
 
 def test_each_rank_asks_for_its_own_device_in_a_packed_bundle():
