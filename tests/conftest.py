@@ -25,6 +25,7 @@ from neuron_ui.model.tiny import build_tiny_pipeline
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 pytest_plugins = ["own_process"]  # runs modules marked own_process in a child pytest (tests/own_process.py)
+pytest_plugins += ["browser_fixtures"]  # the browser tests' chromium, pages and held runner
 
 SMALL_PRESETS = "256x256,384x256,256x384,512x512"
 
