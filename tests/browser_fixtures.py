@@ -22,6 +22,7 @@ from neuron_ui.engine.setup import WARMUP_PROMPT
 from neuron_ui.model.runner import RunnerWrapper
 
 DEFAULT_CHROMIUM = "/usr/lib/chromium/chromium"
+CHROMIUM = os.environ.get("NEURON_UI_CHROMIUM", DEFAULT_CHROMIUM)  # for a test that launches chromium itself
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 WAIT_MS = int(os.environ.get("NEURON_UI_BROWSER_WAIT_MS", "60000"))  # a first compile here is about 3 s
 LONG_PROMPT = "a long night"  # an image HeldRunner can hold after its first step
@@ -67,6 +68,13 @@ def page(browser, url, viewport):
     page.context.close()
 
 
+@pytest.fixture
+def runner(app):
+    """The module's served HeldRunner (its `app` fixture serves one), released after the test, whatever it held."""
+    yield app.runner
+    app.runner.release()
+
+
 def open_page(browser, url: str, width: int = 1360, height: int = 1000):
     """A page in a new browser context that records every host it talks to (`page.hosts`)."""
     from urllib.parse import urlparse
@@ -104,6 +112,25 @@ def wait_for_cell(page, size: str, column: int, pattern: str) -> None:
 def pick_size(page, size: str) -> None:
     page.locator("#resolution input").click()
     page.get_by_role("option", name=re.compile(f"^{size} ")).click()
+
+
+def set_steps(page, steps: int) -> None:
+    """Type the steps and commit them (Tab), until the slider shows them. Typed within milliseconds of opening the
+    Advanced panel (still mounting), the slider took its old value back in 3 of 12 tries here, and a click then sent
+    4 steps; typed 2.5 s after opening, it kept the value in 8 of 8. No person types that fast; a script does."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    number = page.locator("#steps input[type=number]")
+    for _ in range(5):
+        number.fill(str(steps))
+        number.press("Tab")
+        try:
+            page.wait_for_function(f"() => document.querySelector('#steps input[type=range]').value === '{steps}'",
+                                   timeout=3000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"the steps slider never took {steps}")
 
 
 def history(page):

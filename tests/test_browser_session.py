@@ -10,7 +10,17 @@ import re
 
 import pytest
 import serving
-from browser_fixtures import LONG_PROMPT, WAIT_MS, HeldRunner, history, open_page, pick_size, shot, wait_for_cell
+from browser_fixtures import (
+    LONG_PROMPT,
+    WAIT_MS,
+    HeldRunner,
+    history,
+    open_page,
+    pick_size,
+    set_steps,
+    shot,
+    wait_for_cell,
+)
 from playwright.sync_api import expect
 
 from neuron_ui.ui.words import TABLE_HEADERS
@@ -29,13 +39,6 @@ def app(tmp_path_factory):
 @pytest.fixture(scope="module")
 def url(app):
     return app.url
-
-
-@pytest.fixture
-def runner(app):
-    """The served runner; released after the test, whatever it held."""
-    yield app.runner
-    app.runner.release()
 
 
 def test_a_reload_mid_compile_finds_prompt_size_history_and_the_finished_image(page, runner):
@@ -185,25 +188,6 @@ def engine_status(url: str) -> dict:
 
 def images_at(url: str, size: str) -> int:
     return next(s["images"] for s in engine_status(url)["shapes"] if s["resolution"] == size)
-
-
-def set_steps(page, steps: int) -> None:
-    """Type the steps and commit them (Tab), until the slider shows them. Typed within milliseconds of opening the
-    Advanced panel (still mounting), the slider took its old value back in 3 of 12 tries here, and a click then sent
-    4 steps; typed 2.5 s after opening, it kept the value in 8 of 8. No person types that fast; a script does."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    number = page.locator("#steps input[type=number]")
-    for _ in range(5):
-        number.fill(str(steps))
-        number.press("Tab")
-        try:
-            page.wait_for_function(f"() => document.querySelector('#steps input[type=range]').value === '{steps}'",
-                                   timeout=3000)
-            return
-        except PlaywrightTimeout:
-            continue
-    raise AssertionError(f"the steps slider never took {steps}")
 
 
 def start_long_image(page, runner: HeldRunner, size: str) -> None:
