@@ -140,15 +140,18 @@ def history(page):
 
 class HeldRunner(RunnerWrapper):
     """The pipeline runner, holding while hold() is in force: in a compile's (or a disk-cache load's) own call until
-    release(), and after the first step of LONG_PROMPT's image until release() or a stop. A tiny-model compile or step
-    takes milliseconds; held, it lasts until the test has looked (a reload, a second browser, a Stop)."""
+    release(), and in LONG_PROMPT's image after `steps` steps until release() or a stop (the progress shows step
+    steps + 1, the stop says "stopped after step {steps + 1}"). A tiny-model compile or step takes milliseconds;
+    held, it lasts until the test has looked (a reload, a second browser, a Stop)."""
 
     def __init__(self, inner):
         super().__init__(inner)
         self._open = threading.Event()
         self._open.set()
+        self.steps = 1
 
-    def hold(self) -> None:
+    def hold(self, steps: int = 1) -> None:
+        self.steps = steps
         self._open.clear()
 
     def release(self) -> None:
@@ -161,7 +164,7 @@ class HeldRunner(RunnerWrapper):
             inner = callback
 
             def callback(pipe, step, timestep, kwargs):
-                if step >= 1:  # the first step's progress shows; the second waits
+                if step >= self.steps:  # the engine's callback reports step steps + 1 while held
                     deadline = time.monotonic() + WAIT_MS / 1000
                     while not self._open.wait(0.05):
                         inner(pipe, step, timestep, kwargs)  # the engine's callback: raises Stopped once stopped
