@@ -5,35 +5,23 @@ import re
 
 import numpy as np
 import pytest
+import serving
 from PIL import Image
-from test_browser import (  # noqa: F401
-    CHROMIUM,
-    WAIT_MS,
-    browser,  # noqa: F401  (the module-scoped chromium fixture)
-    served,
-    shot,
-    status_table,
-    wait_until,
-)
+from browser_fixtures import shot
+from playwright.sync_api import expect
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    with served(tmp_path_factory.mktemp("cache")) as url:
-        yield url
+    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256,384x256,512x512") as app:
+        yield app.url
 
 
 @pytest.fixture
-def page(browser, url):  # noqa: F811
-    context = browser.new_context(viewport={"width": 1360, "height": 1100})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    page.goto(url)
-    page.locator("#prompt textarea").wait_for()
-    yield page
-    context.close()
+def viewport():
+    return 1360, 1100
 
 
 def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
@@ -59,7 +47,7 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
     hint.get_by_text("Ready").wait_for()
 
     page.locator("#use-as-reference").click()
-    wait_until(lambda: previews.count() == 2, "the result joins the references")
+    expect(previews).to_have_count(2)  # the result joins the references
     assert "256x256 → 1024x1024" in page.locator("#reference-previews").inner_text()
 
     page.locator("#edit-image").click()

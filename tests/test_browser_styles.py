@@ -8,7 +8,7 @@ import httpx
 import pytest
 import serving
 from gradio_client.exceptions import AppError
-from test_browser import WAIT_MS, browser, shot  # noqa: F401  (browser: the module-scoped chromium fixture)
+from browser_fixtures import shot
 
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -29,15 +29,14 @@ def app(tmp_path_factory):
         yield served
 
 
+@pytest.fixture(scope="module")
+def url(app):
+    return app.url
+
+
 @pytest.fixture
-def page(browser, app):  # noqa: F811
-    context = browser.new_context(viewport={"width": 1360, "height": 1100})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    page.goto(app.url)
-    page.locator("#prompt textarea").wait_for()
-    yield page
-    context.close()
+def viewport():
+    return 1360, 1100
 
 
 def pick_style(page, name: str) -> None:
