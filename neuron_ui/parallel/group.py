@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,13 +30,16 @@ HEARTBEAT_SECONDS = 1.0  # rank 0 writes the time this often: the latest a resta
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait on the control group for as long as nobody asks for an image
 
 
-def check_launch(launch: Launch | None, tp: int | None, device: str) -> None:
-    """Fail at start-up, with what to do, when the launch cannot work: --tp disagreeing, too few devices."""
+def check_launch(launch: Launch | None, tp: int | None, device: str,
+                 count: Callable[[str], int | None] | None = None) -> None:
+    """Fail at start-up, with what to do, when the launch cannot work: --tp disagreeing, too few devices (`count`
+    says how many a host has of a kind; count_devices by default)."""
     world = launch.world_size if launch else 1
     if tp is not None and tp != world:
         how = f"torchrun --nproc_per_node={tp} app.py ..." if tp > 1 else "python app.py ..."
-        raise ValueError(f"--tp {tp} disagrees with the launch ({world} process{'es' * (world > 1)}); start it as: {how}")
-    devices_here = count_devices(device)
+        processes = f"{world} process{'es' * (world > 1)}"
+        raise ValueError(f"--tp {tp} disagrees with the launch ({processes}); start it as: {how}")
+    devices_here = (count or count_devices)(device)
     if launch is not None and devices_here is not None and launch.local_rank >= devices_here:
         raise ValueError(f"{world} processes but only {devices_here} {device} device(s) on this host; "
                          f"lower --nproc_per_node to at most {devices_here}")

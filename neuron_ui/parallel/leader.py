@@ -59,7 +59,8 @@ class GroupHealth:
 
     started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
     startup_seconds: float | None = None
-    restart_seconds: float | None = None  # the previous group's break (or, failing that, rank 0's last heartbeat) to serving
+    # the previous group's break (or, failing that, rank 0's last heartbeat) to serving
+    restart_seconds: float | None = None
     problem: str | None = None
 
     def __call__(self) -> str | None:
