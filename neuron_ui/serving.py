@@ -90,7 +90,7 @@ def torchrun_rank(settings: Settings, launch: Launch, device: str) -> TorchrunRa
 class InProcess:
     """The engine in this process."""
 
-    health = None
+    health: Callable[[], str | None] | None = None
 
     def __init__(self, settings: Settings):
         self.settings = settings

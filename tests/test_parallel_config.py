@@ -81,7 +81,8 @@ def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was
     assert restarted.restart_wait() == "about 34 s (the last restart took that long)"
     bounded = GroupHealth(started=0.0)
     bounded.serving(restart_seconds=33.4, bounded=True)  # rank 0 was killed: nobody noted the break
-    assert bounded.restart_wait() == "about 34 s (the last restart took at most that long, from rank 0's last heartbeat)"
+    assert bounded.restart_wait() == ("about 34 s (the last restart took at most that long, "
+                                      "from rank 0's last heartbeat)")
 
 
 def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():

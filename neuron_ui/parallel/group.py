@@ -20,6 +20,8 @@ from neuron_ui.config.processes import process_state
 from neuron_ui.model.torch_bridge import stabilise_mesh_hash
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from neuron_ui.config.runtime import Launch
 
 logger = logging.getLogger(__name__)
@@ -48,8 +50,9 @@ def check_launch(launch: Launch | None, tp: int | None, device: str,
 def count_devices(device: str) -> int | None:
     if device == "cuda":
         return torch.cuda.device_count()
-    if device == "neuron" and hasattr(torch.neuron, "device_count"):
-        return torch.neuron.device_count()
+    # torch_neuronx registers torch.neuron when imported: torch's own stubs cannot know it
+    if device == "neuron" and hasattr(torch.neuron, "device_count"):  # type: ignore[attr-defined]
+        return int(torch.neuron.device_count())  # type: ignore[attr-defined]
     return None  # CPU processes share the host
 
 
@@ -59,11 +62,11 @@ class ParallelGroup:
 
     launch: Launch
     device: str  # this rank's torch device string
-    mesh: object  # torch.distributed.device_mesh.DeviceMesh
-    control: object  # a gloo group for broadcasts and reports, whatever the device backend
+    mesh: DeviceMesh
+    control: dist.ProcessGroup  # a gloo group for broadcasts and reports, whatever the device backend
     processes: list[tuple[str, int]]  # (host, pid) of every rank, to name a rank that died
-    store: object  # this group's keys in the rendezvous store, which outlives any rank: why a follower failed
-    history: object  # keys every group of this torchrun shares: when each one broke, to time the restart
+    store: dist.Store  # this group's keys in the rendezvous store, which outlives any rank: why a follower failed
+    history: dist.Store  # keys every group of this torchrun shares: when each one broke, to time the restart
 
     @property
     def degree(self) -> int:
@@ -154,7 +157,7 @@ def rank_device(device: str, local_rank: int) -> str:
     """This rank's torch device string. torch.neuron plays the role torch.cuda does (torch_neuronx's torch.neuron
     reference), and like torch.cuda.current_device() its current_device() may give a bare index: make it neuron:N."""
     if device == "neuron":
-        current = torch.neuron.current_device()
+        current = torch.neuron.current_device()  # type: ignore[attr-defined]  # torch_neuronx registers it
         return f"neuron:{current}" if isinstance(current, int) else str(current)
     if device == "cuda":
         return f"cuda:{local_rank}"
