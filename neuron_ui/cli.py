@@ -30,8 +30,11 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
+    from neuron_ui.engine.engine import Engine
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], Engine] | None = None) -> int:
+    """The command's exit code; `load` builds `generate`'s engine (Engine.from_settings by default)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.engine.engine import Engine
 
-    engine = Engine.from_settings(settings, cache)
+    engine = (load or Engine.from_settings)(settings, cache)
     if settings.loras and not engine.styles.styles:  # the app starts without a bad style; this image asked for it
         print(f"error: style not loaded: {engine.styles.refused[settings.loras[0]]}", file=sys.stderr)
         return 2
@@ -156,7 +160,8 @@ def run_lora(args: argparse.Namespace) -> int:
     try:  # only the transformer's layer shapes matter: a real model is loaded in bfloat16
         choice = choose_model(args.model, 5.0)
         loaded = load_model(choice, torch.float32 if choice.is_tiny else torch.bfloat16)
-        out = write_random_lora(loaded.pipe.transformer, Path(args.out), args.rank, args.seed, args.alpha)
+        transformer = loaded.pipe.transformer  # type: ignore[attr-defined]  # diffusers registers components at run time
+        out = write_random_lora(transformer, Path(args.out), args.rank, args.seed, args.alpha)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

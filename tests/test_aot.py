@@ -25,6 +25,7 @@ from neuron_ui.compile import aot
 from neuron_ui.compile.counters import COMPILED, DISK_HIT, MEMORY_HIT
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.config.runtime import Runtime, default_compile_backend, default_dtype
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import EngineStatus
@@ -188,14 +189,11 @@ def test_status_line_names_the_aot_mode():
     assert "**Compile** ahead-of-time (AOTInductor packages)" in describe_engine(status, Settings())
 
 
-def test_an_auto_detected_neuron_device_stops_aot_at_start_up_in_one_line(monkeypatch, tmp_path):
-    """No Trainium here: device detection is faked to answer "neuron", the rest is app.py's own start-up."""
-    import signal
-
-    monkeypatch.setattr(signal, "signal", lambda *args: None)  # main's SIGTERM handler would outlive the test
-    monkeypatch.setattr("neuron_ui.config.runtime.detect_device", lambda requested="auto": "neuron")
-    monkeypatch.setattr("neuron_ui.config.runtime.default_compile_backend", lambda chosen: "neuron")
+def test_an_auto_detected_neuron_device_stops_aot_at_start_up_in_one_line(tmp_path):
+    """No Trainium here: main is given the runtime auto-detection would choose on one, the rest is app.py's own
+    start-up (refused before the server starts or a signal handler is set)."""
+    on_trainium = Runtime("neuron", default_dtype("neuron"), default_compile_backend("neuron"))
     with pytest.raises(SystemExit) as stopped:
         main(["--compile", "aot", "--model", "tiny", "--cache-dir", str(tmp_path), "--port", "0",
-                  "--host", "127.0.0.1"])
+              "--host", "127.0.0.1"], runtime=on_trainium)
     assert str(stopped.value.code).startswith("error: --compile aot (AOTInductor packages) is for CUDA and CPU")

@@ -15,11 +15,11 @@ from neuron_ui import cli
 def run(tmp_path, capsys):
     saved = dict(os.environ)
 
-    def run(*argv: str) -> tuple[int, str, str]:
+    def run(*argv: str, load=None) -> tuple[int, str, str]:
         torch._dynamo.reset()
         code = cli.main(["generate", "--model", "tiny", "--compile", "eager", "--resolutions", "256x256",
                          "--cache-dir", str(tmp_path / "cache"), "--prompt", "a heron", "--resolution", "256x256",
-                         "--steps", "1", "--seed", "3", *argv])
+                         "--steps", "1", "--seed", "3", *argv], load=load)
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -59,21 +59,19 @@ def test_bad_editing_input_exits_2_with_one_line(run, tmp_path):
     assert code == 2 and "error: reference 1 is" in err
 
 
-def test_missing_files_are_named_before_the_model_loads(run, tmp_path, monkeypatch):
+def test_missing_files_are_named_before_the_model_loads(run, tmp_path):
     """Issue 22, item 13: a missing --reference was "the uploaded file cannot be read", after the model loaded."""
-    from neuron_ui.engine.engine import Engine
 
-    def no_load(*args, **kwargs):
+    def no_load(settings, cache):
         raise AssertionError("the model was loaded before the files were checked")
 
-    monkeypatch.setattr(Engine, "from_settings", no_load)
     good = picture(tmp_path / "a.png", 64, 64)
     missing = str(tmp_path / "no-such-photo.jpg")
-    code, out, err = run("--reference", good, "--reference", missing)
+    code, out, err = run("--reference", good, "--reference", missing, load=no_load)
     assert code == 2 and out == "" and err.strip().splitlines()[-1] == f"error: --reference {missing}: no such file"
-    code, _, err = run("--image", str(tmp_path), "--mask", good)
+    code, _, err = run("--image", str(tmp_path), "--mask", good, load=no_load)
     assert code == 2 and f"error: --image {tmp_path}: not a file" in err
-    code, _, err = run("--image", good, "--mask", missing)
+    code, _, err = run("--image", good, "--mask", missing, load=no_load)
     assert code == 2 and f"error: --mask {missing}: no such file" in err
-    code, _, err = run("--out", str(tmp_path / "nowhere" / "out.png"))
+    code, _, err = run("--out", str(tmp_path / "nowhere" / "out.png"), load=no_load)
     assert code == 2 and f"the folder {tmp_path / 'nowhere'} does not exist" in err

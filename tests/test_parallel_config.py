@@ -1,12 +1,15 @@
 """Tensor-parallel configuration checks: cheap, single process (tests/test_parallel.py runs torchrun)."""
 
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
+from serving import wait_until
 
 from neuron_ui.config.runtime import Launch, detect_launch
 from neuron_ui.parallel.group import check_launch
+from neuron_ui.parallel.torchrun import TorchrunRank
 
 
 def test_detect_launch_from_the_torchrun_environment():
@@ -26,11 +29,13 @@ def test_tp_flag_must_agree_with_the_launch():
         check_launch(None, 2, "cpu")
 
 
-def test_more_processes_than_devices_fails(monkeypatch):
-
-    monkeypatch.setattr("neuron_ui.parallel.group.count_devices", lambda device: 2)
+def test_more_processes_than_devices_fails():
+    two_gpus = {"cuda": 2}.get  # what this host has, by kind
+    check_launch(Launch(1, 1, 2), None, "cuda", two_gpus)
     with pytest.raises(ValueError, match="3 processes but only 2 cuda device"):
-        check_launch(Launch(2, 2, 3), None, "cuda")
+        check_launch(Launch(2, 2, 3), None, "cuda", two_gpus)
+    with pytest.raises(ValueError, match="3 processes but only 2 cuda device"):
+        TorchrunRank(Launch(2, 2, 3), None, 60.0, "cuda", two_gpus)  # serving's torchrun rank checks its launch
 
 
 def test_torchrun_restarts_are_read_from_its_environment():
@@ -76,7 +81,8 @@ def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was
     assert restarted.restart_wait() == "about 34 s (the last restart took that long)"
     bounded = GroupHealth(started=0.0)
     bounded.serving(restart_seconds=33.4, bounded=True)  # rank 0 was killed: nobody noted the break
-    assert bounded.restart_wait() == "about 34 s (the last restart took at most that long, from rank 0's last heartbeat)"
+    assert bounded.restart_wait() == ("about 34 s (the last restart took at most that long, "
+                                      "from rank 0's last heartbeat)")
 
 
 def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
@@ -92,9 +98,12 @@ def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
     first = group(0)
     assert first.seconds_since_last_break() is None
     first.note_broken()
+    noted = float(history.get("broken/0"))
+    assert abs(noted - time.time()) < 5
     first.note_broken()  # a second rank noticing later does not move the time
-    time.sleep(0.2)
-    assert 0.2 <= group(1).seconds_since_last_break() < 5
+    assert float(history.get("broken/0")) == noted
+    history.set("broken/0", repr(noted - 30))  # as if group 0 broke 30 s ago
+    assert 30 <= group(1).seconds_since_last_break() < 35
     assert group(2).seconds_since_last_break() is None  # group 1 never broke
 
 
@@ -111,9 +120,12 @@ def test_when_nobody_noted_the_break_a_restarted_group_bounds_it_by_rank_0s_last
     first = group(0)
     assert first.seconds_since_last_heartbeat() is None  # the first group: nothing before it
     stop = first.start_heartbeat(every=0.05)
-    time.sleep(0.2)
+    wait_until(lambda: history.check(["heartbeat/0"]), "a first beat")
+    beat = history.get("heartbeat/0")
+    wait_until(lambda: history.get("heartbeat/0") != beat, "a second beat")  # it beats on, every 0.05 s
     stop.set()  # rank 0 killed: its heartbeat stops, and no rank notes the break
-    time.sleep(0.3)
+    wait_until(lambda: "tp-heartbeat" not in {t.name for t in threading.enumerate()}, "the heartbeat stopped")
+    history.set("heartbeat/0", repr(time.time() - 30))  # its last beat, as if 30 s ago
     restarted = group(1)
     assert restarted.seconds_since_last_break() is None
-    assert 0.25 <= restarted.seconds_since_last_heartbeat() < 5
+    assert 30 <= restarted.seconds_since_last_heartbeat() < 35

@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import tempfile
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class CachePaths:
         return self.root / "aot"
 
 
-def configure_cache_env(cache_dir: Path, environ: os._Environ | dict = os.environ) -> CachePaths:
+def configure_cache_env(cache_dir: Path, environ: MutableMapping[str, str] = os.environ) -> CachePaths:
     """Set the cache env vars inside cache_dir (a user's own TORCH_NEURONX_NEFF_CACHE_DIR wins).
 
     An unusable folder (not a folder, read-only, full) does not stop the app: the compilers get a temp

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -27,12 +28,13 @@ class Launch:
         return max(self.max_restarts - self.restart_count, 0)
 
 
-def detect_launch(environ: os._Environ | dict = os.environ) -> Launch | None:
+def detect_launch(environ: Mapping[str, str] = os.environ) -> Launch | None:
     """The torchrun environment, or None for a plain single process."""
     if int(environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     return Launch(int(environ["RANK"]), int(environ.get("LOCAL_RANK", environ["RANK"])), int(environ["WORLD_SIZE"]),
-                  int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
+                  int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                  int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
 
 
 def load_neuron_backend() -> bool:
@@ -89,7 +91,8 @@ class Runtime:
     @classmethod
     def detect(cls, device: str = "auto", dtype: str = "auto", backend: str | None = None) -> Runtime:
         chosen = detect_device(device)
-        return cls(chosen, default_dtype(chosen) if dtype == "auto" else dtype, backend or default_compile_backend(chosen))
+        chosen_dtype = default_dtype(chosen) if dtype == "auto" else dtype
+        return cls(chosen, chosen_dtype, backend or default_compile_backend(chosen))
 
 
 def default_dtype(device: str) -> str:

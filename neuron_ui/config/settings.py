@@ -10,7 +10,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Mapping
 
 from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
 
@@ -22,9 +23,10 @@ DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
 DEFAULT_MODEL = "auto"
+N = TypeVar("N", int, float)
 
 
-def default_cache_dir(environ: os._Environ | dict = os.environ, data: Path = Path("/data")) -> Path:
+def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path("/data")) -> Path:
     """/data/neuron-ui on Spaces persistent storage when /data is writable, else ~/.cache/neuron-ui."""
     if data.is_dir() and os.access(data, os.W_OK):
         return data / "neuron-ui"
@@ -62,7 +64,7 @@ class Settings:
     ray_address: str | None = None  # join this Ray cluster instead of starting a local one
     upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
     upload_retention: float = 600.0  # seconds an upload is kept after its last use
-    session_secret: str | None = field(default=None, repr=False)  # the browsers' stored sessions' key (session_secret.py)
+    session_secret: str | None = field(default=None, repr=False)  # browsers' stored sessions' key (session_secret.py)
     loras: tuple[str, ...] = ()  # styles: `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` each (docs/styles.md)
 
     def __post_init__(self) -> None:
@@ -99,7 +101,8 @@ class Settings:
             self.replicas = 1
         missing = [str(r) for r in self.warmup if r not in self.resolutions]
         if missing:
-            raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({', '.join(map(str, self.resolutions))})")
+            presets = ", ".join(map(str, self.resolutions))
+            raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({presets})")
 
 
 class StartupError(ValueError):
@@ -133,8 +136,8 @@ def pair_bundle_pins(bundles: str | tuple[str, ...],
         return bundles, pins
     if len(pins) != len(bundles):
         raise ValueError(f"--cache-bundle-sha256 gives {len(pins)} digest(s) for {len(bundles)} bundle(s): give one "
-                         "per bundle, in the same order, comma-separated (leave a local file's place empty to import it "
-                         "unpinned)")
+                         "per bundle, in the same order, comma-separated (leave a local file's place empty to import "
+                         "it unpinned)")
     return bundles, pins
 
 
@@ -167,22 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-queue-per-user", type=int,
                         help="requests one visitor may have waiting (env NEURON_UI_MAX_QUEUE_PER_USER; default 4)")
     parser.add_argument("--mcp", action="store_true",
-                        help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ (env NEURON_UI_MCP)")
-    parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' (env NEURON_UI_WARMUP)")
-    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// URL "
-                        "or hf://<repo_id>/<path>[@revision]; several comma-separated (env NEURON_UI_CACHE_BUNDLE)")
+                        help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
+                             "(env NEURON_UI_MCP)")
+    parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' "
+                        "(env NEURON_UI_WARMUP)")
+    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// "
+                        "URL or hf://<repo_id>/<path>[@revision]; several comma-separated (env NEURON_UI_CACHE_BUNDLE)")
     add_bundle_pin_argument(parser)
     parser.add_argument("--upload-budget-mb", type=int, help="MB all uploads may take on disk at once "
                         "(env NEURON_UI_UPLOAD_BUDGET_MB; default 512)")
     parser.add_argument("--upload-retention", type=float, help="seconds an upload is kept after its last use "
                         "(env NEURON_UI_UPLOAD_RETENTION; default 600)")
-    parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray (env NEURON_UI_REPLICAS)")
-    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local one (env NEURON_UI_RAY_ADDRESS)")
+    parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray "
+                        "(env NEURON_UI_REPLICAS)")
+    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local "
+                        "one (env NEURON_UI_RAY_ADDRESS)")
     return parser
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="'auto', 'tiny', a Hugging Face repo id or a local folder (env NEURON_UI_MODEL)")
+    parser.add_argument("--model", help="'auto', 'tiny', a Hugging Face repo id or a local folder "
+                        "(env NEURON_UI_MODEL)")
     parser.add_argument("--device", choices=DEVICES, help="env NEURON_UI_DEVICE; default auto")
     parser.add_argument("--dtype", choices=DTYPES, help="env NEURON_UI_DTYPE; default auto (bf16 on accelerators)")
     parser.add_argument("--compile", choices=COMPILE_MODES, help="env NEURON_UI_COMPILE; default regional; "
@@ -202,72 +210,69 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "NEURON_UI_LORAS, comma-separated); see docs/styles.md")
 
 
-def settings_from_args(args: argparse.Namespace, environ: os._Environ | dict = os.environ) -> Settings:
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Flags win over env vars, env vars over defaults."""
 
-    def pick(flag: object, env: str) -> object:
-        return flag if flag is not None and flag is not False else environ.get(env)
+    def text(name: str, env: str) -> str | None:
+        flag = getattr(args, name, None)
+        return str(flag) if flag else environ.get(env) or None
 
-    values: dict[str, object] = {}
-    for name, env in (
-        ("model", "NEURON_UI_MODEL"),
-        ("device", "NEURON_UI_DEVICE"),
-        ("dtype", "NEURON_UI_DTYPE"),
-        ("compile", "NEURON_UI_COMPILE"),
-        ("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
-        ("cache_dir", "NEURON_UI_CACHE_DIR"),
-        ("host", "GRADIO_SERVER_NAME"),
-        ("ray_address", "NEURON_UI_RAY_ADDRESS"),
-    ):
-        value = pick(getattr(args, name, None), env)
-        if value:
-            values[name] = value
-    resolutions = pick(getattr(args, "resolutions", None), "NEURON_UI_RESOLUTIONS")
-    if resolutions:
-        values["resolutions"] = parse_resolutions(resolutions)
-    for name, env, kind in (
-        ("port", "GRADIO_SERVER_PORT", int),
-        ("max_queue", "NEURON_UI_MAX_QUEUE", int),
-        ("max_queue_per_user", "NEURON_UI_MAX_QUEUE_PER_USER", int),
-        ("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float),
-        ("tp_timeout", "NEURON_UI_TP_TIMEOUT", float),
-        ("max_references", "NEURON_UI_MAX_REFERENCES", int),
-        ("replicas", "NEURON_UI_REPLICAS", int),
-        ("cache_bundle_timeout", "NEURON_UI_CACHE_BUNDLE_TIMEOUT", float),
-        ("upload_budget_mb", "NEURON_UI_UPLOAD_BUDGET_MB", int),
-        ("upload_retention", "NEURON_UI_UPLOAD_RETENTION", float),
-    ):
-        value = pick(getattr(args, name, None), env)
-        if value is not None:
-            try:
-                values[name] = kind(value)
-            except ValueError:
-                raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
-    warmup = pick(getattr(args, "warmup", None), "NEURON_UI_WARMUP")
-    if warmup:
-        presets = values.get("resolutions", DEFAULT_RESOLUTIONS)
-        values["warmup"] = presets if warmup.strip() == "all" else parse_resolutions(warmup)
-    bundle = pick(getattr(args, "cache_bundle", None), "NEURON_UI_CACHE_BUNDLE")
-    if bundle:
-        values["cache_bundle"] = split_list(bundle)
-    pin = pick(getattr(args, "cache_bundle_sha256", None), "NEURON_UI_CACHE_BUNDLE_SHA256")
-    if pin:
-        values["cache_bundle_sha256"] = split_list(pin)
+    def number(name: str, env: str, kind: Callable[[str], N], default: N) -> N:
+        flag = getattr(args, name, None)
+        value = str(flag) if flag is not None else environ.get(env)
+        if value is None:
+            return default
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
+
+    resolutions = text("resolutions", "NEURON_UI_RESOLUTIONS")
+    presets = parse_resolutions(resolutions) if resolutions else DEFAULT_RESOLUTIONS
+    warmup = text("warmup", "NEURON_UI_WARMUP")
+    bundle = text("cache_bundle", "NEURON_UI_CACHE_BUNDLE")
+    pin = text("cache_bundle_sha256", "NEURON_UI_CACHE_BUNDLE_SHA256")
     loras = getattr(args, "lora", None) or [s for s in environ.get("NEURON_UI_LORAS", "").split(",") if s.strip()]
-    if loras:
-        values["loras"] = tuple(s.strip() for s in loras)
-    if getattr(args, "tp", None) is not None:
-        values["tp"] = args.tp
-    if getattr(args, "share", False):
-        values["share"] = True
-    if getattr(args, "mcp", False) or parse_switch(environ.get("NEURON_UI_MCP"), "NEURON_UI_MCP"):
-        values["mcp"] = True
-    if environ.get("NEURON_UI_SESSION_SECRET"):
-        values["session_secret"] = environ["NEURON_UI_SESSION_SECRET"]
-    auth = environ.get("NEURON_UI_AUTH")
-    if auth:
-        user, sep, password = auth.partition(":")
-        if not sep or not user or not password:
-            raise ValueError("NEURON_UI_AUTH must be 'user:password'")
-        values["auth"] = (user, password)
-    return Settings(**values)
+    cache_dir = text("cache_dir", "NEURON_UI_CACHE_DIR")
+    return Settings(
+        model=text("model", "NEURON_UI_MODEL") or Settings.model,
+        device=text("device", "NEURON_UI_DEVICE") or Settings.device,
+        dtype=text("dtype", "NEURON_UI_DTYPE") or Settings.dtype,
+        compile=text("compile", "NEURON_UI_COMPILE") or Settings.compile,
+        compile_backend=text("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
+        cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
+        host=text("host", "GRADIO_SERVER_NAME") or Settings.host,
+        ray_address=text("ray_address", "NEURON_UI_RAY_ADDRESS"),
+        resolutions=presets,
+        port=number("port", "GRADIO_SERVER_PORT", int, Settings.port),
+        max_queue=number("max_queue", "NEURON_UI_MAX_QUEUE", int, Settings.max_queue),
+        max_queue_per_user=number("max_queue_per_user", "NEURON_UI_MAX_QUEUE_PER_USER", int,
+                                  Settings.max_queue_per_user),
+        hub_timeout=number("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float, Settings.hub_timeout),
+        tp_timeout=number("tp_timeout", "NEURON_UI_TP_TIMEOUT", float, Settings.tp_timeout),
+        max_references=number("max_references", "NEURON_UI_MAX_REFERENCES", int, Settings.max_references),
+        replicas=number("replicas", "NEURON_UI_REPLICAS", int, Settings.replicas),
+        cache_bundle_timeout=number("cache_bundle_timeout", "NEURON_UI_CACHE_BUNDLE_TIMEOUT", float,
+                                    Settings.cache_bundle_timeout),
+        upload_budget_mb=number("upload_budget_mb", "NEURON_UI_UPLOAD_BUDGET_MB", int, Settings.upload_budget_mb),
+        upload_retention=number("upload_retention", "NEURON_UI_UPLOAD_RETENTION", float, Settings.upload_retention),
+        warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
+        cache_bundle=split_list(bundle) if bundle else (),
+        cache_bundle_sha256=split_list(pin) if pin else (),
+        loras=tuple(s.strip() for s in loras),
+        tp=getattr(args, "tp", None),
+        share=bool(getattr(args, "share", False)),
+        mcp=bool(getattr(args, "mcp", False)) or parse_switch(environ.get("NEURON_UI_MCP"), "NEURON_UI_MCP"),
+        session_secret=environ.get("NEURON_UI_SESSION_SECRET") or None,
+        auth=parse_auth(environ.get("NEURON_UI_AUTH")),
+    )
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    """NEURON_UI_AUTH's 'user:password' (unset or empty: no login)."""
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("NEURON_UI_AUTH must be 'user:password'")
+    return user, password

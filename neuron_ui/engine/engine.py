@@ -25,6 +25,7 @@ from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError, first_line
 from neuron_ui.contract.layouts import Layout, Layouts
+from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import (
     ValidRequest,
     count_prompt_tokens,
@@ -61,7 +62,7 @@ def _ignore(update: ProgressUpdate) -> None:
     pass
 
 
-class Engine:
+class Engine(ServesOnceBuilt):
     """One pipeline per process behind the engine interface (contract.engine_like.EngineLike): compiled lazily
     per static shape, one run on the device at a time, users before background warm-up."""
 

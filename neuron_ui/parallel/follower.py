@@ -56,7 +56,8 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
 
 
 def follower_steps(group: ParallelGroup):
-    """A follower's step callback: hear from rank 0 whether to stop after this step (LeaderRunner._steps_in_lockstep)."""
+    """A follower's step callback: hear from rank 0 whether to stop after this step
+    (LeaderRunner._steps_in_lockstep)."""
 
     def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
         flag = torch.zeros(1, dtype=torch.int32)

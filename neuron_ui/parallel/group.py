@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,8 @@ from neuron_ui.config.processes import process_state
 from neuron_ui.model.torch_bridge import stabilise_mesh_hash
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from neuron_ui.config.runtime import Launch
 
 logger = logging.getLogger(__name__)
@@ -29,13 +32,16 @@ HEARTBEAT_SECONDS = 1.0  # rank 0 writes the time this often: the latest a resta
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait on the control group for as long as nobody asks for an image
 
 
-def check_launch(launch: Launch | None, tp: int | None, device: str) -> None:
-    """Fail at start-up, with what to do, when the launch cannot work: --tp disagreeing, too few devices."""
+def check_launch(launch: Launch | None, tp: int | None, device: str,
+                 count: Callable[[str], int | None] | None = None) -> None:
+    """Fail at start-up, with what to do, when the launch cannot work: --tp disagreeing, too few devices (`count`
+    says how many a host has of a kind; count_devices by default)."""
     world = launch.world_size if launch else 1
     if tp is not None and tp != world:
         how = f"torchrun --nproc_per_node={tp} app.py ..." if tp > 1 else "python app.py ..."
-        raise ValueError(f"--tp {tp} disagrees with the launch ({world} process{'es' * (world > 1)}); start it as: {how}")
-    devices_here = count_devices(device)
+        processes = f"{world} process{'es' * (world > 1)}"
+        raise ValueError(f"--tp {tp} disagrees with the launch ({processes}); start it as: {how}")
+    devices_here = (count or count_devices)(device)
     if launch is not None and devices_here is not None and launch.local_rank >= devices_here:
         raise ValueError(f"{world} processes but only {devices_here} {device} device(s) on this host; "
                          f"lower --nproc_per_node to at most {devices_here}")
@@ -44,8 +50,9 @@ def check_launch(launch: Launch | None, tp: int | None, device: str) -> None:
 def count_devices(device: str) -> int | None:
     if device == "cuda":
         return torch.cuda.device_count()
-    if device == "neuron" and hasattr(torch.neuron, "device_count"):
-        return torch.neuron.device_count()
+    # torch_neuronx registers torch.neuron when imported: torch's own stubs cannot know it
+    if device == "neuron" and hasattr(torch.neuron, "device_count"):  # type: ignore[attr-defined]
+        return int(torch.neuron.device_count())  # type: ignore[attr-defined]
     return None  # CPU processes share the host
 
 
@@ -55,11 +62,11 @@ class ParallelGroup:
 
     launch: Launch
     device: str  # this rank's torch device string
-    mesh: object  # torch.distributed.device_mesh.DeviceMesh
-    control: object  # a gloo group for broadcasts and reports, whatever the device backend
+    mesh: DeviceMesh
+    control: dist.ProcessGroup  # a gloo group for broadcasts and reports, whatever the device backend
     processes: list[tuple[str, int]]  # (host, pid) of every rank, to name a rank that died
-    store: object  # this group's keys in the rendezvous store, which outlives any rank: why a follower failed
-    history: object  # keys every group of this torchrun shares: when each one broke, to time the restart
+    store: dist.Store  # this group's keys in the rendezvous store, which outlives any rank: why a follower failed
+    history: dist.Store  # keys every group of this torchrun shares: when each one broke, to time the restart
 
     @property
     def degree(self) -> int:
@@ -150,7 +157,7 @@ def rank_device(device: str, local_rank: int) -> str:
     """This rank's torch device string. torch.neuron plays the role torch.cuda does (torch_neuronx's torch.neuron
     reference), and like torch.cuda.current_device() its current_device() may give a bare index: make it neuron:N."""
     if device == "neuron":
-        current = torch.neuron.current_device()
+        current = torch.neuron.current_device()  # type: ignore[attr-defined]  # torch_neuronx registers it
         return f"neuron:{current}" if isinstance(current, int) else str(current)
     if device == "cuda":
         return f"cuda:{local_rank}"

@@ -59,7 +59,8 @@ class GroupHealth:
 
     started: float = field(default_factory=lambda: time.monotonic() - seconds_since_start())
     startup_seconds: float | None = None
-    restart_seconds: float | None = None  # the previous group's break (or, failing that, rank 0's last heartbeat) to serving
+    # the previous group's break (or, failing that, rank 0's last heartbeat) to serving
+    restart_seconds: float | None = None
     problem: str | None = None
 
     def __call__(self) -> str | None:
@@ -139,9 +140,10 @@ class LeaderRunner:
             image = self.runner(call, self._steps_in_lockstep(callback))
         except Exception as failure:  # the followers still report back below: stay in step with them
             error = failure
-        deltas: list[CompileCounters | None] = [None] * self.group.degree
-        self._collective(dist.gather_object, read_counters() - before, deltas, dst=0, group=self.group.control)
-        for report, delta in zip(self.reports, deltas):
+        gathered: list[CompileCounters | None] = [None] * self.group.degree
+        self._collective(dist.gather_object, read_counters() - before, gathered, dst=0, group=self.group.control)
+        deltas = [delta for delta in gathered if delta is not None]  # every rank's, once the gather returned
+        for report, delta in zip(self.reports, deltas, strict=True):
             report.graphs += delta.graphs
             report.calls += 1
         if error is not None:

@@ -20,6 +20,7 @@ from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.images import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
+from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
 from neuron_ui.contract.results import ProgressUpdate
 from neuron_ui.engine.device_queue import DeviceQueue
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class ReplicaClient:
+class ReplicaClient(ServesOnceBuilt):
     """What the UI and the server use of an Engine (neuron_ui.contract.engine_like.EngineLike), served by replicas.
 
     Errors are the engine's: ValueError for bad input, EngineError (one line) for failures. A request whose
