@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
-from neuron_ui.ui.files import private_file_folder
+from neuron_ui.web.files import private_file_folder
 
 GENERATE = ["a fox", "256x256", 1, 1, None, None, None, None, None]  # prompt, resolution, steps, seed, guidance,
 # references, reference size, lora, lora_scale
@@ -291,7 +291,7 @@ def test_component_server_holds_nothing(gated):
 def test_the_page_needs_no_component_server_call(gated):
     import gradio as gr
 
-    from neuron_ui.ui.gradio_bridge import page_server_calls
+    from neuron_ui.web.gradio_bridge import page_server_calls
 
     assert page_server_calls(gated.demo) == []  # server.Server.mount refuses a demo for which this is not empty
     with gr.Blocks() as other:

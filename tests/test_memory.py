@@ -7,7 +7,7 @@ import re
 import httpx
 from serving import TIMEOUT, served, wait_until
 
-from neuron_ui.ui import gradio_bridge
+from neuron_ui.web import gradio_bridge
 
 VISITORS = 30
 

@@ -36,7 +36,7 @@ from neuron_ui.main import build_app, launch, parse_settings, start_server
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.server.server import Server, basic_auth_ok
-from neuron_ui.ui.files import ImageStore, private_file_folder
+from neuron_ui.web.files import ImageStore, private_file_folder
 from neuron_ui.ui.handlers import Handlers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from gradio_client.exceptions import AppError
 from serving import TIMEOUT, connect, served, wait_until
 from test_stop import LONG, StepClock
 
-from neuron_ui.ui.gradio_bridge import current_event
+from neuron_ui.web.gradio_bridge import current_event
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from typing import Any
 
 from neuron_ui.contract.files import ForeignFile
 from neuron_ui.server.asgi import Refusal, Send
-from neuron_ui.ui import gradio_bridge
-from neuron_ui.ui.files import IMAGE_NAME, IMAGES
+from neuron_ui.web import gradio_bridge
+from neuron_ui.web.files import IMAGE_NAME, IMAGES
 
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # Gradio 6.31's file route, and its older spelling
 

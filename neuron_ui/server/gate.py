@@ -46,7 +46,7 @@ from neuron_ui.server.asgi import (
     send_html,
 )
 from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
-from neuron_ui.ui import gradio_bridge
+from neuron_ui.web import gradio_bridge
 
 logger = logging.getLogger(__name__)
 

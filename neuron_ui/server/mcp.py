@@ -36,9 +36,9 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.server import mcp_tools
 from neuron_ui.server.asgi import Refusal, reply
-from neuron_ui.ui.errors import public_status, redact_paths
-from neuron_ui.ui.progress import ProgressReporter
-from neuron_ui.ui.visitors import visitor_name
+from neuron_ui.web.errors import public_status, redact_paths
+from neuron_ui.web.progress import ProgressReporter
+from neuron_ui.web.visitors import visitor_name
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings

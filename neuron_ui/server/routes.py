@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from neuron_ui.server.asgi import Refusal
-from neuron_ui.ui import gradio_bridge
+from neuron_ui.web import gradio_bridge
 
 # Answered without a login (docs/operations.md, "Without a login"): what the login page loads (a browser's
 # requests, recorded), and the files every site serves. GET and HEAD only; the login form's POST besides.

@@ -34,16 +34,16 @@ from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.gate import Gate
 from neuron_ui.server.metrics import EngineMetrics
-from neuron_ui.ui import gradio_bridge
-from neuron_ui.ui.files import private_file_folder
-from neuron_ui.ui.gradio_bridge import (
+from neuron_ui.web import gradio_bridge
+from neuron_ui.web.files import private_file_folder
+from neuron_ui.web.gradio_bridge import (
     DEVICE,
     device_events,
     device_queue_length,
     session_stops,
     waiting_for_device,
 )
-from neuron_ui.ui.uploads import UploadFolder
+from neuron_ui.web.uploads import UploadFolder
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings

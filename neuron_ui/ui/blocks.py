@@ -19,9 +19,9 @@ from neuron_ui.ui.editing import (
     api_reference_inputs,
     api_style_inputs,
 )
-from neuron_ui.ui.errors import user_errors
-from neuron_ui.ui.files import ASSETS, build_image_store, private_file_folder
-from neuron_ui.ui.gradio_bridge import DEVICE, device_queue_length, serve_in_place
+from neuron_ui.web.errors import user_errors
+from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
+from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (

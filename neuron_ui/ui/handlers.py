@@ -16,9 +16,9 @@ from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.editing import file_paths
-from neuron_ui.ui.errors import public_status, user_errors
-from neuron_ui.ui.gradio_bridge import current_event
-from neuron_ui.ui.progress import ProgressReporter
+from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.gradio_bridge import current_event
+from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import (
@@ -38,7 +38,7 @@ from neuron_ui.ui.words import (
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.results import EngineStatus
-    from neuron_ui.ui.files import ImageStore
+    from neuron_ui.web.files import ImageStore
     from neuron_ui.ui.words import CompileWait
 
 
