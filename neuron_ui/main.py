@@ -14,6 +14,7 @@ from neuron_ui.config.processes import limit_heap_arenas
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.serving import build_engine, build_follower_runner, make_engine, stop_serving
 
 if TYPE_CHECKING:
@@ -47,13 +48,14 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 
 
 def build_app(settings: Settings, engine: Engine | ReplicaClient | None = None,
-              loading: LoadingState | None = None) -> tuple[Engine, gr.Blocks]:
+              loading: LoadingState | None = None, stops: SessionStops | None = None) -> tuple[Engine, gr.Blocks]:
     """Everything but the launch: the engine (built here unless given: replicas or in-process) and the queued UI;
-    `loading` is what /healthz shows meanwhile (a compile-cache download's bytes)."""
+    `loading` is what /healthz shows meanwhile (a compile-cache download's bytes); `stops` the UI's registry of
+    running requests, for launch() to hand the server."""
     engine = engine or make_engine(settings, loading=loading)
     from neuron_ui.ui.blocks import build_demo
 
-    demo = build_demo(engine, settings)
+    demo = build_demo(engine, settings, stops)
     # api_open=False: /gradio_api/run/<name> no longer skips the queue. max_size=None: Gradio's bound counts every
     # event (so /status heard "Queue is full"); server.gate.Gate bounds the device's queue by --max-queue instead.
     demo.queue(default_concurrency_limit=1, max_size=None, api_open=False)
@@ -71,12 +73,14 @@ def start_server(settings: Settings, health: Callable[[], str | None] | None = N
     return Server(settings, health=health, loading=loading).start()
 
 
-def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server | None = None) -> Server:
+def launch(engine: Engine, demo: gr.Blocks, settings: Settings, server: Server | None = None, *,
+           stops: SessionStops) -> Server:
     """Serve the UI on `server` (started before the model loaded) or on a new one; it serves in its own thread.
+    `stops` is the registry build_app gave the demo.
 
-    Tests call launch(engine, demo, settings) and stop() the server it returns."""
+    Tests call launch(engine, demo, settings, stops=stops) and stop() the server it returns."""
     server = server or start_server(settings)
-    return server.mount(engine, demo)
+    return server.mount(engine, demo, stops)
 
 
 EXIT_CUT_SHORT = 1  # the drain did not finish: the image on the device ran out of time, or a second signal came
@@ -140,8 +144,9 @@ def serve_tensor_parallel(settings: Settings, launch_info: Launch) -> None:
         engine = build_engine(settings, group, lambda inner: LeaderRunner(inner, group, health, settings.tp_timeout),
                               loading)
         leader = engine.runner
-        _, demo = build_app(settings, engine)
-        launch(engine, demo, settings, server)
+        stops = SessionStops()
+        _, demo = build_app(settings, engine, stops=stops)
+        launch(engine, demo, settings, server, stops=stops)
         measured = group.seconds_since_last_break()
         bounded = group.seconds_since_last_heartbeat() if measured is None else None
         health.serving(measured if measured is not None else bounded, bounded=measured is None)
@@ -184,8 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     server = start_server(settings, loading=loading)
     stop_on_signals(server)  # replicas.launch puts these back after ray.init replaced them
     try:
-        engine, demo = build_app(settings, loading=loading)
-        drained = launch(engine, demo, settings, server).serve_forever()
+        stops = SessionStops()
+        engine, demo = build_app(settings, loading=loading, stops=stops)
+        drained = launch(engine, demo, settings, server, stops=stops).serve_forever()
     except StartupError as error:
         sys.exit(f"error: {error}")
     finally:

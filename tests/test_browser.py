@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from neuron_ui.config.processes import free_port
+from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.main import build_app, launch, parse_settings
 from neuron_ui.serving import build_engine
 
@@ -35,8 +36,9 @@ def served(cache_dir, presets: str = PRESETS, wrap_runner=None, port: int | None
                                    "--cache-dir", str(cache_dir), "--host", "127.0.0.1", "--port", str(port or free_port())])
     server = None
     try:
-        engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap_runner))
-        server = launch(engine, demo, settings)
+        stops = SessionStops()
+        engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap_runner), stops=stops)
+        server = launch(engine, demo, settings, stops=stops)
         yield server.url
     finally:
         if server is not None:

@@ -31,6 +31,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import free_port
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.engine.engine import Engine
 from neuron_ui.main import build_app, launch, parse_settings, start_server
 from neuron_ui.model.loading import LoadedModel
@@ -483,8 +484,9 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
         metrics = httpx.get(server.url + "/metrics")
         assert metrics.status_code == 200 and "neuron_ui_model_loaded 0.0" in metrics.text
 
-        engine, demo = build_app(defaults)
-        launch(engine, demo, defaults, server)
+        stops = SessionStops()
+        engine, demo = build_app(defaults, stops=stops)
+        launch(engine, demo, defaults, server, stops=stops)
         assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(server.url + "/").status_code == 200
         assert "neuron_ui_model_loaded 1.0" in httpx.get(server.url + "/metrics").text

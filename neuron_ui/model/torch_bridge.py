@@ -1,6 +1,6 @@
 """The one module that touches torch's and diffusers' internals: dynamo's counters and recompile limits,
-inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot, the device mesh's
-hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and diffusers 0.42.1 (the versions
+inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot and its plain call with
+swapped weights, the device mesh's hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and diffusers 0.42.1 (the versions
 requirements.txt allows and CI runs); an upgrade means reading this file against the new source, and the
 tests named beside each use fail if one moved."""
 
@@ -12,6 +12,7 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.nn.utils.stateless import _reparametrize_module
 
 
 def dynamo_counters() -> Any:
@@ -83,6 +84,14 @@ def route_compiled_call(block: torch.nn.Module, call: Callable[..., Any]) -> Non
     """Run `block` through `call`, in the slot `nn.Module.compile` uses (`_compiled_call_impl`), as diffusers'
     `compile_repeated_blocks` does: the module's own forward, hooks and state dict stay as they are."""
     block._compiled_call_impl = call
+
+
+def call_with_weights(block: torch.nn.Module, weights: dict[str, torch.Tensor], inputs: dict[str, Any]) -> Any:
+    """The block's own forward with its parameters and buffers swapped for `weights`: what `functional_call` does
+    (torch 2.13: `torch.nn.utils.stateless._reparametrize_module`), then the plain call (`Module._call_impl`) rather
+    than `__call__`, which would take the slot route_compiled_call fills and come back through the compiled call."""
+    with _reparametrize_module(block, weights):
+        return block._call_impl(**inputs)
 
 
 def repeated_block_classes(transformer: torch.nn.Module) -> set[str]:

@@ -56,11 +56,13 @@ class Handlers:
     """The app's event handlers: UI values in, one engine call, UI values out."""
 
     def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
-                 held: sessions.HeldResults | None = None, uploads: Path | None = None):
+                 held: sessions.HeldResults | None = None, uploads: Path | None = None,
+                 stops: SessionStops | None = None):
         self.engine = engine
         self.store = store
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
-        self.stops = SessionStops()  # the running requests of each Gradio session, for Stop, /stop and disconnects
+        # the running requests of each Gradio session, for Stop, /stop and disconnects (the server's gate too)
+        self.stops = SessionStops() if stops is None else stops
         self.distilled = engine.status().distilled
         self.held = sessions.HeldResults() if held is None else held  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name

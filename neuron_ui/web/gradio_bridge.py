@@ -10,12 +10,15 @@ import logging
 import os
 import sys
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlunparse
 
 import gradio as gr
+from gradio.block_function import BlockFunction
 from starlette.requests import Request
+from starlette.responses import FileResponse
 from starlette.routing import Mount
 
 from neuron_ui.config.processes import release_free_heap
@@ -26,17 +29,22 @@ if TYPE_CHECKING:
 
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.stopping import SessionStops
 
 logger = logging.getLogger(__name__)
 
 DEVICE = "device"  # the concurrency group of every event that runs the pipeline
-# Gradio keeps a SessionState per session id it ever saw (a page load, an API client), ~160 KB each for this UI
-# (measured with tracemalloc); its default of 10,000 let strangers with fresh ids hold ~1.6 GB. The oldest go
-# first: a page idle past this many newer visitors starts its in-page history over (the browser keeps a copy).
-GRADIO_SESSIONS = 500
-GRADIO_STREAMS = 2000  # sessions whose unread messages Gradio keeps (its own bound, LRU); older ones answer 404
-HOUSEKEEPING_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class GradioLimits:
+    """What this app bounds of Gradio's per-session memory, and how often it drops what Gradio never frees."""
+
+    # Gradio keeps a SessionState per session id it ever saw (a page load, an API client), ~160 KB each for this UI
+    # (measured with tracemalloc); its default of 10,000 let strangers with fresh ids hold ~1.6 GB. The oldest go
+    # first: a page idle past this many newer visitors starts its in-page history over (the browser keeps a copy).
+    sessions: int = 500
+    streams: int = 2000  # sessions whose unread messages Gradio keeps (its own bound, LRU); older ones answer 404
+    housekeeping_seconds: float = 30.0
 
 
 def current_event() -> tuple[str | None, str | None]:
@@ -51,7 +59,7 @@ def current_event() -> tuple[str | None, str | None]:
     return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
 
 
-def file_inputs(fn: Any) -> tuple[frozenset[int], frozenset[str]]:
+def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
     """Which inputs of a demo function take files: their positions, and their handler's parameter names (the
     names /call/v2 bodies use: gradio/routes.py maps them by the function's signature, 6.31). A component takes
     files when its API schema holds a FileData (gradio_client's value_is_file, as the client decides to upload)."""
@@ -71,7 +79,7 @@ def file_inputs(fn: Any) -> tuple[frozenset[int], frozenset[str]]:
     return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
 
 
-def input_defaults(fn: Any) -> list[Any]:
+def input_defaults(fn: BlockFunction) -> list[Any]:
     """The default of each input of a demo function, from its handler's signature (inspect.Parameter.empty where
     it has none): a call that leaves out trailing inputs that all have defaults gets those, as a keyword call
     would (an older client's call, from before a release added an input)."""
@@ -92,9 +100,25 @@ def current_user() -> str | None:
     return getattr(LocalContext.request.get(None), "username", None)
 
 
-def session_stops(demo: gr.Blocks) -> SessionStops:
-    """The demo's registry of running requests by session (the Handlers' own), for the server's gate."""
-    return next(fn.fn.__self__.stops for fn in demo.fns.values() if fn.api_name == "stop")
+def called_function(demo: gr.Blocks, api_name: str | None, index: object = None) -> BlockFunction | None:
+    """The demo's function a call names: by api_name, else by fn_index (the browser's calls); None if none.
+    Gradio 6.31 keeps them in `Blocks.fns`, a dict by fn_index of BlockFunction (gradio/block_function.py)."""
+    if api_name is not None:
+        return next((fn for fn in demo.fns.values() if fn.api_name == api_name), None)
+    return demo.fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+
+
+def arity_problem(fn: BlockFunction, count: int) -> str | None:
+    """Why a call sending `count` values does not fit the function's inputs (BlockFunction.inputs, 6.31), or None."""
+    if count == len(fn.inputs):
+        return None
+    names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
+    return f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {count}"
+
+
+def runs_on_device(fn: BlockFunction) -> bool:
+    """Whether the function's events wait for the device: its concurrency group (BlockFunction.concurrency_id)."""
+    return fn.concurrency_id == DEVICE
 
 
 NO_FUNCTION = -1  # a fn_index no task is named after
@@ -157,7 +181,8 @@ def known_event(demo: gr.Blocks, event_id: str) -> bool:
     """Whether /gradio_api/call/<name>/<event_id> has something to stream: an event in Gradio's queue or running, or
     one whose result is not yet delivered (the same two places gradio/routes.py simple_predict_get looks, 6.31)."""
     queue = demo._queue
-    return event_id in queue.event_ids_to_events or any(event_id in ids for ids in queue.pending_event_ids_session.values())
+    pending = queue.pending_event_ids_session.values()
+    return event_id in queue.event_ids_to_events or any(event_id in ids for ids in pending)
 
 
 def page_names(demo: gr.Blocks) -> set[str]:
@@ -172,7 +197,8 @@ def keyword_problem(demo: gr.Blocks, api_name: str, body: dict) -> str | None:
     parameters = demo.get_api_info()["named_endpoints"][f"/{api_name}"]["parameters"]
     names = [p.get("parameter_name") for p in parameters]
     unknown = sorted(set(body) - set(names) - {"oauth_token"})
-    missing = [name or "?" for name, p in zip(names, parameters) if not p.get("parameter_has_default") and name not in body]
+    missing = [name or "?" for name, p in zip(names, parameters)
+               if not p.get("parameter_has_default") and name not in body]
     if not unknown and not missing:
         return None
     takes = f"/{api_name} takes {', '.join(n or '?' for n in names) or 'nothing'} by name"
@@ -200,16 +226,22 @@ def serve_in_place(folder: Path) -> None:
         gr.set_static_paths([folder])
 
 
+def send_files_in_pieces(piece: int) -> None:
+    """Gradio's file route answers with Starlette's FileResponse (gradio/routes.py, 6.31), which sends 64 kB at a time
+    (starlette 1.10, `FileResponse.chunk_size`, a class attribute: this sets it for the whole process)."""
+    FileResponse.chunk_size = piece
+
+
 def launch_options() -> dict[str, Any]:
     """Theme and CSS: Gradio 6 takes them at launch (or mount), not in Blocks()."""
     theme = gr.themes.Soft(primary_hue="amber", secondary_hue="slate", neutral_hue="slate")
     return {"theme": theme, "css_paths": [ASSETS / "style.css"]}
 
 
-def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str) -> Any:
+def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str, limits: GradioLimits) -> Any:
     """Mount the queued demo at / of `app`; returns Gradio's own App, which gr.mount_gradio_app does not return:
     in 6.31 it appends one starlette Mount to the parent's routes (gradio/routes.py, mount_gradio_app)."""
-    demo.state_session_capacity = GRADIO_SESSIONS  # read when mounting (gradio/state_holder.py, set_blocks)
+    demo.state_session_capacity = limits.sessions  # read when mounting (gradio/state_holder.py, set_blocks)
     gr.mount_gradio_app(app, demo, path="/", server_name=settings.host, server_port=settings.port,
                         auth=settings.auth,
                         show_error=False,  # only our gr.Error messages reach users; anything else is logged
@@ -221,7 +253,7 @@ def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str)
     return mounted.app
 
 
-async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack) -> None:
+async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack, limits: GradioLimits) -> None:
     """What mount_gradio_app does in the parent app's lifespan, which has already run here (the server started
     before the model loaded): enter Gradio's lifespan and run its start-up events, on the server's loop, where the
     queue's tasks live. `startup_events_triggered` keeps Gradio's /startup-events route from starting a second
@@ -233,17 +265,18 @@ async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack) -> N
     # Gradio's queue records every event for its monitoring page (10,000 by default) and turns them all into a
     # pandas DataFrame after each event: memory and CPU that grow with use, for a page this app does not serve.
     demo._queue.ANALYTICS_MAX_EVENTS = 1
-    demo._queue.pending_messages_per_session.max_size = GRADIO_STREAMS
+    demo._queue.pending_messages_per_session.max_size = limits.streams
     demo._queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # (sic) never summarised
-    lifespan.push_async_callback(_cancel, asyncio.create_task(_housekeeping(demo, gradio_app)))
+    housekeeping = _housekeeping(demo, gradio_app, limits.housekeeping_seconds)
+    lifespan.push_async_callback(_cancel, asyncio.create_task(housekeeping))
 
 
-async def _housekeeping(demo: gr.Blocks, gradio_app: Any) -> None:
-    """Every HOUSEKEEPING_SECONDS, on the server's loop (where Gradio changes these): forget() what Gradio 6.31
+async def _housekeeping(demo: gr.Blocks, gradio_app: Any, seconds: float) -> None:
+    """Every `seconds`, on the server's loop (where Gradio changes these): forget() what Gradio 6.31
     keeps of finished events and deleted files, then hand the C heap's free pages back (images and tensors freed
     since are counted in RSS until then)."""
     while True:
-        await asyncio.sleep(HOUSEKEEPING_SECONDS)
+        await asyncio.sleep(seconds)
         forget(demo, gradio_app)
         release_free_heap()
 
