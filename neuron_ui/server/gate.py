@@ -182,8 +182,9 @@ class Gate:
             data = stop_on_behalf(data, mounted.stops)
         fn = called(demo, data, named.group(2) if named else None)
         data = with_defaults(data, fn)
+        by_name = named is not None and named.group(1) == "call/v2"  # /call/v2 takes keyword arguments
         try:
-            checked = self.files.full_paths(data, fn, by_name=bool(named) and named.group(1) == "call/v2")
+            checked = self.files.full_paths(data, fn, by_name=by_name)
             receive = replay(json.dumps(checked).encode(), receive)
         except ForeignFile as error:
             return receive, Refusal(403, str(error)), False
@@ -192,7 +193,7 @@ class Gate:
         session = data.get("session_hash")
         if session is not None and not (isinstance(session, str) and session):  # "" broke Gradio's queue: a 500
             return receive, Refusal(422, "session_hash must be a non-empty string, or left out"), False
-        if named and named.group(1) == "call/v2" and (problem := gradio_bridge.keyword_problem(demo, name, data)):
+        if named and by_name and (problem := gradio_bridge.keyword_problem(demo, named.group(2), data)):
             return receive, Refusal(422, problem), False
         if not named:
             index = data.get("fn_index")

@@ -72,10 +72,7 @@ def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
             return False
 
     indices = frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
-    try:
-        parameters = list(inspect.signature(fn.fn).parameters)
-    except (TypeError, ValueError):
-        parameters = []
+    parameters = [parameter.name for parameter in _parameters(fn)]
     return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
 
 
@@ -83,11 +80,16 @@ def input_defaults(fn: BlockFunction) -> list[Any]:
     """The default of each input of a demo function, from its handler's signature (inspect.Parameter.empty where
     it has none): a call that leaves out trailing inputs that all have defaults gets those, as a keyword call
     would (an older client's call, from before a release added an input)."""
-    try:
-        parameters = list(inspect.signature(fn.fn).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
+    parameters = _parameters(fn)
     return [parameters[i].default if i < len(parameters) else inspect.Parameter.empty for i in range(len(fn.inputs))]
+
+
+def _parameters(fn: BlockFunction) -> list[inspect.Parameter]:
+    """The handler's parameters (none when it has no handler, or a signature that cannot be read)."""
+    try:
+        return list(inspect.signature(fn.fn).parameters.values()) if fn.fn is not None else []
+    except (TypeError, ValueError):
+        return []
 
 
 def current_user() -> str | None:
@@ -344,6 +346,6 @@ def open_share_link(demo: gr.Blocks, settings: Settings) -> str | None:
         logger.warning("could not open a share link (%s); serving locally only", error)
         return None
     url = urlunparse(("https",) + urlparse(url)[1:])  # as launch() does: gradio.live speaks https
-    demo.share, demo.share_url = True, url
+    demo.share, demo.share_url = True, url  # type: ignore[assignment]  # 6.31 annotates share_url as None only
     logger.info("public share link: %s", url)
     return url
