@@ -19,7 +19,7 @@ from gradio_client import Client
 
 from neuron_ui.config.processes import free_port
 from neuron_ui.contract.stopping import SessionStops
-from neuron_ui.web.gradio_bridge import GradioLimits
+from neuron_ui.web.gradio_mount import GradioLimits
 from neuron_ui.main import build_app, launch, parse_settings
 from neuron_ui.model.runner import RunnerWrapper
 from neuron_ui.server.server import Server
@@ -83,7 +83,8 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
 
     if wrap_runner:
         assert engine is None, "give served() an engine factory or a runner wrapper, not both"
-        engine = lambda settings: build_engine(settings, wrap_runner=wrap)
+        def engine(settings):
+            return build_engine(settings, wrap_runner=wrap)
 
     saved = dict(os.environ)
     os.environ.update(environ or {})

@@ -7,7 +7,7 @@ import re
 import httpx
 from serving import TIMEOUT, served, wait_until
 
-from neuron_ui.web.gradio_bridge import GradioLimits
+from neuron_ui.web.gradio_mount import GradioLimits
 
 VISITORS = 30
 

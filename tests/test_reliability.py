@@ -126,9 +126,12 @@ def raw_generate(s, body: str) -> tuple[str, object]:
 
 
 @pytest.mark.parametrize("body, message", [
-    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null, null, null]}', "seed must be a whole number from 0 to 4294967295.*got nan"),
-    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null, null, null]}', "guidance must be a number from 0 to 20, got inf"),
-    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null, null, null]}', "prompt has characters that are not valid Unicode"),
+    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null, null, null]}',
+     "seed must be a whole number from 0 to 4294967295.*got nan"),
+    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null, null, null]}',
+     "guidance must be a number from 0 to 20, got inf"),
+    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null, null, null]}',
+     "prompt has characters that are not valid Unicode"),
 ])
 def test_values_no_client_would_send_are_told_too(server, body, message):
     s, client = server
@@ -143,8 +146,8 @@ def test_too_few_values_over_raw_http_get_an_error_without_internals(server):
     posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox"]}, timeout=TIMEOUT)
     # Checked before the queue (neuron_ui/server/gate.py); Gradio's own message lists component objects.
     assert posted.status_code == 422
-    assert posted.json()["detail"] == ("generate takes 9 values (prompt, resolution, steps, seed, guidance, references, "
-                                       "reference_size, lora, lora_scale), got 1")
+    assert posted.json()["detail"] == ("generate takes 9 values (prompt, resolution, steps, seed, guidance, "
+                                       "references, reference_size, lora, lora_scale), got 1")
     assert_still_serves(client)
 
 
@@ -153,7 +156,8 @@ def test_a_call_from_before_the_style_values_gets_their_defaults(server):
     """A positional /generate of 7 values (a client from before lora and lora_scale existed) still makes its image;
     only trailing inputs with defaults are filled in (the gate), a missing required one is refused as above."""
     s, client = server
-    posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, None, None, None]},
+    posted = httpx.post(s.url + "/gradio_api/call/generate",
+                        json={"data": ["a fox", "256x256", 1, 1, None, None, None]},
                         timeout=TIMEOUT)
     assert posted.status_code == 200, posted.text
     stream = httpx.get(s.url + f"/gradio_api/call/generate/{posted.json()['event_id']}", timeout=TIMEOUT).text

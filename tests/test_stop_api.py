@@ -103,7 +103,8 @@ def test_the_stop_route_through_raw_http(app):
     job = long_request(client, seed=3)
     running(s)
     # Someone else's session stops nothing.
-    other = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": "not-theirs"}, timeout=TIMEOUT)
+    other = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": "not-theirs"},
+                       timeout=TIMEOUT)
     assert other.status_code == 200
     assert s.engine.status().busy
     # The same session as the client's running request (its event stream reads the answer of this call).

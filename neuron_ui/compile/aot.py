@@ -139,7 +139,8 @@ class PackageStore:
 def machine_signature(device: torch.device) -> str:
     """What the compiled kernels assume of the machine: the GPU's compute capability, or the CPU's feature flags."""
     if device.type == "cuda":
-        return "cuda:%d.%d" % torch.cuda.get_device_capability(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda:{major}.{minor}"
     try:
         with open("/proc/cpuinfo") as handle:
             flags = next((line for line in handle if line.startswith("flags")), "")

@@ -112,7 +112,8 @@ class KleinShape:
     vae_channels: tuple[int, ...] = (128, 256, 512, 512)
 
 
-def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu", shape: KleinShape = KleinShape()) -> Flux2KleinPipeline:
+def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu",
+                                shape: KleinShape = KleinShape()) -> Flux2KleinPipeline:
     """The real klein-4B layout with random weights, built offline on `device`: its cost per image is the
     real model's (compute does not depend on the weights' values), without downloading 16 GB."""
     tokenizer = build_tiny_tokenizer()  # prompts are padded to 512 tokens whatever the vocabulary

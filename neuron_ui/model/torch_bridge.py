@@ -1,8 +1,8 @@
 """The one module that touches torch's and diffusers' internals: dynamo's counters and recompile limits,
 inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot and its plain call with
-swapped weights, the device mesh's hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and diffusers 0.42.1 (the versions
-requirements.txt allows and CI runs); an upgrade means reading this file against the new source, and the
-tests named beside each use fail if one moved."""
+swapped weights, the device mesh's hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and
+diffusers 0.42.1 (the versions requirements.txt allows and CI runs); an upgrade means reading this file against the
+new source, and the tests named beside each use fail if one moved."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class FileDoors:
     def file_route(self, scope: dict) -> tuple[dict, Refusal | None]:
         """A request on a file route names one of the app's files, or is refused before Gradio sees it: a relative
         name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one must lie
-        in it too ('..' folded first), and in the images' folders (ui/files.py) only a name the store makes is served.
+        in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes is served.
         Gradio then checks the file itself (links resolved)."""
         path = scope["path"]
         route = next((r for r in FILE_ROUTES if path.startswith(r)), None)

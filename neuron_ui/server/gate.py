@@ -48,7 +48,7 @@ from neuron_ui.server.asgi import (
 )
 from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
 from neuron_ui.server.mounted import GateServer, Mounted
-from neuron_ui.web import gradio_bridge
+from neuron_ui.web import gradio_bridge, gradio_mount
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -85,7 +85,7 @@ class Gate:
         """With NEURON_UI_AUTH set, whether the request carries no login Gradio issued (its cookie)."""
         mounted = self.server.mounted
         return bool(self.server.settings.auth) and (
-            mounted is None or not gradio_bridge.logged_in(mounted.gradio_app, scope))
+            mounted is None or not gradio_mount.logged_in(mounted.gradio_app, scope))
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.server.mounted is None:

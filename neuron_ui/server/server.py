@@ -33,9 +33,10 @@ from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.gate import Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.server.mounted import Mounted
-from neuron_ui.web import gradio_bridge
+from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
-from neuron_ui.web.gradio_bridge import GradioLimits, device_events, device_queue_length, waiting_for_device
+from neuron_ui.web.gradio_bridge import device_events, device_queue_length, waiting_for_device
+from neuron_ui.web.gradio_mount import GradioLimits
 from neuron_ui.web.uploads import UploadFolder
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class Server:
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         auth = self.settings.auth
         return (auth is not None and basic_auth_ok(header, auth)) or (
-            self.mounted is not None and gradio_bridge.logged_in(self.mounted.gradio_app, scope))
+            self.mounted is not None and gradio_mount.logged_in(self.mounted.gradio_app, scope))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -179,19 +180,19 @@ class Server:
             raise RuntimeError("start() the server before mounting the UI")
         if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/routes.py)
             raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
-        gradio_bridge.send_files_in_pieces(DOWNLOAD_PIECE)
-        gradio_app = gradio_bridge.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)
-        started = gradio_bridge.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
+        gradio_mount.send_files_in_pieces(DOWNLOAD_PIECE)
+        gradio_app = gradio_mount.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)
+        started = gradio_mount.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
         asyncio.run_coroutine_threadsafe(started, self._loop).result(timeout)
         self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
-        self.metrics.watch_held(lambda: gradio_bridge.held(demo, gradio_app))
+        self.metrics.watch_held(lambda: gradio_mount.held(demo, gradio_app))
         self.engine, self.mounted = engine, Mounted(demo, gradio_app, stops)
         if self.mcp is not None:
             self.mcp.serve(engine)
             logger.info("MCP tools at %s/gradio_api/mcp/ (generate, inpaint, status, warmup)", self.url)
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:
-            self.share_url = gradio_bridge.open_share_link(demo, self.settings)
+            self.share_url = gradio_mount.open_share_link(demo, self.settings)
         return self
 
     def device_queue_length(self) -> int:
@@ -242,7 +243,7 @@ class Server:
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.mounted is not None:
-            gradio_bridge.stop(self.mounted.demo, self.mounted.gradio_app, self._loop)
+            gradio_mount.stop(self.mounted.demo, self.mounted.gradio_app, self._loop)
         self._uvicorn.should_exit = True
         self.uploads.stop()
         if self._thread is not None:
