@@ -12,7 +12,6 @@ from typing import Any
 from collections.abc import Callable, Iterator
 
 import torch
-from torch.nn.utils.stateless import _reparametrize_module
 
 
 def dynamo_counters() -> Any:
@@ -90,6 +89,9 @@ def call_with_weights(block: torch.nn.Module, weights: dict[str, torch.Tensor], 
     """The block's own forward with its parameters and buffers swapped for `weights`: what `functional_call` does
     (torch 2.13: `torch.nn.utils.stateless._reparametrize_module`), then the plain call (`Module._call_impl`) rather
     than `__call__`, which would take the slot route_compiled_call fills and come back through the compiled call."""
+    # Imported here: tests/test_reliability.py (WRITER) imports this module on a stub torch, for the manifest alone.
+    from torch.nn.utils.stateless import _reparametrize_module
+
     with _reparametrize_module(block, weights):
         return block._call_impl(**inputs)
 
