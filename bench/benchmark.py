@@ -40,6 +40,7 @@ for _name, _value in {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEM
     os.environ.setdefault(_name, _value)
 
 from neuron_ui.config.processes import free_port  # noqa: E402
+from neuron_ui.contract.stopping import SessionStops  # noqa: E402
 from neuron_ui.main import build_app, launch  # noqa: E402
 from neuron_ui.model.runner import RunnerWrapper  # noqa: E402
 from neuron_ui.serving import build_engine  # noqa: E402
@@ -128,8 +129,9 @@ def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[
         runners.append(BenchRunner(cached, PipelineRunner(cached.pipe, cache_size=0)))
         return runners[0]
 
-    engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap))
-    server = launch(engine, demo, settings)
+    stops = SessionStops()
+    engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap), stops=stops)
+    server = launch(engine, demo, settings, stops=stops)
     try:
         engine.warmup(resolution)
         yield Bench(engine, runners[0], server.url, resolution)

@@ -13,6 +13,7 @@ from neuron_ui.config.processes import limit_heap_arenas
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.serving import EXIT_CUT_SHORT, choose_serving
 
 if TYPE_CHECKING:
@@ -44,13 +45,14 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(error))
 
 
-def build_app(settings: Settings, engine: EngineLike | None = None) -> tuple[EngineLike, gr.Blocks]:
+def build_app(settings: Settings, engine: EngineLike | None = None,
+              stops: SessionStops | None = None) -> tuple[EngineLike, gr.Blocks]:
     """Everything but the launch: the engine (loaded here the way the settings choose, unless given) and the
-    queued UI."""
+    queued UI; `stops` the UI's registry of running requests, for launch() to hand the server."""
     engine = engine or choose_serving(settings).load(LoadingState())
     from neuron_ui.ui.blocks import build_demo
 
-    demo = build_demo(engine, settings)
+    demo = build_demo(engine, settings, stops)
     # api_open=False: /gradio_api/run/<name> no longer skips the queue. max_size=None: Gradio's bound counts every
     # event (so /status heard "Queue is full"); server.gate.Gate bounds the device's queue by --max-queue instead.
     demo.queue(default_concurrency_limit=1, max_size=None, api_open=False)
@@ -68,12 +70,14 @@ def start_server(settings: Settings, health: Callable[[], str | None] | None = N
     return Server(settings, health=health, loading=loading).start()
 
 
-def launch(engine: EngineLike, demo: gr.Blocks, settings: Settings, server: Server | None = None) -> Server:
+def launch(engine: EngineLike, demo: gr.Blocks, settings: Settings, server: Server | None = None, *,
+           stops: SessionStops) -> Server:
     """Serve the UI on `server` (started before the model loaded) or on a new one; it serves in its own thread.
+    `stops` is the registry build_app gave the demo.
 
-    Tests call launch(engine, demo, settings) and stop() the server it returns."""
+    Tests call launch(engine, demo, settings, stops=stops) and stop() the server it returns."""
     server = server or start_server(settings)
-    return server.mount(engine, demo)
+    return server.mount(engine, demo, stops)
 
 
 def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
@@ -95,8 +99,9 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
     engine = None
     try:
         engine = serving.load(loading)
-        _, demo = build_app(settings, engine)
-        launch(engine, demo, settings, server)
+        stops = SessionStops()
+        _, demo = build_app(settings, engine, stops)
+        launch(engine, demo, settings, server, stops=stops)
         engine.start()
         drained = server.serve_forever()
     except StartupError as error:

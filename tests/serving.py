@@ -18,8 +18,11 @@ import torch
 from gradio_client import Client
 
 from neuron_ui.config.processes import free_port
-from neuron_ui.main import build_app, launch, parse_settings, start_server
+from neuron_ui.contract.stopping import SessionStops
+from neuron_ui.web.gradio_mount import GradioLimits
+from neuron_ui.main import build_app, launch, parse_settings
 from neuron_ui.model.runner import RunnerWrapper
+from neuron_ui.server.server import Server
 from neuron_ui.serving import build_engine
 from neuron_ui.ui.handlers import Handlers
 
@@ -32,6 +35,7 @@ class Served:
     demo: Any
     server: Any  # neuron_ui.server.Server
     settings: Any
+    stops: SessionStops  # the UI's running requests by session, handed to the server too
     runner: Any = None  # the wrapper served(wrap_runner=...) built around the engine's runner
 
     @property
@@ -63,11 +67,13 @@ class Served:
 @contextmanager
 def served(cache_dir, *flags: str, environ: dict | None = None,
            engine: Callable[[Any], Any] | None = None,
-           wrap_runner: Callable[[Any], RunnerWrapper] | None = None) -> Iterator[Served]:
+           wrap_runner: Callable[[Any], RunnerWrapper] | None = None,
+           gradio_limits: GradioLimits | None = None) -> Iterator[Served]:
     """app.py's flow (settings, server, engine, queued demo, mount) on the tiny model with the eager backend.
 
     `engine(settings)` may build the engine instead (e.g. with a failing compiler); `wrap_runner(runner)` wraps the
-    engine's runner at construction (the wrapper is `Served.runner`); flags come after the defaults.
+    engine's runner at construction (the wrapper is `Served.runner`); `gradio_limits` bounds what the server lets
+    Gradio keep (smaller than the app's, to see them hold); flags come after the defaults.
     """
     wrapped = []  # the one wrapper, once the engine is built
 
@@ -77,7 +83,8 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
 
     if wrap_runner:
         assert engine is None, "give served() an engine factory or a runner wrapper, not both"
-        engine = lambda settings: build_engine(settings, wrap_runner=wrap)
+        def engine(settings):
+            return build_engine(settings, wrap_runner=wrap)
 
     saved = dict(os.environ)
     os.environ.update(environ or {})
@@ -87,10 +94,11 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
     server = None
     try:
         settings = parse_settings(argv)
-        server = start_server(settings)
-        built, demo = build_app(settings, engine(settings) if engine else None)
-        launch(built, demo, settings, server)
-        yield Served(built, demo, server, settings, wrapped[0] if wrapped else None)
+        server = Server(settings, gradio_limits=gradio_limits).start()  # main.start_server, with the limits
+        stops = SessionStops()
+        built, demo = build_app(settings, engine(settings) if engine else None, stops=stops)
+        launch(built, demo, settings, server, stops=stops)
+        yield Served(built, demo, server, settings, stops, wrapped[0] if wrapped else None)
     finally:
         if server is not None:
             server.stop()

@@ -33,7 +33,7 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
-from neuron_ui.ui.errors import redact_paths
+from neuron_ui.web.errors import redact_paths
 from neuron_ui.ui.words import describe_result, describe_size, describe_state
 
 

@@ -9,8 +9,8 @@ import pytest
 from serving import TIMEOUT, call, connect, served
 
 from neuron_ui.config.session_secret import SECRET_FILE
-from neuron_ui.ui.files import IMAGES
-from neuron_ui.ui.gradio_bridge import serve_in_place
+from neuron_ui.web.files import IMAGES
+from neuron_ui.web.gradio_bridge import serve_in_place
 
 GENERATE = ("a lighthouse", "256x256", 1, 5)
 

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
-from neuron_ui.ui.files import private_file_folder
+from neuron_ui.web.files import private_file_folder
 
 GENERATE = ["a fox", "256x256", 1, 1, None, None, None, None, None]  # prompt, resolution, steps, seed, guidance,
 # references, reference size, lora, lora_scale
@@ -125,7 +125,8 @@ def test_status_answers_while_the_device_queue_is_full(gated):
 
 def test_results_name_no_server_path_and_the_client_still_gets_the_image(gated, tmp_path):
     s = gated
-    event, data = result_of(s, "generate", post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"])
+    event_id = post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"]
+    event, data = result_of(s, "generate", event_id)
     assert event == "complete"
     image = data[0]
     assert not image["path"].startswith("/") and tempfile.gettempdir() not in json.dumps(data), data
@@ -224,8 +225,9 @@ HOSTILE = [  # (method, path, JSON body or raw bytes): each was a bare 500, a 50
     ("POST", "/gradio_api/cancel", b'{"session_hash": %s, "fn_index": 0, "event_id": "x"}' % DEEP.encode()),
     ("POST", "/gradio_api/call/generate", b'{"data": ["%s"]}' % (b"x" * (1 << 20))),  # over the 1 MB the gate reads
     ("POST", "/gradio_api/call/inpaint", {"data": [NUL_FILE, NUL_FILE, "a door", 0.9, "256x256", 1, 1, None, None]}),
-    ("POST", "/gradio_api/run/predict", lambda s: {"data": [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}],
-                                                   "fn_index": fn_index(s, "on_select"), "event_data": {"index": 0}}),
+    ("POST", "/gradio_api/run/predict",
+     lambda s: {"data": [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}],
+                "fn_index": fn_index(s, "on_select"), "event_data": {"index": 0}}),
     ("GET", "/?page=nowhere", None),
     ("POST", "/gradio_api/call/v2/generate", {"data": {}}),
     ("POST", "/gradio_api/call/v2/generate", {}),
@@ -291,7 +293,7 @@ def test_component_server_holds_nothing(gated):
 def test_the_page_needs_no_component_server_call(gated):
     import gradio as gr
 
-    from neuron_ui.ui.gradio_bridge import page_server_calls
+    from neuron_ui.web.gradio_bridge import page_server_calls
 
     assert page_server_calls(gated.demo) == []  # server.Server.mount refuses a demo for which this is not empty
     with gr.Blocks() as other:

@@ -46,7 +46,8 @@ def run(s, name: str, data: list) -> tuple[str, object]:
 
 
 def test_generate_with_an_uploaded_reference(s):
-    event, (image, info) = run(s, "generate", ["a fox", "256x256", 1, 1, None, [upload(s, png())], "512x512", None, None])
+    references = [upload(s, png())]
+    event, (image, info) = run(s, "generate", ["a fox", "256x256", 1, 1, None, references, "512x512", None, None])
     assert event == "complete", info
     assert info["tokens"] == 256 + 1024 and info["inputs"][0]["fitted_size"] == "512x512"
     assert info["inputs"][0]["source_size"] == "300x200"

@@ -2,6 +2,7 @@
 budget with a one-line refusal past it, nothing written when refused, and uploads removed once unused a while.
 The server here takes 1 MB of uploads in all and keeps each 3 s after its last use."""
 
+import os
 import time
 from pathlib import Path
 
@@ -50,14 +51,24 @@ def test_uploads_past_the_budget_are_refused_in_one_line_unread_until_retention_
     assert again.status_code == 200, again.text
 
 
+def age(path: Path) -> None:
+    """The file last used twice the retention time ago, as if that time had passed."""
+    past = time.time() - 2 * RETENTION
+    os.utime(path, (past, past))
+
+
 def test_a_named_upload_is_kept_while_it_is_used(s):
     wait_until(lambda: post_upload(s, ("c.png", b"c" * 1000)).status_code == 200, "room for an upload")
     (kept,) = post_upload(s, ("d.png", b"d" * 1000)).json()
     path = s.server.stored.root / kept
-    for _ in range(4):  # used every second, twice the retention time in all: kept
+    for _ in range(4):  # each time past its retention, then named by a request: the sweep keeps it
+        age(path)
         s.server.stored.use(kept)
-        time.sleep(RETENTION / 2)
+        s.server.uploads.sweep()
         assert path.is_file()
+    age(path)  # and once not named again, the sweep removes it
+    s.server.uploads.sweep()
+    assert not path.exists()
 
 
 def test_an_upload_larger_than_the_budget_or_without_a_length_is_refused(s):

@@ -14,7 +14,7 @@ from test_png import result
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.files import IMAGE_NAME, IMAGES, ImageStore, build_image_store, private_file_folder
+from neuron_ui.web.files import IMAGE_NAME, IMAGES, ImageStore, build_image_store, private_file_folder
 
 
 def image(seed: int = 7):

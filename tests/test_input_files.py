@@ -15,7 +15,7 @@ from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract import images
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.files import ForeignFile, StoredFiles
-from neuron_ui.ui.uploads import FILE_COST, UploadFolder
+from neuron_ui.web.uploads import FILE_COST, UploadFolder
 
 
 def png(image: Image.Image, **save) -> bytes:

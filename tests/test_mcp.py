@@ -164,7 +164,7 @@ def test_without_the_login_nothing_is_served(app):
     assert "401" in repr(refused.value) or "401" in str(getattr(refused.value, "exceptions", ""))
     # Gradio's own MCP server stayed off (GRADIO_MCP_SERVER=True is set here): its SSE route is not mounted (the gate
     # answers 401 to any unknown path without the login cookie, so the route table says it, not a status code).
-    assert not [route for route in app.server.gradio_app.routes if "mcp" in getattr(route, "path", "")]
+    assert not [route for route in app.server.mounted.gradio_app.routes if "mcp" in getattr(route, "path", "")]
 
 
 def test_a_client_that_goes_away_mid_image_stops_it_at_the_next_step(app):

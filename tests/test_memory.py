@@ -7,7 +7,7 @@ import re
 import httpx
 from serving import TIMEOUT, served, wait_until
 
-from neuron_ui.ui import gradio_bridge
+from neuron_ui.web.gradio_mount import GradioLimits
 
 VISITORS = 30
 
@@ -24,11 +24,9 @@ def result(url: str, event_id: str) -> dict:
     return json.loads(data)[0]
 
 
-def test_per_session_and_per_event_records_stay_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(gradio_bridge, "GRADIO_SESSIONS", 10)
-    monkeypatch.setattr(gradio_bridge, "GRADIO_STREAMS", 10)
-    monkeypatch.setattr(gradio_bridge, "HOUSEKEEPING_SECONDS", 0.2)
-    with served(tmp_path / "cache") as s:
+def test_per_session_and_per_event_records_stay_bounded(tmp_path):
+    limits = GradioLimits(sessions=10, streams=10, housekeeping_seconds=0.2)
+    with served(tmp_path / "cache", gradio_limits=limits) as s:
         for _ in range(VISITORS):  # visitors who read their answer
             assert result(s.url, call_status(s.url))["compile_backend"] == "eager"
         unread = [call_status(s.url) for _ in range(VISITORS)]  # strangers who never come back for it

@@ -10,7 +10,7 @@ from PIL import Image
 
 from neuron_ui.contract.png import stored_deflate, write_png
 from neuron_ui.contract.results import GenerateResult
-from neuron_ui.ui.files import ImageStore
+from neuron_ui.web.files import ImageStore
 
 
 def result(image: Image.Image, prompt: str = "a fox\tat dusk, 🦊 عربى") -> GenerateResult:

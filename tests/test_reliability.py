@@ -31,12 +31,13 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import free_port
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.engine.engine import Engine
 from neuron_ui.main import build_app, launch, parse_settings, start_server
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.server.server import Server, basic_auth_ok
-from neuron_ui.ui.files import ImageStore, private_file_folder
+from neuron_ui.web.files import ImageStore, private_file_folder
 from neuron_ui.ui.handlers import Handlers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,9 +126,12 @@ def raw_generate(s, body: str) -> tuple[str, object]:
 
 
 @pytest.mark.parametrize("body, message", [
-    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null, null, null]}', "seed must be a whole number from 0 to 4294967295.*got nan"),
-    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null, null, null]}', "guidance must be a number from 0 to 20, got inf"),
-    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null, null, null]}', "prompt has characters that are not valid Unicode"),
+    ('{"data": ["a fox", "256x256", 1, NaN, null, null, null, null, null]}',
+     "seed must be a whole number from 0 to 4294967295.*got nan"),
+    ('{"data": ["a fox", "256x256", 1, 1, Infinity, null, null, null, null]}',
+     "guidance must be a number from 0 to 20, got inf"),
+    ('{"data": ["a \\ud800 fox", "256x256", 1, 1, null, null, null, null, null]}',
+     "prompt has characters that are not valid Unicode"),
 ])
 def test_values_no_client_would_send_are_told_too(server, body, message):
     s, client = server
@@ -142,8 +146,8 @@ def test_too_few_values_over_raw_http_get_an_error_without_internals(server):
     posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox"]}, timeout=TIMEOUT)
     # Checked before the queue (neuron_ui/server/gate.py); Gradio's own message lists component objects.
     assert posted.status_code == 422
-    assert posted.json()["detail"] == ("generate takes 9 values (prompt, resolution, steps, seed, guidance, references, "
-                                       "reference_size, lora, lora_scale), got 1")
+    assert posted.json()["detail"] == ("generate takes 9 values (prompt, resolution, steps, seed, guidance, "
+                                       "references, reference_size, lora, lora_scale), got 1")
     assert_still_serves(client)
 
 
@@ -152,7 +156,8 @@ def test_a_call_from_before_the_style_values_gets_their_defaults(server):
     """A positional /generate of 7 values (a client from before lora and lora_scale existed) still makes its image;
     only trailing inputs with defaults are filled in (the gate), a missing required one is refused as above."""
     s, client = server
-    posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox", "256x256", 1, 1, None, None, None]},
+    posted = httpx.post(s.url + "/gradio_api/call/generate",
+                        json={"data": ["a fox", "256x256", 1, 1, None, None, None]},
                         timeout=TIMEOUT)
     assert posted.status_code == 200, posted.text
     stream = httpx.get(s.url + f"/gradio_api/call/generate/{posted.json()['event_id']}", timeout=TIMEOUT).text
@@ -399,8 +404,8 @@ def test_killed_mid_compilation_then_restarted_the_manifest_is_valid_and_the_sha
                    "the first process served", timeout=240)
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         assert 503 in codes, "healthz never said 503 while the model loaded"
+        # Killed as soon as the warm-up says it compiles: inside inductor's compilation (tens of seconds, cold cache)
         wait_until(lambda: "compiling 512x512" in (tmp_path / "first.log").read_text(), "the warm-up compiles")
-        time.sleep(1.0)  # well inside inductor's compilation (tens of seconds on a cold cache)
         assert "compiled 512x512" not in (tmp_path / "first.log").read_text(), "compiled too fast to interrupt"
         os.killpg(first.pid, signal.SIGKILL)
         assert first.wait(30) == -signal.SIGKILL
@@ -483,8 +488,9 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
         metrics = httpx.get(server.url + "/metrics")
         assert metrics.status_code == 200 and "neuron_ui_model_loaded 0.0" in metrics.text
 
-        engine, demo = build_app(defaults)
-        launch(engine, demo, defaults, server)
+        stops = SessionStops()
+        engine, demo = build_app(defaults, stops=stops)
+        launch(engine, demo, defaults, server, stops=stops)
         assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(server.url + "/").status_code == 200
         assert "neuron_ui_model_loaded 1.0" in httpx.get(server.url + "/metrics").text

@@ -9,7 +9,7 @@ from gradio_client.exceptions import AppError
 from serving import TIMEOUT, connect, served, wait_until
 from test_stop import LONG, StepClock
 
-from neuron_ui.ui.gradio_bridge import current_event
+from neuron_ui.web.gradio_bridge import current_event
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,8 @@ def test_the_stop_route_through_raw_http(app):
     job = long_request(client, seed=3)
     running(s)
     # Someone else's session stops nothing.
-    other = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": "not-theirs"}, timeout=TIMEOUT)
+    other = httpx.post(s.url + "/gradio_api/call/stop", json={"data": [], "session_hash": "not-theirs"},
+                       timeout=TIMEOUT)
     assert other.status_code == 200
     assert s.engine.status().busy
     # The same session as the client's running request (its event stream reads the answer of this call).

@@ -26,11 +26,11 @@ from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.blocks import build_demo
 from neuron_ui.ui.editing import EditingHandlers
-from neuron_ui.ui.errors import public_status, user_errors
-from neuron_ui.ui.files import ImageStore
-from neuron_ui.ui.gradio_bridge import DEVICE
+from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.files import ImageStore
+from neuron_ui.web.gradio_bridge import DEVICE
 from neuron_ui.ui.handlers import HISTORY_SIZE, Handlers
-from neuron_ui.ui.progress import ProgressReporter
+from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.words import (
     TABLE_HEADERS,
     CompileWait,
@@ -254,10 +254,10 @@ def test_progress_maps_engine_stages_onto_gradio():
 
 def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent(monkeypatch):
     """While a size compiles the bar moves with the time elapsed, labelled as an estimate (or as a guess)."""
-    monkeypatch.setattr("neuron_ui.ui.progress.TICK_SECONDS", 0.05)
+    monkeypatch.setattr("neuron_ui.web.progress.TICK_SECONDS", 0.05)
     calls, waits = [], []
     clock = [100.0]
-    monkeypatch.setattr("neuron_ui.ui.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("neuron_ui.web.progress.time.monotonic", lambda: clock[0])
     with ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)),
                              on_compile=waits.append) as report:
         report(ProgressUpdate("compiling", "compiling 512x512 for the first time (about 60 s, a guess)",

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 import torch
-from torch.nn.utils.stateless import _reparametrize_module
 
 from neuron_ui.config.settings import StartupError
 from neuron_ui.model.torch_bridge import (
     aoti_compile_and_package,
+    call_with_weights,
     dynamo_counters,
     load_aoti_package,
     repeated_block_classes,
@@ -139,7 +139,8 @@ class PackageStore:
 def machine_signature(device: torch.device) -> str:
     """What the compiled kernels assume of the machine: the GPU's compute capability, or the CPU's feature flags."""
     if device.type == "cuda":
-        return "cuda:%d.%d" % torch.cuda.get_device_capability(device)
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda:{major}.{minor}"
     try:
         with open("/proc/cpuinfo") as handle:
             flags = next((line for line in handle if line.startswith("flags")), "")
@@ -151,6 +152,8 @@ def machine_signature(device: torch.device) -> str:
 class _Functional(torch.nn.Module):
     """The block as a function of (its weights, its tensor inputs): what is exported, so weights stay inputs."""
 
+    block: torch.nn.Module
+
     def __init__(self, block: torch.nn.Module, names: list[str], fixed: dict[str, Any]):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: its weights must not become package constants
@@ -160,8 +163,7 @@ class _Functional(torch.nn.Module):
     def forward(self, weights: tuple[torch.Tensor, ...], inputs: dict[str, Any]) -> Any:
         # functional_call's own swap of the weights, but then the block's plain forward: calling the block would
         # come back through its installed AOTBlock (and the store's lock) instead of being traced.
-        with _reparametrize_module(self.block, dict(zip(self.names, weights))):
-            return self.block._call_impl(**self.fixed, **inputs)
+        return call_with_weights(self.block, dict(zip(self.names, weights)), {**self.fixed, **inputs})
 
 
 class AOTBlock:

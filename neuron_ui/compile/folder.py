@@ -48,10 +48,11 @@ class CompileFolder:
 
     def run(self, compile: Callable[[], T]) -> T:
         """compile(), in the cache folder when it fits there, else in a temporary folder."""
-        if self.cache is None or self.cache.problem:
+        cache = self.cache
+        if cache is None or cache.problem:
             return compile()
         try:
-            free = min(self.free(folder) for folder in (self.cache.inductor, self.cache.neff))
+            free = min(self.free(folder) for folder in (cache.inductor, cache.neff))
         except OSError:
             free = None  # cannot tell: try, and let ENOSPC say
         if free is None or free >= self.min_free:
@@ -60,19 +61,19 @@ class CompileFolder:
             except Exception as error:
                 if not is_disk_full(error):
                     raise
-                self._full(f"a compile failed: {os.strerror(errno.ENOSPC)}")
+                self._full(cache.root, f"a compile failed: {os.strerror(errno.ENOSPC)}")
             else:
                 if self.problem:
-                    logger.warning("compile cache %s persistent again: room for compiles", self.cache.root)
+                    logger.warning("compile cache %s persistent again: room for compiles", cache.root)
                 self.problem = None
                 return result
         else:
-            self._full(f"{free // 2**20} MiB free, {self.min_free // 2**20} MiB needed")
+            self._full(cache.root, f"{free // 2**20} MiB free, {self.min_free // 2**20} MiB needed")
         with temporary_inductor_cache(self._temp_folder()):
             return compile()
 
-    def _full(self, why: str) -> None:
-        self.problem = (f"not persistent: disk full at {self.cache.root} ({why}); compiling in a temporary "
+    def _full(self, root: Path, why: str) -> None:
+        self.problem = (f"not persistent: disk full at {root} ({why}); compiling in a temporary "
                         "folder until there is room")
         logger.warning(self.problem)
 

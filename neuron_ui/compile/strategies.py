@@ -8,13 +8,13 @@ from collections.abc import Callable
 from neuron_ui.model.torch_bridge import raise_recompile_limits
 
 if TYPE_CHECKING:
-    import torch
+    from diffusers.models import ModelMixin
 
 
 Backend = str | Callable
 
 
-def compile_transformer(transformer: torch.nn.Module, mode: str, backend: Backend) -> None:
+def compile_transformer(transformer: ModelMixin, mode: str, backend: Backend) -> None:
     """Compile the transformer in place; the text encoder stays eager (it reads intermediate hidden states)."""
     if mode == "regional":
         transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)

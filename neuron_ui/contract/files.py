@@ -2,7 +2,7 @@
 
 A file value from a caller (an API call's FileData with or without "meta", a bare path, a reference list, the image
 editor's background and layers) names a path on the server. Only files this app stored may be read: its uploads
-and its results, all inside one private folder (ui/files.py, private_file_folder; the results through its one link,
+and its results, all inside one private folder (web/files.py, private_file_folder; the results through its one link,
 to the images' folder in the cache folder). `StoredFiles.resolve` decides
 that from the string alone, before anything touches the disk, so a refusal is the same for a file that exists and
 one that does not. The server's gate and the UI's handlers both call it: this is the one copy of the rule.
@@ -57,7 +57,7 @@ class StoredFiles:
         return full
 
     def use(self, path: object) -> str:
-        """resolve(), and the file's retention clock restarts (ui/uploads.py removes uploads unused for a while)."""
+        """resolve(), and the file's retention clock restarts (web/uploads.py removes uploads unused for a while)."""
         full = self.resolve(path)
         try:
             os.utime(full, times=(time.time(),) * 2, follow_symlinks=False)

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel
+# From diffusers' subpackages, not diffusers: mypy reads diffusers 0.42's top-level names as their torch-less dummies.
+from diffusers.models import Flux2Transformer2DModel
+from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 
 from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
 

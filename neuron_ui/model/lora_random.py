@@ -31,6 +31,7 @@ def build_random_lora(transformer: torch.nn.Module, rank: int = 4, seed: int = 0
     state = {}
     for name in target_layers(transformer):
         layer = transformer.get_submodule(name)
+        assert isinstance(layer, torch.nn.Linear)  # target_layers names linear layers only
         down = torch.randn(rank, layer.in_features, generator=generator) / layer.in_features ** 0.5
         up = torch.randn(layer.out_features, rank, generator=generator) * (2 / rank ** 0.5)
         state[f"{name}.lora_A.weight"] = down

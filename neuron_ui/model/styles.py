@@ -103,7 +103,7 @@ class StyleFuser:
                 return 0.0
             start = time.perf_counter()
             with torch.no_grad():
-                targets = {layer.module: layer for layer in style.layers} if wanted[0] is not None else {}
+                targets = {layer.module: layer for layer in style.layers} if style is not None and wanted[0] else {}
                 for module in [m for m in self._fused if m not in targets]:
                     self._weight(module).copy_(self._originals[module])
                     del self._fused[module]
@@ -118,4 +118,6 @@ class StyleFuser:
         return seconds
 
     def _weight(self, module: str) -> torch.Tensor:
-        return self.transformer.get_submodule(module).weight
+        weight = self.transformer.get_submodule(module).weight
+        assert isinstance(weight, torch.Tensor)  # a style's layers are linear ones (lora_files.py checks)
+        return weight

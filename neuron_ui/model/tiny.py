@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler
+# From diffusers' subpackages, not diffusers: mypy reads diffusers 0.42's top-level names as their torch-less dummies.
+from diffusers.models import AutoencoderKLFlux2, Flux2Transformer2DModel
+from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
 # Qwen3's chat template, reduced to what Flux2KleinPipeline renders: one user turn, thinking off.
 CHAT_TEMPLATE = (
@@ -17,13 +20,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer() -> Qwen2TokenizerFast:
+def build_tiny_tokenizer() -> Qwen2Tokenizer:
     """A byte-level tokenizer made locally: every UTF-8 byte is a token, plus Qwen's special tokens."""
     vocab = {char: index for index, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    tokenizer = Qwen2TokenizerFast(
+    tokenizer = Qwen2Tokenizer(  # the fast tokenizer: transformers 5 has no other (Qwen2TokenizerFast is this)
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -109,7 +112,8 @@ class KleinShape:
     vae_channels: tuple[int, ...] = (128, 256, 512, 512)
 
 
-def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu", shape: KleinShape = KleinShape()) -> Flux2KleinPipeline:
+def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu",
+                                shape: KleinShape = KleinShape()) -> Flux2KleinPipeline:
     """The real klein-4B layout with random weights, built offline on `device`: its cost per image is the
     real model's (compute does not depend on the weights' values), without downloading 16 GB."""
     tokenizer = build_tiny_tokenizer()  # prompts are padded to 512 tokens whatever the vocabulary
@@ -125,12 +129,12 @@ def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu", shape: 
                 head_dim=128,
                 vocab_size=shape.text_vocab_size,
                 max_position_embeddings=40960,
-                rope_theta=1_000_000,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000},
                 rms_norm_eps=1e-6,
                 tie_word_embeddings=True,
                 pad_token_id=tokenizer.pad_token_id,
             )
-        ).to(dtype)
+        ).to(dtype)  # type: ignore[arg-type]  # transformers 5.25 wraps PreTrainedModel.to; typeshed's wraps drops `self`
         transformer = Flux2Transformer2DModel(
             patch_size=1,
             in_channels=128,

@@ -1,8 +1,8 @@
 """The one module that touches torch's and diffusers' internals: dynamo's counters and recompile limits,
-inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot, the device mesh's
-hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and diffusers 0.42.1 (the versions
-requirements.txt allows and CI runs); an upgrade means reading this file against the new source, and the
-tests named beside each use fail if one moved."""
+inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot and its plain call with
+swapped weights, the device mesh's hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and
+diffusers 0.42.1 (the versions requirements.txt allows and CI runs); an upgrade means reading this file against the
+new source, and the tests named beside each use fail if one moved."""
 
 from __future__ import annotations
 
@@ -85,6 +85,17 @@ def route_compiled_call(block: torch.nn.Module, call: Callable[..., Any]) -> Non
     block._compiled_call_impl = call
 
 
+def call_with_weights(block: torch.nn.Module, weights: dict[str, torch.Tensor], inputs: dict[str, Any]) -> Any:
+    """The block's own forward with its parameters and buffers swapped for `weights`: what `functional_call` does
+    (torch 2.13: `torch.nn.utils.stateless._reparametrize_module`), then the plain call (`Module._call_impl`) rather
+    than `__call__`, which would take the slot route_compiled_call fills and come back through the compiled call."""
+    # Imported here: tests/test_reliability.py (WRITER) imports this module on a stub torch, for the manifest alone.
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    with _reparametrize_module(block, weights):
+        return block._call_impl(**inputs)
+
+
 def repeated_block_classes(transformer: torch.nn.Module) -> set[str]:
     """The block classes diffusers' `compile_repeated_blocks` compiles (the model's `_repeated_blocks`)."""
     return set(getattr(transformer, "_repeated_blocks", None) or ())
@@ -111,7 +122,7 @@ def allow_cpu_tensor_parallelism() -> Iterator[None]:
     from diffusers.hooks import tensor_parallel
 
     supported, device_count = tensor_parallel._SUPPORTED_TP_DEVICES, torch.accelerator.device_count
-    tensor_parallel._SUPPORTED_TP_DEVICES = (*supported, "cpu")
+    tensor_parallel._SUPPORTED_TP_DEVICES = (*supported, "cpu")  # type: ignore[assignment]  # inferred: 4 names
     torch.accelerator.device_count = lambda: max(device_count(), 1)
     try:
         yield

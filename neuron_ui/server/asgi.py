@@ -134,18 +134,19 @@ class Outbound:
         if message["type"] != "http.response.body":
             await self.send(message)
             return
+        start = self._start
+        assert start is not None, "ASGI sends a response's start before its body"
         body = message.get("body", b"")
         self.finished = not message.get("more_body", False)
         if self.rewrite:
             body = fill_empty_errors(body.replace(self.cut, b""))
-        if self._start["status"] < 400:
+        if start["status"] < 400:
             await self.send({**message, "body": body})
             return
         self._held.append(body)  # an error: small; held whole so an empty one can be given a message
         if message.get("more_body"):
             return
         body = b"".join(self._held)
-        start = self._start
         if body.strip() in (b"", b"Internal Server Error", b'{"error":null}'):
             body = json.dumps({"error": UNEXPLAINED}).encode()
             start = {**start, "headers": [(k, v) for k, v in start["headers"] if k != b"content-type"]

@@ -5,7 +5,7 @@ The API takes files as sent (preprocess=False), and so does the inpaint editor, 
 from disk as is: `full_paths` refuses (ForeignFile, a 403) any that is not inside the app's folder, before anything
 reads it, with the one rule of contract/files.py; `file_route` applies the same rule to the file route (Gradio's own
 list of what it serves is the interpreter's, and grows with gradio_bridge.serve_in_place). Uploads reach Gradio only
-within the disk budget of ui/uploads.py: `admit_upload` refuses the rest in one line, unread.
+within the disk budget of web/uploads.py: `admit_upload` refuses the rest in one line, unread.
 """
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from neuron_ui.contract.files import ForeignFile
+from neuron_ui.contract.files import ForeignFile, StoredFiles
 from neuron_ui.server.asgi import Refusal, Send
-from neuron_ui.ui import gradio_bridge
-from neuron_ui.ui.files import IMAGE_NAME, IMAGES
+from neuron_ui.web import gradio_bridge
+from neuron_ui.web.files import IMAGE_NAME, IMAGES
+
+if TYPE_CHECKING:
+    from gradio.block_function import BlockFunction
+
+    from neuron_ui.web.uploads import UploadFolder
 
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # Gradio 6.31's file route, and its older spelling
 
@@ -27,13 +33,16 @@ EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value 
 
 
 class FileDoors:
-    """File checks for the Gate; `server` is neuron_ui.server.Server (its `stored` rule and `uploads` folder)."""
+    """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget,
+    `lacks_login(scope)` whether a request must be refused for want of the login (Gradio then refuses it itself)."""
 
-    def __init__(self, server: Any):
-        self.server = server
-        self._file_inputs: dict[Any, tuple[frozenset[int], frozenset[str]]] = {}  # per function, found once
+    def __init__(self, stored: StoredFiles, uploads: UploadFolder, lacks_login: Callable[[dict], bool]):
+        self.stored_files = stored
+        self.uploads = uploads
+        self.lacks_login = lacks_login
+        self._file_inputs: dict[BlockFunction, tuple[frozenset[int], frozenset[str]]] = {}  # per function, found once
 
-    def full_paths(self, data: Any, fn: Any = None, by_name: bool = False) -> Any:
+    def full_paths(self, data: Any, fn: BlockFunction | None = None, by_name: bool = False) -> Any:
         """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
 
         Where an input takes files (`fn`'s file inputs, by position, or by parameter name for /call/v2) every
@@ -51,7 +60,7 @@ class FileDoors:
     def file_route(self, scope: dict) -> tuple[dict, Refusal | None]:
         """A request on a file route names one of the app's files, or is refused before Gradio sees it: a relative
         name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one must lie
-        in it too ('..' folded first), and in the images' folders (ui/files.py) only a name the store makes is served.
+        in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes is served.
         Gradio then checks the file itself (links resolved)."""
         path = scope["path"]
         route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
@@ -59,16 +68,16 @@ class FileDoors:
             return scope, None
         name = path[len(route):]
         try:
-            full = self.server.stored.resolve(name)
+            full = self.stored_files.resolve(name)
         except ForeignFile:
             return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app")
-        folder, _, rest = full[len(self.server.stored.prefix):].partition(os.sep)
+        folder, _, rest = full[len(self.stored_files.prefix):].partition(os.sep)
         if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
             return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
         routed = FILE_ROUTES[0] + full
         return {**scope, "path": routed, "raw_path": routed.encode()}, None
 
-    def file_inputs(self, fn: Any) -> tuple[frozenset[int], frozenset[str]]:
+    def file_inputs(self, fn: BlockFunction | None) -> tuple[frozenset[int], frozenset[str]]:
         if fn is None:
             return frozenset(), frozenset()
         if fn not in self._file_inputs:
@@ -82,13 +91,13 @@ class FileDoors:
         if isinstance(value, dict):
             value = dict(value)
             if "path" in value:
-                value["path"] = self.server.stored.use(value["path"])
+                value["path"] = self.stored_files.use(value["path"])
             for part in EDITOR_PARTS:
                 if part in value:
                     value[part] = self.stored(value[part])
             return value
         if isinstance(value, str):
-            return self.server.stored.use(value)
+            return self.stored_files.use(value)
         return value  # None, a number: the handler refuses what is not a file
 
     def meta_paths(self, value: Any) -> Any:
@@ -98,19 +107,20 @@ class FileDoors:
             return value
         value = {key: self.meta_paths(item) for key, item in value.items()}
         if isinstance(value.get("meta"), dict) and "path" in value:
-            value["path"] = self.server.stored.resolve(value["path"])
+            value["path"] = self.stored_files.resolve(value["path"])
         return value
 
     async def admit_upload(self, scope: dict) -> tuple[Refusal | None, UploadAnswer | None]:
-        """An upload within the budget on disk (ui/uploads.py), refused unread past it. Without the login Gradio
+        """An upload within the budget on disk (web/uploads.py), refused unread past it. Without the login Gradio
         refuses it before reading anything, and it reserves nothing."""
-        if self.server.settings.auth and not gradio_bridge.logged_in(self.server.gradio_app, scope):
+        if self.lacks_login(scope):
             return None, None
         length = content_length(scope)
-        refused = await asyncio.to_thread(self.server.uploads.admit, length)
+        refused = await asyncio.to_thread(self.uploads.admit, length)
         if refused is not None:
             status, retry = UPLOAD_REFUSALS[refused.kind]
             return Refusal(status, refused.message, (("retry-after", retry),) if retry else ()), None
+        assert length is not None  # admit refuses an upload that does not say its size
         return None, UploadAnswer(length)
 
 

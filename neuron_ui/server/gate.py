@@ -27,9 +27,10 @@ import inspect
 import json
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from neuron_ui.contract import stopping
 from neuron_ui.contract.files import ForeignFile
 from neuron_ui.server import routes
 from neuron_ui.server.asgi import (
@@ -46,7 +47,14 @@ from neuron_ui.server.asgi import (
     send_html,
 )
 from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
-from neuron_ui.ui import gradio_bridge
+from neuron_ui.server.mounted import GateServer, Mounted
+from neuron_ui.web import gradio_bridge, gradio_mount
+
+if TYPE_CHECKING:
+    import gradio as gr
+    from gradio.block_function import BlockFunction
+
+    from neuron_ui.contract.stopping import SessionStops
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +73,22 @@ LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-eq
 
 
 class Gate:
-    """ASGI middleware around the whole server (see the module docstring); `server` is neuron_ui.server.Server."""
+    """ASGI middleware around the whole server (see the module docstring); it reads of the server only GateServer."""
 
-    def __init__(self, app: Any, server: Any):
+    def __init__(self, app: Any, server: GateServer):
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
-        self.files = FileDoors(server)
+        self.files = FileDoors(server.stored, server.uploads, self.lacks_login)
+
+    def lacks_login(self, scope: dict) -> bool:
+        """With NEURON_UI_AUTH set, whether the request carries no login Gradio issued (its cookie)."""
+        mounted = self.server.mounted
+        return bool(self.server.settings.auth) and (
+            mounted is None or not gradio_mount.logged_in(mounted.gradio_app, scope))
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and not self.server.ready:
+        if scope["type"] == "websocket" and self.server.mounted is None:
             await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
             return
         if scope["type"] != "http":
@@ -87,27 +101,27 @@ class Gate:
                 return
             await self.app(scope, receive, send)
             return
-        if not self.server.ready:
+        mounted = self.server.mounted
+        if mounted is None:
             await send_html(send, 503, LOADING_PAGE, (("retry-after", "5"),))
             return
         if self.server.draining and method == "POST" and NEW_WORK.match(path):
             await reply(send, Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),)))
             return
-        if (self.server.settings.auth and not routes.open_without_login(path, method)
-                and not gradio_bridge.logged_in(self.server.gradio_app, scope)):
+        if not routes.open_without_login(path, method) and self.lacks_login(scope):
             await reply(send, Refusal(401, "Not authenticated"))
             return
         upload: UploadAnswer | None = None
         device = False
-        refusal = routes.refusal(scope, self.server.demo)
+        refusal = routes.refusal(scope, mounted.demo)
         if refusal is None:
             scope, refusal = self.files.file_route(scope)
         if refusal is None:
-            receive, refusal, device = await self.check_call(scope, receive)
+            receive, refusal, device = await self.check_call(scope, receive, mounted)
         if refusal is None and path == UPLOAD and method == "POST":
             refusal, upload = await self.files.admit_upload(scope)
         if refusal is None and path == CANCEL and method == "POST":
-            receive, refusal = await self.stop_cancelled(receive)
+            receive, refusal = await self.stop_cancelled(receive, mounted.stops)
         if refusal is not None:
             await reply(send, refusal)
             return
@@ -116,7 +130,7 @@ class Gate:
             send = upload.watch(send)
         send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
         if path == EVENT_STREAM and method == "GET":
-            receive = self.stop_on_disconnect(scope, receive, send)
+            receive = stop_on_disconnect(scope, receive, send, mounted.stops)
         if device:
             self.admitting += 1
             send.on_start = self._admitted
@@ -137,7 +151,7 @@ class Gate:
 
     # -- checks ----------------------------------------------------------------------------------------
 
-    async def check_call(self, scope: dict, receive: Receive) -> tuple[Receive, Refusal | None, bool]:
+    async def check_call(self, scope: dict, receive: Receive, mounted: Mounted) -> tuple[Receive, Refusal | None, bool]:
         """Which function a POST calls, by name or fn_index: only ours by name, within the device's bound, naming
         only the app's own files.
 
@@ -147,12 +161,12 @@ class Gate:
         named = NAMED_CALL.match(path)
         if method != "POST" or not (named or path == QUEUE_JOIN):
             return receive, None, False
-        demo = self.server.demo
+        demo = mounted.demo
         if named:
             route, name = named.groups()
             if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
                 try:  # Gradio refuses queued ones (api_open=False)
-                    receive, refusal = await self.with_full_paths(receive)
+                    receive, refusal = await self.with_full_paths(receive, demo)
                     return receive, refusal, False
                 except ForeignFile as error:
                     return receive, Refusal(403, str(error)), False
@@ -165,11 +179,12 @@ class Gate:
         if refusal is not None or data is NOT_JSON:
             return replay(body, receive), refusal, False  # not JSON: Gradio says what is wrong with it
         if named and named.group(2) == "stop" and isinstance(data, dict):
-            data = self.stop_on_behalf(data)
-        fn = self.called(data, named.group(2) if named else None)
+            data = stop_on_behalf(data, mounted.stops)
+        fn = called(demo, data, named.group(2) if named else None)
         data = with_defaults(data, fn)
+        by_name = named is not None and named.group(1) == "call/v2"  # /call/v2 takes keyword arguments
         try:
-            checked = self.files.full_paths(data, fn, by_name=bool(named) and named.group(1) == "call/v2")
+            checked = self.files.full_paths(data, fn, by_name=by_name)
             receive = replay(json.dumps(checked).encode(), receive)
         except ForeignFile as error:
             return receive, Refusal(403, str(error)), False
@@ -178,21 +193,20 @@ class Gate:
         session = data.get("session_hash")
         if session is not None and not (isinstance(session, str) and session):  # "" broke Gradio's queue: a 500
             return receive, Refusal(422, "session_hash must be a non-empty string, or left out"), False
-        if named and named.group(1) == "call/v2" and (problem := gradio_bridge.keyword_problem(demo, name, data)):
+        if named and by_name and (problem := gradio_bridge.keyword_problem(demo, named.group(2), data)):
             return receive, Refusal(422, problem), False
         if not named:
             index = data.get("fn_index")
-            if not isinstance(index, int):
+            if not isinstance(index, int) or isinstance(index, bool):
                 return receive, None, False  # Gradio's own validation names the field
-            if index not in demo.fns:
+            if fn is None:
                 return receive, Refusal(404, f"there is no function {index}"), False
         if fn is None:
             return receive, None, False
         values = data.get("data")
-        if isinstance(values, list) and len(values) != len(fn.inputs):
-            names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
-            return receive, Refusal(422, f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {len(values)}"), False
-        if fn.concurrency_id != self.server.device_group:
+        if isinstance(values, list) and (problem := gradio_bridge.arity_problem(fn, len(values))):
+            return receive, Refusal(422, problem), False
+        if not gradio_bridge.runs_on_device(fn):
             return receive, None, False
         admitted = self.server.device_events() + self.admitting  # the one on the device and those waiting
         if admitted > self.server.settings.max_queue:
@@ -200,24 +214,7 @@ class Gate:
             return receive, Refusal(503, message, (("retry-after", "5"),)), False
         return receive, None, True
 
-    def called(self, data: Any, api_name: str | None) -> Any:
-        """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
-        fns = self.server.demo.fns
-        if api_name is not None:
-            return next((f for f in fns.values() if f.api_name == api_name), None)
-        index = data.get("fn_index") if isinstance(data, dict) else None
-        return fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
-
-    def stop_on_behalf(self, data: dict) -> dict:
-        """A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
-        put this call's answer into that stream, and the two readers took each other's answers (the stopped client
-        waited for its timeout). The call runs in a session of its own that stops the named one."""
-        session = data.get("session_hash")
-        if not isinstance(session, str) or not session or self.server.demo is None:
-            return data
-        return {**data, "session_hash": gradio_bridge.session_stops(self.server.demo).on_behalf(session)}
-
-    async def stop_cancelled(self, receive: Receive) -> tuple[Receive, Refusal | None]:
+    async def stop_cancelled(self, receive: Receive, stops: SessionStops) -> tuple[Receive, Refusal | None]:
         """A cancel names its session, function and event: stop the engine's request for that event and cancel that
         event's task only (Gradio's own cancel hit every request of the function in the session). A cancel without
         an event id (gradio_client's job.cancel() before it knew the id) cannot say which request it meant: it stops
@@ -228,29 +225,17 @@ class Gate:
             return replay(body, receive), refusal
         session, fn_index, event_id = data.get("session_hash"), data.get("fn_index"), data.get("event_id")
         if isinstance(session, str) and isinstance(event_id, str) and isinstance(fn_index, int):
-            self.server.stop_cancelled(session, event_id)
+            stops.stop(session, stopping.CANCELLED, event_id)
             await gradio_bridge.cancel_event_task(session, fn_index, event_id)
             body = json.dumps({**data, "fn_index": gradio_bridge.NO_FUNCTION}).encode()
         return replay(body, receive), None
 
-    def stop_on_disconnect(self, scope: dict, receive: Receive, send: Outbound) -> Receive:
-        """A session's event stream closed by its client before the server ended it: the client has gone."""
-        session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
-
-        async def watched() -> dict:
-            message = await receive()
-            if message["type"] == "http.disconnect" and session and not send.finished:
-                self.server.stop_disconnected(session)
-            return message
-
-        return watched
-
-    async def with_full_paths(self, receive: Receive) -> tuple[Receive, Refusal | None]:
+    async def with_full_paths(self, receive: Receive, demo: gr.Blocks) -> tuple[Receive, Refusal | None]:
         body = await read_body(receive)
         data, refusal = parse_json(body)
         if refusal is not None or data is NOT_JSON:
             return replay(body, receive), refusal
-        return replay(json.dumps(self.files.full_paths(data, self.called(data, None))).encode(), receive), None
+        return replay(json.dumps(self.files.full_paths(data, called(demo, data, None))).encode(), receive), None
 
     def inbound(self, scope: dict) -> dict:
         """API requests are not compressed, so Outbound can read what it sends (a file route's path is already the
@@ -261,13 +246,44 @@ class Gate:
         return {**scope, "headers": headers}
 
 
-def with_defaults(data: Any, fn: Any) -> Any:
+def called(demo: gr.Blocks, data: Any, api_name: str | None) -> BlockFunction | None:
+    """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
+    index = data.get("fn_index") if isinstance(data, dict) else None
+    return gradio_bridge.called_function(demo, api_name, index)
+
+
+def stop_on_behalf(data: dict, stops: SessionStops) -> dict:
+    """A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
+    put this call's answer into that stream, and the two readers took each other's answers (the stopped client
+    waited for its timeout). The call runs in a session of its own that stops the named one."""
+    session = data.get("session_hash")
+    if not isinstance(session, str) or not session:
+        return data
+    return {**data, "session_hash": stops.on_behalf(session)}
+
+
+def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: SessionStops) -> Receive:
+    """A session's event stream closed by its client before the server ended it: the client has gone, so its
+    requests stop, except a compile's image."""
+    session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+
+    async def watched() -> dict:
+        message = await receive()
+        if message["type"] == "http.disconnect" and session and not send.finished:
+            stops.stop(session, stopping.DISCONNECTED)
+        return message
+
+    return watched
+
+
+def with_defaults(data: Any, fn: BlockFunction | None) -> Any:
     """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
     /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
     values = data.get("data") if isinstance(data, dict) and fn is not None else None
-    if not isinstance(values, list) or len(values) >= len(fn.inputs):
+    defaults = gradio_bridge.input_defaults(fn) if fn is not None else []
+    if not isinstance(values, list) or len(values) >= len(defaults):
         return data
-    missing = gradio_bridge.input_defaults(fn)[len(values):]
+    missing = defaults[len(values):]
     if any(default is inspect.Parameter.empty for default in missing):
         return data
     return {**data, "data": [*values, *missing]}

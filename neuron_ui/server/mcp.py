@@ -36,9 +36,9 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.server import mcp_tools
 from neuron_ui.server.asgi import Refusal, reply
-from neuron_ui.ui.errors import public_status, redact_paths
-from neuron_ui.ui.progress import ProgressReporter
-from neuron_ui.ui.visitors import visitor_name
+from neuron_ui.web.errors import public_status, redact_paths
+from neuron_ui.web.progress import ProgressReporter
+from neuron_ui.web.visitors import visitor_name
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -101,14 +101,19 @@ class McpEndpoint:
 
         return server
 
+    def _engine(self) -> EngineLike:
+        """The engine the tools call: requests reach them only once serve() gave it (__call__ answers 503 before)."""
+        assert self.engine is not None, "an MCP call before serve()"
+        return self.engine
+
     async def _tools(self) -> list[types.Tool]:
-        return mcp_tools.build_tools(await asyncio.to_thread(self.engine.status))
+        return mcp_tools.build_tools(await asyncio.to_thread(self._engine().status))
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         try:
             mcp_tools.check_arguments(name, arguments, await self._tools())
             if name == "status":
-                return _ok(mcp_tools.json_result(public_status(await asyncio.to_thread(self.engine.status))))
+                return _ok(mcp_tools.json_result(public_status(await asyncio.to_thread(self._engine().status))))
             self._admit()
             try:
                 return _ok(await self._on_device(name, arguments))
@@ -174,16 +179,17 @@ class McpEndpoint:
 
     def _run(self, name: str, arguments: dict[str, Any], report: Any, stop: StopToken,
              visitor: str | None) -> list[types.ContentBlock]:
+        engine = self._engine()
         if name == "warmup":
-            return mcp_tools.json_result(self.engine.warmup(arguments["resolution"], report, visitor=visitor))
-        images = {}
-        if name == "inpaint":
-            images = {"image": mcp_tools.decode_image(arguments["image"], "image"),
-                      "mask": mcp_tools.decode_image(arguments["mask"], "mask"), "strength": arguments.get("strength")}
+            return mcp_tools.json_result(engine.warmup(arguments["resolution"], report, visitor=visitor))
+        inpaint = name == "inpaint"
         request = GenerateRequest(arguments["prompt"], arguments["resolution"], arguments.get("steps"),
                                   arguments.get("seed"), arguments.get("guidance"), lora=arguments.get("lora"),
-                                  lora_scale=arguments.get("lora_scale"), visitor=visitor, **images)
-        call = self.engine.inpaint if name == "inpaint" else self.engine.generate
+                                  lora_scale=arguments.get("lora_scale"), visitor=visitor,
+                                  image=mcp_tools.decode_image(arguments["image"], "image") if inpaint else None,
+                                  mask=mcp_tools.decode_image(arguments["mask"], "mask") if inpaint else None,
+                                  strength=arguments.get("strength") if inpaint else None)
+        call = engine.inpaint if inpaint else engine.generate
         return mcp_tools.image_result(call(request, report, stop))
 
     def _visitor(self, request: Any) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -61,7 +62,7 @@ class EngineMetrics:
     def watch_held(self, held: Callable[[], dict[str, int]]) -> None:
         """Serve `held()`'s counts as neuron_ui_gradio_held{record=...}, read at each scrape."""
         for record in held():
-            self.held.labels(record).set_function(lambda record=record: held()[record])
+            self.held.labels(record).set_function(functools.partial(_count, held, record))
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()
@@ -78,3 +79,7 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _count(held: Callable[[], dict[str, int]], record: str) -> float:
+    return held()[record]

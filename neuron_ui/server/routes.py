@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from neuron_ui.server.asgi import Refusal
-from neuron_ui.ui import gradio_bridge
+from neuron_ui.web import gradio_bridge
 
 # Answered without a login (docs/operations.md, "Without a login"): what the login page loads (a browser's
 # requests, recorded), and the files every site serves. GET and HEAD only; the login form's POST besides.
@@ -55,7 +55,8 @@ def refusal(scope: dict, demo: Any) -> Refusal | None:
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)  # FastAPI reads the last
     if path == "/" and (unknown := set(query.get("page", [])) - gradio_bridge.page_names(demo)):
         return Refusal(404, f"there is no page {min(unknown)[:80]!r}")
-    if path == SESSION_STREAM and not all(gradio_bridge.known_session(demo, s) for s in query.get("session_hash", [""])):
+    sessions = query.get("session_hash", [""])
+    if path == SESSION_STREAM and not all(gradio_bridge.known_session(demo, s) for s in sessions):
         return Refusal(404, "this session has no events waiting: join the queue first (its results may have been sent "
                             "already)")
     if (named := EVENT_RESULT.match(path)) and not gradio_bridge.known_event(demo, named.group(1)):

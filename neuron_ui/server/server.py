@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 import gradio as gr
@@ -24,30 +24,26 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.responses import FileResponse
 from starlette.routing import Route
 
-from neuron_ui.contract import stopping
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.gate import Gate
 from neuron_ui.server.metrics import EngineMetrics
-from neuron_ui.ui import gradio_bridge
-from neuron_ui.ui.files import private_file_folder
-from neuron_ui.ui.gradio_bridge import (
-    DEVICE,
-    device_events,
-    device_queue_length,
-    session_stops,
-    waiting_for_device,
-)
-from neuron_ui.ui.uploads import UploadFolder
+from neuron_ui.server.mounted import Mounted
+from neuron_ui.web import gradio_bridge, gradio_mount
+from neuron_ui.web.files import private_file_folder
+from neuron_ui.web.gradio_bridge import device_events, device_queue_length, waiting_for_device
+from neuron_ui.web.gradio_mount import GradioLimits
+from neuron_ui.web.uploads import UploadFolder
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.stopping import SessionStops
+    from neuron_ui.server.mcp import McpEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -61,24 +57,26 @@ DOWNLOAD_PIECE = 1 << 20
 
 
 class Server:
-    """uvicorn in a thread serving `app`: start() binds the port, mount() adds the UI, stop() ends it all."""
+    """uvicorn in a thread serving `app`: start() binds the port, mount() adds the UI, stop() ends it all.
+
+    `gradio_limits` bounds what Gradio keeps per session (the tests give small ones)."""
 
     def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
-                 health: Callable[[], str | None] | None = None, loading: LoadingState | None = None):
+                 health: Callable[[], str | None] | None = None, loading: LoadingState | None = None,
+                 gradio_limits: GradioLimits | None = None):
         self.settings = settings
         self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
         self.loading = loading or LoadingState()  # what start-up does before serving (a compile-cache download)
         self.metrics = metrics or EngineMetrics()
-        self.demo: gr.Blocks | None = None
+        self.gradio_limits = gradio_limits or GradioLimits()
+        self.mounted: Mounted | None = None  # the UI, once mount() serves it
         self.engine: EngineLike | None = None
         self.share_url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.gradio_app: Any = None  # Gradio's App, mounted at /
         folder = private_file_folder()
         self.files_prefix = folder_prefix(folder)  # never sent out (asgi.Outbound)
         self.stored = StoredFiles(folder)  # the only files a request may name: uploads and results
         self.uploads = UploadFolder(folder, settings.upload_budget_mb * 2**20, settings.upload_retention)
-        self.device_group = DEVICE
         self.draining = False
         self._drain_requested = threading.Event()
         self._gradio_lifespan = AsyncExitStack()
@@ -91,7 +89,7 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        return self.demo is not None
+        return self.mounted is not None
 
     @property
     def sockets(self) -> list:
@@ -119,7 +117,7 @@ class Server:
             """200 once the model is loaded and the UI is served; 503 before, and once shutting down."""
             if self.draining:
                 return JSONResponse({"status": "shutting down"}, status_code=503)
-            if not self.ready:
+            if self.mounted is None or self.engine is None:
                 return JSONResponse(self.loading.body(), status_code=503, headers={"Retry-After": "5"})
             if problem := self.health and self.health():
                 return JSONResponse({"status": problem}, status_code=503, headers={"Retry-After": "5"})
@@ -129,7 +127,8 @@ class Server:
         @app.api_route("/metrics", methods=["GET", "HEAD"])
         def metrics(request: Request) -> Response:
             """Prometheus text format; behind the same user and password as the UI when NEURON_UI_AUTH is set."""
-            if self.settings.auth and not basic_auth_ok(request.headers.get("authorization"), self.settings.auth):
+            auth = self.settings.auth
+            if auth and not basic_auth_ok(request.headers.get("authorization"), auth):
                 return Response("authentication required\n", status_code=401,
                                 headers={"WWW-Authenticate": 'Basic realm="neuron-ui metrics"'})
             return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -138,7 +137,7 @@ class Server:
             app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)
         return app
 
-    def _build_mcp(self) -> Any:
+    def _build_mcp(self) -> McpEndpoint:
         """The MCP tools (--mcp): imported only then (the `mcp` package)."""
         from neuron_ui.server.mcp import McpEndpoint
 
@@ -147,8 +146,9 @@ class Server:
     def _logged_in(self, scope: dict) -> bool:
         """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        return basic_auth_ok(header, self.settings.auth) or (
-            self.gradio_app is not None and gradio_bridge.logged_in(self.gradio_app, scope))
+        auth = self.settings.auth
+        return (auth is not None and basic_auth_ok(header, auth)) or (
+            self.mounted is not None and gradio_mount.logged_in(self.mounted.gradio_app, scope))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -173,46 +173,37 @@ class Server:
         except SystemExit:  # uvicorn logs why (e.g. the port is taken) and exits; start() reports it
             pass
 
-    def mount(self, engine: EngineLike, demo: gr.Blocks, timeout: float = 30.0) -> Server:
-        """Serve the queued demo at / and start its queue; /healthz turns 200."""
+    def mount(self, engine: EngineLike, demo: gr.Blocks, stops: SessionStops, timeout: float = 30.0) -> Server:
+        """Serve the queued demo at / and start its queue; /healthz turns 200. `stops` is the demo's registry of
+        running requests by session (its builder's), which a client's cancel or disconnect stops (the gate)."""
         if self._loop is None:
             raise RuntimeError("start() the server before mounting the UI")
         if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/routes.py)
             raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
-        FileResponse.chunk_size = DOWNLOAD_PIECE  # Gradio's file route answers with Starlette's FileResponse
-        self.gradio_app = gradio_bridge.mount(self.app, demo, self.settings, MAX_UPLOAD)
-        asyncio.run_coroutine_threadsafe(gradio_bridge.start(demo, self.gradio_app, self._gradio_lifespan),
-                                         self._loop).result(timeout)
+        gradio_mount.send_files_in_pieces(DOWNLOAD_PIECE)
+        gradio_app = gradio_mount.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)
+        started = gradio_mount.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
+        asyncio.run_coroutine_threadsafe(started, self._loop).result(timeout)
         self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
-        self.metrics.watch_held(lambda: gradio_bridge.held(demo, self.gradio_app))
-        self.engine, self.demo = engine, demo
+        self.metrics.watch_held(lambda: gradio_mount.held(demo, gradio_app))
+        self.engine, self.mounted = engine, Mounted(demo, gradio_app, stops)
         if self.mcp is not None:
             self.mcp.serve(engine)
             logger.info("MCP tools at %s/gradio_api/mcp/ (generate, inpaint, status, warmup)", self.url)
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:
-            self.share_url = gradio_bridge.open_share_link(demo, self.settings)
+            self.share_url = gradio_mount.open_share_link(demo, self.settings)
         return self
 
     def device_queue_length(self) -> int:
         """Requests in Gradio's queue for the device, not yet in the engine's."""
-        return device_queue_length(self.demo) if self.demo is not None else 0
+        return device_queue_length(self.mounted.demo) if self.mounted is not None else 0
 
     def device_events(self) -> int:
         """Device requests accepted and not finished, from Gradio and MCP clients (the Gate and the MCP endpoint
         bound them by --max-queue + 1)."""
         mcp = self.mcp.in_flight if self.mcp is not None else 0
-        return (device_events(self.demo) if self.demo is not None else 0) + mcp
-
-    def stop_cancelled(self, session: str, event_id: str | None) -> None:
-        """A client cancelled an event (the Gate saw its /cancel): stop the engine's request for it."""
-        if self.demo is not None:
-            session_stops(self.demo).stop(session, stopping.CANCELLED, event_id)
-
-    def stop_disconnected(self, session: str) -> None:
-        """A client closed its event stream (the Gate saw it): stop its requests, except a compile's image."""
-        if self.demo is not None:
-            session_stops(self.demo).stop(session, stopping.DISCONNECTED)
+        return (device_events(self.mounted.demo) if self.mounted is not None else 0) + mcp
 
     def request_drain(self) -> None:
         """Safe in a signal handler: serve_forever() drains and returns."""
@@ -251,8 +242,8 @@ class Server:
         return finished
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.demo is not None:
-            gradio_bridge.stop(self.demo, self.gradio_app, self._loop)
+        if self.mounted is not None:
+            gradio_mount.stop(self.mounted.demo, self.mounted.gradio_app, self._loop)
         self._uvicorn.should_exit = True
         self.uploads.stop()
         if self._thread is not None:

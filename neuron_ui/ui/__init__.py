@@ -1,1 +1,1 @@
-"""The Gradio studio: blocks, handlers and words; gradio_bridge is the one place touching Gradio internals."""
+"""The Gradio studio: blocks, handlers and words; Gradio's internals are read in neuron_ui/web's bridge, not here."""

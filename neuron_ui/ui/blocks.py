@@ -19,9 +19,9 @@ from neuron_ui.ui.editing import (
     api_reference_inputs,
     api_style_inputs,
 )
-from neuron_ui.ui.errors import user_errors
-from neuron_ui.ui.files import ASSETS, build_image_store, private_file_folder
-from neuron_ui.ui.gradio_bridge import DEVICE, device_queue_length, serve_in_place
+from neuron_ui.web.errors import user_errors
+from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
+from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
@@ -40,6 +40,7 @@ from neuron_ui.ui.words import (
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.stopping import SessionStops
 
 
 # Run in the page before a request's handler (its inputs pass through): a phone scrolls the image, where the progress
@@ -53,13 +54,15 @@ def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def build_demo(engine: EngineLike, settings: Settings) -> gr.Blocks:
-    """The whole app around one engine; queue() and launch() are the caller's (app.py)."""
+def build_demo(engine: EngineLike, settings: Settings, stops: SessionStops | None = None) -> gr.Blocks:
+    """The whole app around one engine; queue() and launch() are the caller's (app.py). `stops`, the registry of
+    running requests by session, is the caller's to hand the server too (its gate stops a cancelled request)."""
     status = engine.status()
     # Gradio's queue is read at event time, from the demo built below (the closure binds `demo` late).
     store = build_image_store(settings.cache_dir)  # kept across restarts: the browsers' histories show them again
     serve_in_place(store.folder)
-    handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder())
+    handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder(),
+                        stops=stops)
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)

@@ -16,9 +16,9 @@ from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.editing import file_paths
-from neuron_ui.ui.errors import public_status, user_errors
-from neuron_ui.ui.gradio_bridge import current_event
-from neuron_ui.ui.progress import ProgressReporter
+from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.gradio_bridge import current_event
+from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import (
@@ -38,7 +38,7 @@ from neuron_ui.ui.words import (
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.results import EngineStatus
-    from neuron_ui.ui.files import ImageStore
+    from neuron_ui.web.files import ImageStore
     from neuron_ui.ui.words import CompileWait
 
 
@@ -56,11 +56,13 @@ class Handlers:
     """The app's event handlers: UI values in, one engine call, UI values out."""
 
     def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
-                 held: sessions.HeldResults | None = None, uploads: Path | None = None):
+                 held: sessions.HeldResults | None = None, uploads: Path | None = None,
+                 stops: SessionStops | None = None):
         self.engine = engine
         self.store = store
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
-        self.stops = SessionStops()  # the running requests of each Gradio session, for Stop, /stop and disconnects
+        # the running requests of each Gradio session, for Stop, /stop and disconnects (the server's gate too)
+        self.stops = SessionStops() if stops is None else stops
         self.distilled = engine.status().distilled
         self.held = sessions.HeldResults() if held is None else held  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name

@@ -5,18 +5,17 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
 from neuron_ui.contract.results import COMPILING, FAILED, READY
 from neuron_ui.contract.stopping import COMPILING as STOP_COMPILING
 from neuron_ui.contract.stopping import DONE, QUEUED, RUNNING
+from neuron_ui.web.progress import GUESS, CompileWait
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
-    from neuron_ui.ui.words import CompileWait
 
 
 REAL_MODEL = "black-forest-labs/FLUX.2-klein-4B"
@@ -26,7 +25,6 @@ TABLE_LEGEND = (
     "“load” from the disk cache); sizes that share one graph show that graph's time · **images**: images made at "
     "the size since the server started · **last image s**: how long the latest one took, any compile included"
 )
-GUESS = "a guess: nothing measured on this machine yet"
 EVENT_WORDS = {
     "compiled": "compiled in {compile:.1f} s",
     "disk_hit": "compiled from disk cache in {compile:.1f} s",
@@ -34,28 +32,6 @@ EVENT_WORDS = {
     "eager": "eager, {total:.1f} s",
 }
 REFRESH_SECONDS = 2.0
-
-
-@dataclass
-class CompileWait:
-    """A compilation in progress as one request reported it: what, since when, and for about how long."""
-
-    message: str  # the engine's words, e.g. "compiling 1344x768 for the first time (about 41 s)"
-    phase: str | None
-    estimate: float | None
-    guess: bool
-    started: float
-
-    def describe(self, now: float) -> tuple[float | tuple[int, None], str]:
-        """The progress bar's value and words: elapsed against the estimate, labelled as an estimate (or a guess)."""
-        elapsed = now - self.started
-        head = self.message.split(" (")[0]  # the engine's words without its "(about N s)"
-        phase = f"{self.phase}: " if self.phase and not head.startswith(self.phase) else ""
-        if self.estimate is None:
-            return (int(elapsed), None), f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
-        label = GUESS if self.guess else "estimate"
-        fraction = min(elapsed / self.estimate, 0.99) if self.estimate > 0 else 0.99
-        return fraction, f"{phase}{head} · {elapsed:.0f} s of about {self.estimate:.0f} s ({label})"
 
 
 def describe_cache_event(result: GenerateResult) -> str:

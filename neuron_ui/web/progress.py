@@ -1,4 +1,4 @@
-"""Progress for Gradio: stages and a ticker while a compile runs."""
+"""Progress as users read it, for Gradio's bar and MCP's notifications: stages, and a ticker while a compile runs."""
 
 from __future__ import annotations
 
@@ -6,15 +6,38 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.ui.words import CompileWait
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import ProgressFn, ProgressUpdate
 
 
 TICK_SECONDS = 1.0  # how often a compile's elapsed time is re-reported while it runs
+GUESS = "a guess: nothing measured on this machine yet"
+
+
+@dataclass
+class CompileWait:
+    """A compilation in progress as one request reported it: what, since when, and for about how long."""
+
+    message: str  # the engine's words, e.g. "compiling 1344x768 for the first time (about 41 s)"
+    phase: str | None
+    estimate: float | None
+    guess: bool
+    started: float
+
+    def describe(self, now: float) -> tuple[float | tuple[int, None], str]:
+        """The progress bar's value and words: elapsed against the estimate, labelled as an estimate (or a guess)."""
+        elapsed = now - self.started
+        head = self.message.split(" (")[0]  # the engine's words without its "(about N s)"
+        phase = f"{self.phase}: " if self.phase and not head.startswith(self.phase) else ""
+        if self.estimate is None:
+            return (int(elapsed), None), f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
+        label = GUESS if self.guess else "estimate"
+        fraction = min(elapsed / self.estimate, 0.99) if self.estimate > 0 else 0.99
+        return fraction, f"{phase}{head} · {elapsed:.0f} s of about {self.estimate:.0f} s ({label})"
 
 
 class ProgressReporter:

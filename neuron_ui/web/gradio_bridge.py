@@ -1,0 +1,205 @@
+"""Gradio's internals as a request meets them: the demo's functions and their inputs, the session and event of a
+running handler, the queue, pages and static files. With gradio_mount.py (the mounted app's life) the only place that
+reads Gradio's internals. Each was read from Gradio 6.31.0 (requirements.txt pins it); a Gradio upgrade means reading
+these two files against the new source, and the tests named beside each use fail if one moved."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+from gradio.block_function import BlockFunction
+
+
+if TYPE_CHECKING:
+
+    from neuron_ui.contract.engine_like import EngineLike
+
+logger = logging.getLogger(__name__)
+
+DEVICE = "device"  # the concurrency group of every event that runs the pipeline
+
+
+def current_event() -> tuple[str | None, str | None]:
+    """The Gradio session and event this handler runs for (None, None outside an event).
+
+    Gradio sets them in context variables around every handler (gradio/utils.py, before_fn); they key the
+    request's StopToken, so Stop, /stop and a client's cancel or disconnect find it. tests/test_stop_api.py fails
+    if Gradio moves them."""
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
+
+
+def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
+    """Which inputs of a demo function take files: their positions, and their handler's parameter names (the
+    names /call/v2 bodies use: gradio/routes.py maps them by the function's signature, 6.31). A component takes
+    files when its API schema holds a FileData (gradio_client's value_is_file, as the client decides to upload)."""
+    from gradio_client.utils import value_is_file
+
+    def takes_files(block: Any) -> bool:
+        try:
+            return value_is_file(block.api_info())
+        except Exception:  # noqa: BLE001 - a component without an API schema takes no file
+            return False
+
+    indices = frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
+    parameters = [parameter.name for parameter in _parameters(fn)]
+    return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
+
+
+def input_defaults(fn: BlockFunction) -> list[Any]:
+    """The default of each input of a demo function, from its handler's signature (inspect.Parameter.empty where
+    it has none): a call that leaves out trailing inputs that all have defaults gets those, as a keyword call
+    would (an older client's call, from before a release added an input)."""
+    parameters = _parameters(fn)
+    return [parameters[i].default if i < len(parameters) else inspect.Parameter.empty for i in range(len(fn.inputs))]
+
+
+def _parameters(fn: BlockFunction) -> list[inspect.Parameter]:
+    """The handler's parameters (none when it has no handler, or a signature that cannot be read)."""
+    try:
+        return list(inspect.signature(fn.fn).parameters.values()) if fn.fn is not None else []
+    except (TypeError, ValueError):
+        return []
+
+
+def current_user() -> str | None:
+    """The logged-in user of the event this handler runs for (None without a login, or outside an event).
+
+    Gradio puts the event's gr.Request, username included, in the same context variable as current_event reads
+    (gradio/utils.py before_fn; route_utils.Request.username, 6.31); tests/test_fair_turns.py fails if it moves."""
+    from gradio.context import LocalContext
+
+    return getattr(LocalContext.request.get(None), "username", None)
+
+
+def called_function(demo: gr.Blocks, api_name: str | None, index: object = None) -> BlockFunction | None:
+    """The demo's function a call names: by api_name, else by fn_index (the browser's calls); None if none.
+    Gradio 6.31 keeps them in `Blocks.fns`, a dict by fn_index of BlockFunction (gradio/block_function.py)."""
+    if api_name is not None:
+        return next((fn for fn in demo.fns.values() if fn.api_name == api_name), None)
+    return demo.fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+
+
+def arity_problem(fn: BlockFunction, count: int) -> str | None:
+    """Why a call sending `count` values does not fit the function's inputs (BlockFunction.inputs, 6.31), or None."""
+    if count == len(fn.inputs):
+        return None
+    names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
+    return f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {count}"
+
+
+def runs_on_device(fn: BlockFunction) -> bool:
+    """Whether the function's events wait for the device: its concurrency group (BlockFunction.concurrency_id)."""
+    return fn.concurrency_id == DEVICE
+
+
+NO_FUNCTION = -1  # a fn_index no task is named after
+
+
+async def cancel_event_task(session: str, fn_index: int, event_id: str) -> None:
+    """Cancel one event's task, as Gradio's /cancel means to. Its own cancel_tasks matches the "<session>_<fn>"
+    part of each task's name (gradio/utils.py, 6.31: set_task_name and cancel_tasks), so it also cancelled the
+    client's other running requests of that function, which then never answered (their client waited for its
+    timeout). Task names end in "<gradio-sep><event_id>"; the gate hands Gradio's route NO_FUNCTION instead."""
+    name = f"{session}_{fn_index}<gradio-sep>{event_id}"
+    tasks = [task for task in asyncio.all_tasks() if task.get_name() == name]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def device_events(demo: gr.Blocks) -> int:
+    """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
+    engine's queue or holds the device). server.gate.Gate bounds this by --max-queue + 1."""
+    try:
+        event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
+        return 0 if event_queue is None else len(event_queue.queue) + event_queue.current_concurrency
+    except AttributeError:
+        return device_queue_length(demo)
+
+
+def device_queue_length(demo: gr.Blocks) -> int:
+    """Requests Gradio has accepted for the device and not yet started.
+
+    Gradio 6 has no public call for this. Its queue keeps one EventQueue per concurrency id, whose `queue` list
+    holds the events not yet started (gradio/queueing.py: Queue.event_queue_per_concurrency_id); only this
+    function reads it, and tests/test_load.py fails if Gradio moves it (it compares with /gradio_api/queue/status).
+    """
+    try:
+        event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
+        return 0 if event_queue is None else len(event_queue.queue)
+    except AttributeError:
+        if not _UNREADABLE_QUEUE:
+            _UNREADABLE_QUEUE.append(True)
+            logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
+        return 0
+
+
+_UNREADABLE_QUEUE: list[bool] = []  # warned once
+
+
+def waiting_for_device(demo: gr.Blocks, engine: EngineLike) -> int:
+    """Everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)."""
+    return device_queue_length(demo) + engine.status().queue_depth
+
+
+def known_session(demo: gr.Blocks, session: str) -> bool:
+    """Whether Gradio holds messages for this session: /gradio_api/queue/data for any other started a 200 stream and
+    then broke it. Gradio keeps them per session from its queue/join on (gradio/queueing.py, Queue.push, 6.31)."""
+    return bool(session) and session in demo._queue.pending_messages_per_session
+
+
+def known_event(demo: gr.Blocks, event_id: str) -> bool:
+    """Whether /gradio_api/call/<name>/<event_id> has something to stream: an event in Gradio's queue or running, or
+    one whose result is not yet delivered (the same two places gradio/routes.py simple_predict_get looks, 6.31)."""
+    queue = demo._queue
+    pending = queue.pending_event_ids_session.values()
+    return event_id in queue.event_ids_to_events or any(event_id in ids for ids in pending)
+
+
+def page_names(demo: gr.Blocks) -> set[str]:
+    """The demo's pages ("" for the main one): GET /?page=<other> was a KeyError in Gradio, a 500."""
+    return {page[0] for page in demo.pages}
+
+
+def keyword_problem(demo: gr.Blocks, api_name: str, body: dict) -> str | None:
+    """Why /gradio_api/call/v2/<api_name> cannot take these keyword arguments, or None. Gradio 6.31 maps them with
+    gradio_client's construct_args inside the route, whose TypeError (an unknown name, a required one missing)
+    escaped as a 500 (gradio/routes.py); this applies the same two rules to the same parameter list."""
+    parameters = demo.get_api_info()["named_endpoints"][f"/{api_name}"]["parameters"]
+    names = [p.get("parameter_name") for p in parameters]
+    unknown = sorted(set(body) - set(names) - {"oauth_token"})
+    missing = [name or "?" for name, p in zip(names, parameters)
+               if not p.get("parameter_has_default") and name not in body]
+    if not unknown and not missing:
+        return None
+    takes = f"/{api_name} takes {', '.join(n or '?' for n in names) or 'nothing'} by name"
+    return takes + (f"; not {', '.join(name[:40] for name in unknown[:5])}" if unknown else
+                    f"; {', '.join(missing)} missing")
+
+
+def page_server_calls(demo: gr.Blocks) -> list[str]:
+    """The components' server functions the page would call on /gradio_api/component_server, which the gate refuses.
+    Read from Gradio 6.31's frontend: the ImageEditor calls accept_blobs only when its `realtime` prop is set, which
+    the Python component has no parameter for (so never); FileExplorer.ls and Dialogue.format are always called."""
+    calls = {f"{type(block).__name__}.{name}" for block in demo.blocks.values() for name in dir(type(block))
+             if getattr(getattr(type(block), name, None), "_is_server_fn", False)}
+    return sorted(calls - {"ImageEditor.accept_blobs"})
+
+
+def serve_in_place(folder: Path) -> None:
+    """Gradio serves the files under `folder` where they are: a result outside its own folder (GRADIO_TEMP_DIR) was
+    copied into it, per event, and never removed. gr.set_static_paths is Gradio's public way (6.31: postprocessing
+    skips the copy, the file route allows the folder); its list is the interpreter's, so the gate still refuses a file
+    route naming anything outside this server's own folder (server/gate.py)."""
+    from gradio.data_classes import _StaticFiles
+
+    if Path(folder).resolve() not in _StaticFiles.all_paths:
+        gr.set_static_paths([folder])

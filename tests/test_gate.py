@@ -1,0 +1,85 @@
+"""The gate's seam: it reads of the server only what GateServer names (server/mounted.py), and its file checks get
+their collaborators, so both are built here from plain objects, without a server, Gradio or a model."""
+
+import asyncio
+from dataclasses import dataclass
+
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.files import StoredFiles
+from neuron_ui.server.asgi import folder_prefix
+from neuron_ui.server.file_doors import FileDoors
+from neuron_ui.server.gate import LOADING_PAGE, Gate
+from neuron_ui.server.mounted import GateServer, Mounted
+from neuron_ui.web.uploads import UploadFolder
+
+
+@dataclass
+class Doors:
+    """A GateServer of plain values: what the gate may read of the server, and nothing else."""
+
+    settings: Settings
+    files_prefix: str
+    stored: StoredFiles
+    uploads: UploadFolder
+    mounted: Mounted | None = None
+    draining: bool = False
+    events: int = 0
+
+    def device_events(self) -> int:
+        return self.events
+
+
+def doors(tmp_path, budget: int = 1000) -> Doors:
+    uploads = UploadFolder(tmp_path, budget, retention=60)
+    return Doors(Settings(model="tiny"), folder_prefix(tmp_path), StoredFiles(tmp_path), uploads)
+
+
+def request(gate: Gate, path: str, method: str = "GET", headers: tuple = ()) -> tuple[int, bytes]:
+    """One HTTP request through the gate; the status and body it answers."""
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": path, "method": method, "headers": list(headers), "query_string": b""}
+    asyncio.run(gate(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_the_gate_reads_only_its_doors_while_the_model_loads(tmp_path):
+    reached: list[str] = []
+
+    async def app(scope, receive, send):  # the server's own routes behind the gate
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    server: GateServer = doors(tmp_path)  # the Protocol is all the gate is typed on
+    gate = Gate(app, server)
+    assert request(gate, "/healthz") == (200, b"ok") and reached == ["/healthz"]
+    assert request(gate, "/healthz", "POST")[0] == 405
+    status, body = request(gate, "/")  # nothing mounted: the loading page, and the app behind is never reached
+    assert status == 503 and body == LOADING_PAGE.encode() and reached == ["/healthz"]
+
+
+def test_the_file_checks_take_the_stored_files_and_the_upload_budget_alone(tmp_path):
+    server = doors(tmp_path, budget=1000)
+    files = FileDoors(server.stored, server.uploads, lacks_login=lambda scope: False)
+    own = {"type": "http", "path": "/gradio_api/file=upload/a.png", "headers": []}
+    scope, refusal = files.file_route(own)
+    assert refusal is None and scope["path"] == f"/gradio_api/file={tmp_path.resolve()}/upload/a.png"
+    _, refusal = files.file_route({**own, "path": "/gradio_api/file=/etc/passwd"})
+    assert refusal.status == 403 and "not a file of this app" in refusal.message
+
+    upload = {"type": "http", "path": "/gradio_api/upload", "headers": [(b"content-length", b"2000")]}
+    refusal, answer = asyncio.run(files.admit_upload(upload))
+    assert refusal.status == 413 and answer is None  # over the whole budget
+    refusal, answer = asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
+    assert refusal is None and answer.length == 600 and server.uploads.used == 600
+    refusal, _ = asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
+    assert refusal.status == 507 and "\n" not in refusal.message  # full now: one line, to retry later
+    refused_without_login = FileDoors(server.stored, server.uploads, lacks_login=lambda scope: True)
+    assert asyncio.run(refused_without_login.admit_upload(upload)) == (None, None)  # Gradio refuses it unread
