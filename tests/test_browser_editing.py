@@ -53,8 +53,10 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
     page.locator("#edit-image").click()
     canvas = page.locator("#inpaint-editor canvas").first
     canvas.wait_for()
-    page.locator("#inpaint-editor").get_by_role("button", name="Brush", exact=True).click()
-    page.wait_for_timeout(300)
+    brush = page.locator("#inpaint-editor").get_by_role("button", name="Brush", exact=True)
+    brush.click()
+    # Gradio 6.31 highlights the tool in use: the brush, once the editor has loaded its image (about 2 s here).
+    expect(brush).to_have_class(re.compile(r"\bhighlight\b"))
     box = canvas.bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.3)
     page.mouse.down()

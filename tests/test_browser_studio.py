@@ -6,7 +6,6 @@ The served runner (browser_fixtures.HeldRunner) holds LONG_PROMPT's image after 
 disk-cache load until the test releases it."""
 
 import re
-import time
 
 import pytest
 import serving
@@ -69,6 +68,22 @@ def test_stop_keeps_its_reason_in_every_one_of_twenty_stops(page, app, runner):
     assert len(after_first) == STOPS, f"a stop's line showed twice, or not at all: {after_first}"
 
 
+def wait_for_ticks(page, count: int) -> None:
+    """Until `count` more ticks of the status timer came back. Gradio 6.31 sends a tick (queue=False) as a POST to
+    /gradio_api/run/predict whose fn_index is the tick's event: the timer's tick that refreshes #activity."""
+    tick = page.evaluate("""() => { const config = window.gradio_config;
+        const activity = config.components.find(c => c.props.elem_id === 'activity').id;
+        const timers = new Set(config.components.filter(c => c.type === 'timer').map(c => c.id));
+        return config.dependencies.find(d => d.outputs.includes(activity)
+            && d.targets.some(([id, event]) => timers.has(id) && event === 'tick')).id; }""")
+
+    def is_tick(request) -> bool:
+        return request.url.endswith("/run/predict") and (request.post_data_json or {}).get("fn_index") == tick
+
+    for _ in range(count):
+        page.wait_for_event("requestfinished", predicate=is_tick)
+
+
 def test_no_timer_label_over_refreshed_lines(page):
     page.evaluate("""pattern => {
         window.timerLabels = [];
@@ -78,11 +93,10 @@ def test_no_timer_label_over_refreshed_lines(page):
         } };
         new MutationObserver(look).observe(document.body, {subtree: true, childList: true, characterData: true});
     }""", re.compile(TIMER_LABEL))
-    first_image(page)  # an image, its refresh, and then four ticks of the timer (2 s each)
-    time.sleep(8.5)  # TODO: wait on four ticks of the timer itself (counting its /queue/join requests did not work)
-    page.locator("#stop").click()
+    first_image(page)  # an image and its refresh
+    page.locator("#stop").click()  # a queued event with nothing to stop
     page.locator(".toast-body").filter(has_text="Nothing to stop").first.wait_for()
-    time.sleep(0.5)
+    wait_for_ticks(page, 4)  # and four ticks of the timer, the stop's last message long landed
     labels = page.evaluate("window.timerLabels")
     assert not labels, f"a timer label showed {len(labels)} times: {labels[:3]}"
 
