@@ -125,11 +125,16 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -
 
 
 class GatedRunner(RunnerWrapper):
-    """The engine's runner, recording every pipeline call; hold() keeps the next call off the device until open()."""
+    """The engine's runner, recording every pipeline call (seeds as they start, (seed, start, end) as they end) and
+    when each step ended; hold() keeps the next call (a compile or an image) off the pipeline until open(), and
+    `holding` is set once one waits there."""
 
     def __init__(self, inner):
         super().__init__(inner)
         self.calls: list[tuple[int, float, float]] = []  # (seed, start, end) in the order they ran
+        self.seeds: list[int] = []  # in the order they started
+        self.step_ends: list[float] = []  # time.perf_counter() at the end of each step of an image
+        self.started = threading.Event()  # a call got past the gate
         self.active = self.most_active = 0
         self._lock = threading.Lock()
         self._gate = threading.Event()
@@ -151,8 +156,15 @@ class GatedRunner(RunnerWrapper):
             if not self._gate.is_set():
                 self.holding.set()
                 assert self._gate.wait(TIMEOUT), "the gate was never opened"
+            self.seeds.append(call.seed)
+            self.started.set()
+
+            def timed(pipe, step, timestep, kwargs):
+                self.step_ends.append(time.perf_counter())
+                return callback(pipe, step, timestep, kwargs)
+
             start = time.monotonic()
-            image = self.inner(call, callback)
+            image = self.inner(call, timed if callback else None)
             self.calls.append((call.seed, start, time.monotonic()))
             return image
         finally:

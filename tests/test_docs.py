@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_metrics_table_lists_every_error_kind_the_code_counts():
     source = "\n".join(p.read_text() for p in (ROOT / "neuron_ui").rglob("*.py"))
-    kinds = set(re.findall(r'kind="(\w+)"', source)) | set(re.findall(r'notify\("on_failed", "(\w+)"\)', source))
+    kinds = set(re.findall(r'kind="(\w+)"', source)) | set(re.findall(r'observers\.failed\("(\w+)"\)', source))
     kinds |= {EngineError("x").kind, Stopped("x").kind}
     assert {"stopped", "invalid_request", "generation_failed"} <= kinds
     row = next(line for line in (ROOT / "docs" / "operations.md").read_text().splitlines()

@@ -15,7 +15,7 @@ from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.contract import images
+from neuron_ui.contract.images import UploadLimits
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import GenerateRequest
@@ -115,9 +115,9 @@ def test_truncated_image():
     refused(png(noise(300, 300))[:2000], "truncated or damaged")
 
 
-def test_decompression_bomb(monkeypatch):
-    monkeypatch.setattr(images, "MAX_PIXELS", 1_000_000)
-    refused(png(Image.new("1", (2000, 1000))), "2000x1000 pixels; the limit is 1 megapixels")
+def test_decompression_bomb():
+    refused(png(Image.new("1", (2000, 1000))), "2000x1000 pixels; the limit is 1 megapixels",
+            limits=UploadLimits(max_pixels=1_000_000))
 
 
 def test_pil_bomb_error_is_refused_too(monkeypatch):
@@ -125,11 +125,11 @@ def test_pil_bomb_error_is_refused_too(monkeypatch):
     refused(png(Image.new("1", (1000, 1000))), "too many pixels")
 
 
-def test_upload_over_the_size_limit(monkeypatch, tmp_path):
-    monkeypatch.setattr(images, "MAX_UPLOAD_BYTES", 1000)
+def test_upload_over_the_size_limit(tmp_path):
     path = tmp_path / "big.png"
     path.write_bytes(png(noise(200, 200)))
-    refused(str(path), "larger than the .* MB limit")
+    refused(str(path), "larger than the .* MB limit", limits=UploadLimits(max_bytes=1000))
+    refused(path.read_bytes(), "larger than the .* MB limit", limits=UploadLimits(max_bytes=1000))
 
 
 def test_missing_file_and_wrong_type():

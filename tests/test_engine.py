@@ -7,12 +7,30 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import SMALL_PRESETS
 from serving import GatedRunner
 
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.ui.words import status_rows
+
+
+@pytest.fixture(scope="module")
+def checking_engine(tmp_path_factory):
+    """One engine for the tests that never reach the device (a refused request, the interface): it compiles
+    nothing, so it is shared; building one per test cost more than the test."""
+    from neuron_ui.cache.manifest import CacheManifest
+    from neuron_ui.config.cache_paths import configure_cache_env
+    from neuron_ui.config.resolutions import parse_resolutions
+    from neuron_ui.engine.engine import Engine
+    from neuron_ui.model.loading import LoadedModel
+    from neuron_ui.model.tiny import build_tiny_pipeline
+
+    cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
+    return Engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
+                  presets=parse_resolutions(SMALL_PRESETS), backend="eager", cache=cache,
+                  manifest=CacheManifest(cache.manifest))
 
 
 def gen(engine, resolution="256x256", prompt="a lighthouse", **kw):
@@ -167,7 +185,7 @@ def test_waiting_is_reported_while_another_request_runs(make_engine):
     waiter = threading.Thread(
         target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append), daemon=True)
     waiter.start()
-    waiter.join(timeout=0.5)
+    wait_until(lambda: engine.status().queue_depth == 1)  # it waits for the device
     assert engine.status().busy
     engine.runner.open()
     other.join(timeout=60)
@@ -215,8 +233,8 @@ def test_status_after_restart_reports_cached_shapes_with_their_compile_time(make
         ("guidance", float("inf"), "guidance must be a number from 0 to 20"),
     ],
 )
-def test_bad_requests_name_the_allowed_values(make_engine, field, value, fragment):
-    engine = make_engine()
+def test_bad_requests_name_the_allowed_values(checking_engine, field, value, fragment):
+    engine = checking_engine
     request = GenerateRequest("a cat", "256x256", seed=1)
     setattr(request, field, value)
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
@@ -315,10 +333,10 @@ def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
     assert (valid.steps, valid.guidance) == (50, 4.0)
 
 
-def test_the_engine_offers_the_whole_interface_the_ui_uses(make_engine):
+def test_the_engine_offers_the_whole_interface_the_ui_uses(checking_engine):
     from conftest import missing_engine_members
 
-    assert missing_engine_members(make_engine()) == []
+    assert missing_engine_members(checking_engine) == []
 
 
 def test_moving_the_model_logs_no_warning_about_an_empty_list_of_float32_modules(make_engine):
@@ -337,3 +355,55 @@ def test_moving_the_model_logs_no_warning_about_an_empty_list_of_float32_modules
         models.removeHandler(handler)
     assert not [m for m in seen if "float32: []" in m], seen
     assert seen == ["There are modules in X that should be kept in float32: ['norm']. Casting directly ..."]
+
+
+def test_observers_are_told_through_typed_methods_and_a_broken_one_fails_nothing(caplog):
+    import logging
+
+    from neuron_ui.contract.engine_like import Observers
+
+    heard = []
+
+    class Recording:
+        def on_generated(self, result):
+            heard.append(("generated", result))
+
+        def on_compiled(self, resolution, event, seconds):
+            heard.append(("compiled", resolution, event, seconds))
+
+        def on_failed(self, kind):
+            heard.append(("failed", kind))
+
+    class Broken(Recording):
+        def on_failed(self, kind):
+            raise RuntimeError("a bug in an observer")
+
+    observers = Observers()
+    observers.add(Broken())
+    observers.add(Recording())
+    observers.generated("result")
+    observers.compiled("256x256", "compiled", 1.5)
+    with caplog.at_level(logging.ERROR):
+        observers.failed("stopped")  # the broken one is logged, the next one still told
+    assert heard == [("generated", "result")] * 2 + [("compiled", "256x256", "compiled", 1.5)] * 2 + [
+        ("failed", "stopped")]
+    assert "failed in on_failed" in caplog.text
+
+
+def test_each_number_field_is_one_range_check_and_the_ui_asks_the_same():
+    from neuron_ui.contract.requests import GUIDANCE, SEED, STEPS, STRENGTH, STYLE_SCALE
+
+    assert STEPS.check(3.0) == 3 and isinstance(STEPS.check(3.0), int)  # a number box's 3.0 is a whole number
+    assert GUIDANCE.check(2) == 2.0 and isinstance(GUIDANCE.check(2), float)
+    assert STRENGTH.accepts(1) and not STRENGTH.accepts(0)  # above 0: at least one step runs
+    assert not any(field.accepts(value) for field in (STEPS, SEED, GUIDANCE, STRENGTH, STYLE_SCALE)
+                   for value in (True, "1", float("nan"), float("inf"), None, -1))
+    with pytest.raises(ValueError, match="^strength must be a number above 0 and at most 1, got 0$"):
+        STRENGTH.check(0)
+
+
+def test_the_engine_and_a_follower_derive_one_compile_key_and_layouts(checking_engine):
+    from neuron_ui.engine.setup import compile_plan
+
+    key, layouts = compile_plan("tiny", "regional", "eager", "float32", 1, checking_engine.presets)
+    assert key == checking_engine.key and layouts.all() == checking_engine.allowed.all()

@@ -13,7 +13,7 @@ from PIL import Image
 from test_png import result
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.ui import session as sessions
+from neuron_ui.ui.history import clean_history
 from neuron_ui.web.files import IMAGE_NAME, IMAGES, ImageStore, build_image_store, private_file_folder
 
 
@@ -65,23 +65,45 @@ def test_a_cache_folder_that_cannot_hold_images_gets_a_private_folder_and_one_wa
     assert os.path.isfile(store.save(image()))
 
 
-def full_disk(made, folder, monkeypatch):
-    """`made` cannot be written into `folder` (ENOSPC after half a file), elsewhere as usual."""
-    save = made.save_png
+class ShortOfRoom:
+    """A file on a full disk: its first write lands, the next fails with ENOSPC."""
 
-    def short_of_room(path, fast=False):
-        if Path(path).parent == folder:
-            Path(path).write_bytes(b"\x89PNG half")
+    def __init__(self, file):
+        self.file, self.writes = file, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+    def write(self, data: bytes) -> int:
+        self.writes += 1
+        if self.writes > 1:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return save(path, fast)
+        return self.file.write(data)
 
-    monkeypatch.setattr(made, "save_png", short_of_room)
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+
+def full_disk(folder, monkeypatch):
+    """No file can be written whole into `folder` (ENOSPC after its first bytes), elsewhere as usual: the disk is
+    what is patched (pathlib's open), not the code that writes."""
+    real_open = Path.open
+
+    def opened(path, mode="r", *args, **kwargs):
+        file = real_open(path, mode, *args, **kwargs)
+        return ShortOfRoom(file) if "w" in mode and path.parent == folder else file
+
+    monkeypatch.setattr(Path, "open", opened)
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch):
     store = ImageStore(tmp_path / "images")
     made = image()
-    full_disk(made, store.folder, monkeypatch)
+    full_disk(store.folder, monkeypatch)
     with pytest.raises(EngineError, match="^the image was made but the server's disk is full") as error:
         store.save(made)
     assert "\n" not in str(error.value) and str(tmp_path) not in str(error.value)
@@ -91,7 +113,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch):
 def test_a_full_cache_disk_keeps_images_in_the_private_folder_until_there_is_room(tmp_path, monkeypatch, caplog):
     store = build_image_store(tmp_path / "cache", keep=2)
     made = image()
-    full_disk(made, store.folder, monkeypatch)
+    full_disk(store.folder, monkeypatch)
     with caplog.at_level(logging.WARNING):
         spilled = [store.save(made) for _ in range(3)]
     assert len([r for r in caplog.records if "no room for images" in r.message]) == 1
@@ -117,13 +139,13 @@ def test_a_restored_history_keeps_entries_whose_images_are_there_and_drops_the_r
     history = [{"path": kept, "seed": 1, "resolution": "32x16", "references": [kept, "a" * 64 + "/ref.png", "gone.png"],
                 "editor": {"background": kept, "layers": []}},
                {"path": pruned, "seed": 2, "resolution": "32x16"},
-               {"path": "images-3f2a/00001-0123abcd-32x16-seed1.png", "seed": 3, "resolution": "32x16"},  # another version
+               {"path": "images-3f2a/00001-0123abcd-32x16-seed1.png", "seed": 3, "resolution": "32x16"},  # old folder
                {"path": f"{store.served.name}/../session-secret", "seed": 4, "resolution": "32x16"},
                {"path": str(store.folder / os.path.basename(kept)), "seed": 5, "resolution": "32x16"},  # the target
                {"path": str(upload), "seed": 6, "resolution": "32x16"}]  # an upload is not a result
-    cleaned = sessions.clean_history(history, store.folder, private, 10)
-    assert [entry["seed"] for entry in cleaned] == [1]
+    cleaned = clean_history(history, store.folder, private, 10)
+    assert [entry.seed for entry in cleaned] == [1]
     entry = cleaned[0]
-    assert entry["path"] == str(private / kept)  # named under the private folder, not the link's target
-    assert entry["references"] == [str(private / kept), str(upload)]
-    assert entry["editor"]["background"] == str(private / kept)
+    assert entry.path == str(private / kept)  # named under the private folder, not the link's target
+    assert entry.references == (str(private / kept), str(upload))
+    assert entry.editor is not None and entry.editor.background == str(private / kept)

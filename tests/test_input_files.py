@@ -82,29 +82,39 @@ def test_a_device_is_refused_unread():
 # -- decoding: within the budget, no wide copies -------------------------------------------------------------------
 
 
-def test_at_most_two_images_are_decoded_at_once(monkeypatch):
-    """Six large images at once, from six threads: they are decoded two at a time."""
-    data = png(Image.new("RGB", (1000, 1000), (10, 20, 30)))
+def test_at_most_two_images_are_decoded_at_once():
+    """Six images at once, from six threads: they are decoded two at a time. Each decode (decoded() copies an
+    in-memory image) is counted and held until the test has seen two in and no third get in."""
     active, most = [0], [0]
-    lock = threading.Lock()
-    load = images._load
+    changed, release = threading.Condition(), threading.Event()
 
-    def counted(image, role, notes):
-        with lock:
-            active[0] += 1
-            most[0] = max(most[0], active[0])
-        time.sleep(0.1)
-        try:
-            load(image, role, notes)
-        finally:
-            with lock:
-                active[0] -= 1
+    class Held(Image.Image):
+        def copy(self):
+            with changed:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+                changed.notify_all()
+            release.wait(30)
+            try:
+                return super().copy()
+            finally:
+                with changed:
+                    active[0] -= 1
+                    changed.notify_all()
 
-    monkeypatch.setattr(images, "_load", counted)
-    workers = [threading.Thread(target=refs.fit_reference, args=(data, parse_resolution("256x256")))
+    def held() -> Image.Image:
+        image = Image.new("RGB", (64, 64), (10, 20, 30))
+        image.__class__ = Held  # this test's own image: its decode is the counted copy
+        return image
+
+    workers = [threading.Thread(target=refs.fit_reference, args=(held(), parse_resolution("256x256")))
                for _ in range(6)]
     for worker in workers:
         worker.start()
+    with changed:
+        assert changed.wait_for(lambda: active[0] == images.DECODERS, 30)  # two decode now...
+        assert not changed.wait_for(lambda: active[0] > images.DECODERS, 0.5)  # ... and no third gets in
+    release.set()
     for worker in workers:
         worker.join(30)
     assert most[0] == images.DECODERS == 2

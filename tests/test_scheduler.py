@@ -16,9 +16,13 @@ def take(queue: DeviceQueue, kind: str, log: list, name) -> threading.Thread:
     return thread
 
 
-def wait_for_waiting(queue, n):
-    while queue.waiting < n:
+def wait_until(condition):
+    while not condition():
         time.sleep(0.001)
+
+
+def wait_for_waiting(queue, n):
+    wait_until(lambda: queue.waiting >= n)
 
 
 def test_users_are_served_first_come_first_served():
@@ -37,7 +41,7 @@ def test_background_work_yields_to_a_waiting_user():
     queue, order = DeviceQueue(), []
     with queue.user():
         background = take(queue, "background", order, "background")
-        time.sleep(0.05)  # the background work asked first
+        wait_until(lambda: queue.background_waiting == 1)  # the background work asked first
         user = take(queue, "user", order, "user")
         wait_for_waiting(queue, 1)
     user.join(timeout=10)

@@ -5,47 +5,13 @@ import threading
 import time
 
 import pytest
+from serving import GatedRunner
 
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import DISCONNECTED, SessionStops, Stopped, StopToken
-from neuron_ui.model.runner import RunnerWrapper
 from neuron_ui.ui.words import describe_result
 
 LONG = 100  # steps: a request that runs for seconds on the tiny model
-
-
-class StepClock(RunnerWrapper):
-    """The engine's runner, recording when each step ended and which seeds ran; hold() keeps the next call
-    (a compile or an image) off the pipeline until open()."""
-
-    def __init__(self, inner):
-        super().__init__(inner)
-        self.seeds: list[int] = []
-        self.step_ends: list[float] = []
-        self.started = threading.Event()
-        self.holding = threading.Event()
-        self._gate = threading.Event()
-        self._gate.set()
-
-    def hold(self):
-        self.holding.clear()
-        self._gate.clear()
-
-    def open(self):
-        self._gate.set()
-
-    def __call__(self, call, callback=None):
-        if not self._gate.is_set():
-            self.holding.set()
-            assert self._gate.wait(60), "never opened"
-        self.seeds.append(call.seed)
-        self.started.set()
-
-        def timed(pipe, step, timestep, kwargs):
-            self.step_ends.append(time.perf_counter())
-            return callback(pipe, step, timestep, kwargs) if callback else {}
-
-        return self.inner(call, timed)
 
 
 def in_thread(fn, *args, **kwargs):
@@ -72,7 +38,7 @@ def wait_until(predicate, what, timeout=60.0):
 
 @pytest.fixture
 def eager(make_engine):
-    engine = make_engine(compile_mode="eager", wrap_runner=StepClock)
+    engine = make_engine(compile_mode="eager", wrap_runner=GatedRunner)
     clock = engine.runner
     return engine, clock
 
@@ -119,7 +85,7 @@ def test_a_queued_request_that_is_stopped_never_runs(eager):
 
 
 def test_a_stop_during_a_compile_lets_the_size_finish_and_makes_no_image(make_engine):
-    engine = make_engine(wrap_runner=StepClock)  # regional compile on the eager backend: a compile that can be held
+    engine = make_engine(wrap_runner=GatedRunner)  # regional compile on the eager backend: a compile that can be held
     clock = engine.runner
     clock.hold()
     token = StopToken()
@@ -148,7 +114,7 @@ def test_a_disconnect_does_not_stop_a_compile_but_a_stop_does():
 
 
 def test_a_waiting_user_hears_the_compile_ahead_then_the_images_ahead_and_the_wait_is_kept_apart(make_engine):
-    engine = make_engine(wrap_runner=StepClock)
+    engine = make_engine(wrap_runner=GatedRunner)
     clock = engine.runner
     engine.generate(GenerateRequest("x", "256x256", steps=1, seed=1))  # 256x256 ready and its latency measured
     clock.hold()  # the next compile (512x512, someone else's) holds the device

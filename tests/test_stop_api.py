@@ -7,7 +7,8 @@ import httpx
 import pytest
 from gradio_client.exceptions import AppError
 from serving import TIMEOUT, connect, served, wait_until
-from test_stop import LONG, StepClock
+from serving import GatedRunner
+from test_stop import LONG
 
 from neuron_ui.web.gradio_bridge import current_event
 
@@ -15,7 +16,7 @@ from neuron_ui.web.gradio_bridge import current_event
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stop")
-    with served(folder / "cache", "--max-queue", "4", wrap_runner=StepClock) as s:
+    with served(folder / "cache", "--max-queue", "4", wrap_runner=GatedRunner) as s:
         s.engine.warmup("256x256")
         s.clock = s.runner
         s.clock.seeds.clear()  # the tests look at requests' seeds and steps only, not the warmup's

@@ -104,7 +104,7 @@ def sequence(engine):
 
 def test_every_switch_is_a_memory_hit_and_compiles_nothing(sequence, files):
     assert sequence["base"].cache_event == "compiled"
-    for label, lora, scale in SWITCHES[1:]:
+    for label, lora, _scale in SWITCHES[1:]:
         result = sequence[label]
         assert result.cache_event == MEMORY_HIT, label
         assert result.lora == lora
@@ -339,6 +339,7 @@ def test_style_controls_restore_only_loaded_styles_and_sane_strengths():
 
     import gradio as gr
 
+    from neuron_ui.ui.history import HistoryEntry
     from neuron_ui.ui.styles import StyleHandlers, request_style
 
     engine = SimpleNamespace(status=lambda: SimpleNamespace(styles=[{"name": "ink", "default_scale": 0.8}]))
@@ -346,7 +347,8 @@ def test_style_controls_restore_only_loaded_styles_and_sane_strengths():
     assert handlers.on_restore({"style": "ink", "strength": 1.5}) == ("ink", 1.5)
     assert handlers.on_restore({"style": "ink", "strength": "9; drop"}) == ("ink", 0.8)  # its default instead
     assert handlers.on_restore({"style": "../../etc/passwd"}) == (gr.skip(), gr.skip())
-    history = [{"lora": "ink", "lora_scale": 0.3}, {"lora": "gone", "lora_scale": 1.0}, {"lora": None}]
+    history = [HistoryEntry("a.png", "", "p", "256x256", 1, lora=lora, lora_scale=scale)
+               for lora, scale in (("ink", 0.3), ("gone", 1.0), (None, None))]
     picks = [handlers.on_select(history, SimpleNamespace(index=i)) for i in range(3)]
     assert picks == [("ink", 0.3), ("None", gr.skip()), ("None", gr.skip())]
     assert handlers.on_style("ink") == 0.8

@@ -64,8 +64,12 @@ def take(queue: DeviceQueue, log: list, name: str, visitor: str | None, stop: St
 
 
 def wait_for_waiting(queue: DeviceQueue, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while queue.waiting < n:
+    wait_until(lambda: queue.waiting >= n)
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.001)
 
@@ -140,7 +144,7 @@ def test_background_work_waits_while_any_visitor_waits_and_the_device_is_never_i
     with queue.user(visitor="A"):
         warm = threading.Thread(target=background, daemon=True)
         warm.start()
-        time.sleep(0.05)  # the warm-up asked first
+        wait_until(lambda: queue.background_waiting == 1)  # the warm-up asked first
         threads = [take(queue, log, "a1", "A", seconds=0.05), take(queue, log, "b0", "B")]
         wait_for_waiting(queue, 2)
     for thread in [*threads, warm]:

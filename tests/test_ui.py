@@ -5,7 +5,7 @@ import json
 import re
 import subprocess
 import sys
-import time
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +29,9 @@ from neuron_ui.ui.editing import EditingHandlers
 from neuron_ui.web.errors import public_status, user_errors
 from neuron_ui.web.files import ImageStore
 from neuron_ui.web.gradio_bridge import DEVICE
-from neuron_ui.ui.handlers import HISTORY_SIZE, Handlers
+from neuron_ui.ui.handlers import Handlers
+from neuron_ui.ui.history import EditorValue, HistoryEntry, clean_history
+from neuron_ui.ui.session_events import HISTORY_SIZE
 from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.words import (
     TABLE_HEADERS,
@@ -69,18 +71,22 @@ def select(index: int) -> gr.SelectData:
     return gr.SelectData(None, {"index": index, "value": None})
 
 
-def fake_entry(folder: Path, seed: int, resolution: str = "256x256", prompt: str = "old") -> dict:
+def fake_entry(folder: Path, seed: int, resolution: str = "256x256", prompt: str = "old") -> HistoryEntry:
     path = folder / f"old-{seed}.png"
     Image.new("RGB", (8, 8)).save(path)
-    return {"path": str(path), "info": f"seed {seed}", "cache_event": "memory_hit", "prompt": prompt,
-            "resolution": resolution, "steps": 3, "seed": seed, "guidance": 1.0}
+    return HistoryEntry(str(path), f"seed {seed}", prompt, resolution, seed, steps=3, guidance=1.0,
+                        cache_event="memory_hit")
+
+
+def held_entry(path: str) -> HistoryEntry:
+    return HistoryEntry(path, "", "a fox", "256x256", 1)
 
 
 def test_generate_compiles_a_new_size_then_hits_the_cache(handlers):
     path, info, seed, history, gallery = handlers.on_generate("a red fox", "256x256", 2, 0, True, 1.0, [])
     assert "compiled in" in info and f"**seed** {seed}" in info and "**256x256**" in info
     assert isinstance(seed, int) and 0 <= seed < 2**32
-    assert history[0]["seed"] == seed and history[0]["cache_event"] == "compiled"
+    assert history[0].seed == seed and history[0].cache_event == "compiled"
     assert gallery == [(path, "256x256")]
     # The PNG the user downloads carries its own parameters.
     saved = Image.open(path)
@@ -90,7 +96,7 @@ def test_generate_compiles_a_new_size_then_hits_the_cache(handlers):
     path2, info2, seed2, history2, gallery2 = handlers.on_generate("a red fox", "256x256", 2, 42, False, 1.0, history)
     assert re.search(r" · cache hit, \d+\.\d\d s$", info2), info2
     assert seed2 == 42
-    assert [e["seed"] for e in history2] == [42, seed]  # newest first
+    assert [e.seed for e in history2] == [42, seed]  # newest first
     assert [item[0] for item in gallery2] == [path2, path]
 
 
@@ -117,8 +123,8 @@ def test_variations_use_consecutive_seeds_at_one_shape(handlers, engine):
     assert len(steps) == 3  # one update per finished image
     assert [len(step[3]) for step in steps] == [1, 2, 3]  # the variations gallery grows as images finish
     history = steps[-1][4]
-    assert [e["seed"] for e in history] == [102, 101, 100]
-    assert {e["cache_event"] for e in history} == {"memory_hit"}  # batch 1, same shape: nothing recompiled
+    assert [e.seed for e in history] == [102, 101, 100]
+    assert {e.cache_event for e in history} == {"memory_hit"}  # batch 1, same shape: nothing recompiled
     assert [step[2] for step in steps] == [100, 101, 102]  # the seed box shows the seed of the image shown
     assert engine.status().shape("256x256").compile_seconds == compiled_before
 
@@ -150,7 +156,7 @@ def test_history_select_restores_parameters(handlers, tmp_path):
     prompt, resolution, steps, seed, randomize, image, info, refs, ref_size, fit, editor, strength = \
         handlers.on_select(history, select(1))
     assert (prompt, resolution, steps, seed, randomize) == ("older", "256x384", 3, 5, False)
-    assert image == history[1]["path"] and info == "seed 5"
+    assert image == history[1].path and info == "seed 5"
     # A plain image empties the references and leaves the inpaint editor alone.
     assert refs is None and ref_size == gr.skip() and fit == "crop" and editor == strength == gr.skip()
 
@@ -159,8 +165,8 @@ def test_history_is_capped_and_newest_first(handlers, tmp_path):
     history = [fake_entry(tmp_path, seed) for seed in range(HISTORY_SIZE)]
     *_, new_history, gallery = handlers.on_generate("a red fox", "256x256", 1, 999, False, 1.0, history)
     assert len(new_history) == len(gallery) == HISTORY_SIZE
-    assert new_history[0]["seed"] == 999 and new_history[1]["seed"] == 0
-    assert HISTORY_SIZE - 1 not in [e["seed"] for e in new_history]  # the oldest fell off
+    assert new_history[0].seed == 999 and new_history[1].seed == 0
+    assert HISTORY_SIZE - 1 not in [e.seed for e in new_history]  # the oldest fell off
 
 
 def test_reuse_last_seed(handlers, tmp_path):
@@ -252,21 +258,22 @@ def test_progress_maps_engine_stages_onto_gradio():
                      (0.25, "image 2/4: step 1/4"), (1.0, "image 2/4: decoding the image")]
 
 
-def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent(monkeypatch):
+def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent():
     """While a size compiles the bar moves with the time elapsed, labelled as an estimate (or as a guess)."""
-    monkeypatch.setattr("neuron_ui.web.progress.TICK_SECONDS", 0.05)
     calls, waits = [], []
     clock = [100.0]
-    monkeypatch.setattr("neuron_ui.web.progress.time.monotonic", lambda: clock[0])
-    with ProgressReporter(lambda fraction, desc, **kw: calls.append((fraction, desc)),
-                             on_compile=waits.append) as report:
+    half_way = threading.Event()
+
+    def progress(fraction, desc, **kw):
+        calls.append((fraction, desc))
+        if "30 s of about 60 s" in desc:
+            half_way.set()
+
+    with ProgressReporter(progress, on_compile=waits.append, clock=lambda: clock[0], tick=0.05) as report:
         report(ProgressUpdate("compiling", "compiling 512x512 for the first time (about 60 s, a guess)",
                               phase="compiling", estimate_seconds=60.0, guess=True))
         clock[0] = 130.0
-        deadline = time.time() + 10
-        while not any("30 s of about 60 s" in desc for _, desc in calls):
-            assert time.time() < deadline, calls
-            time.sleep(0.01)
+        assert half_way.wait(10), calls  # the ticker re-reports the compile with the time elapsed
         assert waits and waits[-1] is not None  # every browser's "now" line hears the compile
     assert waits[-1] is None  # ... and that it is over
     fraction, desc = next(c for c in calls if "30 s of" in c[1])
@@ -382,7 +389,7 @@ def test_a_reload_finds_the_form_the_history_and_the_image_finished_meanwhile(ha
         handlers.on_restore(kept)
     assert session2["id"] == session["id"]
     assert (prompt, resolution, steps, seed, randomize, guidance) == ("a red fox", "384x256", 2, 7, False, 1.0)
-    assert [e["seed"] for e in history] == [7] and image == history[0]["path"] and "**seed** 7" in info
+    assert [e.seed for e in history] == [7] and image == history[0].path and "**seed** 7" in info
     assert gallery == [(image, "384x256")]
 
     # Another browser (another id) finds nothing of it.
@@ -404,8 +411,8 @@ def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
                   "not a dict"]}
     session, *form, history, gallery, image, info, _ = handlers.on_restore(forged)
     assert form == [gr.skip()] * 5 + [2.0]  # only the well-formed guidance is kept
-    assert [e["path"] for e in history] == [ours] and image == ours
-    assert history[0]["references"] == [] and "editor" not in history[0]
+    assert [e.path for e in history] == [ours] and image == ours
+    assert history[0].references == () and history[0].editor is None
 
 
 def test_held_results_are_bounded_in_time_and_count(tmp_path):
@@ -415,16 +422,16 @@ def test_held_results_are_bounded_in_time_and_count(tmp_path):
     for index in range(5):
         images.append(tmp_path / f"{index}.png")
         images[-1].write_bytes(b"png")
-        held.hold(f"session-{index:012d}", {"path": str(images[-1])})
+        held.hold(f"session-{index:012d}", held_entry(str(images[-1])))
     assert len(held) == 3  # the first three are owed their images: the newcomers are not held
-    assert [e["path"] for e in held.results("session-000000000000")] == [str(images[0])]
+    assert [e.path for e in held.results("session-000000000000")] == [str(images[0])]
     assert held.results("session-000000000004") == []
     images[1].unlink()  # the store dropped session 1's image: it is owed nothing now, its room goes first
-    held.hold("session-000000000004", {"path": str(images[4])})
+    held.hold("session-000000000004", held_entry(str(images[4])))
     assert held.results("session-000000000001") == [] and len(held.results("session-000000000004")) == 1
     for index in range(4):
-        held.hold("session-000000000004", {"path": f"again-{index}.png"})
-    assert [e["path"] for e in held.results("session-000000000004")] == ["again-3.png", "again-2.png"]
+        held.hold("session-000000000004", held_entry(f"again-{index}.png"))
+    assert [e.path for e in held.results("session-000000000004")] == ["again-3.png", "again-2.png"]
     clock[0] = 601.0  # ten minutes on: nothing is owed any more
     held.start("session-000000000009", "512x512")  # a long compile is never dropped while it runs
     clock[0] = 1300.0
@@ -435,7 +442,7 @@ def test_held_results_are_bounded_in_time_and_count(tmp_path):
     assert held.error("session-000000000009") is None  # then stale
     clock[0] = 2000.0
     assert len(held) == 0
-    held.hold(None, {"path": "nobody.png"})  # no session id: nothing held
+    held.hold(None, held_entry("nobody.png"))  # no session id: nothing held
     assert len(held) == 0
 
 
@@ -449,11 +456,11 @@ def test_a_flood_of_bad_requests_with_new_session_ids_holds_nothing_and_evicts_n
     for index in range(300):
         with pytest.raises(gr.Error):
             handlers.on_generate("", "256x256", 1, 5, False, 1.0, [], session={"id": f"stranger-{index:09d}"})
-    assert len(handlers.held) == 1 and [e["seed"] for e in handlers.held.results(alice["id"])] == [5]
-    assert "prompt is empty" in asyncio.run(handlers.on_failed({"id": "stranger-000000299"}))  # the error line still shows
+    assert len(handlers.held) == 1 and [e.seed for e in handlers.held.results(alice["id"])] == [5]
+    assert "prompt is empty" in asyncio.run(handlers.on_failed({"id": "stranger-000000299"}))  # the line still shows
     for index in range(12):
         handlers.on_generate("a cat", "256x256", 1, index, False, 1.0, [], session={"id": f"valid-{index:012d}"})
-    assert len(handlers.held) == 8 and [e["seed"] for e in handlers.held.results(alice["id"])] == [5]
+    assert len(handlers.held) == 8 and [e.seed for e in handlers.held.results(alice["id"])] == [5]
 
 
 def test_a_forged_made_in_the_history_sorts_as_zero(handlers):
@@ -461,20 +468,47 @@ def test_a_forged_made_in_the_history_sorts_as_zero(handlers):
     ours = handlers.store.save(result_with("memory_hit"))
     entry = {"path": ours, "seed": 1, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1}
     forged = {"id": "f" * 20, "history": [{**entry, "made": "x"}, {**entry, "made": 1.0}, {**entry, "made": None}]}
-    assert [e["made"] for e in handlers.on_restore(forged)[7]] == [1.0, 0.0, 0.0]
+    assert [e.made for e in handlers.on_restore(forged)[7]] == [1.0, 0.0, 0.0]
 
 
-def test_a_huge_history_is_cut_before_it_is_cleaned(handlers, monkeypatch):
-    """A megabyte of history entries costs no more than the 24 kept: clean_entry is counted, so the test says the
-    cut, not the machine's speed (every entry was cleaned first: 0.7 s of CPU for 1 MB)."""
+def test_a_huge_history_is_cut_before_it_is_cleaned(handlers):
+    """A megabyte of history entries costs no more than the 24 kept: the entries read are counted, so the test says
+    the cut, not the machine's speed (every entry was cleaned first: 0.7 s of CPU for 1 MB)."""
     ours = handlers.store.save(result_with("memory_hit"))
     entry = {"path": ours, "seed": 1, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1, "made": 1.0,
              "references": ["/x"] * 100}
     huge = {"id": "h" * 20, "history": [entry] * 3000}
     assert len(json.dumps(huge)) > 1_000_000
-    cleaned, original = [], sessions.clean_entry
-    monkeypatch.setattr(sessions, "clean_entry", lambda *args: cleaned.append(1) or original(*args))
-    assert len(handlers.on_restore(huge)[7]) == HISTORY_SIZE and len(cleaned) == HISTORY_SIZE
+    cleaned: list[int] = []
+
+    def counted(*args):
+        cleaned.append(1)
+        return HistoryEntry.from_json(*args)
+
+    kept = clean_history(huge["history"], handlers.store.folder, handlers.uploads, HISTORY_SIZE, read=counted)
+    assert len(kept) == HISTORY_SIZE and len(cleaned) == HISTORY_SIZE
+    assert len(handlers.on_restore(huge)[7]) == HISTORY_SIZE  # the restore reads through clean_history
+
+
+def test_history_entries_round_trip_through_the_browser_and_old_ones_load_or_drop(handlers, tmp_path):
+    """The browser keeps entries as JSON (HistoryEntry.to_json); one written by this version comes back equal, one
+    written before styles and editing (no lora, mode, fit, references) loads with their defaults, and one that
+    cannot be restored (no seed, a size that is no text) is dropped, its neighbours kept."""
+    ours = handlers.store.save(result_with("memory_hit"))
+    editor = EditorValue(ours, (ours,))
+    entry = HistoryEntry(ours, "info", "a fox", "256x256", 7, steps=2, guidance=1.0, mode="inpaint", strength=0.5,
+                         lora="ink", lora_scale=0.3, cache_event="compiled", made=5.0, references=(ours,),
+                         reference_size="512x512", fit="pad", editor=editor)
+    stored = json.loads(json.dumps(entry.to_json()))  # as the browser's storage gives it back
+    assert HistoryEntry.from_json(stored, handlers.store.folder, handlers.uploads) == entry
+    older = {"path": ours, "info": "seed 3", "cache_event": "compiled", "prompt": "a cat", "resolution": "256x256",
+             "steps": 4, "seed": 3, "guidance": 1.0, "made": 4.0}
+    broken = [{**older, "seed": None}, {**older, "resolution": 256}, {**older, "steps": "many", "seed": 1}]
+    restored = handlers.on_restore({"id": "o" * 20, "history": [stored, older, *broken]})[7]
+    assert [e.seed for e in restored] == [7, 3, 1]  # newest first; the last kept without its malformed steps
+    assert restored[1] == HistoryEntry(ours, "seed 3", "a cat", "256x256", 3, steps=4, guidance=1.0,
+                                       cache_event="compiled", made=4.0)
+    assert restored[2].steps is None and handlers.on_select(restored, select(2))[2] == gr.skip()
 
 
 def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
@@ -485,7 +519,7 @@ def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
     assert handlers.on_collect(session, []) == (gr.skip(),) * 6  # still running: the timer goes on
     handlers.on_generate("a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
     image, info, seed, history, gallery, collect = handlers.on_collect(session, [])
-    assert seed == 11 and image == history[0]["path"] and "**seed** 11" in info and len(gallery) == 1
+    assert seed == 11 and image == history[0].path and "**seed** 11" in info and len(gallery) == 1
     assert collect.active is False  # shown once, then the timer stops
     *_, collect = handlers.on_collect({"id": "n" * 20}, [])  # nothing asked, nothing running: stop
     assert collect.active is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ class EngineObserver(Protocol):
 
 
 class Observers:
-    """An engine's observers, told in turn; an observer's bug never fails a user's request."""
+    """An engine's observers, told in turn through one typed method per event; an observer's bug never fails a
+    user's request."""
 
     def __init__(self) -> None:
         self._observers: list[EngineObserver] = []
@@ -34,12 +36,21 @@ class Observers:
     def add(self, observer: EngineObserver) -> None:
         self._observers.append(observer)
 
-    def notify(self, method: str, *args: Any) -> None:
+    def generated(self, result: GenerateResult) -> None:
+        self._tell("on_generated", lambda observer: observer.on_generated(result))
+
+    def compiled(self, resolution: str, event: str, seconds: float) -> None:
+        self._tell("on_compiled", lambda observer: observer.on_compiled(resolution, event, seconds))
+
+    def failed(self, kind: str) -> None:
+        self._tell("on_failed", lambda observer: observer.on_failed(kind))
+
+    def _tell(self, what: str, call: Callable[[EngineObserver], None]) -> None:
         for observer in self._observers:
             try:
-                getattr(observer, method)(*args)
+                call(observer)
             except Exception:
-                logger.exception("observer %r failed in %s", observer, method)
+                logger.exception("observer %r failed in %s", observer, what)
 
 
 class EngineLike(Protocol):

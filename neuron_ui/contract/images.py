@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, ParamSpec, TypeVar
 
@@ -41,6 +42,17 @@ _CHUNK = 1 << 20
 _HEAD = 4096  # what is kept of a file's start to say what it is when it is not an image
 
 
+@dataclass(frozen=True)
+class UploadLimits:
+    """What one input may cost: its file's bytes, and its pixels (checked from the header, before decoding)."""
+
+    max_bytes: int = MAX_UPLOAD_BYTES
+    max_pixels: int = MAX_PIXELS
+
+
+LIMITS = UploadLimits()
+
+
 def on_decoder(fn: Callable[P, T]) -> Callable[P, T]:
     """Run `fn` (it decodes and fits an input) in one of the DECODERS threads, waiting for one to be free.
 
@@ -56,17 +68,17 @@ def on_decoder(fn: Callable[P, T]) -> Callable[P, T]:
     return run
 
 
-def too_big(role: str) -> ValueError:
-    return ValueError(f"{role} is larger than the {MAX_UPLOAD_BYTES / 2**20:g} MB limit for an upload")
+def too_big(role: str, max_bytes: int = MAX_UPLOAD_BYTES) -> ValueError:
+    return ValueError(f"{role} is larger than the {max_bytes / 2**20:g} MB limit for an upload")
 
 
-def _hash_capped(file: BinaryIO, role: str) -> tuple[str, bytes]:
+def _hash_capped(file: BinaryIO, role: str, max_bytes: int) -> tuple[str, bytes]:
     """sha256 of the whole file and its first bytes, counting while reading (never stat()'s word for the size)."""
     digest, head, size = hashlib.sha256(), b"", 0
     while chunk := file.read(_CHUNK):
         size += len(chunk)
-        if size > MAX_UPLOAD_BYTES:
-            raise too_big(role)
+        if size > max_bytes:
+            raise too_big(role, max_bytes)
         digest.update(chunk)
         head = head if len(head) >= _HEAD else (head + chunk)[:_HEAD]
     return digest.hexdigest(), head
@@ -94,21 +106,21 @@ def what_it_is(head: bytes, role: str) -> ValueError:
     return ValueError(f"{role} is not an image (PNG, JPEG, WebP, GIF...)")
 
 
-def _open(file: BinaryIO, head: bytes, role: str) -> Image.Image:
+def _open(file: BinaryIO, head: bytes, role: str, max_pixels: int) -> Image.Image:
     """The header only: format, mode and size, each checked before any pixel is decoded."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS below is stricter
             image = Image.open(file)
     except Image.DecompressionBombError:  # so many pixels that PIL will not even say how many
-        raise ValueError(f"{role} is too many pixels; the limit is {MAX_PIXELS / 1e6:.0f} megapixels") from None
+        raise ValueError(f"{role} is too many pixels; the limit is {max_pixels / 1e6:.0f} megapixels") from None
     except UnidentifiedImageError:
         raise what_it_is(head, role) from None
     except (OSError, SyntaxError, EOFError, ValueError):
         raise ValueError(f"{role} is truncated or damaged: it cannot be decoded") from None
     width, height = image.size
-    if width * height > MAX_PIXELS:
-        raise ValueError(f"{role} is {width}x{height} pixels; the limit is {MAX_PIXELS / 1e6:.0f} megapixels")
+    if width * height > max_pixels:
+        raise ValueError(f"{role} is {width}x{height} pixels; the limit is {max_pixels / 1e6:.0f} megapixels")
     if width * height == 0:
         raise ValueError(f"{role} is {width}x{height} pixels: there is nothing in it")
     return image
@@ -118,8 +130,9 @@ def _load(image: Image.Image, role: str, notes: list[str]) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            if getattr(image, "n_frames", 1) > 1:
-                notes.append(f"{role}: animated ({image.n_frames} frames); the first frame is used")
+            frames = getattr(image, "n_frames", 1)  # only a multi-frame format's images have it
+            if frames > 1:
+                notes.append(f"{role}: animated ({frames} frames); the first frame is used")
                 image.seek(0)
             image.load()
             ImageOps.exif_transpose(image, in_place=True)  # a phone photo's rotation lives in EXIF, not its pixels
@@ -128,25 +141,27 @@ def _load(image: Image.Image, role: str, notes: list[str]) -> None:
 
 
 @contextmanager
-def decoded(source: ImageSource, role: str) -> Iterator[tuple[Image.Image, str, list[str]]]:
+def decoded(source: ImageSource, role: str, limits: UploadLimits = LIMITS
+            ) -> Iterator[tuple[Image.Image, str, list[str]]]:
     """An input decoded, held until the block ends: (image with EXIF orientation applied, sha256 of its bytes (of
-    its pixels for an in-memory image), notes); ValueError if it cannot be. Call it in a function run on_decoder."""
+    its pixels for an in-memory image), notes); ValueError if it cannot be, or is over `limits`. Call it in a
+    function run on_decoder."""
     notes: list[str] = []
     if isinstance(source, Image.Image):
         yield source.copy(), hashlib.sha256(source.tobytes()).hexdigest(), notes
         return
     if isinstance(source, (bytes, bytearray)):
-        if len(source) > MAX_UPLOAD_BYTES:
-            raise too_big(role)
+        if len(source) > limits.max_bytes:
+            raise too_big(role, limits.max_bytes)
         file: BinaryIO = io.BytesIO(source)
     elif isinstance(source, (str, Path)):
         file = open_regular(source, role)
     else:
         raise ValueError(f"{role} must be an image file, got {type(source).__name__}")  # noqa: TRY004 - bad input
     with file:
-        digest, head = _hash_capped(file, role)
+        digest, head = _hash_capped(file, role, limits.max_bytes)
         file.seek(0)
-        image = _open(file, head, role)
+        image = _open(file, head, role, limits.max_pixels)
         with image:
             _load(image, role, notes)
             yield image, digest, notes
@@ -168,6 +183,15 @@ def _scaled_to_8_bits(image: Image.Image, top: int) -> Image.Image:
     return out
 
 
+def band_range(image: Image.Image) -> tuple[float, float]:
+    """The lowest and highest value of a one-band image (an alpha channel, a mask, an "I" image); PIL's
+    getextrema answers a pair per band for an image of several."""
+    low, high = image.getextrema()
+    if isinstance(low, tuple) or isinstance(high, tuple):
+        raise ValueError(f"expected one band, got a {image.mode} image")
+    return low, high
+
+
 def to_8bit(image: Image.Image, role: str, notes: list[str]) -> Image.Image:
     """8-bit L (grey uploads stay grey, a third of RGB's memory) or RGB whatever the upload's mode; each
     normalisation is told in `notes`."""
@@ -176,7 +200,7 @@ def to_8bit(image: Image.Image, role: str, notes: list[str]) -> Image.Image:
         notes.append(f"{role}: 16-bit image reduced to 8 bits")
         return _scaled_to_8_bits(image, 65535)
     if mode == "I":  # 32-bit integers: a TIFF, or an old reader's 16-bit PNG
-        high = image.getextrema()[1]
+        high = band_range(image)[1]
         top = 255 if high <= 255 else 65535 if high <= 65535 else int(high)
         notes.append(f"{role}: 32-bit integer image reduced to 8 bits")
         return _scaled_to_8_bits(image, top)
@@ -188,7 +212,7 @@ def to_8bit(image: Image.Image, role: str, notes: list[str]) -> Image.Image:
     if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         alpha = rgba.getchannel("A")
-        if alpha.getextrema()[0] < 255:
+        if band_range(alpha)[0] < 255:
             notes.append(f"{role}: transparent pixels filled with white")
         canvas = Image.new("RGB", rgba.size, (255, 255, 255))  # transparent pixels become white, as viewers show
         canvas.paste(rgba, mask=alpha)

@@ -55,7 +55,8 @@ def write_png(image: Image.Image, path: Path | str, text: list[tuple[str, str]])
     rows[:, 0] = 0
     rows[:, 1:] = pixels
     header = struct.pack(">IIBBBBB", width, height, 8, COLOR_TYPES[image.mode], 0, 0, 0)
-    idat = stored_deflate(memoryview(rows).cast("B"))
+    # numpy's stubs give ndarray no __buffer__ for Python < 3.12 (mypy's python_version is 3.10): it has one.
+    idat = stored_deflate(memoryview(rows).cast("B"))  # type: ignore[arg-type]
     crc = zlib.crc32(b"IDAT")
     for piece in idat:
         crc = zlib.crc32(piece, crc)

@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageOps
 
-from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.contract.images import ImageSource, decoded, on_decoder, to_8bit
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.checks import check_size
+from neuron_ui.contract.images import LIMITS, ImageSource, UploadLimits, band_range, decoded, on_decoder, to_8bit
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from neuron_ui.config.resolutions import Resolution
 
 
@@ -49,16 +52,9 @@ class FittedImage:
 
 
 def validate_reference_size(size: object, allowed: tuple[Resolution, ...] = REFERENCE_SIZES) -> Resolution:
-    names = ", ".join(map(str, allowed))
-    if isinstance(size, str) and len(size) > 40:
-        raise ValueError(f"reference size is not one of {names}")
-    try:
-        parsed = parse_resolution(size)
-    except ValueError as error:
-        raise ValueError(f"reference size: {error}; allowed: {names}") from None
-    if parsed not in allowed:
-        raise ValueError(f"reference size {parsed} is not one of {names}")
-    return parsed
+    return check_size(size, allowed, long="reference size is not one of {allowed}",
+                      unparsed="reference size: {error}; allowed: {allowed}",
+                      outside="reference size {size} is not one of {allowed}")
 
 
 def validate_fit(fit: object) -> str:
@@ -79,16 +75,17 @@ def fit_image(image: Image.Image, size: Resolution, fit: str, fill: Any = PAD_CO
 
 
 @on_decoder
-def fit_reference(source: ImageSource, size: Resolution, fit: str = "crop", role: str = "reference") -> FittedImage:
+def fit_reference(source: ImageSource, size: Resolution, fit: str = "crop", role: str = "reference",
+                  limits: UploadLimits = LIMITS) -> FittedImage:
     """One reference (or the image to inpaint) as the model will see it; decoded in one of the decoding threads,
     fitted before it is made RGB (a grey upload stays a third of the size until it is small)."""
-    with decoded(source, role) as (image, digest, notes):
+    with decoded(source, role, limits) as (image, digest, notes):
         normal = to_8bit(image, role, notes)
         fitted = fit_image(normal, size, fit).convert("RGB")
     return FittedImage(role, fitted, size, normal.size, digest, fit, tuple(notes))
 
 
-def fit_references(sources: list[ImageSource] | tuple[ImageSource, ...], size: Resolution, fit: str,
+def fit_references(sources: Sequence[ImageSource], size: Resolution, fit: str,
                    max_references: int) -> tuple[FittedImage, ...]:
     if len(sources) > max_references:
         raise ValueError(f"{len(sources)} reference images; this server takes at most {max_references}")
@@ -103,7 +100,7 @@ def fit_mask(source: ImageSource, image: FittedImage) -> FittedImage:
             raise ValueError(f"mask is {mask.size[0]}x{mask.size[1]} but the image is "
                              f"{image.source_size[0]}x{image.source_size[1]}: paint the mask on the image itself")
         painted = painted_part(mask, notes)
-        if painted.getextrema()[1] == 0:
+        if band_range(painted)[1] == 0:
             raise ValueError("mask is empty: paint over the part of the image to redo")
         fitted = fit_image(painted, image.size, image.fit, fill=0, resample=Image.Resampling.NEAREST)
     return FittedImage("mask", fitted, image.size, mask.size, digest, image.fit, tuple(notes))
@@ -113,6 +110,6 @@ def painted_part(mask: Image.Image, notes: list[str], role: str = "mask") -> Ima
     """L, 255 where painted: the transparency where the mask has some, else its white (at least half-bright)."""
     if mask.mode in ("RGBA", "LA", "PA") or (mask.mode == "P" and "transparency" in mask.info):
         alpha = mask.getchannel("A") if mask.mode in ("RGBA", "LA") else mask.convert("RGBA").getchannel("A")
-        if alpha.getextrema()[0] < 255:
+        if band_range(alpha)[0] < 255:
             return alpha.point(lambda v: 255 if v >= 128 else 0)
     return to_8bit(mask, role, notes).convert("L").point(lambda v: 255 if v >= 128 else 0)

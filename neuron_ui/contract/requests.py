@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import secrets
 import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract import references as refs
+from neuron_ui.contract.checks import NumberRange, check_size, shown
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.images import ImageSource
@@ -27,16 +26,17 @@ MAX_GUIDANCE = 20.0
 
 @dataclass
 class GenerateRequest:
-    """One image: a prompt at one of the presets. None means the model's default (or a random seed)."""
+    """One image: a prompt at one of the presets. None means the model's default (or a random seed). Fields are as
+    sent, checked by validate_request: steps and seed are whole numbers, a UI's number box sends them as floats."""
 
     prompt: str
     resolution: str
-    steps: int | None = None
-    seed: int | None = None
+    steps: float | None = None
+    seed: float | None = None
     guidance: float | None = None
     # Editing: reference images fitted to `reference_size` (None: the default); with `image` and `mask` the
     # request inpaints `image` (fitted to `resolution`) where the mask is white, at `strength` (None: 1.0).
-    references: tuple[ImageSource, ...] | list[ImageSource] = ()
+    references: Sequence[ImageSource] = ()
     reference_size: str | None = None
     fit: str = "crop"
     image: ImageSource | None = None
@@ -69,16 +69,6 @@ class ValidRequest:
     @property
     def inputs(self) -> list[FittedImage]:
         return [*self.references, *(f for f in (self.source, self.mask) if f is not None)]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shown(value: object, limit: int = 40) -> str:
-    """A rejected value as an error message quotes it: its repr, cut short (a request can send a megabyte)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 ALLOWED_CONTROLS = "\t\n\r"  # a pasted prompt may be on several lines
@@ -119,53 +109,20 @@ def validate_prompt(prompt: object) -> str:
 
 
 def validate_resolution(resolution: object, presets: tuple[Resolution, ...]) -> Resolution:
-    allowed = ", ".join(str(p) for p in presets)
-    if isinstance(resolution, str) and len(resolution) > 40:  # longer than any "WxH": neither parsed nor echoed
-        raise ValueError(f"resolution {_shown(resolution)} is not a preset; allowed: {allowed}")
-    try:
-        parsed = parse_resolution(resolution)
-    except ValueError as error:
-        raise ValueError(f"{error}; allowed: {allowed}") from None
-    if parsed not in presets:
-        raise ValueError(f"resolution {parsed} is not a preset; allowed: {allowed}")
-    return parsed
+    return check_size(resolution, presets, long="resolution {value} is not a preset; allowed: {allowed}",
+                      unparsed="{error}; allowed: {allowed}",
+                      outside="resolution {size} is not a preset; allowed: {allowed}")
 
 
-def validate_steps(steps: object) -> int:
-    if isinstance(steps, float) and steps.is_integer():
-        steps = int(steps)
-    if not _is_int(steps) or not 1 <= steps <= MAX_STEPS:
-        raise ValueError(f"steps must be a whole number from 1 to {MAX_STEPS}, got {_shown(steps)}")
-    return steps
-
-
-def validate_seed(seed: object) -> int:
-    if isinstance(seed, float) and seed.is_integer():
-        seed = int(seed)
-    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED} (or empty for random), got {_shown(seed)}")
-    return seed
-
-
-def validate_guidance(guidance: object) -> float:
-    if _is_int(guidance):
-        guidance = float(guidance)
-    if not isinstance(guidance, float) or not math.isfinite(guidance) or not 0.0 <= guidance <= MAX_GUIDANCE:
-        raise ValueError(f"guidance must be a number from 0 to {MAX_GUIDANCE:g}, got {_shown(guidance)}")
-    return guidance
-
-
-def validate_strength(strength: object) -> float:
-    """How much of the masked part is redone: above 0 (at least one step runs) up to 1 (from pure noise)."""
-    if _is_int(strength):
-        strength = float(strength)
-    if not isinstance(strength, float) or not math.isfinite(strength) or not 0.0 < strength <= 1.0:
-        raise ValueError(f"strength must be a number above 0 and at most 1, got {_shown(strength)}")
-    return strength
+STEPS = NumberRange("steps", 1, MAX_STEPS, whole=True)
+SEED = NumberRange("seed", 0, MAX_SEED, whole=True, empty=" (or empty for random)")
+GUIDANCE = NumberRange("guidance", 0.0, MAX_GUIDANCE)
+STRENGTH = NumberRange("strength", 0.0, 1.0, above_low=True)  # above 0: at least one step runs; 1: from pure noise
 
 
 MAX_LORA_SCALE = 2.0
 NO_STYLE = "None"  # what the UI's Style dropdown shows for no style; the API takes it as None too
+STYLE_SCALE = NumberRange("lora_scale", 0.0, MAX_LORA_SCALE, empty=" (or empty for the style's default)")
 
 
 def validate_style(name: object, styles: Mapping[str, float]) -> str | None:
@@ -175,25 +132,16 @@ def validate_style(name: object, styles: Mapping[str, float]) -> str | None:
     allowed = ", ".join([NO_STYLE, *styles]) if styles else None
     if not isinstance(name, str) or name not in styles:
         if allowed is None:
-            raise ValueError(f"lora {_shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
-        raise ValueError(f"lora {_shown(name)} is not a style loaded here; allowed: {allowed}")
+            raise ValueError(f"lora {shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
+        raise ValueError(f"lora {shown(name)} is not a style loaded here; allowed: {allowed}")
     return name
 
 
-def validate_style_scale(scale: object) -> float:
-    """A style's strength: 0 (none of it) to MAX_LORA_SCALE."""
-    if _is_int(scale):
-        scale = float(scale)
-    if not isinstance(scale, float) or not math.isfinite(scale) or not 0.0 <= scale <= MAX_LORA_SCALE:
-        raise ValueError(f"lora_scale must be a number from 0 to {MAX_LORA_SCALE:g} (or empty for the style's "
-                         f"default), got {_shown(scale)}")
-    return scale
-
-
-def require_inpaint_inputs(request: GenerateRequest) -> None:
-    """An inpaint redoes the masked part of an image: it needs both."""
+def require_inpaint_inputs(request: GenerateRequest) -> tuple[ImageSource, ImageSource]:
+    """An inpaint redoes the masked part of an image: it needs both (returned, so both are known to be there)."""
     if request.image is None or request.mask is None:
         raise ValueError("inpainting needs both an image and a mask")
+    return request.image, request.mask
 
 
 def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...],
@@ -202,7 +150,8 @@ def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...
     """Every field checked, defaults filled in (a random seed when none is given), input images fitted to their
     sizes; `styles` are the loaded styles' default strengths by name. ValueError names what is allowed."""
     resolution = validate_resolution(request.resolution, presets)
-    lora = validate_style(request.lora, styles or {})  # a strength without a style is no style
+    styles = styles or {}
+    lora = validate_style(request.lora, styles)  # a strength without a style is no style
     references: tuple = ()
     if request.references:
         size = refs.validate_reference_size(request.reference_size or str(reference_sizes[0]),
@@ -211,20 +160,20 @@ def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...
                                          max_references)
     source = mask = None
     if request.image is not None or request.mask is not None:
-        require_inpaint_inputs(request)
-        source = refs.fit_reference(request.image, resolution, refs.validate_fit(request.fit), role="image")
-        mask = refs.fit_mask(request.mask, source)
+        image, painted = require_inpaint_inputs(request)
+        source = refs.fit_reference(image, resolution, refs.validate_fit(request.fit), role="image")
+        mask = refs.fit_mask(painted, source)
     return ValidRequest(
         prompt=validate_prompt(request.prompt),
         resolution=resolution,
-        steps=default_steps if request.steps is None else validate_steps(request.steps),
-        seed=secrets.randbelow(2**32) if request.seed is None else validate_seed(request.seed),
-        guidance=default_guidance if request.guidance is None else validate_guidance(request.guidance),
+        steps=default_steps if request.steps is None else int(STEPS.check(request.steps)),
+        seed=secrets.randbelow(2**32) if request.seed is None else int(SEED.check(request.seed)),
+        guidance=default_guidance if request.guidance is None else GUIDANCE.check(request.guidance),
         references=references,
         source=source,
         mask=mask,
-        strength=1.0 if request.strength is None else validate_strength(request.strength),
+        strength=1.0 if request.strength is None else STRENGTH.check(request.strength),
         lora=lora,
         lora_scale=None if lora is None else styles[lora] if request.lora_scale is None
-        else validate_style_scale(request.lora_scale),
+        else STYLE_SCALE.check(request.lora_scale),
     )

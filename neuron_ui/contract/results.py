@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -13,15 +14,39 @@ from PIL.PngImagePlugin import PngInfo
 
 from neuron_ui.contract.png import write_png
 
-# Shape states; "cold" shapes may still be on disk (ShapeStatus.on_disk).
-COLD, COMPILING, READY, FAILED = "cold", "compiling", "ready", "failed"
+
+
+class ShapeState(str, Enum):
+    """A shape's state on this server; a cold one may still be on disk (ShapeStatus.on_disk). Text-valued: the
+    JSON status and what crosses the seam keep the words."""
+
+    __str__ = str.__str__  # the word itself in messages, on every Python (a str-valued Enum's str() is its name)
+
+    COLD = "cold"
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+COLD, COMPILING, READY, FAILED = ShapeState.COLD, ShapeState.COMPILING, ShapeState.READY, ShapeState.FAILED
+
+
+class Stage(str, Enum):
+    """Where a request is, as its progress tells it."""
+
+    __str__ = str.__str__  # the word itself in messages, on every Python (a str-valued Enum's str() is its name)
+
+    WAITING = "waiting"
+    COMPILING = "compiling"
+    DENOISING = "denoising"
+    DECODING = "decoding"
 
 
 @dataclass(frozen=True)
 class ProgressUpdate:
     """A stage of one request, in words a person can read; fraction is None when unknown."""
 
-    stage: str  # waiting, compiling, denoising, decoding
+    stage: Stage
     message: str
     fraction: float | None = None
     # While compiling: the phase (tracing, compiling, loading: from the disk cache), the estimate of the whole
@@ -106,7 +131,7 @@ class ShapeStatus:
     resolution: str
     aspect: str
     tokens: int
-    state: str
+    state: ShapeState
     on_disk: bool = False
     warmup_queued: bool = False
     shares_graph_with: str | None = None
@@ -122,6 +147,9 @@ class ShapeStatus:
     layout: str | None = None  # e.g. "inpaint 512x512 + 1 ref 1024x1024"; None for a plain preset
     ready_on: int | None = None  # with replicas: how many hold this size's graph now, of replicas_total
     replicas_total: int | None = None
+
+    def __post_init__(self) -> None:
+        self.state = ShapeState(self.state)  # one read back from JSON (a replica's report) is the enum again
 
 
 @dataclass

@@ -14,12 +14,25 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import Enum
 
 from neuron_ui.contract.errors import EngineError
 
 # Where a request is when a stop reaches it. RECEIVED: not yet checked; the engine enters QUEUED once the request
 # is valid (admitted), and a stop before then is told as a stop in the queue (the request never reaches it).
-RECEIVED, QUEUED, COMPILING, RUNNING, DONE = "received", "queued", "compiling", "running", "done"
+class Phase(str, Enum):
+    """Where a request is when a stop reaches it; text-valued, for the stop's JSON answer."""
+
+    __str__ = str.__str__  # the word itself in messages, on every Python (a str-valued Enum's str() is its name)
+
+    RECEIVED = "received"
+    QUEUED = "queued"
+    COMPILING = "compiling"
+    RUNNING = "running"
+    DONE = "done"
+
+
+RECEIVED, QUEUED, COMPILING, RUNNING, DONE = Phase.RECEIVED, Phase.QUEUED, Phase.COMPILING, Phase.RUNNING, Phase.DONE
 STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
 MAX_ON_BEHALF = 1024  # stop calls made for another session and not yet run
 
@@ -39,7 +52,7 @@ class StopToken:
         self._stopped = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self.event_id = event_id  # the Gradio event it serves, so a cancel of that one event finds it
-        self.phase = RECEIVED
+        self.phase: Phase = RECEIVED
         self.reason: str | None = None
         self._on_admitted = on_admitted  # called once, when the engine has checked the request and queues it
 
@@ -47,7 +60,7 @@ class StopToken:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
-    def stop(self, reason: str = STOPPED_BY_USER) -> str:
+    def stop(self, reason: str = STOPPED_BY_USER) -> Phase:
         """Ask the request to stop; returns its phase then (what the stop can still save)."""
         with self._lock:
             if self.phase == DONE:
@@ -60,7 +73,7 @@ class StopToken:
             listener()
         return QUEUED if phase == RECEIVED else phase
 
-    def enter(self, phase: str) -> None:
+    def enter(self, phase: Phase) -> None:
         """The engine says where the request is now; leaving RECEIVED (for anything but DONE) admits it."""
         with self._lock:
             admitted = self.phase == RECEIVED and phase not in (RECEIVED, DONE)
@@ -123,7 +136,7 @@ class SessionStops:
                 if not tokens:
                     self._tokens.pop(key, None)
 
-    def stop(self, session: str | None, reason: str = STOPPED_BY_USER, event_id: str | None = None) -> list[str]:
+    def stop(self, session: str | None, reason: str = STOPPED_BY_USER, event_id: str | None = None) -> list[Phase]:
         """Stop every running request of `session` (only event `event_id`'s when given); the phases they were in.
 
         A browser that goes away while its size compiles does not stop the image: the compile cannot be cut

@@ -15,6 +15,7 @@ whenever that changes, and every REPORT_SECONDS.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -46,11 +47,18 @@ class DeviceQueue:
         self._slots = slots
         self._turns = Turns()
         self._closed = False
+        self._background = 0  # background work waiting for the device
         self.max_per_visitor = max_per_visitor
 
     @property
     def busy(self) -> bool:
         return self._running >= self._slots
+
+    @property
+    def background_waiting(self) -> int:
+        """Background work (a warm-up) waiting for the device: it goes only when no user waits."""
+        with self._cond:
+            return self._background
 
     @property
     def waiting(self) -> int:
@@ -102,10 +110,15 @@ class DeviceQueue:
                     self._running += 1
                     return
                 ahead = self._ahead(ticket)
-            # outside the lock: it may take its time (an engine's estimates, a progress bar)
-            on_wait([t.job for t in ahead], sum(1 for t in ahead if t.visitor is not None and t.visitor == ticket.visitor))
+            if on_wait is not None:  # (without one, the wait above lasted until done())
+                # outside the lock: it may take its time (an engine's estimates, a progress bar)
+                mine = sum(1 for t in ahead if t.visitor is not None and t.visitor == ticket.visitor)
+                on_wait([t.job for t in ahead], mine)
             with self._cond:
-                self._cond.wait_for(lambda seen=ahead: done() or self._ahead(ticket) != seen, REPORT_SECONDS)
+                self._cond.wait_for(partial(self._moved, ticket, ahead, done), REPORT_SECONDS)
+
+    def _moved(self, ticket: Ticket, seen: list[Ticket], done: Callable[[], bool]) -> bool:
+        return done() or self._ahead(ticket) != seen
 
     def _ahead(self, ticket: Ticket) -> list[Ticket]:
         order = self._turns.order()
@@ -119,7 +132,11 @@ class DeviceQueue:
     def background(self) -> Iterator[None]:
         """Hold the device for background work, only when no user is waiting for it."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or (self._running < self._slots and not self._turns))
+            self._background += 1
+            try:
+                self._cond.wait_for(lambda: self._closed or (self._running < self._slots and not self._turns))
+            finally:
+                self._background -= 1
             self._refuse_if_closed()
             self._running += 1
         try:

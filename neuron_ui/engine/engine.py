@@ -10,8 +10,8 @@ import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -19,12 +19,11 @@ from PIL import Image
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import classify_event, read_counters
 from neuron_ui.compile.folder import CompileFolder
-from neuron_ui.compile.key import CompileKey
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError, first_line
-from neuron_ui.contract.layouts import Layout, Layouts
+from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import (
     ValidRequest,
@@ -33,12 +32,12 @@ from neuron_ui.contract.requests import (
     validate_request,
     validate_resolution,
 )
-from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate
-from neuron_ui.contract.stopping import COMPILING as COMPILING_NOW
-from neuron_ui.contract.stopping import QUEUED, RUNNING, Stopped, StopToken
+from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate, Stage
+from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.graphs import GraphBook
-from neuron_ui.engine.setup import load_for, prepare_pipeline, warmup_call
+from neuron_ui.engine.setup import compile_plan, load_for, prepare_pipeline, warmup_call
+from neuron_ui.engine.status import EngineFacts, assemble_status
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
 from neuron_ui.engine.warmup import WarmupList
@@ -93,20 +92,26 @@ class Engine(ServesOnceBuilt):
         self.cache = cache
         self.observers = Observers()
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
-        self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree)
+        self.key, self.allowed = compile_plan(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."),
+                                              tp_degree, presets, reference_sizes, max_references)
         self.manifest = manifest if manifest is not None else CacheManifest(cache.manifest, error=cache.problem) \
             if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self._device = DeviceQueue(max_queue_per_user)  # visitors take turns (engine.turns)
         self._warmups: WarmupList[Resolution] = WarmupList(self._warm_one)
-        self.allowed = Layouts(presets, reference_sizes, max_references)
         self.graphs = GraphBook(self.key, self.manifest, compile_mode, backend, presets)
         self._watch = DeviceWatch(self.graphs, compile_mode)
         self.pipe = prepare_pipeline(loaded.pipe, device=device, compile_mode=compile_mode, backend=backend,
                                      cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
         self.runner = runner or PipelineRunner(self.pipe)
         self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
+        self.facts = EngineFacts(
+            model=loaded.name, device=device, dtype=str(dtype).removeprefix("torch."), compile_mode=compile_mode,
+            compile_backend=backend_name(backend), is_tiny=loaded.is_tiny, fallback_reason=loaded.fallback_reason,
+            distilled=loaded.distilled, default_steps=self.default_steps, default_guidance=self.default_guidance,
+            cache_dir=str(cache.root) if cache else "", presets=presets, reference_sizes=reference_sizes,
+            max_references=max_references)
 
     @classmethod
     def from_settings(cls, settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
@@ -125,7 +130,8 @@ class Engine(ServesOnceBuilt):
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
             max_references=settings.max_references, max_queue_per_user=settings.max_queue_per_user,
-            styles=StyleBook.load(settings.loras, loaded.pipe.transformer),
+            # diffusers 0.42 sets a pipeline's components as attributes at run time (register_modules): not in its types
+            styles=StyleBook.load(settings.loras, loaded.pipe.transformer),  # type: ignore[attr-defined]
         )
 
     # -- requests -------------------------------------------------------------------------------
@@ -161,7 +167,7 @@ class Engine(ServesOnceBuilt):
         """Make one image, compiling its shape first if this process has not; `stop` ends it early (Stopped)."""
         with self._counting_failures():
             result = self._generate(request, progress or _ignore, stop or StopToken())
-        self.observers.notify("on_generated", result)
+        self.observers.generated(result)
         return result
 
     @contextmanager
@@ -170,10 +176,10 @@ class Engine(ServesOnceBuilt):
         try:
             yield
         except ValueError:
-            self.observers.notify("on_failed", "invalid_request")
+            self.observers.failed("invalid_request")
             raise
         except EngineError as error:
-            self.observers.notify("on_failed", error.kind)
+            self.observers.failed(error.kind)
             raise
 
     def _generate(self, request: GenerateRequest, report: ProgressFn, stop: StopToken) -> GenerateResult:
@@ -181,7 +187,7 @@ class Engine(ServesOnceBuilt):
         valid = self.validate(request)
         # 2. Layout: the static shape this request makes, so one graph per sequence length.
         layout = Layout.of(valid)
-        stop.enter(QUEUED)  # admitted: the caller may now hold the request for its session (StopToken.enter)
+        stop.enter(Phase.QUEUED)  # admitted: the caller may now hold the request for its session (StopToken.enter)
         # 3. Queue: one run on the device at a time, visitors in turn; a waiting user hears what is ahead, how long.
         waited, queued = Wait(), time.perf_counter()
         with self._device.user(stop, job=layout, visitor=request.visitor,
@@ -189,13 +195,13 @@ class Engine(ServesOnceBuilt):
             start = time.perf_counter()
             before = read_counters(self._neff_dir)
             # 4. Ensure compiled: the first request for a shape compiles it, once, while the others wait.
-            stop.enter(COMPILING_NOW)
+            stop.enter(Phase.COMPILING)
             compile_seconds = self._ensure_compiled(layout, report)
             if stop.stopped:  # a compile cannot be cut short; the image it was for is not made
                 what = f"{layout} compiled and is ready" if compile_seconds else f"{layout} is ready"
                 raise Stopped(f"stopped: {what}; your image was not made")
             # 5. Run the pipeline, step by step, stoppable at each step.
-            stop.enter(RUNNING)
+            stop.enter(Phase.RUNNING)
             run_start = time.perf_counter()
             self._watch.running(layout, run_start)
             try:
@@ -282,7 +288,7 @@ class Engine(ServesOnceBuilt):
         if claim is None:
             return 0.0
         self._watch.compiling(layout, claim.estimate)
-        report(ProgressUpdate("compiling", claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
+        report(ProgressUpdate(Stage.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
                               guess=claim.guess))
         logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
         before = read_counters(self._neff_dir)
@@ -300,7 +306,7 @@ class Engine(ServesOnceBuilt):
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         self._watch.idle()
         self.graphs.ready(layout, seconds, event, persistent=self.compile_folder.persistent)
-        self.observers.notify("on_compiled", str(layout), event, seconds)
+        self.observers.compiled(str(layout), event, seconds)
         logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
         return seconds
 
@@ -320,31 +326,7 @@ class Engine(ServesOnceBuilt):
 
     def status(self) -> EngineStatus:
         """A snapshot for the UI's status table and the /status API; never waits for the device."""
-        warmup = self._warmups.pending()
-        shapes = [self.graphs.status(Layout(preset), warmup) for preset in self.presets]
-        layouts = [self.graphs.status(layout, warmup) for layout in self.graphs.used()]
-        return EngineStatus(
-            model=self.loaded.name,
-            device=self.device,
-            dtype=str(self.dtype).removeprefix("torch."),
-            compile_mode=self.compile_mode,
-            compile_backend=backend_name(self.backend),
-            is_tiny=self.loaded.is_tiny,
-            fallback_reason=self.loaded.fallback_reason,
-            distilled=self.loaded.distilled,
-            default_steps=self.default_steps,
-            default_guidance=self.default_guidance,
-            cache_dir=str(self.cache.root) if self.cache else "",
-            persistent_cache=self.manifest.persistent and self.compile_folder.persistent,
-            cache_error=self.compile_folder.problem or self.manifest.error,
-            busy=self._device.busy,
-            tensor_parallel=self.runner.describe(),
-            queue_depth=self._device.waiting, visitors_waiting=self._device.visitors_waiting,
-            warmup_queue=[str(p) for p in warmup],
-            warmup_seconds_left=round(sum(s.estimate_seconds or 0.0 for s in shapes if s.warmup_queued), 1),
-            shapes=shapes,
-            layouts=layouts,
-            reference_sizes=[str(r) for r in self.reference_sizes],
-            max_references=self.max_references,
-            styles=self.styles.status(),
-        )
+        return assemble_status(self.facts, self.graphs, self._device, self._warmups.pending(),
+                               persistent_cache=self.manifest.persistent and self.compile_folder.persistent,
+                               cache_error=self.compile_folder.problem or self.manifest.error,
+                               tensor_parallel=self.runner.describe(), styles=self.styles.status())

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from neuron_ui.cache.estimates import estimate_compile_seconds, measured_cold_seconds, measured_load_seconds
 from neuron_ui.compile.counters import DISK_HIT, MEMORY_HIT
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY, ShapeStatus
+from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY, ShapeState, ShapeStatus
 
 if TYPE_CHECKING:
     from neuron_ui.cache.manifest import CacheManifest
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class GraphState:
     """The transformer graph for one sequence length; layouts with the same total share it."""
 
-    state: str
+    state: ShapeState
     compiled_by: Layout
     seconds: float | None = None
     error: str | None = None

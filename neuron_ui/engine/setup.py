@@ -51,6 +51,15 @@ def not_about_no_modules(record: logging.LogRecord) -> bool:
     return "should be kept in float32: []." not in record.getMessage()
 
 
+def compile_plan(model: str, compile_mode: str, backend: Backend, dtype: str, tp_degree: int,
+                 presets: tuple[Resolution, ...], reference_sizes: tuple[Resolution, ...] = REFERENCE_SIZES,
+                 max_references: int = 2) -> tuple[CompileKey, Layouts]:
+    """The compile key (what changes the compiled graph) and the layouts a request may make: derived here once, for
+    rank 0's engine and every follower alike, so their graphs match."""
+    key = CompileKey.current(model, compile_mode, backend, dtype, tp_degree)
+    return key, Layouts(presets, reference_sizes, max_references)
+
+
 def prepare_pipeline(pipe: Any, *, device: str, compile_mode: str, backend: Backend, cache: CachePaths | None,
                      key: CompileKey, layouts: Layouts, tp_degree: int = 1) -> Any:
     """Move the pipeline to its device and set up compilation: the repeated blocks from AOTInductor packages
@@ -73,8 +82,8 @@ def build_follower_runner(settings: Settings, cache: CachePaths, group: Parallel
     """A follower rank's runner: the same shard, device and compile set-up as rank 0's engine, none of its
     request handling (the follower runs what rank 0 broadcasts)."""
     loaded, runtime = load_for(settings, group)
-    key = CompileKey.current(loaded.name, settings.compile, runtime.backend, runtime.dtype, group.degree)
-    layouts = Layouts(settings.resolutions, REFERENCE_SIZES, settings.max_references)
+    key, layouts = compile_plan(loaded.name, settings.compile, runtime.backend, runtime.dtype, group.degree,
+                                settings.resolutions, REFERENCE_SIZES, settings.max_references)
     pipe = prepare_pipeline(loaded.pipe, device=group.device, compile_mode=settings.compile,
                             backend=runtime.backend, cache=cache, key=key, layouts=layouts, tp_degree=group.degree)
     return PipelineRunner(pipe)

@@ -32,6 +32,8 @@ class StyleBook:
         self.refused = refused or {}  # spec -> why, for the status
         self.fuser = StyleFuser(transformer) if transformer is not None else None
         for style in self.styles.values():
+            if self.fuser is None:
+                raise ValueError("styles need the transformer they are fused into")
             self.fuser.keep_originals(style)
 
     @classmethod

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.results import ProgressUpdate, Stage
 
 if TYPE_CHECKING:
     from neuron_ui.contract.layouts import Layout
@@ -90,7 +90,7 @@ class DeviceWatch:
                 waited.what = count
         if not parts:
             parts.append("waiting for the device")
-        return ProgressUpdate("waiting", " · ".join(parts))
+        return ProgressUpdate(Stage.WAITING, " · ".join(parts))
 
     def _expected_seconds(self, layout: Layout) -> float | None:
         """Seconds a request at `layout` should hold the device: its compile (unless ready) and its image."""

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
-from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped
 from neuron_ui.model.torch_bridge import execution_device
 
@@ -90,9 +90,9 @@ def step_callback(steps: int, report: ProgressFn, stop: StopToken) -> Callable:
             # Raised, not diffusers' `interrupt`: with interrupt the loop runs out its steps as no-ops and then
             # decodes the latents with the VAE for nobody; raising frees the device right after this step.
             raise Stopped(f"stopped after step {done}/{steps}; no image was made")
-        report(ProgressUpdate("denoising", f"step {done}/{steps}", done / steps))
+        report(ProgressUpdate(Stage.DENOISING, f"step {done}/{steps}", done / steps))
         if done == steps:
-            report(ProgressUpdate("decoding", "decoding the image", 1.0))
+            report(ProgressUpdate(Stage.DECODING, "decoding the image", 1.0))
         return {}
 
     return on_step_end

@@ -22,7 +22,7 @@ from neuron_ui.contract.images import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
-from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS, ReplicaReport, Reports
@@ -87,7 +87,7 @@ class ReplicaClient(ServesOnceBuilt):
                                  inpaint=request.image is not None or request.mask is not None)
             request = portable(request)
         except ValueError:
-            self.observers.notify("on_failed", "invalid_request")
+            self.observers.failed("invalid_request")
             raise
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(2**32))
@@ -95,9 +95,9 @@ class ReplicaClient(ServesOnceBuilt):
             result = self._call("generate", request, layout, progress, stop, request.visitor)
         except EngineError as error:
             if error.kind == "visitor_queue_full":  # refused at the front: counted here, as the engine does
-                self.observers.notify("on_failed", error.kind)
+                self.observers.failed(error.kind)
             raise
-        self.observers.notify("on_generated", result)
+        self.observers.generated(result)
         return result
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
@@ -114,7 +114,7 @@ class ReplicaClient(ServesOnceBuilt):
         try:
             require_inpaint_inputs(request)
         except ValueError:
-            self.observers.notify("on_failed", "invalid_request")
+            self.observers.failed("invalid_request")
             raise
         return self.generate(request, progress, stop)
 
@@ -231,7 +231,7 @@ def describe_turn(ahead: list[Layout], mine: int) -> ProgressUpdate:
     """What a request waiting at the front hears: the images ahead of it in turn order, how many its own."""
     count = f"{len(ahead)} image{'s' if len(ahead) != 1 else ''} ahead of yours"
     count += f" ({mine} from you)" if mine else ""
-    return ProgressUpdate("waiting", f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
+    return ProgressUpdate(Stage.WAITING, f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
 
 
 def portable(request: GenerateRequest) -> GenerateRequest:

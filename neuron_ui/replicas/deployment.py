@@ -24,7 +24,7 @@ import ray
 from ray import serve
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import RECEIVED, StopToken
 from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, find_board
 from neuron_ui.replicas.lease import ShapeLease
@@ -119,7 +119,7 @@ class EngineReplica:
         yield Started(self.name)
         model_id = serve.get_multiplexed_model_id()
         if self.lease(int(model_id)).held_elsewhere():
-            yield Progress(ProgressUpdate("compiling", "another replica is compiling this size; "
+            yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"))
         lease = await self.hold_shape(model_id)
         loop = asyncio.get_running_loop()

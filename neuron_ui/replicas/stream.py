@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.serve.exceptions import RequestCancelledError
 
+from neuron_ui.contract import stopping
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import COMPILING, QUEUED, RUNNING, Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
 
@@ -82,11 +83,11 @@ class StreamCaller:
             logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
                            type(error).__name__)
         lost = self.clock() - sent
-        report(ProgressUpdate("waiting", f"{RETRIED}; the image starts again"))
+        report(ProgressUpdate(Stage.WAITING, f"{RETRIED}; the image starts again"))
         try:
             value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
         except REPLICA_LOST as error:
-            self.observers.notify("on_failed", "replica_lost")
+            self.observers.failed("replica_lost")
             raise EngineError("the replica making this image stopped twice; try again in a minute",
                               kind="replica_lost") from error
         if isinstance(value, GenerateResult):  # the whole wait: the lost attempt is time before this one ran
@@ -102,7 +103,7 @@ class StreamCaller:
             closed = self._closed
         started, replica = False, "?"
         if ahead:
-            report(ProgressUpdate("waiting", f"waiting for a free replica, {ahead} ahead"))
+            report(ProgressUpdate(Stage.WAITING, f"waiting for a free replica, {ahead} ahead"))
         try:
             done: list[Any] = []
             forget = stop.listen(stream.cancel)
@@ -117,9 +118,9 @@ class StreamCaller:
                     self._take(message, report, stop, done, layout, replica)
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
-                    self.observers.notify("on_failed", "shutting_down")
+                    self.observers.failed("shutting_down")
                     raise EngineError(SHUTTING_DOWN, kind="shutting_down") from None
-                self.observers.notify("on_failed", "stopped")
+                self.observers.failed("stopped")
                 raise Stopped(STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[QUEUED]).format(layout=layout)) from None
             finally:
                 forget()
@@ -145,16 +146,16 @@ class StreamCaller:
         compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide."""
         match message:
             case Progress(update):
-                if update.stage == "compiling":
+                if update.stage == Stage.COMPILING:
                     logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
                 report(update)
             case Phase(phase):
-                stop.enter(phase)
+                stop.enter(stopping.Phase(phase))
             case Compiled(resolution, event, seconds):
                 logger.info("compiled %s: %s in %.1f s on replica %s", resolution, event, seconds, replica)
-                self.observers.notify("on_compiled", resolution, event, seconds)
+                self.observers.compiled(resolution, event, seconds)
             case Failed():
-                self.observers.notify("on_failed", message.kind)
+                self.observers.failed(message.kind)
                 raise message.error()
             case Done(value):
                 if isinstance(value, GenerateResult):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -132,23 +132,25 @@ def build_demo(engine: EngineLike, settings: Settings, stops: SessionStops | Non
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device (server.gate.Gate
-        # bounds it), each then waits in the engine's queue, where it hears what it waits for, can be stopped, and
-        # the next image starts on the device while the previous one is encoded and sent.
-        on_device = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
-        private = {"api_visibility": "private"}
-        hidden = {"show_progress": "hidden", "queue": False, **private}
-        told = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
-        refresh = {"fn": handlers.on_tick, "inputs": [resolution, seen],
-                   "outputs": [table, activity, resolution, hint, now, seen], **hidden}
-        failed = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
+        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device
+        # (server.gate.Gate bounds it), each then waits in the engine's queue, where it hears what it waits for, can
+        # be stopped, and the next image starts on the device while the previous one is encoded and sent.
+        # Keyword sets shared by many events (typed Any: each key is a different parameter of Gradio's listeners).
+        on_device: dict[str, Any] = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
+        private: dict[str, Any] = {"api_visibility": "private"}
+        hidden: dict[str, Any] = {"show_progress": "hidden", "queue": False, **private}
+        # gr.Warning reaches the page only when queued
+        told: dict[str, Any] = {**hidden, "queue": True, "concurrency_limit": None}
+        refresh: dict[str, Any] = {"fn": handlers.on_tick, "inputs": [resolution, seen],
+                                   "outputs": [table, activity, resolution, hint, now, seen], **hidden}
+        failed: dict[str, Any] = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
         made = [image, info, seed, history, history_gallery]
         style_inputs = [styles["style"], styles["strength"]]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
-                          [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image], **on_device,
-                          js=SHOW_IMAGE, **private)
+                          [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image],
+                          **on_device, js=SHOW_IMAGE, **private)
         generated.then(**refresh)
         generated.failure(**failed)
         varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
@@ -168,7 +170,9 @@ def build_demo(engine: EngineLike, settings: Settings, stops: SessionStops | Non
         demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info, collect],
                   **hidden).then(**refresh)
         collect.tick(handlers.on_collect, [session, history], [*made, collect], **hidden)
-        gr.on([c.change for c in [*form, history]], handlers.on_save, [session, *form, history], [session],
+        changes = [prompt.change, resolution.change, steps.change, seed.change, randomize.change, guidance.change,
+                   history.change]
+        gr.on(changes, handlers.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
         editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
                                            handlers.distilled, handlers.stored)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import gradio as gr
 from PIL import Image
@@ -18,12 +18,14 @@ from PIL import Image
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.ui.history import EditorValue
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.files import StoredFiles
+    from neuron_ui.ui.history import HistoryEntry
 
 
 DEFAULT_STRENGTH = 0.9
@@ -133,7 +135,7 @@ class EditingHandlers:
 
     def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
-                   fit: str, history: list[dict[str, Any]], session: Any = None, lora: str | None = None,
+                   fit: str, history: list[HistoryEntry], session: Any = None, lora: str | None = None,
                    lora_scale: float | None = None, progress: gr.Progress = gr.Progress()):
         with self.errors():  # the editor's files get the upload checks and one line each, like /inpaint's
             image, layers = self.editor_files(editor)
@@ -148,8 +150,7 @@ class EditingHandlers:
                                   reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength,
                                   lora=lora, lora_scale=lora_scale)
         # The editor's image and painted layers join the history entry, so picking it restores the mask too.
-        kept = {"background": image, "layers": layers, "composite": None}
-        return self.run(request, history, progress, session, {"editor": kept})
+        return self.run(request, history, progress, session, EditorValue(image, tuple(layers)))
 
     def editor_files(self, value: Any) -> tuple[str | None, list[str]]:
         """The editor's background and painted layers as paths of the app's files (the browser uploads them; the
@@ -161,11 +162,11 @@ class EditingHandlers:
     # -- the named API ---------------------------------------------------------------------------
 
     def api_inpaint(self, image: Any, mask: Any, prompt: str, strength: float | None = None,
-                    resolution: str | None = None, steps: float | None = None, seed: float | None = None,
+                    resolution: Any = None, steps: float | None = None, seed: float | None = None,
                     references: Any = None, reference_size: str | None = None, lora: str | None = None,
                     lora_scale: float | None = None) -> tuple[str, dict[str, Any]]:
         """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate;
-        `lora` and `lora_scale` as for /generate."""
+        `lora` and `lora_scale` as for /generate. Values arrive as sent (preprocess=False): the engine checks them."""
         with self.errors():
             image, mask = file_path(image, self.stored), file_path(mask, self.stored)
             if image is None or mask is None:
@@ -190,7 +191,25 @@ def api_style_inputs() -> list[gr.Component]:
     return [gr.Textbox(label="lora"), gr.Number(label="lora_scale")]
 
 
-def add_reference_panel(engine: EngineLike) -> dict[str, gr.Component]:
+class ReferencePanel(TypedDict):
+    files: gr.File
+    size: gr.Dropdown
+    fit: gr.Radio
+    previews: gr.Gallery
+
+
+class InpaintTab(TypedDict):
+    editor: gr.ImageEditor
+    strength: gr.Slider
+    button: gr.Button
+
+
+class ResultButtons(TypedDict):
+    use: gr.Button
+    edit: gr.Button
+
+
+def add_reference_panel(engine: EngineLike) -> ReferencePanel:
     """Reference uploads, their size and fit, and the previews of what the model sees."""
     sizes = [str(s) for s in engine.reference_sizes]
     with gr.Accordion(f"Reference images (up to {engine.max_references})", open=False, elem_id="references",
@@ -206,7 +225,7 @@ def add_reference_panel(engine: EngineLike) -> dict[str, gr.Component]:
     return {"files": files, "size": size, "fit": fit, "previews": previews}
 
 
-def add_inpaint_tab() -> dict[str, gr.Component]:
+def add_inpaint_tab() -> InpaintTab:
     """The inpaint inputs: an image editor to paint the mask on, strength and a button."""
     brush = gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed")
     editor = gr.ImageEditor(label="Paint over the part to redo", type="filepath", height=360, layers=False,
@@ -217,7 +236,7 @@ def add_inpaint_tab() -> dict[str, gr.Component]:
     return {"editor": editor, "strength": strength, "button": button}
 
 
-def add_result_buttons() -> dict[str, gr.Component]:
+def add_result_buttons() -> ResultButtons:
     """Under the result: take it into the next edit."""
     with gr.Row():
         use = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")

@@ -7,15 +7,16 @@ history entry, so picking an image in the history restores its style. Every chec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import gradio as gr
 
-from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE
+from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE, STYLE_SCALE
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.results import GenerateResult
+    from neuron_ui.ui.history import HistoryEntry
 
 STORAGE_KEY = "neuron-ui-style"
 DEFAULT_STRENGTH = 1.0
@@ -44,19 +45,18 @@ class StyleHandlers:
     def _valid(self, style: Any, strength: Any) -> tuple[str, float] | None:
         if style not in self.defaults:
             return None
-        ok = isinstance(strength, (int, float)) and not isinstance(strength, bool) and 0 <= strength <= MAX_LORA_SCALE
-        return style, float(strength) if ok else self.defaults[style]
+        return style, STYLE_SCALE.check(strength) if STYLE_SCALE.accepts(strength) else self.defaults[style]
 
     def on_style(self, style: str) -> Any:
         """A style picked by hand: the slider moves to its default strength."""
         return self.defaults.get(style, gr.skip())
 
-    def on_select(self, history: list[dict[str, Any]], event: gr.SelectData) -> tuple[Any, Any]:
+    def on_select(self, history: list[HistoryEntry], event: gr.SelectData) -> tuple[Any, Any]:
         """A history image picked: its style and strength come back (no style: None)."""
         if not isinstance(event.index, int) or not 0 <= event.index < len(history):
             return gr.skip(), gr.skip()
         entry = history[event.index]
-        kept = self._valid(entry.get("lora"), entry.get("lora_scale"))
+        kept = self._valid(entry.lora, entry.lora_scale)
         return kept if kept else (NO_STYLE, gr.skip())
 
     def on_restore(self, saved: Any) -> tuple[Any, Any]:
@@ -70,7 +70,13 @@ class StyleHandlers:
         return {"style": style, "strength": strength}
 
 
-def add_style_controls(engine: EngineLike) -> dict[str, gr.Component]:
+class StyleControls(TypedDict):
+    style: gr.Dropdown
+    strength: gr.Slider
+    state: gr.BrowserState
+
+
+def add_style_controls(engine: EngineLike) -> StyleControls:
     """Style and Strength, next to the prompt; hidden when no style is loaded."""
     names = [s["name"] for s in engine.status().styles]
     with gr.Row(equal_height=True, visible=bool(names), elem_id="style-row"):
@@ -81,7 +87,7 @@ def add_style_controls(engine: EngineLike) -> dict[str, gr.Component]:
     return {"style": style, "strength": strength, "state": gr.BrowserState({}, storage_key=STORAGE_KEY)}
 
 
-def wire_style_controls(handlers: StyleHandlers, controls: dict[str, gr.Component], history_gallery: gr.Gallery,
+def wire_style_controls(handlers: StyleHandlers, controls: StyleControls, history_gallery: gr.Gallery,
                         history: gr.State, demo: gr.Blocks, hidden: dict[str, Any]) -> None:
     """Picking a style, restoring one from the history, and keeping the choice in the browser."""
     style, strength, state = controls["style"], controls["strength"], controls["state"]

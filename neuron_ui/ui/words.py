@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
 from neuron_ui.contract.results import COMPILING, FAILED, READY
-from neuron_ui.contract.stopping import COMPILING as STOP_COMPILING
-from neuron_ui.contract.stopping import DONE, QUEUED, RUNNING
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.web.progress import GUESS, CompileWait
 
 if TYPE_CHECKING:
@@ -65,14 +64,14 @@ def describe_estimate(shape: ShapeStatus, short: bool = False) -> str:
 
 
 STOP_WORDS = {
-    RUNNING: "**Stopped.** The image stops at the next step; the device is free for the next person.",
-    QUEUED: "**Stopped.** Your request left the queue; no image was made.",
-    STOP_COMPILING: "**Stopping.** The size keeps compiling and will be ready; your image is not made.",
-    DONE: "Nothing to stop: the image was already made.",
+    Phase.RUNNING: "**Stopped.** The image stops at the next step; the device is free for the next person.",
+    Phase.QUEUED: "**Stopped.** Your request left the queue; no image was made.",
+    Phase.COMPILING: "**Stopping.** The size keeps compiling and will be ready; your image is not made.",
+    Phase.DONE: "Nothing to stop: the image was already made.",
 }
 
 
-def describe_stop(phases: list[str]) -> str:
+def describe_stop(phases: list[Phase]) -> str:
     """What a Stop did, by where the session's requests were when it came (stopping.StopToken.stop)."""
     if not phases:
         return "Nothing to stop: no image of yours is being made or waiting."

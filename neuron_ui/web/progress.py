@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from neuron_ui.contract.results import Stage
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import ProgressFn, ProgressUpdate
@@ -45,15 +46,19 @@ class ProgressReporter:
 
     A compile reports once, at its start, then blocks for its whole length: a ticker thread re-reports it every
     TICK_SECONDS with the time elapsed against the estimate, so the bar moves and says how long (it sat at 0.0%).
-    `on_compile` hears the compile start (a CompileWait) and end (None), for the line every browser sees.
+    `on_compile` hears the compile start (a CompileWait) and end (None), for the line every browser sees;
+    `clock` and `tick` are the time it reads and how often it re-reports (a test's own).
     Use it as a context manager, so the ticker stops when the request ends, however it ends.
     """
 
     def __init__(self, progress: Callable[..., Any], prefix: str = "",
-                 on_compile: Callable[[CompileWait | None], None] | None = None):
+                 on_compile: Callable[[CompileWait | None], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, tick: float = TICK_SECONDS):
         self.progress = progress
         self.prefix = prefix
         self.on_compile = on_compile or (lambda wait: None)
+        self.clock = clock
+        self.tick = tick
         self.compile: CompileWait | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -66,8 +71,8 @@ class ProgressReporter:
 
     def __call__(self, update: ProgressUpdate) -> None:
         self._stop_ticker()
-        if update.stage == "compiling":
-            started = self.compile.started if self.compile else time.monotonic()  # a new phase of the same wait
+        if update.stage == Stage.COMPILING:
+            started = self.compile.started if self.compile else self.clock()  # a new phase of the same wait
             self.compile = CompileWait(update.message, update.phase, update.estimate_seconds, update.guess, started)
             self.on_compile(self.compile)
             self._show_compile()
@@ -93,11 +98,11 @@ class ProgressReporter:
     def _show_compile(self) -> None:
         wait = self.compile
         if wait is not None:
-            value, words = wait.describe(time.monotonic())
+            value, words = wait.describe(self.clock())
             self.progress(value, desc=self.prefix + words, unit="s")
 
     def _tick(self, stop: threading.Event) -> None:
-        while not stop.wait(TICK_SECONDS):
+        while not stop.wait(self.tick):
             self._show_compile()
 
     def _stop_ticker(self) -> None:

@@ -1,0 +1,68 @@
+"""The named API for gradio_client (/generate, /warmup, /stop, /status): its own inputs, so the engine, not the UI's
+widgets, checks them. One room of the app's handlers (ui/handlers.py joins them; /inpaint is editing's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.ui.editing import file_paths
+from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.gradio_bridge import current_event
+from neuron_ui.ui.visitors import current_visitor
+from neuron_ui.ui.words import describe_stop
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.files import StoredFiles
+    from neuron_ui.contract.results import EngineStatus
+    from neuron_ui.contract.stopping import SessionStops
+    from neuron_ui.web.files import ImageStore
+
+
+class NamedApi:
+    """The endpoints gradio_client calls by name; MCP's tools are named after these methods (server/mcp.py)."""
+
+    engine: EngineLike
+    store: ImageStore
+    stored: StoredFiles
+    stops: SessionStops
+    waiting: Callable[[], int]
+
+    def status(self) -> EngineStatus:
+        """The engine's status, its queue depth counting the requests still in Gradio's queue too."""
+        status = self.engine.status()
+        return replace(status, queue_depth=status.queue_depth + self.waiting())
+
+    def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
+                     guidance: float | None = None, references: Any = None,
+                     reference_size: str | None = None, lora: str | None = None,
+                     lora_scale: float | None = None) -> tuple[str, dict[str, Any]]:
+        """One image and its generation info; steps and guidance default to the model's, seed to random; `lora` a
+        loaded style's name (None: none), `lora_scale` its strength (None: the style's default)."""
+        with user_errors():
+            request = GenerateRequest(prompt, resolution, steps, seed, guidance,
+                                      references=file_paths(references, self.stored),
+                                      reference_size=reference_size or None,
+                                      lora=lora, lora_scale=lora_scale, visitor=current_visitor())
+            with self.stops.track(*current_event()) as stop:
+                result = self.engine.generate(request, stop=stop)
+            return self.store.save(result), result.info()
+
+    def api_warmup(self, resolution: str) -> dict[str, Any]:
+        """Compile one preset without making an image; returns its status."""
+        with user_errors():
+            return asdict(self.engine.warmup(resolution, visitor=current_visitor()))
+
+    def api_stop(self, request: gr.Request) -> dict[str, Any]:
+        """Stop this client's requests (its session): a running image at the next step, a queued one at once."""
+        phases = self.stops.stop(request.session_hash)
+        return {"stopped": phases, "message": describe_stop(phases).replace("**", "")}
+
+    def api_status(self) -> dict[str, Any]:
+        """The engine status: every preset's state, compile seconds, hits and last latency."""
+        return public_status(self.status())
