@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import gradio as gr
 
 from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE, STYLE_SCALE
+# At run time, not only for the checker: Gradio reads on_select's annotations to find its gr.SelectData parameter.
+from neuron_ui.ui.history import HistoryEntry
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.results import GenerateResult
-    from neuron_ui.ui.history import HistoryEntry
 
 STORAGE_KEY = "neuron-ui-style"
 DEFAULT_STRENGTH = 1.0
