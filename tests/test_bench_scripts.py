@@ -21,6 +21,7 @@ def script(name: str):
     """bench/<name>.py loaded as a module (bench/ is a folder of scripts, not a package), to call its main(argv)."""
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
