@@ -1,6 +1,6 @@
 """`--compile aot`: real AOTInductor packages on the tiny model on CPU.
 
-The test process compiles the packages cold into a shared cache folder (module scope); a new process loads
+One cold process compiles the packages into a shared cache folder (module scope); a second, new process loads
 them without dynamo; the other tests copy that folder and damage or re-key it, or ship it in a bundle.
 """
 
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch._dynamo.utils import counters
 
 from neuron_ui.cache.admin import key_for_settings
 from neuron_ui.cache.bundle_export import export_bundle
@@ -79,28 +78,11 @@ def run_child(cache_dir: Path, image: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_here(cache_dir: Path, image: Path) -> dict:
-    """CHILD's cold half in this process: a new process is the point of the warm run only, and costs seconds of
-    imports. Inductor writes into cache_dir's folder meanwhile, so the compile is cold whatever ran before."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-        torch._dynamo.reset()
-        graphs = counters["stats"]["unique_graphs"]
-        engine = aot_engine(cache_dir)
-        first = engine.generate(GenerateRequest(**REQUEST))
-        second = engine.generate(GenerateRequest(**REQUEST))
-        first.image.save(image)
-        traced = counters["stats"]["unique_graphs"] - graphs
-    torch._dynamo.reset()
-    return {"events": [first.cache_event, second.cache_event], "compile_s": first.compile_seconds,
-            "traced": {"graphs": traced}, "status_mode": engine.status().compile_mode}
-
-
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    """This process compiles the packages cold, then a new process on the same folder loads them."""
+    """A cold process compiles the packages, then a new process on the same folder loads them."""
     root = tmp_path_factory.mktemp("aot")
-    cold = run_here(root / "cache", root / "cold.png")
+    cold = run_child(root / "cache", root / "cold.png")
     warm = run_child(root / "cache", root / "warm.png")
     return root, cold, warm
 
@@ -120,7 +102,7 @@ def packages(cache_dir: Path) -> list[Path]:
     return sorted((cache_dir / "aot").rglob("*.pt2"))
 
 
-def test_a_cold_compile_makes_one_package_per_block_class(warm):
+def test_cold_process_compiles_one_package_per_block_class(warm):
     root, cold, _ = warm
     assert cold["events"] == [COMPILED, MEMORY_HIT]
     assert cold["status_mode"] == "aot"
