@@ -89,14 +89,14 @@ def one_run(engine, resolution: str, steps: int, queued: int, fair: bool) -> dic
             "idle_share": round(1 - busy / (ended - started), 4)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resolution", default="256x256")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--queued", type=int, default=8, help="images visitor A queues before B asks for one")
     parser.add_argument("--rounds", type=int, default=3, help="FIFO and fair runs each, alternating")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import torch
 
@@ -131,7 +131,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "command": " ".join(["python", "bench/fair_turns.py", *sys.argv[1:]]),
+            "command": " ".join(["python", "bench/fair_turns.py", *(sys.argv[1:] if argv is None else argv)]),
             "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                         "torch_threads": torch.get_num_threads()},
             "settings": vars(args) | {"out": str(args.out)},

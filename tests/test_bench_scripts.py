@@ -1,35 +1,54 @@
-"""The benchmark scripts run end to end (at toy size on the CPU); their figures are for docs/performance.md, not asserts."""
+"""The benchmark scripts run end to end, at toy size on the CPU; their figures are for docs/performance.md only.
 
+Each script's main(argv) runs in this process (a new Python costs 11-20 s of imports); decode_memory.py runs as its
+command line, in a new process, as a user runs any of them.
+"""
+
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from neuron_ui.config.cache_paths import NEFF_CACHE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def script(name: str):
+    """bench/<name>.py loaded as a module (bench/ is a folder of scripts, not a package), to call its main(argv)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def cache_env(monkeypatch):
+    """The cache variables a script's start-up sets in os.environ, restored after the test."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
+    monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)
 
 
 def test_gpu_script_runs_on_cpu_at_toy_size(tmp_path):
     out = tmp_path / "gpu.json"
-    subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_klein4b.py"), "--device", "cpu", "--small", "--modes", "eager",
-         "--resolutions", "256x256", "--runs", "1", "--out", str(out)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
+    assert script("gpu_klein4b").main(["--device", "cpu", "--small", "--modes", "eager", "--resolutions", "256x256",
+                                       "--runs", "1", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["resolution"] == "256x256" and row["steps"] == 4
     assert row["image_s"] > row["step_s"] > 0
     assert row["transformer_tflop_per_step"] > 0 and row["achieved_tflops"] > 0
 
 
-def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path):
+def test_benchmark_measures_what_the_app_adds_per_image_in_quick_mode(tmp_path, cache_env):
     """The overhead, 4-client throughput and stop-to-free sections, on one eager app at toy size."""
     out = tmp_path / "benchmark.json"
-    subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "benchmark.py"), "--sections", "overhead,throughput,stop",
-         "--resolution", "256x256", "--runs", "1", "--images", "4", "--long-steps", "30", "--compile", "eager",
-         "--repeat", "2", "--out", str(out)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
+    assert script("benchmark").main(["--sections", "overhead,throughput,stop", "--resolution", "256x256", "--runs", "1",
+                                     "--images", "4", "--long-steps", "30", "--compile", "eager", "--repeat", "2",
+                                     "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     assert set(results["overhead"]["ratio_to_plain"]) == {"plain", "engine", "round_trip", "http_round_trip",
                                                           "engine_no_prompt_cache"}
@@ -66,15 +85,13 @@ def test_decode_memory_bench_runs_at_toy_size(tmp_path):
     assert {"peak_over_idle_mb", "after_over_idle_mb"} <= set(result)
 
 
-def test_fair_turns_bench_prints_b_wait_and_throughput_at_toy_size(tmp_path):
+def test_fair_turns_bench_prints_b_wait_and_throughput_at_toy_size(tmp_path, capsys):
     out = tmp_path / "fair_turns.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "fair_turns.py"), "--queued", "3", "--steps", "2", "--rounds", "1",
-         "--out", str(out)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
+    script("fair_turns").main(["--queued", "3", "--steps", "2", "--rounds", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
     results = json.loads(out.read_text())
+    assert results["command"].endswith("--rounds 1 --out " + str(out))
     assert [r["order"] for r in results["runs"]] == ["fifo", "fair"] and all(r["images"] == 4 for r in results["runs"])
     # At toy size the figures are noise; the order is not: first come first served makes B wait for A's queue.
     assert results["summary"]["fifo"]["b_wait_s"] > results["summary"]["fair"]["b_wait_s"]
-    assert "B's wait with turns" in done.stdout and results["busy_share_fair_over_fifo"] > 0
+    assert "B's wait with turns" in printed and results["busy_share_fair_over_fifo"] > 0

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,6 @@ import pytest
 from bundle_server import BundleServer, announces, cut_once, page, redirect, serve, stalls, truncated
 from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, snapshot
 
-from neuron_ui.cache import fetch
 from neuron_ui.cache.admin import clear_cache, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
@@ -138,8 +136,7 @@ def test_the_app_starts_warm_from_a_url_and_cold_on_a_404(made, server, tmp_path
 # -- every failure: cold, one line, nothing new in the cache folder ----------------------------------------------
 
 
-def small_disk(monkeypatch):
-    monkeypatch.setattr(fetch, "free_bytes", lambda path: 1 * 2**30)  # a 1 GiB disk, whatever this machine has
+SMALL_DISK = dataclasses.replace(FAST, free=lambda path: 1 * 2**30)  # a 1 GiB disk, whatever this machine has
 
 
 FAILURES = {
@@ -157,15 +154,14 @@ FAILURES = {
 
 
 @pytest.mark.parametrize("failure", FAILURES)
-def test_each_failure_starts_cold_with_one_line_and_leaves_nothing(failure, made, server, cache, monkeypatch, caplog):
+def test_each_failure_starts_cold_with_one_line_and_leaves_nothing(failure, made, server, cache, caplog):
     route, pin, cause = FAILURES[failure]
     pin = {None: sha(made["good"]), "other": sha(made["other"])}.get(pin, pin)
     server.routes["/b.tar.gz"] = route(made)
-    if "disk" in failure:
-        small_disk(monkeypatch)
     before = snapshot(cache.root)
 
-    (outcome,) = import_at_start(settings_for(cache, [server.url + "/b.tar.gz"], [pin]), cache, policy=FAST)
+    policy = SMALL_DISK if "disk" in failure else FAST
+    (outcome,) = import_at_start(settings_for(cache, [server.url + "/b.tar.gz"], [pin]), cache, policy=policy)
 
     assert outcome.info is None
     (line,) = warnings_from_start(caplog)
@@ -310,7 +306,7 @@ def test_healthz_shows_the_download_while_it_runs(made, server, cache):
             answer = httpx.get(http.url + "/healthz")
             assert answer.status_code == 503
             seen.append(answer.json())
-            time.sleep(0.02)
+            fetching.join(0.02)  # the next poll, or at once when the fetch is over
         fetching.join()
     finally:
         http.stop()

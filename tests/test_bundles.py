@@ -407,11 +407,15 @@ from neuron_ui.cache import bundle_import
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import configure_cache_env
 
-def killed(*args):  # the import is killed once everything is staged, before anything moves into the cache
-    os.kill(os.getpid(), signal.SIGKILL)
-
 cache = configure_cache_env(Path(sys.argv[1]), environ={})
-bundle_import._place = killed
+looks = Path.exists
+
+def killed(path, *args, **kwargs):  # once everything is staged: at the import's first look at a file in the cache
+    if path.is_relative_to(cache.inductor):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return looks(path, *args, **kwargs)
+
+Path.exists = killed
 bundle_import.import_bundle(cache, CompileKey(**json.loads(sys.argv[3])), Path(sys.argv[2]))
 """
 
@@ -537,15 +541,36 @@ def test_an_imported_bundle_starts_a_new_process_warm(compiled_here, tmp_path):
 
 # -- the CLI: python -m neuron_ui cache ... -------------------------------------------------------
 
+CLI_FLAGS = ["--model", "tiny", "--device", "cpu"]
 
-def cache_cli(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
-    flags = ["--model", "tiny", "--device", "cpu", "--cache-dir", str(cache_dir)]
+
+@pytest.fixture
+def cache_cli(monkeypatch, capsys):
+    """`python -m neuron_ui cache ...` called in process (neuron_ui.cli.main), answering as a process would: its exit
+    code, stdout and stderr. Each call sets the cache variables as a new process would; they are restored after."""
+    from neuron_ui import cli
+    from neuron_ui.config.cache_paths import NEFF_CACHE_ENV
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored-after-the-test")
+
+    def run(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
+        monkeypatch.delenv(NEFF_CACHE_ENV, raising=False)  # unset, as in a new process: each call's own folder
+        argv = ["cache", *args, *CLI_FLAGS, "--cache-dir", str(cache_dir)]
+        code = cli.main(argv)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return run
+
+
+def cache_cli_process(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
+    """The real command line, `python -m neuron_ui cache ...`, in a new process."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "neuron_ui", "cache", *args, *flags], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
+    return subprocess.run([sys.executable, "-m", "neuron_ui", "cache", *args, *CLI_FLAGS, "--cache-dir",
+                           str(cache_dir)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
-def test_cache_cli_ls_export_import_clear(source, tmp_path):
+def test_cache_cli_ls_export_import_clear(source, tmp_path, cache_cli):
     listed = cache_cli("ls", cache_dir=source.root)
     assert listed.returncode == 0 and f"* key {KEY.digest}" in listed.stdout and "512x512" in listed.stdout
 
@@ -558,11 +583,6 @@ def test_cache_cli_ls_export_import_clear(source, tmp_path):
     assert imported.returncode == 0 and "added 512x512" in imported.stdout
     assert set(CacheManifest(fresh / "manifest.json").entries()[KEY.digest]["shapes"]) == {"512x512"}
 
-    pin = ("--cache-bundle-sha256", "0" * 64)
-    pinned = cache_cli("import", str(tmp_path / "b.tar.gz"), *pin, cache_dir=tmp_path / "p")
-    assert pinned.returncode == 2
-    assert f"expected sha256 {'0' * 64}, got {sha256_of(tmp_path / 'b.tar.gz')}" in pinned.stderr
-    assert "Traceback" not in pinned.stderr
     refused = cache_cli("import", str(tmp_path / "b.tar.gz"), "--compile", "full", cache_dir=tmp_path / "other")
     assert refused.returncode == 2 and "mode: bundle regional, here full" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -572,6 +592,16 @@ def test_cache_cli_ls_export_import_clear(source, tmp_path):
     assert KEY.digest not in CacheManifest(fresh / "manifest.json").entries()
     everything = cache_cli("clear", cache_dir=source.root)
     assert everything.returncode == 0 and not any(source.inductor.iterdir())
+
+
+def test_the_cache_command_line_refuses_a_bundle_that_is_not_the_pinned_one_with_exit_code_2(bundle, tmp_path):
+    """End to end once, in a new process: `python -m neuron_ui` reaches the cache command and exits with its code."""
+    pinned = cache_cli_process("import", str(bundle), "--cache-bundle-sha256", "0" * 64, cache_dir=tmp_path / "p")
+
+    assert pinned.returncode == 2
+    assert f"expected sha256 {'0' * 64}, got {sha256_of(bundle)}" in pinned.stderr
+    assert "Traceback" not in pinned.stderr
+    assert not CacheManifest(tmp_path / "p" / "manifest.json").entries()
 
 
 def test_app_imports_a_cache_bundle_before_serving_and_starts_cold_on_a_bad_one(bundle, tmp_path, monkeypatch, caplog):

@@ -214,11 +214,11 @@ def test_a_manifest_write_that_hits_a_full_disk_recovers_with_the_next_write(tmp
     def no_room(fd):
         raise no_space()
 
-    monkeypatch.setattr("neuron_ui.cache.manifest.os.fsync", no_room)
+    monkeypatch.setattr(os, "fsync", no_room)  # the library call fails, as on a full disk
     manifest.record(key, "256x256", 256, 1.0, "compiled")
     assert not manifest.persistent and "No space left" in manifest.error
 
-    monkeypatch.setattr("neuron_ui.cache.manifest.os.fsync", real_fsync)
+    monkeypatch.setattr(os, "fsync", real_fsync)
     manifest.record(key, "384x256", 384, 1.0, "compiled")
     assert manifest.persistent and manifest.error is None
     assert set(CacheManifest(tmp_path / "manifest.json").shapes(key)) == {"256x256", "384x256"}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.bundle_format import _walk_files
+from neuron_ui.cache.files import remove_path, walk_files
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.cache.records import ShapeRecord
 from neuron_ui.compile.key import CompileKey
@@ -75,7 +74,7 @@ def describe_key(key: CompileKey | dict) -> str:
 
 def folder_usage(folder: Path) -> FolderUsage:
     files = size = 0
-    for path in _walk_files(folder):
+    for path in walk_files(folder):
         files += 1
         size += path.stat().st_size
     return FolderUsage(folder, files, size)
@@ -116,12 +115,14 @@ def format_listing(listing: CacheListing, current: CompileKey | None = None) -> 
 
 
 def human_bytes(n: float) -> str:
+    """Bytes as a person reads them: B below 1 KiB, then KiB, MiB, GiB (the largest unit, however many)."""
     if n < 1024:
         return f"{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB"):
+    for unit in ("KiB", "MiB"):
         n /= 1024
-        if n < 1024 or unit == "GiB":
+        if n < 1024:
             return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
 
 
 def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: list[str] | None = None) -> ClearResult:
@@ -161,7 +162,8 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
     return result
 
 
-def _holds(cache: CachePaths) -> str:
+def describe_holdings(cache: CachePaths) -> str:
+    """What the manifest records, key by key: for an error that says what the cache does hold."""
     entries = CacheManifest(cache.manifest).entries()
     if not entries:
         return "its manifest is empty"
@@ -171,15 +173,4 @@ def _holds(cache: CachePaths) -> str:
 
 def _empty(folder: Path) -> None:
     for child in folder.iterdir():
-        _remove(child)
-
-
-def _remove(path: Path | None) -> None:
-    if path is None or not (path.exists() or path.is_symlink()):
-        return
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
+        remove_path(child)

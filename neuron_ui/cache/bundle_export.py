@@ -12,21 +12,19 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import _holds, describe_key, human_bytes
+from neuron_ui.cache.admin import describe_holdings, describe_key, human_bytes
 from neuron_ui.cache.bundle_format import (
     ARTIFACTS,
     BUNDLE_FORMAT,
     BUNDLE_JSON,
     BundleFile,
     BundleInfo,
-    _hash_file,
-    _HashingReader,
-    _sections,
-    _walk_files,
+    artifact_folders,
     bundle_name,
 )
+from neuron_ui.cache.files import HashingReader, Readable, hash_file, walk_files
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.resolutions import parse_resolution
 
@@ -48,7 +46,7 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
     recorded = entry.get("shapes", {})
     if not recorded:
         raise ValueError(f"nothing to export: the cache at {cache.root} has no compiled shapes for "
-                         f"{describe_key(key)} ({_holds(cache)}). Compile them first (warm up the sizes) "
+                         f"{describe_key(key)} ({describe_holdings(cache)}). Compile them first (warm up the sizes) "
                          "with the same --model, --compile, --dtype and backend.")
     chosen = sorted(recorded) if resolutions is None else [str(parse_resolution(r)) for r in resolutions]
     missing = [r for r in chosen if r not in recorded]
@@ -59,13 +57,13 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
         raise ValueError(f"backend {key.backend!r} keeps no compiled artifacts on disk: nothing to export "
                          f"(bundles carry {', '.join(ARTIFACTS)} caches)")
     out = Path(out) / bundle_name(key) if Path(out).is_dir() else Path(out)
-    sections = _sections(cache, key)
+    sections = artifact_folders(cache, key)
     sources = {f"{name}/{path.relative_to(folder).as_posix()}": path
-               for name, folder in sections.items() for path in _walk_files(folder)}
+               for name, folder in sections.items() for path in walk_files(folder)}
     if not sources:
         raise ValueError(f"the manifest records {', '.join(chosen)} but {', '.join(map(str, sections.values()))} "
                          "holds no artifacts (cleared?); compile again before exporting")
-    files = [BundleFile(name, *_hash_file(path), mode=path.stat().st_mode & 0o755) for name, path in
+    files = [BundleFile(name, *hash_file(path), mode=path.stat().st_mode & 0o755) for name, path in
              sorted(sources.items())]
     info = BundleInfo(
         path=out,
@@ -101,7 +99,7 @@ def _write_tar(out: Path, header: dict, files: list[BundleFile], sources: dict[s
             _add(tar, BUNDLE_JSON, len(data), 0o644, io.BytesIO(data))
             for f in files:
                 with open(sources[f.path], "rb") as handle:
-                    reader = _HashingReader(handle)
+                    reader = HashingReader(handle)
                     _add(tar, f.path, f.size, f.mode, reader)
                 if reader.hexdigest() != f.sha256:
                     raise RuntimeError(f"{sources[f.path]} changed during export (is a compile running?); try again")
@@ -112,7 +110,7 @@ def _write_tar(out: Path, header: dict, files: list[BundleFile], sources: dict[s
         raise
 
 
-def _add(tar: tarfile.TarFile, name: str, size: int, mode: int, fileobj: BinaryIO) -> None:
+def _add(tar: tarfile.TarFile, name: str, size: int, mode: int, fileobj: Readable) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, mode, int(time.time())
     tar.addfile(info, fileobj)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import platform
 import re
 import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from neuron_ui.cache.records import DATE_PATTERN, load_json, parse_entries
-from neuron_ui.config.cache_paths import STAGING_PREFIX
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -31,8 +28,6 @@ MAX_BUNDLE_JSON = 16 * 2**20
 ARTIFACTS = {"inductor": ("inductor",), "neuron": ("neff", "inductor")}
 AOT = "aot"  # --compile aot keeps its AOTInductor packages in aot/<key digest>/ and nothing else
 SECTIONS = {name for names in ARTIFACTS.values() for name in names} | {AOT}
-SKIPPED_DIRS = {"locks"}  # inductor's empty filelock files, recreated on demand
-CHUNK = 2**20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -71,25 +66,27 @@ def bundle_name(key: CompileKey) -> str:
     return f"neuron-ui-{key.digest}.tar.gz"
 
 
-def _sections(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
+def artifact_folders(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
     """The folders holding this key's artifacts: its own AOT packages, or the compiler caches of its backend."""
     if key.mode == AOT:
         return {f"{AOT}/{key.digest}": cache.aot / key.digest}
     return {name: getattr(cache, name) for name in ARTIFACTS[key.backend]}
 
 
-def _read_header(tar: tarfile.TarFile, bundle: str | Path) -> dict:
+def read_header(tar: tarfile.TarFile, bundle: str | Path) -> dict:
     """bundle.json, checked against the schema before anything trusts it."""
     member = tar.next()
-    if member is None or member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
+    handle = tar.extractfile(member) if member is not None and member.isreg() else None
+    if member is None or handle is None or member.name != BUNDLE_JSON or member.size > MAX_BUNDLE_JSON:
         raise BundleError(f"{bundle} is not a neuron-ui bundle: it does not start with {BUNDLE_JSON}; "
                           "nothing was changed")
     try:
-        return _parse_header(load_json(tar.extractfile(member).read(), BUNDLE_JSON, MAX_BUNDLE_JSON), bundle)
+        return _parse_header(load_json(handle.read(), BUNDLE_JSON, MAX_BUNDLE_JSON), bundle)
     except ValueError as error:
         if isinstance(error, BundleError):
             raise
-        raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({first_line(error)}); nothing was changed") from error
+        raise BundleError(f"{bundle} has a malformed {BUNDLE_JSON} ({first_line(error)}); "
+                          "nothing was changed") from error
 
 
 def _parse_header(header: object, bundle: str | Path) -> dict:
@@ -133,7 +130,7 @@ def _parse_files(files: object, bundle: str | Path) -> list[dict]:
                 or not isinstance(f.get("sha256"), str) or not _SHA256.fullmatch(f["sha256"])
                 or not isinstance(f.get("mode", 0o644), int) or not 0 <= f.get("mode", 0o644) <= 0o7777):
             raise ValueError(f"{where} needs a 'path', a 'size' in bytes, a 'sha256' and a numeric 'mode'")
-        path = "/".join(_safe_parts(f["path"], bundle))
+        path = "/".join(safe_parts(f["path"], bundle))
         if path in seen:
             raise ValueError(f"{where} is listed twice")
         seen.add(path)
@@ -141,13 +138,14 @@ def _parse_files(files: object, bundle: str | Path) -> list[dict]:
     return checked
 
 
-def _info(bundle: Path, header: dict) -> BundleInfo:
+def bundle_info(bundle: Path, header: dict) -> BundleInfo:
+    """What a checked header (read_header) says the bundle holds."""
     return BundleInfo(path=bundle, key=header["key"], resolutions=list(header["resolutions"]),
                       files=[BundleFile(**f) for f in header["files"]], created=header.get("created", ""),
                       built_on=header.get("built_on", {}))
 
 
-def _check_key(header: dict, key: CompileKey, bundle: str | Path) -> None:
+def check_key(header: dict, key: CompileKey, bundle: str | Path) -> None:
     """Name every field that differs; a near miss is still a miss (the graphs would not match)."""
     theirs, ours = header.get("key", {}), asdict(key)
     diffs = [f"{name}: bundle {theirs.get(name, '(missing)')}, here {ours.get(name, '(missing)')}"
@@ -165,7 +163,7 @@ def _check_key(header: dict, key: CompileKey, bundle: str | Path) -> None:
         logger.warning("%s was built on %s, this machine is %s: expect cache misses", bundle, other, here)
 
 
-def _safe_parts(name: str, bundle: str | Path, is_file: bool = True) -> tuple[str, ...]:
+def safe_parts(name: str, bundle: str | Path, is_file: bool = True) -> tuple[str, ...]:
     """The path's parts when it is relative, plain and under a known section; else refuse the bundle."""
     path = PurePosixPath(name)
     parts = tuple(p for p in path.parts if p != ".")
@@ -173,48 +171,3 @@ def _safe_parts(name: str, bundle: str | Path, is_file: bool = True) -> tuple[st
             or (is_file and len(parts) < 2)):
         raise BundleError(f"{bundle} holds an unsafe or unexpected path {name!r}; refusing it, nothing was changed")
     return parts
-
-
-def _walk_files(folder: Path):
-    """Regular files under folder, sorted, skipping lock files and links (a bundle never carries links)."""
-    if not folder.is_dir():
-        return
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith(STAGING_PREFIX))
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            if path.is_symlink() or not path.is_file():
-                logger.warning("skipping %s: not a plain file", path)
-                continue
-            yield path
-
-
-def _hash_file(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _hash_stream(handle: BinaryIO) -> str:
-    digest = hashlib.sha256()
-    while chunk := handle.read(CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-class _HashingReader:
-    """Hash what tarfile reads, so the bytes archived are the bytes listed."""
-
-    def __init__(self, handle: BinaryIO):
-        self.handle, self.digest = handle, hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.handle.read(size)
-        self.digest.update(data)
-        return data
-
-    def hexdigest(self) -> str:
-        return self.digest.hexdigest()

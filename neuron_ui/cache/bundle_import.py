@@ -14,18 +14,16 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import _remove, human_bytes
+from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.bundle_format import (
     BUNDLE_JSON,
-    CHUNK,
     BundleError,
-    _check_key,
-    _hash_stream,
-    _HashingReader,
-    _info,
-    _read_header,
-    _safe_parts,
+    bundle_info,
+    check_key,
+    read_header,
+    safe_parts,
 )
+from neuron_ui.cache.files import CHUNK, HashingReader, hash_stream, remove_path
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
 from neuron_ui.config.settings import parse_sha256
@@ -43,7 +41,7 @@ def inspect_bundle(bundle: Path) -> BundleInfo:
     """Read only bundle.json: what a bundle claims to hold, without verifying or extracting anything."""
     try:
         with gzip.open(bundle, "rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
-            return _info(Path(bundle), _read_header(tar, Path(bundle)))
+            return bundle_info(Path(bundle), read_header(tar, Path(bundle)))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)})") from error
 
@@ -66,14 +64,16 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     try:
         with open(bundle, "rb") as raw:
             if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
-                _check_sha256(_hash_stream(raw), sha256, shown)
+                _check_sha256(hash_stream(raw), sha256, shown)
                 raw.seek(0)
-            reader = _HashingReader(raw)
+            reader = HashingReader(raw)
             # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
-            with gzip.GzipFile(fileobj=reader, mode="rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
-                header = _read_header(tar, shown)
-                _check_key(header, key, shown)
-                info = _info(bundle, header)
+            # typeshed's GzipFile wants a seekable fileobj; reading forward, as here, never seeks.
+            with (gzip.GzipFile(fileobj=reader, mode="rb") as gz,  # type: ignore[call-overload]
+                  tarfile.open(fileobj=gz, mode="r|") as tar):
+                header = read_header(tar, shown)
+                check_key(header, key, shown)
+                info = bundle_info(bundle, header)
                 _check_space(cache, info, shown)
                 staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
                 _extract_verified(tar, staging, {f.path: f for f in info.files}, shown)
@@ -84,16 +84,16 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
         if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
             _check_sha256(reader.hexdigest(), sha256, shown)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
-        _remove(staging)
+        remove_path(staging)
         raise BundleError(f"{shown} is corrupt or truncated ({first_line(error)}); nothing was changed. "
                           "Copy it again or export a new one.") from error
     except OSError as error:
-        _remove(staging)
+        remove_path(staging)
         if header is None:  # could not open or read the bundle file itself
             raise BundleError(f"{shown} is not a readable bundle ({first_line(error)}); nothing was changed") from error
         raise
     except BaseException:
-        _remove(staging)
+        remove_path(staging)
         raise
     try:
         for f in info.files:
@@ -101,7 +101,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
             if _place(staging / f.path, getattr(cache, section) / rest):
                 info.kept_files += 1
     finally:
-        _remove(staging)
+        remove_path(staging)
     _merge_entries(cache, key, header["entries"][key.digest]["shapes"], info)
     logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", shown, len(info.files),
                 info.kept_files, info.added_shapes or "none", info.kept_shapes or "none")
@@ -129,12 +129,12 @@ def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, B
     seen: set[str] = set()
     while (member := tar.next()) is not None:  # not `for member in tar`: that yields bundle.json again
         if member.isdir():
-            _safe_parts(member.name, bundle, is_file=False)
+            safe_parts(member.name, bundle, is_file=False)
             continue
         if not member.isreg():
             raise BundleError(f"{bundle} holds {member.name!r}, which is not a plain file (a link or device); "
                               "refusing it, nothing was changed")
-        parts = _safe_parts(member.name, bundle)
+        parts = safe_parts(member.name, bundle)
         name = "/".join(parts)
         want = expected.get(name)
         if want is None or name in seen:
@@ -147,7 +147,10 @@ def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, B
         target = staging.joinpath(*parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         digest, size = hashlib.sha256(), 0
-        with tar.extractfile(member) as source, open(target, "xb") as sink:
+        source = tar.extractfile(member)
+        if source is None:  # a regular member (checked above) always has its data
+            raise BundleError(f"{bundle}: {name} has no data; nothing was changed")
+        with source, open(target, "xb") as sink:
             while chunk := source.read(CHUNK):
                 digest.update(chunk)
                 size += len(chunk)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import httpx
 
 from neuron_ui.cache.admin import human_bytes
-from neuron_ui.cache.bundle_format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleError, _check_key, _read_header
+from neuron_ui.cache.bundle_format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleError, check_key, read_header
 from neuron_ui.cache.bundle_source import resolve_url
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, staging_prefix
 from neuron_ui.contract.errors import first_line
@@ -59,6 +59,7 @@ class FetchPolicy:
     read_timeout: float = 30.0  # silence mid-body this long ends the try
     tries: int = 4
     backoff: float = 2.0  # seconds before the second try, doubled before each next
+    free: Callable[[Path], int] = free_bytes  # the room on the cache folder's disk (a test gives a small disk)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> FetchPolicy:
@@ -105,10 +106,10 @@ class HeaderPeek:
         self.done = True
         try:
             with tarfile.open(fileobj=io.BytesIO(bytes(self._head)), mode="r|") as tar:
-                header = _read_header(tar, self.label)
+                header = read_header(tar, self.label)
         except (ValueError, tarfile.TarError, EOFError):
             return None
-        _check_key(header, self.key, self.label)  # BundleError naming each field that differs
+        check_key(header, self.key, self.label)  # BundleError naming each field that differs
         self.header = header
         return header
 
@@ -122,7 +123,8 @@ class _Download:
 
     def restart(self) -> None:
         self.path.write_bytes(b"")
-        self.done, self.total, self.sha256 = 0, None, hashlib.sha256()
+        self.done, self.sha256 = 0, hashlib.sha256()
+        self.total: int | None = None  # the bundle's size once a response says it
         self.peek = HeaderPeek(self.key, self.label)
 
     def check_room(self, needed: int, what: str) -> None:
@@ -151,7 +153,7 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
     url, headers = resolve_url(source)
     fd, name = tempfile.mkstemp(dir=cache.root, prefix=staging_prefix())
     os.close(fd)
-    download = _Download(Path(name), key, source.label, free_bytes(cache.root) - MIN_FREE_BYTES, cache.root)
+    download = _Download(Path(name), key, source.label, policy.free(cache.root) - MIN_FREE_BYTES, cache.root)
     timeout = httpx.Timeout(policy.read_timeout, connect=policy.connect_timeout)
     try:
         with httpx.Client(timeout=timeout, follow_redirects=True,

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.cache.admin import _remove, human_bytes
+from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.bundle_export import export_bundle
-from neuron_ui.cache.bundle_format import _hash_file, bundle_name
+from neuron_ui.cache.bundle_format import bundle_name
 from neuron_ui.cache.bundle_source import parse_bundle_source
+from neuron_ui.cache.files import hash_file, remove_path
 from neuron_ui.config.cache_paths import staging_prefix
 from neuron_ui.contract.errors import first_line
 
@@ -54,7 +55,7 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
     staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
     try:
         info = export_bundle(cache, key, staging / bundle_name(key), resolutions)
-        size, sha256 = _hash_file(info.path)
+        size, sha256 = hash_file(info.path)
         try:
             if source.repo_type != "space":
                 api.create_repo(source.repo_id, repo_type=source.repo_type, private=True, exist_ok=True)
@@ -66,7 +67,7 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
         except Exception as error:  # noqa: BLE001 the Hub's HTTP errors, no token, no network: one line
             raise ValueError(f"uploading to {target} failed: {first_line(error)}") from None
     finally:
-        _remove(staging)
+        remove_path(staging)
     revision = getattr(commit, "oid", None) or source.revision or "main"
     prefix = {"model": "", "dataset": "datasets/", "space": "spaces/"}[source.repo_type]
     pinned = f"hf://{prefix}{source.repo_id}/{source.filename}@{revision}"

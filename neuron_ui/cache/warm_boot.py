@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_ui.cache.admin import kept_bundles, key_for_settings
-from neuron_ui.cache.bundle_format import BundleError, _hash_file
+from neuron_ui.cache.bundle_format import BundleError
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy, fetch_bundle
+from neuron_ui.cache.files import hash_file
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def _import_one(cache: CachePaths, key: CompileKey, text: str, pin: str, policy:
             return BundleOutcome(shown, problem=f"{shown}: {UNPINNED}")
         kept = kept_path(cache, pin)
         if kept.is_file():
-            if _hash_file(kept)[1] == pin:
+            if hash_file(kept)[1] == pin:
                 return BundleOutcome(shown, import_bundle(cache, key, kept, pin, label=shown), origin="kept")
             logger.warning("%s does not hold what its name says (damaged on disk?): fetching it again", kept)
             kept.unlink()
