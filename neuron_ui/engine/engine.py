@@ -130,8 +130,7 @@ class Engine(ServesOnceBuilt):
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
             max_references=settings.max_references, max_queue_per_user=settings.max_queue_per_user,
-            # diffusers 0.42 sets a pipeline's components as attributes at run time (register_modules): not in its types
-            styles=StyleBook.load(settings.loras, loaded.pipe.transformer),  # type: ignore[attr-defined]
+            styles=StyleBook.load(settings.loras, loaded.pipe.transformer),
         )
 
     # -- requests -------------------------------------------------------------------------------
