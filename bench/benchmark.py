@@ -7,7 +7,8 @@
 Sections: overhead (plain call vs engine vs gradio_client round trip at a ready shape, plus the prompt
 embedding cache before/after), throughput (4 gradio_client clients submitting back to back against a plain
 loop of pipeline calls), stop (a long request stopped through the API: seconds until the next request starts
-on the device, against one step's time); these three share one app served in this process. compilation (time to first image and steady latency for eager, regional
+on the device, against one step's time); these three share one app served in this process. compilation (time to
+first image and steady latency for eager, regional
 and full, two resolutions, each in a fresh process with an empty cache), recompilations (after warm-up,
 while prompt, seed and steps change), memory (peak resident memory of the app against the plain script).
 Prints a table, writes bench/results/benchmark.json (the sections run replace theirs; the others are kept) and
@@ -36,7 +37,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-for _name, _value in {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}.items():
+OFFLINE = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1"}
+for _name, _value in OFFLINE.items():
     os.environ.setdefault(_name, _value)
 
 from neuron_ui.config.processes import free_port  # noqa: E402
@@ -121,7 +123,8 @@ def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[
     from neuron_ui.model.runner import PipelineRunner
 
     settings = Settings(model="tiny", device="cpu", compile=compile_mode, compile_backend=backend,
-                        resolutions=parse_resolutions(resolution), cache_dir=Path(tempfile.mkdtemp(prefix="neuron-ui-bench-")),
+                        resolutions=parse_resolutions(resolution),
+                        cache_dir=Path(tempfile.mkdtemp(prefix="neuron-ui-bench-")),
                         port=free_port())
     runners: list[BenchRunner] = []
 
@@ -299,7 +302,8 @@ def stop_to_free(bench: Bench, runs: int, long_steps: int) -> dict:
         for how in rows:
             job = bench.submit(stopper, steps=long_steps)
             ends = len(bench.runner.step_ends)
-            bench.wait_until(lambda: len(bench.runner.step_ends) >= ends + 4, "the long request to run 4 steps")
+            bench.wait_until(lambda ends=ends: len(bench.runner.step_ends) >= ends + 4,
+                             "the long request to run 4 steps")
             nxt_seed = next(bench.seeds)
             nxt = bench.submit(waiter, seed=nxt_seed)
             bench.wait_until(lambda: bench.engine.status().queue_depth >= 1, "the next request to wait for the device")
@@ -310,7 +314,7 @@ def stop_to_free(bench: Bench, runs: int, long_steps: int) -> dict:
                 stopper.predict(api_name="/stop")
             else:
                 job.cancel()
-            bench.wait_until(lambda: nxt_seed in bench.runner.starts, "the next request to start")
+            bench.wait_until(lambda nxt_seed=nxt_seed: nxt_seed in bench.runner.starts, "the next request to start")
             rows[how].append(bench.runner.starts[nxt_seed] - stopped)
             nxt.result(600)
             try:
@@ -401,8 +405,8 @@ def worker_compile(mode: str, resolutions: list[str], runs: int) -> None:
     for resolution in resolutions:
         width, height = map(int, resolution.split("x"))
         call = PipelineCall(PROMPT, width, height, 4, 0, 1.0)
-        first = median_time(lambda: run_pipeline(pipe, call), 1)
-        steady = median_time(lambda: run_pipeline(pipe, call), runs)
+        first = median_time(lambda call=call: run_pipeline(pipe, call), 1)
+        steady = median_time(lambda call=call: run_pipeline(pipe, call), runs)
         rows.append({"mode": mode, "resolution": resolution, "first_image_s": round(first, 3),
                      "steady_s": round(steady, 4)})
     print(json.dumps(rows))
@@ -481,7 +485,8 @@ def targets(results: dict) -> dict:
         added = [key(run) for run in runs]
         if added and None not in added:
             within = sum(a <= ROUND_TRIP_MS for a in added)
-            measured[name] = {"runs": added, "within": f"{within} of {len(added)}", "holds": within >= min(2, len(added))}
+            measured[name] = {"runs": added, "within": f"{within} of {len(added)}",
+                              "holds": within >= min(2, len(added))}
     if "throughput" in results:
         measured["clients_throughput_over_plain_loop"] = results["throughput"]["ratio"]
     return {name: {"measured": value, "target": f"{TARGETS[name][0]} {TARGETS[name][1]}",
@@ -577,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         results["compilation"] = compilation(args.resolutions.split(","), max(3, args.runs // 2))
         print("\nCompilation (fresh process, empty cache):")
         for r in results["compilation"]:
-            print(f"  {r['mode']:9} {r['resolution']:10} first image {r['first_image_s']:7.2f} s   steady {r['steady_s']:.3f} s")
+            print(f"  {r['mode']:9} {r['resolution']:10} first image {r['first_image_s']:7.2f} s   "
+                  f"steady {r['steady_s']:.3f} s")
     if "memory" in sections:
         results["memory"] = memory(args.resolution)
         m = results["memory"]

@@ -131,7 +131,8 @@ def summarize(rounds: list[dict]) -> dict:
     # The targets for aot: a warm restart's first generate call within 1 s of eager's, and a cold aot
     # compile no slower than 1.5x regional's.
     aot = {"warm_minus_eager_generate_s": round(median["aot-warm"]["generate_s"] - median["eager"]["generate_s"], 2),
-           "bundle_minus_eager_generate_s": round(median["aot-bundle"]["generate_s"] - median["eager"]["generate_s"], 2),
+           "bundle_minus_eager_generate_s": round(median["aot-bundle"]["generate_s"]
+                                                  - median["eager"]["generate_s"], 2),
            "cold_over_regional_cold": ratios["generate_s"]["aot-cold/cold"]}
     # Compiled kernels are deterministic: the same seed must give the same pixels however the graph got here.
     identical = all(len({r["runs"][case]["image"] for case in ("cold", "warm", "bundle")}) == 1 and

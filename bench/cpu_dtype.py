@@ -34,4 +34,4 @@ def run() -> float:
 
 first = run()
 times = sorted(run() for _ in range(5))
-print(sys.argv[1:], "first %.1f s, median %.3f s" % (first, times[2]))
+print(sys.argv[1:], f"first {first:.1f} s, median {times[2]:.3f} s")

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"\n{device_name}, {dtype}, {'toy size' if args.small else 'klein-4B size'}, random weights")
-    print(f"{'mode':9} {'size':10} {'first s':>8} {'image s':>8} {'step s':>8} {'TFLOP/step':>10} {'TFLOP/s':>8} {'of peak':>8}")
+    print(f"{'mode':9} {'size':10} {'first s':>8} {'image s':>8} {'step s':>8} {'TFLOP/step':>10} {'TFLOP/s':>8} "
+          f"{'of peak':>8}")
     for r in rows:
         print(f"{r['mode']:9} {r['resolution']:10} {r['first_image_s']:8.2f} {r['image_s']:8.3f} {r['step_s']:8.4f} "
               f"{r['transformer_tflop_per_step']:10.2f} {r['achieved_tflops']:8.1f} {r['peak_fraction']:8.1%}")

@@ -9,7 +9,8 @@ Each client loops over a mix: images at three sizes, inpainting, a long image it
 and status polls. Printed: RSS of the app and every process it started (replicas, each of Ray's own by name) each
 30 s, the growth from the --warmup mark to the end, the slope (MB per minute) over the run after warm-up and over
 its last 10 minutes, and every unexpected error. With --tracemalloc S the app runs under tracemalloc and writes, every S
-seconds, the 25 biggest growths (by allocating traceback) since the first snapshot after warm-up to <out>.tracemalloc.txt.
+seconds, the 25 biggest growths (by allocating traceback) since the first snapshot after warm-up to
+<out>.tracemalloc.txt.
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor or eager)")
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--mix-steps", type=int, default=1, help="steps of each mix request (the compile is what counts)")
+    parser.add_argument("--mix-steps", type=int, default=1,
+                        help="steps of each mix request (the compile is what counts)")
     parser.add_argument("--out", help="write the figures here as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)

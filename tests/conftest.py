@@ -37,7 +37,8 @@ def make_engine(tmp_path):
 
     def make(presets: str = SMALL_PRESETS, compile_mode: str = "regional", backend="eager", cache_dir=None,
              wrap_runner=None):
-        """`wrap_runner(runner)` wraps the pipeline runner at construction; the engine's `runner` is then the wrapper."""
+        """`wrap_runner(runner)` wraps the pipeline runner at construction; the engine's `runner` is then the
+        wrapper."""
         torch._dynamo.reset()
         cache = configure_cache_env(cache_dir or tmp_path / "cache", environ={})
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)

@@ -48,7 +48,8 @@ def seconds_per_step(url: str, resolution: str) -> float:
     made: dict = {}
     for steps in (1, 4):
         event_id = httpx.post(url + "/gradio_api/call/generate",
-                              json={"data": ["warm", resolution, steps, 1, None, None, None, None, None]}).json()["event_id"]
+                              json={"data": ["warm", resolution, steps, 1, None, None, None, None, None]}
+                              ).json()["event_id"]
         stream(url, event_id, made)
     return made[event_id][1][1]["run_seconds"] / 4
 

@@ -231,7 +231,8 @@ def describe_turn(ahead: list[Layout], mine: int) -> ProgressUpdate:
     """What a request waiting at the front hears: the images ahead of it in turn order, how many its own."""
     count = f"{len(ahead)} image{'s' if len(ahead) != 1 else ''} ahead of yours"
     count += f" ({mine} from you)" if mine else ""
-    return ProgressUpdate(Stage.WAITING, f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
+    return ProgressUpdate(Stage.WAITING,
+                          f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
 
 
 def portable(request: GenerateRequest) -> GenerateRequest:
