@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import gradio as gr
 
 from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE, STYLE_SCALE
+from neuron_ui.ui.history import HistoryEntry  # at run time: Gradio reads on_select's hints to give it the SelectData
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.results import GenerateResult
-    from neuron_ui.ui.history import HistoryEntry
 
 STORAGE_KEY = "neuron-ui-style"
 DEFAULT_STRENGTH = 1.0
