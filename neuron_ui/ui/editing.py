@@ -18,14 +18,13 @@ from PIL import Image
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.ui.history import EditorValue
+from neuron_ui.ui.history import EditorValue, HistoryEntry  # at run time: Gradio reads the handlers' hints
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.files import StoredFiles
-    from neuron_ui.ui.history import HistoryEntry
 
 
 DEFAULT_STRENGTH = 0.9
