@@ -43,9 +43,9 @@ INDUCTOR_FLAGS = [*FLAGS[:FLAGS.index("--compile-backend")], "--compile-backend"
 
 
 def wait_for_client(url: str, processes, log: Path, timeout: float = 240) -> Client:
-    """A client once /healthz answers: the server is up (polled, each answer from the app itself)."""
+    """A client once /healthz says 200: the model is loaded and the UI served (503 while loading)."""
     deadline = time.monotonic() + timeout
-    while healthz(url)[0] == 0:
+    while healthz(url)[0] != 200:
         for p in processes:
             assert p.poll() is None, f"a rank exited early:\n{log.read_text()[-4000:]}"
         assert time.monotonic() < deadline, f"the app never came up:\n{log.read_text()[-4000:]}"
