@@ -120,23 +120,16 @@ def workers(torchrun: subprocess.Popen) -> dict[int, int]:
     return found
 
 
-def start_long_request(client: Client, resolution: str = "256x256", steps: int = 50, seed: int = 7):
-    """A long image (seconds on the tiny model), once its progress says two steps ran: every rank is in the loop."""
+def start_long_request(client: Client, resolution: str = "256x256", steps: int = 100, seed: int = 7):
+    """A long image (seconds on the tiny model), once the status says two steps ran in lockstep: every rank is in
+    the denoising loop."""
     job = client.submit("a lighthouse", resolution, steps, seed, api_name="/generate")
     deadline = time.monotonic() + 120
-    while steps_done(job) < 2:
+    while (client.predict(api_name="/status")["tensor_parallel"]["step"] or 0) < 2:
         assert not job.done(), f"the request ended before two steps: {job.status()}"
         assert time.monotonic() < deadline, f"the request never reached step 2: {job.status()}"
         time.sleep(0.05)
     return job
-
-
-def steps_done(job) -> int:
-    """The last denoising step the job's progress reported ("step k/N"), 0 before any."""
-    for unit in job.status().progress_data or []:
-        if found := re.search(r"step (\d+)/\d+", unit.desc or ""):
-            return int(found.group(1))
-    return 0
 
 
 class HealthWatch:
