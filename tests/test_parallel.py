@@ -7,6 +7,7 @@ broadcasts, every rank runs and compiles in lockstep, and deaths are reported in
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,13 +22,14 @@ import numpy as np
 import psutil
 import pytest
 from gradio_client import Client
-from gradio_client.utils import Status
 from PIL import Image
+from torch.distributed.device_mesh import DeviceMesh
 
 from neuron_ui.config.processes import free_port
 from neuron_ui.main import main
 from neuron_ui.model.runner import PipelineCall, run_pipeline
 from neuron_ui.model.sharding import check_heads
+from neuron_ui.model.torch_bridge import stabilise_mesh_hash
 from neuron_ui.model.tiny import build_tiny_pipeline
 
 pytestmark = pytest.mark.distributed
@@ -41,15 +43,14 @@ INDUCTOR_FLAGS = [*FLAGS[:FLAGS.index("--compile-backend")], "--compile-backend"
 
 
 def wait_for_client(url: str, processes, log: Path, timeout: float = 240) -> Client:
+    """A client once /healthz says 200: the model is loaded and the UI served (503 while loading)."""
     deadline = time.monotonic() + timeout
-    while True:
+    while healthz(url)[0] != 200:
         for p in processes:
             assert p.poll() is None, f"a rank exited early:\n{log.read_text()[-4000:]}"
-        try:
-            return Client(url, analytics_enabled=False, verbose=False, download_files=str(log.parent))
-        except Exception:
-            assert time.monotonic() < deadline, f"the app never came up:\n{log.read_text()[-4000:]}"
-            time.sleep(1)
+        assert time.monotonic() < deadline, f"the app never came up:\n{log.read_text()[-4000:]}"
+        time.sleep(0.1)
+    return Client(url, analytics_enabled=False, verbose=False, download_files=str(log.parent))
 
 
 def generate(client: Client, resolution="256x256", seed=3, steps=4):
@@ -73,9 +74,9 @@ def stop(processes, sig=signal.SIGTERM, timeout=60) -> list[int]:
 
 
 @contextmanager
-def torchrun_app(tmp_path, *torchrun_flags: str, app_flags: list[str] = FLAGS):
+def torchrun_app(tmp_path, *torchrun_flags: str, app_flags: list[str] = FLAGS, cache: Path | None = None):
     port, log = free_port(), tmp_path / "torchrun.log"
-    env = {**os.environ, "NEURON_UI_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "NEURON_UI_CACHE_DIR": str(cache or tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master-port={free_port()}",
            *torchrun_flags, str(ROOT / "app.py"), *app_flags, "--port", str(port), "--tp", "2"]
     with open(log, "w") as out:
@@ -91,7 +92,7 @@ def torchrun_app(tmp_path, *torchrun_flags: str, app_flags: list[str] = FLAGS):
 
 
 @contextmanager
-def two_ranks_by_hand(tmp_path, script: Path = ROOT / "app.py", **env_extra: str):
+def two_ranks_by_hand(tmp_path, *app_flags: str, script: Path = ROOT / "app.py", **env_extra: str):
     """Both ranks started as torchrun would, without its agent, so a death is ours to notice."""
     port, master, log = free_port(), free_port(), tmp_path / "ranks.log"
     procs = []
@@ -100,7 +101,7 @@ def two_ranks_by_hand(tmp_path, script: Path = ROOT / "app.py", **env_extra: str
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "OMP_NUM_THREADS": "1",
                    "NEURON_UI_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), **env_extra}
-            procs.append(subprocess.Popen([sys.executable, str(script), *FLAGS, "--port", str(port)],
+            procs.append(subprocess.Popen([sys.executable, str(script), *FLAGS, *app_flags, "--port", str(port)],
                                           env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
     try:
         yield procs, wait_for_client(f"http://127.0.0.1:{port}", procs, log), log, f"http://127.0.0.1:{port}"
@@ -119,14 +120,15 @@ def workers(torchrun: subprocess.Popen) -> dict[int, int]:
     return found
 
 
-def start_long_request(client: Client):
-    """A 50-step image (seconds on the tiny model), once it is running on the device."""
-    job = client.submit("a lighthouse", "256x256", 50, 7, api_name="/generate")
-    deadline = time.monotonic() + 60
-    while job.status().code not in (Status.PROCESSING, Status.PROGRESS):
-        assert time.monotonic() < deadline, "the request never started"
+def start_long_request(client: Client, resolution: str = "256x256", steps: int = 100, seed: int = 7):
+    """A long image (seconds on the tiny model), once the status says two steps ran in lockstep: every rank is in
+    the denoising loop."""
+    job = client.submit("a lighthouse", resolution, steps, seed, api_name="/generate")
+    deadline = time.monotonic() + 120
+    while (client.predict(api_name="/status")["tensor_parallel"]["step"] or 0) < 2:
+        assert not job.done(), f"the request ended before two steps: {job.status()}"
+        assert time.monotonic() < deadline, f"the request never reached step 2: {job.status()}"
         time.sleep(0.05)
-    time.sleep(0.5)
     return job
 
 
@@ -174,25 +176,40 @@ def restarted_from_the_warm_cache(client: Client, killed_at: float, what: str) -
     assert info["resolution"] == "256x256" and info["cache_event"] == "disk_hit", info
 
 
-def test_two_ranks_match_one_process_and_compile_once_on_every_rank(tmp_path):
+@pytest.fixture(scope="module")
+def healthy_group(tmp_path_factory):
+    """One torchrun group for the tests that only use a healthy one (each its own resolution, so none sees another's
+    compile): (torchrun, client, log, url)."""
+    with torchrun_app(tmp_path_factory.mktemp("healthy")) as (proc, client, log, url):
+        yield proc, client, log, url
+        client.close()
+        stop([proc], timeout=60)  # SIGTERM to torchrun: it stops both ranks and exits
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory) -> Path:
+    """A cache folder the follower-kill test leaves warm (256x256 under inductor) for the rank 0 kill test to start
+    from; that test restarts from a warm cache either way, this only spares its first group a cold compile."""
+    return tmp_path_factory.mktemp("warm") / "cache"
+
+
+def test_two_ranks_match_one_process_and_compile_once_on_every_rank(healthy_group):
     pipe = build_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     single = np.asarray(run_pipeline(pipe, PipelineCall("a lighthouse", 256, 256, 4, 3, 1.0)), dtype=int)
-    with torchrun_app(tmp_path) as (proc, client, log, _):
-        path, info = generate(client)
-        assert info["cache_event"] == "compiled"
-        sharded = np.asarray(Image.open(path).convert("RGB"), dtype=int)
-        assert np.abs(sharded - single).max() <= 2, "tensor-parallel pixels differ from the single process"
-        ranks = client.predict(api_name="/status")["tensor_parallel"]["ranks"]
-        assert [r["rank"] for r in ranks] == [0, 1] and all(r["graphs"] > 0 for r in ranks)
+    _, client, _, _ = healthy_group
+    path, info = generate(client)
+    assert info["cache_event"] == "compiled"
+    sharded = np.asarray(Image.open(path).convert("RGB"), dtype=int)
+    assert np.abs(sharded - single).max() <= 2, "tensor-parallel pixels differ from the single process"
+    ranks = client.predict(api_name="/status")["tensor_parallel"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["graphs"] > 0 for r in ranks)
 
-        _, info = generate(client, seed=4)
-        assert info["cache_event"] == "memory_hit"
-        again = client.predict(api_name="/status")["tensor_parallel"]["ranks"]
-        assert [r["graphs"] for r in again] == [r["graphs"] for r in ranks], "a rank compiled again"
-        assert all(r["calls"] == ranks[0]["calls"] + 1 for r in again)
-        client.close()
-        stop([proc], timeout=60)  # SIGTERM to torchrun: it stops both ranks and exits
+    _, info = generate(client, seed=4)
+    assert info["cache_event"] == "memory_hit"
+    again = client.predict(api_name="/status")["tensor_parallel"]["ranks"]
+    assert [r["graphs"] for r in again] == [r["graphs"] for r in ranks], "a rank compiled again"
+    assert all(r["calls"] == ranks[0]["calls"] + 1 for r in again)
 
 
 def test_a_dead_follower_is_reported_with_its_rank_and_the_app_keeps_answering(tmp_path):
@@ -228,7 +245,8 @@ def test_followers_exit_when_rank_0_is_killed(tmp_path):
 
 
 def test_a_follower_exception_reaches_the_user_naming_the_rank(tmp_path):
-    with two_ranks_by_hand(tmp_path, ROOT / "tests" / "failing_follower.py", FAIL_RANK="1") as (procs, client, log, url):
+    failing = ROOT / "tests" / "failing_follower.py"
+    with two_ranks_by_hand(tmp_path, script=failing, FAIL_RANK="1") as (procs, client, log, url):
         generate(client)
         start = time.monotonic()
         with pytest.raises(Exception, match="tensor-parallel rank 1 failed: RuntimeError: injected device fault"):
@@ -243,21 +261,22 @@ def test_a_follower_exception_reaches_the_user_naming_the_rank(tmp_path):
 
 
 def test_a_hung_follower_is_bounded_and_named(tmp_path):
-    with two_ranks_by_hand(tmp_path, NEURON_UI_TP_TIMEOUT="3") as (procs, client, log, url):
+    with two_ranks_by_hand(tmp_path, "--tp-timeout", "3") as (procs, client, log, url):
         generate(client)  # compiles 256x256 and measures it: later calls get max(3 s, 4x that)
         procs[1].send_signal(signal.SIGSTOP)  # alive, holding its sockets, answering nothing
         start = time.monotonic()
-        # the bound is max(3 s, 4x the measured image): 3 s on an idle machine, more on a loaded one
+        # the bound is max(3 s, 4x the measured image scaled to the steps asked): one step keeps it short
         with pytest.raises(Exception, match=r"tensor-parallel rank 1 did not answer within \d+ s") as hung:
-            generate(client, seed=5)
+            generate(client, seed=5, steps=1)
         bound = int(re.search(r"within (\d+) s", str(hung.value)).group(1))
         assert bound >= 3 and time.monotonic() - start < bound + 17
         assert healthz(url) == (503, "degraded: rank 1 gone")
-        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] == f"rank 1 did not answer within {bound} s"
+        broken = client.predict(api_name="/status")["tensor_parallel"]["broken"]
+        assert broken == f"rank 1 did not answer within {bound} s"
         client.close()
 
 
-def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(tmp_path):
+def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(tmp_path, warm_cache):
     with torchrun_app(tmp_path, "--max-restarts=2", app_flags=INDUCTOR_FLAGS) as (torchrun, client, log, url):
         _, info = generate(client)  # 256x256 compiled into the cache folder and recorded in its manifest
         assert info["cache_event"] == "compiled"
@@ -275,6 +294,7 @@ def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(tmp_path
         seen = watch.stop()
         restarted_from_the_warm_cache(client, killed_at, "rank 1 killed")
         client.close()
+    shutil.copytree(tmp_path / "cache", warm_cache, dirs_exist_ok=True)
     print(f"/healthz from the kill on: {seen}")
     text = log.read_text()
     assert (503, "restarting") in seen and (0, "down") in seen and seen[-1] == (200, "ok"), text[-8000:]
@@ -282,8 +302,9 @@ def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(tmp_path
     assert re.search(r"serving after \d+ s \(restart 1 of 2\); back \d+ s after the group broke", text), text[-8000:]
 
 
-def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path):
-    with torchrun_app(tmp_path, "--max-restarts=2", app_flags=INDUCTOR_FLAGS) as (torchrun, client, log, url):
+def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path, warm_cache):
+    with torchrun_app(tmp_path, "--max-restarts=2", app_flags=INDUCTOR_FLAGS, cache=warm_cache) as (torchrun, client,
+                                                                                                   log, url):
         generate(client)
         old = workers(torchrun)
         job = start_long_request(client)
@@ -301,23 +322,14 @@ def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path):
                      r"the group broke \(from rank 0's last heartbeat\)$)", text, re.M), text[-8000:]
 
 
-# os._exit after printing: gloo's threads may abort a normal interpreter exit ("terminate called ..."), which is
-# not what this test is about.
-MESH_HASH = "import os; from neuron_ui.config.runtime import Launch; from neuron_ui.parallel.group import init_parallel; " \
-            "print(hash(init_parallel(Launch(0, 0, 1), 'cpu').mesh), flush=True); os._exit(0)"
-
-
-def test_the_mesh_hashes_alike_in_every_process_so_a_restart_finds_the_compile_cache():
-    """torch pickles the mesh's hash into inductor's cache keys; Python's own hash of it changes per process."""
-    hashes = set()
-    for _ in range(2):
-        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
-        done = subprocess.run([sys.executable, "-c", MESH_HASH], env=env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0, done.stderr
-        hashes.add(done.stdout.split()[-1])
-    assert len(hashes) == 1, hashes
+def test_the_mesh_hashes_alike_in_every_process_so_a_restart_finds_the_compile_cache(healthy_group):
+    """torch pickles the mesh's hash into inductor's cache keys; Python's own hash of it changes per process (string
+    hash seed, id(None)). Rank 0 logs its mesh's hash: this process makes the same mesh and must get the same."""
+    _, _, log, _ = healthy_group
+    mesh = DeviceMesh("cpu", [0, 1], _init_backend=False, _rank=0)  # no process group needed to hash it
+    stabilise_mesh_hash(mesh)
+    logged = {int(n) for n in re.findall(r"device mesh \[0, 1\] hashes to (-?\d+)", log.read_text())}
+    assert logged == {hash(mesh)}, (logged, hash(mesh))
 
 
 def test_bad_launches_fail_at_start_up(monkeypatch):
@@ -337,25 +349,19 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused():
         check_heads(5, 24)
 
 
-def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(tmp_path):
+def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(healthy_group):
     """Rank 0 tells the followers at every step whether to stop: none is left waiting in a collective."""
     from gradio_client.exceptions import AppError
 
-    with torchrun_app(tmp_path) as (proc, client, log, _):
-        generate(client, steps=1)  # 256x256 compiled on both ranks
-        job = client.submit("a long one", "256x256", 100, 5, api_name="/generate")
-        deadline = time.monotonic() + 120
-        while not client.predict(api_name="/status")["busy"]:
-            assert time.monotonic() < deadline and not job.done(), "the long request never started"
-            time.sleep(0.1)
-        time.sleep(0.5)  # a few steps in
-        stopped = client.predict(api_name="/stop")["stopped"]
-        assert stopped == ["running"], stopped
-        with pytest.raises(AppError, match="no image was made"):
-            job.result(timeout=120)
-        start = time.monotonic()
-        _, info = generate(client, seed=6)  # both ranks answer the next call: nobody deadlocked
-        assert info["seed"] == 6 and time.monotonic() - start < 60
-        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] is None
-        client.close()
-        stop([proc], timeout=60)
+    _, client, _, _ = healthy_group
+    generate(client, resolution="384x256", steps=1)  # 384x256 compiled on both ranks
+    job = start_long_request(client, "384x256", steps=100, seed=5)  # a few steps in
+    stopped = client.predict(api_name="/stop")["stopped"]
+    assert stopped == ["running"], stopped
+    with pytest.raises(AppError, match="no image was made"):
+        job.result(timeout=120)
+    start = time.monotonic()
+    _, info = generate(client, resolution="384x256", seed=6)  # both ranks answer the next call: nobody deadlocked
+    assert info["seed"] == 6 and time.monotonic() - start < 60
+    after = client.predict(api_name="/status")["tensor_parallel"]
+    assert after["broken"] is None and after["step"] is None, after  # no call in flight

@@ -148,6 +148,8 @@ def init_parallel(launch: Launch, device: str) -> ParallelGroup:
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     mesh = DeviceMesh(device, list(range(launch.world_size)))
     stabilise_mesh_hash(mesh)
+    # inductor's cache keys carry this hash: every process must log the same number (tests/test_parallel.py)
+    logger.info("rank %d: device mesh %s hashes to %d", launch.rank, mesh.mesh.tolist(), hash(mesh))
     processes: list = [None] * launch.world_size
     dist.all_gather_object(processes, (socket.gethostname(), os.getpid()), group=control)
     return ParallelGroup(launch, rank_device(device, launch.local_rank), mesh, control, processes, store, history)

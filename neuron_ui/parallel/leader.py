@@ -101,6 +101,7 @@ class LeaderRunner:
         self.reports = [RankReport(rank) for rank in range(group.degree)]
         self.broken: str | None = None  # why the group cannot run calls any more
         self.broken_event = threading.Event()
+        self.step: int | None = None  # steps the call in flight has run in lockstep (None: no call), for the status
         self._seconds_per_step: dict[tuple[int, int], float] = {}
         self._answered = threading.Event()  # no user is waiting on a call
         self._answered.set()
@@ -135,11 +136,12 @@ class LeaderRunner:
         start = time.monotonic()
         before = read_counters()
         self._collective(dist.broadcast_object_list, [call], src=0, group=self.group.control)
-        error = None
+        self.step, error = 0, None
         try:
             image = self.runner(call, self._steps_in_lockstep(callback))
         except Exception as failure:  # the followers still report back below: stay in step with them
             error = failure
+        self.step = None
         gathered: list[CompileCounters | None] = [None] * self.group.degree
         self._collective(dist.gather_object, read_counters() - before, gathered, dst=0, group=self.group.control)
         deltas = [delta for delta in gathered if delta is not None]  # every rank's, once the gather returned
@@ -167,6 +169,7 @@ class LeaderRunner:
                              group=self.group.control)
             if failure is not None:
                 raise failure
+            self.step = step + 1
             return result
 
         return on_step_end
@@ -230,4 +233,5 @@ class LeaderRunner:
             pass
 
     def describe(self) -> dict:
-        return {"degree": self.group.degree, "ranks": [asdict(r) for r in self.reports], "broken": self.broken}
+        return {"degree": self.group.degree, "ranks": [asdict(r) for r in self.reports], "broken": self.broken,
+                "step": self.step}
