@@ -228,7 +228,8 @@ def test_followers_exit_when_rank_0_is_killed(tmp_path):
 
 
 def test_a_follower_exception_reaches_the_user_naming_the_rank(tmp_path):
-    with two_ranks_by_hand(tmp_path, ROOT / "tests" / "failing_follower.py", FAIL_RANK="1") as (procs, client, log, url):
+    follower = ROOT / "tests" / "failing_follower.py"
+    with two_ranks_by_hand(tmp_path, follower, FAIL_RANK="1") as (procs, client, log, url):
         generate(client)
         start = time.monotonic()
         with pytest.raises(Exception, match="tensor-parallel rank 1 failed: RuntimeError: injected device fault"):
@@ -253,7 +254,8 @@ def test_a_hung_follower_is_bounded_and_named(tmp_path):
         bound = int(re.search(r"within (\d+) s", str(hung.value)).group(1))
         assert bound >= 3 and time.monotonic() - start < bound + 17
         assert healthz(url) == (503, "degraded: rank 1 gone")
-        assert client.predict(api_name="/status")["tensor_parallel"]["broken"] == f"rank 1 did not answer within {bound} s"
+        broken = client.predict(api_name="/status")["tensor_parallel"]["broken"]
+        assert broken == f"rank 1 did not answer within {bound} s"
         client.close()
 
 
@@ -303,7 +305,8 @@ def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path):
 
 # os._exit after printing: gloo's threads may abort a normal interpreter exit ("terminate called ..."), which is
 # not what this test is about.
-MESH_HASH = "import os; from neuron_ui.config.runtime import Launch; from neuron_ui.parallel.group import init_parallel; " \
+MESH_HASH = "import os; from neuron_ui.config.runtime import Launch; " \
+            "from neuron_ui.parallel.group import init_parallel; " \
             "print(hash(init_parallel(Launch(0, 0, 1), 'cpu').mesh), flush=True); os._exit(0)"
 
 
