@@ -133,7 +133,7 @@ def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[
         return runners[0]
 
     stops = SessionStops()
-    engine, demo = build_app(settings, build_engine(settings, wrap_runner=wrap), stops=stops)
+    engine, demo, _ = build_app(settings, build_engine(settings, wrap_runner=wrap), stops=stops)
     server = launch(engine, demo, settings, stops=stops)
     try:
         engine.warmup(resolution)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from collections.abc import Callable, MutableMapping
 
 from neuron_ui.config.processes import limit_heap_arenas
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.server.server import Server
+    from neuron_ui.ui.handlers import Handlers
 
 logger = logging.getLogger(__name__)
 
@@ -45,20 +46,28 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(error))
 
 
-def build_app(settings: Settings, engine: EngineLike | None = None,
-              stops: SessionStops | None = None) -> tuple[EngineLike, gr.Blocks]:
+class App(NamedTuple):
+    """What build_app made: the engine, the queued UI, and the UI's Handlers (for tests that read their store,
+    status or tick; nothing finds them through Gradio)."""
+
+    engine: EngineLike
+    demo: gr.Blocks
+    handlers: Handlers
+
+
+def build_app(settings: Settings, engine: EngineLike | None = None, stops: SessionStops | None = None) -> App:
     """Everything but the launch: the engine (loaded here the way the settings choose, unless given) and the
     queued UI; `stops` the UI's registry of running requests, for launch() to hand the server."""
     engine = engine or choose_serving(settings).load(LoadingState())
     from neuron_ui.ui.blocks import build_demo
 
-    demo = build_demo(engine, settings, stops)
+    demo, handlers = build_demo(engine, settings, stops)
     # api_open=False: /gradio_api/run/<name> no longer skips the queue. max_size=None: Gradio's bound counts every
     # event (so /status heard "Queue is full"); server.gate.Gate bounds the device's queue by --max-queue instead.
     demo.queue(default_concurrency_limit=1, max_size=None, api_open=False)
     if settings.warmup:  # compiles in the background; users' requests go first
         engine.start_warmup([str(preset) for preset in settings.warmup])
-    return engine, demo
+    return App(engine, demo, handlers)
 
 
 def start_server(settings: Settings, health: Callable[[], str | None] | None = None,
@@ -100,8 +109,8 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
     try:
         engine = serving.load(loading)
         stops = SessionStops()
-        _, demo = build_app(settings, engine, stops)
-        launch(engine, demo, settings, server, stops=stops)
+        app = build_app(settings, engine, stops)
+        launch(engine, app.demo, settings, server, stops=stops)
         engine.start()
         drained = server.serve_forever()
     except StartupError as error:

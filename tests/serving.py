@@ -36,6 +36,7 @@ class Served:
     server: Any  # neuron_ui.server.Server
     settings: Any
     stops: SessionStops  # the UI's running requests by session, handed to the server too
+    ui: Handlers  # the UI's Handlers, as build_app handed them back
     runner: Any = None  # the wrapper served(wrap_runner=...) built around the engine's runner
 
     @property
@@ -46,8 +47,8 @@ class Served:
         return httpx.get(self.url + path, timeout=TIMEOUT, **kwargs)
 
     def handlers(self) -> Handlers:
-        """The demo's Handlers object (the one behind the /generate endpoint)."""
-        return next(fn.fn.__self__ for fn in self.demo.fns.values() if fn.api_name == "generate")
+        """The UI's Handlers (the ones behind the /generate endpoint): their image store, status and tick."""
+        return self.ui
 
     def metric(self, name: str, **labels: str) -> float | None:
         """One sample from /metrics, parsed as Prometheus text; None when absent."""
@@ -96,9 +97,9 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
         settings = parse_settings(argv)
         server = Server(settings, gradio_limits=gradio_limits).start()  # main.start_server, with the limits
         stops = SessionStops()
-        built, demo = build_app(settings, engine(settings) if engine else None, stops=stops)
-        launch(built, demo, settings, server, stops=stops)
-        yield Served(built, demo, server, settings, stops, wrapped[0] if wrapped else None)
+        app = build_app(settings, engine(settings) if engine else None, stops=stops)
+        launch(app.engine, app.demo, settings, server, stops=stops)
+        yield Served(app.engine, app.demo, server, settings, stops, app.handlers, wrapped[0] if wrapped else None)
     finally:
         if server is not None:
             server.stop()

@@ -11,7 +11,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError, AuthenticationError
 from gradio_client.utils import QueueError
 from PIL import Image
-from serving import TIMEOUT, connect
+from serving import TIMEOUT, connect, wait_until
 
 from neuron_ui.main import main, set_offline_defaults
 
@@ -108,7 +108,8 @@ def test_a_full_queue_says_busy_instead_of_timing_out(server):
         assert time.monotonic() < deadline and not long_run.done(), "the long run never started"
         time.sleep(0.05)
     waiting = [client.submit("a short one", "256x256", 1, seed, api_name="/generate") for seed in (2, 3)]
-    time.sleep(0.5)  # both are in the queue now: --max-queue 2
+    wait_until(lambda: call(client, api_name="/status")["queue_depth"] == 2,  # the queue is full: --max-queue 2
+               "both short ones wait for the device", timeout=TIMEOUT)
     assert engine.status().busy, "the long run ended before the queue filled; make it longer"
     with pytest.raises(QueueError, match="Queue is full"):
         client.submit("one too many", "256x256", 1, 4, api_name="/generate").result(timeout=TIMEOUT)

@@ -321,7 +321,7 @@ def test_an_out_of_memory_error_is_told_to_its_user_and_the_next_request_runs(se
 def full_folder(tmp_path, monkeypatch):
     """A folder on a 64 KiB tmpfs, filled up: writes fail with ENOSPC as on a full disk.
 
-    Where this process may not mount (no CAP_SYS_ADMIN), the manifest's write fails with ENOSPC instead."""
+    Where this process may not mount (no CAP_SYS_ADMIN), os.fsync (the manifest's write) fails with ENOSPC instead."""
     folder = tmp_path / "full"
     folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
@@ -340,7 +340,7 @@ def full_folder(tmp_path, monkeypatch):
             def no_space(*args):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-            monkeypatch.setattr("neuron_ui.cache.manifest.os.fsync", no_space)
+            monkeypatch.setattr(os, "fsync", no_space)  # the library call fails, as on a full disk
             logging.getLogger(__name__).warning("no tmpfs here: a full disk is simulated with an injected ENOSPC")
         yield folder / "cache"
     finally:
@@ -489,7 +489,7 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
         assert metrics.status_code == 200 and "neuron_ui_model_loaded 0.0" in metrics.text
 
         stops = SessionStops()
-        engine, demo = build_app(defaults, stops=stops)
+        engine, demo, _ = build_app(defaults, stops=stops)
         launch(engine, demo, defaults, server, stops=stops)
         assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(server.url + "/").status_code == 200

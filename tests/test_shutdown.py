@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -21,10 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SLOW = ["a slow one", "256x256", 60, 1, None, None, None, None, None]  # its steps are set by seconds_per_step()
 
 
-def stream(url: str, event_id: str, into: dict) -> None:
-    """The event's last message, or ("cut", why) when the server closed the stream before its end."""
+def stream(url: str, event_id: str, into: dict, opened: threading.Event | None = None) -> None:
+    """The event's last message, or ("cut", why) when the server closed the stream before its end; `opened` is set
+    once the server answered with the stream's headers."""
     try:
-        text = httpx.get(f"{url}/gradio_api/call/generate/{event_id}", timeout=TIMEOUT).text
+        with httpx.stream("GET", f"{url}/gradio_api/call/generate/{event_id}", timeout=TIMEOUT) as response:
+            if opened is not None:
+                opened.set()
+            text = response.read().decode()
     except httpx.RemoteProtocolError as closed:  # a process that exits at once cuts its open streams
         into[event_id] = ("cut", str(closed))
         return
@@ -64,9 +67,10 @@ def one_running_one_waiting(url: str, request: list, busy: str = "neuron_ui_devi
     wait_until(lambda: busy in httpx.get(url + "/metrics").text, "the device is busy", timeout=TIMEOUT)
     waiting = httpx.post(url + "/gradio_api/call/generate", json={"data": request}).json()["event_id"]
     results: dict = {}
-    for event_id in (running, waiting):
-        threading.Thread(target=stream, args=(url, event_id, results), daemon=True).start()
-    time.sleep(0.5)  # both streams open
+    opened = [threading.Event(), threading.Event()]
+    for event_id, open_ in zip((running, waiting), opened):
+        threading.Thread(target=stream, args=(url, event_id, results, open_), daemon=True).start()
+    assert all(open_.wait(TIMEOUT) for open_ in opened), "a stream never opened"
     return running, waiting, results
 
 

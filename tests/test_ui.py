@@ -357,7 +357,7 @@ def test_header_banner_and_public_status(engine):
 @pytest.mark.filterwarnings("error:Expected:UserWarning")
 def test_demo_admits_device_runs_up_to_the_queue_bound_and_the_engine_serves_one_at_a_time(engine):
     settings = Settings(resolutions=engine.presets)
-    demo = build_demo(engine, settings)
+    demo, _ = build_demo(engine, settings)
     fns = list(demo.fns.values())
     public = {fn.api_name for fn in fns if fn.api_visibility == "public"}
     assert public == {"generate", "inpaint", "warmup", "status", "stop"}

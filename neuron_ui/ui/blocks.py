@@ -54,9 +54,11 @@ def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def build_demo(engine: EngineLike, settings: Settings, stops: SessionStops | None = None) -> gr.Blocks:
-    """The whole app around one engine; queue() and launch() are the caller's (app.py). `stops`, the registry of
-    running requests by session, is the caller's to hand the server too (its gate stops a cancelled request)."""
+def build_demo(engine: EngineLike, settings: Settings,
+               stops: SessionStops | None = None) -> tuple[gr.Blocks, Handlers]:
+    """The whole app around one engine, and the Handlers wired into it (their image store, status and tick, for the
+    caller to keep); queue() and launch() are the caller's (app.py). `stops`, the registry of running requests by
+    session, is the caller's to hand the server too (its gate stops a cancelled request)."""
     status = engine.status()
     # Gradio's queue is read at event time, from the demo built below (the closure binds `demo` late).
     store = build_image_store(settings.cache_dir)  # kept across restarts: the browsers' histories show them again
@@ -222,4 +224,4 @@ def build_demo(engine: EngineLike, settings: Settings, stops: SessionStops | Non
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
         gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)
-    return demo
+    return demo, handlers
