@@ -230,8 +230,9 @@ class ReplicasServed(Served):
     """The replicas' client: stopping it stops Serve and this process's Ray (`at_once`: Ray's local processes are
     ended, for an exit that cannot wait)."""
 
-    def __init__(self, engine: EngineLike, settings: Settings):
-        super().__init__(engine)
+    def __init__(self, client: ReplicaClient, settings: Settings):
+        super().__init__(client)
+        self.client = client  # typed: the front's own members (its watcher, the replicas' reports) for what reads them
         self.settings = settings
 
     def stop(self, at_once: bool = False) -> None:

@@ -37,7 +37,7 @@ def deployment(local_ray, tmp_path_factory):
                               rank=4, seed=1)
     with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2", "--lora", str(style)) as s:
         yield s
-    s.engine.watcher.stop()  # before its application goes: the next module's deployment takes its name
+    s.engine.client.watcher.stop()  # before its application goes: the next module's deployment takes its name
     from neuron_ui.replicas.launch import stop_app
 
     stop_app()
@@ -106,7 +106,7 @@ def test_a_failure_crosses_the_stream_as_a_typed_message_and_is_raised_as_the_en
 
 
 def test_a_compiled_shape_stays_on_its_replica(deployment, caplog):
-    client = deployment.engine
+    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     with caplog.at_level(logging.INFO, logger="neuron_ui.replicas.stream"):
         first = client.generate(request("384x256", seed=1))
     assert first.cache_event == "compiled"
@@ -122,7 +122,7 @@ def test_a_compiled_shape_stays_on_its_replica(deployment, caplog):
 def test_a_style_switch_on_a_replica_compiles_nothing_and_none_gives_the_base_image_back(deployment):
     """Every replica holds every style (they travel in the settings); on the replica that holds the shape, a switch
     to a style, to another strength and back to none is a memory_hit each: no new graph (a recompile would be one)."""
-    client = deployment.engine
+    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     base = client.generate(request("384x256", seed=9))
     switched = [client.generate(request("384x256", seed=9, lora=lora, lora_scale=scale))
                 for lora, scale in (("ink", None), ("ink", 1.5), (None, None))]
@@ -155,7 +155,7 @@ def test_progress_streams_from_the_replica(deployment):
 
 
 def test_status_health_and_metrics_cover_the_replicas(deployment):
-    client = deployment.engine
+    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     made = client.generate(request("384x256", seed=9))
     status = wait_until(lambda: (s := client.status()).shape("384x256").ready_on and s, "384x256 reported ready")
     shape = status.shape("384x256")
@@ -176,7 +176,7 @@ def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, t
     """A reference (a path on this machine) and an inpaint: the replica gets bytes, the layout's token count routes."""
     from PIL import Image
 
-    client = deployment.engine
+    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     reference = tmp_path / "reference.png"
     Image.new("RGB", (640, 300), (200, 30, 30)).save(reference)
     size = str(client.reference_sizes[-1])
@@ -242,7 +242,7 @@ def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deploym
     """The Stop button's token cancels the stream; the replica stops the image at its next step."""
     from neuron_ui.contract.stopping import Stopped, StopToken
 
-    client = deployment.engine
+    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     started = time.monotonic()
     client.generate(request(seed=11, steps=100))
     whole = time.monotonic() - started  # what the image takes when nobody stops it
@@ -293,7 +293,7 @@ def test_visitors_take_turns_at_the_front_across_the_replicas(deployment):
     """The front decides who goes next: with both replicas busy with A's images, B's one is sent before A's rest."""
     from neuron_ui.replicas.client import ReplicaClient
 
-    served_client, sent, results = deployment.engine, [], {}
+    served_client, sent, results = deployment.engine.client, [], {}
     client = ReplicaClient(Recorded(served_client.calls.handle, sent), served_client.board, deployment.settings,
                            served_client.plan, watcher=served_client.watcher)
 
@@ -335,7 +335,7 @@ def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(de
 
 
 def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
-    client = deployment.engine
+    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     slow = request(seed=7, steps=100)
     reference = client.generate(slow)
     outcome: dict = {}
