@@ -2,6 +2,9 @@
 modules marked `own_process("name")` share one such process, in collection order."""
 
 import os
+import signal
+import subprocess
+import threading
 
 import pytest
 
@@ -21,23 +24,31 @@ class ChildFailure(Exception):
 
 
 class ModuleInChild:
-    """One own_process module's (or named group's) selected tests, run once in a child pytest on first use."""
+    """One own_process module's (or named group's) selected tests, run once in a child pytest; `outcome` waits for
+    the child, which run_in_background started when collection ended."""
 
     def __init__(self, nodeids: list[str], rootdir: str):
         self.nodeids = nodeids
         self.rootdir = rootdir
-        self.outcomes: dict[str, tuple[str, str]] | None = None
+        self.outcomes: dict[str, tuple[str, str]] = {}
+        self.done = threading.Event()
+        self.child: subprocess.Popen | None = None
         self.tail = ""
 
     def outcome(self, nodeid: str) -> tuple[str, str] | None:
-        if self.outcomes is None:
-            self.outcomes = self._run()
+        self.done.wait(CHILD_TIMEOUT + 60)
         return self.outcomes.get(nodeid)
+
+    def run(self) -> None:
+        try:
+            self.outcomes = self._run()
+        except Exception as error:  # the parent reports each test as unreported, with this as the child's output
+            self.tail = f"the child pytest could not run: {error!r}"
+        finally:
+            self.done.set()
 
     def _run(self) -> dict[str, tuple[str, str]]:
         import json
-        import signal
-        import subprocess
         import sys
         import tempfile
 
@@ -46,7 +57,7 @@ class ModuleInChild:
             log = os.path.join(folder, "output.txt")
             with open(log, "w") as out:
                 # A session of its own, so a timeout kills the child and what it started (Ray's daemons) together.
-                child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                child = self.child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                                           *self.nodeids], cwd=self.rootdir, env={**os.environ, CHILD: results},
                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
@@ -117,6 +128,30 @@ def pytest_collection_modifyitems(session, config, items):
             module = modules.setdefault(group, ModuleInChild([], str(config.rootpath)))
             module.nodeids.append(item.nodeid)
             items[index] = InChild.from_parent(item.parent, name=item.name, module=module, original=item)
+    if modules:
+        run_in_background(list(modules.values()))
+
+
+def run_in_background(modules: list[ModuleInChild]) -> None:
+    """The children run one after another (two Rays at once would share ports and /tmp/ray) in a thread, beside the
+    rest of the suite in this process: a child mostly waits (Ray's start, Serve's replicas, a replacement after a
+    kill), so the run's wall time is about the longer of the two rather than their sum."""
+
+    def run_all() -> None:
+        for module in modules:
+            module.run()
+
+    threading.Thread(target=run_all, name="own-process-children", daemon=True).start()
+    RUNNING.extend(modules)
+
+
+RUNNING: list[ModuleInChild] = []  # this session's children, ended with it (an interrupted run leaves no Ray behind)
+
+
+def pytest_unconfigure(config):
+    for module in RUNNING:
+        if module.child is not None and module.child.poll() is None:
+            os.killpg(module.child.pid, signal.SIGKILL)
 
 
 def pytest_runtest_logreport(report):
