@@ -28,9 +28,6 @@ class ShapeState(str, Enum):
     FAILED = "failed"
 
 
-COLD, COMPILING, READY, FAILED = ShapeState.COLD, ShapeState.COMPILING, ShapeState.READY, ShapeState.FAILED
-
-
 class Stage(str, Enum):
     """Where a request is, as its progress tells it."""
 

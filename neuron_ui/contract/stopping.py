@@ -32,7 +32,6 @@ class Phase(str, Enum):
     DONE = "done"
 
 
-RECEIVED, QUEUED, COMPILING, RUNNING, DONE = Phase.RECEIVED, Phase.QUEUED, Phase.COMPILING, Phase.RUNNING, Phase.DONE
 STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
 MAX_ON_BEHALF = 1024  # stop calls made for another session and not yet run
 
@@ -52,7 +51,7 @@ class StopToken:
         self._stopped = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self.event_id = event_id  # the Gradio event it serves, so a cancel of that one event finds it
-        self.phase: Phase = RECEIVED
+        self.phase: Phase = Phase.RECEIVED
         self.reason: str | None = None
         self._on_admitted = on_admitted  # called once, when the engine has checked the request and queues it
 
@@ -63,20 +62,20 @@ class StopToken:
     def stop(self, reason: str = STOPPED_BY_USER) -> Phase:
         """Ask the request to stop; returns its phase then (what the stop can still save)."""
         with self._lock:
-            if self.phase == DONE:
-                return DONE
+            if self.phase == Phase.DONE:
+                return Phase.DONE
             if not self._stopped.is_set():
                 self.reason = reason
                 self._stopped.set()
             listeners, phase = list(self._listeners), self.phase
         for listener in listeners:
             listener()
-        return QUEUED if phase == RECEIVED else phase
+        return Phase.QUEUED if phase == Phase.RECEIVED else phase
 
     def enter(self, phase: Phase) -> None:
         """The engine says where the request is now; leaving RECEIVED (for anything but DONE) admits it."""
         with self._lock:
-            admitted = self.phase == RECEIVED and phase not in (RECEIVED, DONE)
+            admitted = self.phase == Phase.RECEIVED and phase not in (Phase.RECEIVED, Phase.DONE)
             self.phase = phase
         if admitted and self._on_admitted is not None:  # once: nothing enters RECEIVED again
             self._on_admitted()
@@ -128,7 +127,7 @@ class SessionStops:
         try:
             yield token
         finally:
-            token.enter(DONE)
+            token.enter(Phase.DONE)
             with self._lock:
                 tokens = self._tokens.get(key, [])
                 if token in tokens:
@@ -147,7 +146,7 @@ class SessionStops:
             session = self._on_behalf.pop(session, session)
             tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
         return [token.stop(reason) for token in tokens
-                if not (reason == DISCONNECTED and token.phase == COMPILING)]
+                if not (reason == DISCONNECTED and token.phase == Phase.COMPILING)]
 
     def running(self, session: str | None) -> int:
         with self._lock:

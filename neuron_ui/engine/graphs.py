@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from neuron_ui.cache.estimates import estimate_compile_seconds, measured_cold_seconds, measured_load_seconds
 from neuron_ui.compile.counters import DISK_HIT, MEMORY_HIT
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY, ShapeState, ShapeStatus
+from neuron_ui.contract.results import ShapeState, ShapeStatus
 
 if TYPE_CHECKING:
     from neuron_ui.cache.manifest import CacheManifest
@@ -84,19 +84,19 @@ class GraphBook:
             return None
         with self._lock:
             graph = self._graphs.get(layout.tokens)
-            if graph is not None and graph.state == READY:
+            if graph is not None and graph.state == ShapeState.READY:
                 return None
-            self._graphs[layout.tokens] = GraphState(COMPILING, compiled_by=layout)
+            self._graphs[layout.tokens] = GraphState(ShapeState.COMPILING, compiled_by=layout)
         return Claim(layout, bool(self.disk_records(layout)), self.estimate(layout), self.estimate_is_guess(layout))
 
     def failed(self, layout: Layout, reason: str) -> None:
         with self._lock:
-            self._graphs[layout.tokens] = GraphState(FAILED, compiled_by=layout, error=reason)
+            self._graphs[layout.tokens] = GraphState(ShapeState.FAILED, compiled_by=layout, error=reason)
 
     def ready(self, layout: Layout, seconds: float, event: str, persistent: bool) -> None:
         """The graph is held; recorded in the manifest only when it was compiled into the persistent folder."""
         with self._lock:
-            self._graphs[layout.tokens] = GraphState(READY, compiled_by=layout, seconds=seconds, event=event)
+            self._graphs[layout.tokens] = GraphState(ShapeState.READY, compiled_by=layout, seconds=seconds, event=event)
         if persistent:
             self.manifest.record(self.key, str(layout), layout.tokens, seconds, event)
 
@@ -115,7 +115,7 @@ class GraphBook:
     def held(self) -> list[int]:
         """The token counts whose graph is ready here."""
         with self._lock:
-            return sorted(tokens for tokens, graph in self._graphs.items() if graph.state == READY)
+            return sorted(tokens for tokens, graph in self._graphs.items() if graph.state == ShapeState.READY)
 
     # -- estimates and status ----------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ class GraphBook:
             resolution=str(layout.resolution),
             aspect=layout.resolution.aspect,
             tokens=layout.tokens,
-            state=COLD,
+            state=ShapeState.COLD,
             on_disk=bool(disk),
             warmup_queued=layout.plain and layout.resolution in warmup,
             hits=stats.hits,
@@ -154,7 +154,7 @@ class GraphBook:
             layout=None if layout.plain else str(layout),
         )
         if self.compile_mode == "eager":
-            shape.state = READY
+            shape.state = ShapeState.READY
         elif graph is not None:
             shape.state = graph.state
             shape.error = graph.error
@@ -165,7 +165,7 @@ class GraphBook:
                 shape.load_seconds = graph.seconds
             else:
                 shape.compile_seconds = graph.seconds
-        if shape.state != READY:
+        if shape.state != ShapeState.READY:
             estimate = self.estimate(layout)
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
             shape.estimate_guess = self.estimate_is_guess(layout)

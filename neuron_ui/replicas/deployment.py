@@ -25,7 +25,8 @@ from ray import serve
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
-from neuron_ui.contract.stopping import RECEIVED, StopToken
+from neuron_ui.contract import stopping
+from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, find_board
 from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
@@ -149,7 +150,8 @@ class EngineReplica:
                 self._report()
 
         task = loop.run_in_executor(None, run)
-        phase = RECEIVED  # the engine's QUEUED (the request is valid) is sent on, and admits it at the front
+        # The engine's QUEUED (the request is valid) is sent on, and admits it at the front.
+        phase = stopping.Phase.RECEIVED
         try:
             while not task.done() or not queue.empty():
                 getter = asyncio.ensure_future(queue.get())

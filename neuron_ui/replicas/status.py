@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.contract.results import COLD, COMPILING, FAILED, READY
+from neuron_ui.contract.results import ShapeState
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import STALE_SECONDS, ReplicaReport, Reports
 
@@ -39,9 +39,10 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
     """A layout over all healthy replicas: ready where any holds its graph, compiling where any compiles it.
     `base` is the front's own view: on disk or not, and the estimate for what no replica holds."""
     states = {s.state for s in seen}
-    state = READY if ready_on else COMPILING if COMPILING in states else FAILED if FAILED in states else COLD
+    state = (ShapeState.READY if ready_on else ShapeState.COMPILING if ShapeState.COMPILING in states
+             else ShapeState.FAILED if ShapeState.FAILED in states else ShapeState.COLD)
     latencies = [s.last_latency for s in seen if s.last_latency is not None]
-    held = [s for s in seen if s.state == READY]
+    held = [s for s in seen if s.state == ShapeState.READY]
     return replace(
         base,
         state=state,
@@ -52,9 +53,9 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
         compile_seconds=next((s.compile_seconds for s in held if s.compile_seconds), base.compile_seconds),
         load_seconds=next((s.load_seconds for s in held if s.load_seconds), base.load_seconds),
         shares_graph_with=next((s.shares_graph_with for s in held if s.shares_graph_with), None),
-        error=next((s.error for s in seen if s.error), None) if state == FAILED else None,
-        estimate_seconds=None if state == READY else base.estimate_seconds,
-        estimate_guess=state != READY and base.estimate_guess,
+        error=next((s.error for s in seen if s.error), None) if state == ShapeState.FAILED else None,
+        estimate_seconds=None if state == ShapeState.READY else base.estimate_seconds,
+        estimate_guess=state != ShapeState.READY and base.estimate_guess,
         ready_on=ready_on,
         replicas_total=total,
     )

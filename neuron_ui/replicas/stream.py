@@ -17,7 +17,7 @@ from ray.serve.exceptions import RequestCancelledError
 from neuron_ui.contract import stopping
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
-from neuron_ui.contract.stopping import COMPILING, QUEUED, RUNNING, Stopped, StopToken
+from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
 
 if TYPE_CHECKING:
@@ -31,9 +31,9 @@ REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableErr
 
 # What a stopped request answers, by where it was when the front cancelled its stream (stopping's phases).
 STOPPED_WORDS = {
-    QUEUED: "stopped: you left the queue; no image was made",
-    COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
-    RUNNING: "stopped at the next step; no image was made",
+    stopping.Phase.QUEUED: "stopped: you left the queue; no image was made",
+    stopping.Phase.COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
+    stopping.Phase.RUNNING: "stopped at the next step; no image was made",
 }
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
 RETRIED = "replica lost, retried on another"  # before every progress line of a retried request
@@ -121,7 +121,8 @@ class StreamCaller:
                     self.observers.failed("shutting_down")
                     raise EngineError(SHUTTING_DOWN, kind="shutting_down") from None
                 self.observers.failed("stopped")
-                raise Stopped(STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[QUEUED]).format(layout=layout)) from None
+                words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[stopping.Phase.QUEUED])
+                raise Stopped(words.format(layout=layout)) from None
             finally:
                 forget()
             if done:

@@ -18,7 +18,7 @@ from mcp import types
 
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
-from neuron_ui.contract.results import COMPILING, FAILED, PNG_COMPRESS_LEVEL, READY
+from neuron_ui.contract.results import PNG_COMPRESS_LEVEL, ShapeState
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
@@ -37,7 +37,7 @@ def describe_sizes(status: EngineStatus) -> str:
     """Every preset and what its first image costs now, in one sentence a model can plan with."""
     ready, other = [], []
     for shape in status.shapes:
-        if shape.state == READY:
+        if shape.state == ShapeState.READY:
             ready.append(shape.resolution)
         else:
             other.append(f"{shape.resolution} ({_cost(shape)})")
@@ -53,9 +53,9 @@ def describe_sizes(status: EngineStatus) -> str:
 def _cost(shape: ShapeStatus) -> str:
     about = "time not measured yet" if shape.estimate_seconds is None else (
         f"about {shape.estimate_seconds:.0f} s, {'a guess' if shape.estimate_guess else 'an estimate'}")
-    if shape.state == COMPILING:
+    if shape.state == ShapeState.COMPILING:
         return "compiling now"
-    if shape.state == FAILED:
+    if shape.state == ShapeState.FAILED:
         return "its last compile failed; a call tries again"
     return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
-from neuron_ui.contract.results import COMPILING, FAILED, READY
+from neuron_ui.contract.results import ShapeState
 from neuron_ui.contract.stopping import Phase
 from neuron_ui.web.progress import GUESS, CompileWait
 
@@ -80,13 +80,13 @@ def describe_stop(phases: list[Phase]) -> str:
 
 def describe_state(shape: ShapeStatus) -> str:
     """A preset's state in a few words, for the dropdown and the status table."""
-    if shape.state == READY and shape.replicas_total:
+    if shape.state == ShapeState.READY and shape.replicas_total:
         return describe_ready_on(shape)
-    if shape.state == READY:
+    if shape.state == ShapeState.READY:
         return f"ready (graph of {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
-    if shape.state == COMPILING:
+    if shape.state == ShapeState.COMPILING:
         return "compiling now"
-    if shape.state == FAILED:
+    if shape.state == ShapeState.FAILED:
         return "failed"
     if shape.on_disk:
         words = ("cached on disk (load time not measured yet)" if shape.estimate_seconds is None
@@ -122,7 +122,7 @@ def describe_size(shape: ShapeStatus) -> str:
     else:
         shared = f", the graph of {shape.shares_graph_with}" if shape.shares_graph_with else ""
         size = f"**{shape.layout}** ({shape.tokens} image tokens{shared})"
-    if shape.state == READY:
+    if shape.state == ShapeState.READY:
         if shape.compile_seconds:
             took = f"Compiling took {shape.compile_seconds:.1f} s; images"
         elif shape.load_seconds:
@@ -130,9 +130,9 @@ def describe_size(shape: ShapeStatus) -> str:
         else:
             took = "Images"
         return f"**Ready.** {took} at {size} come at full speed."
-    if shape.state == COMPILING:
+    if shape.state == ShapeState.COMPILING:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
-    if shape.state == FAILED:
+    if shape.state == ShapeState.FAILED:
         return f"**Failed to compile** {size} ({shape.error}). Generate or warm up to try again, or pick another size."
     about = describe_estimate(shape) if shape.estimate_seconds is not None else "a while"
     if shape.on_disk:
@@ -156,9 +156,9 @@ def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
 
 def graph_seconds(shape: ShapeStatus) -> str:
     """How long the size's graph took to be ready here (a size that shares a graph carries the graph's time)."""
-    if shape.compile_seconds is not None and shape.state == READY:
+    if shape.compile_seconds is not None and shape.state == ShapeState.READY:
         return f"{shape.compile_seconds:.1f}"
-    if shape.load_seconds is not None and shape.state == READY:
+    if shape.load_seconds is not None and shape.state == ShapeState.READY:
         return f"{shape.load_seconds:.1f} load"
     return "—"
 
@@ -213,7 +213,8 @@ def describe_now(status: EngineStatus, compile_wait: CompileWait | None) -> str:
     if compile_wait is not None:
         doing = compile_wait.describe(time.monotonic())[1]
     else:
-        compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts] if s.state == COMPILING]
+        compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts]
+                     if s.state == ShapeState.COMPILING]
         doing = f"compiling {', '.join(compiling)} (a warm-up)" if compiling else "making an image"
     if not status.busy and compile_wait is None:
         return ""
