@@ -8,7 +8,8 @@ import httpx
 import pytest
 import serving
 from gradio_client.exceptions import AppError
-from browser_fixtures import shot
+from browser_fixtures import WAIT_MS, shot
+from playwright.sync_api import expect
 
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -76,7 +77,8 @@ def test_pick_a_style_generate_switch_and_restore_it_from_the_history(page):
 
     page.reload()  # the choice is kept in the browser
     page.wait_for_function("() => document.querySelector('#style input')?.value === 'ink'")
-    assert page.locator("#history .thumbnail-item").count() == 3
+    # The style comes back from the browser's storage at once, the history with the session's restore after it.
+    expect(page.locator("#history .thumbnail-item")).to_have_count(3, timeout=WAIT_MS)
 
 
 def test_api_styles_by_keyword_and_unknown_names(app, tmp_path):
