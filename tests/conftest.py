@@ -25,8 +25,8 @@ from neuron_ui.model.tiny import build_tiny_pipeline
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Child pytests (own_process.py), the Ray modules' one Ray (ray_session.py), the browser tests' chromium, pages and
-# held runner (browser_fixtures.py).
-pytest_plugins = ["own_process", "ray_session", "browser_fixtures"]
+# held runner (browser_fixtures.py), the checkers started early (checkers.py).
+pytest_plugins = ["own_process", "ray_session", "browser_fixtures", "checkers"]
 
 SMALL_PRESETS = "256x256,384x256,256x384,512x512"
 

@@ -2,30 +2,20 @@
 and no module outgrows one job. Each checker runs through the interpreter running the tests, so a venv's python
 run without activating the venv (`venv/bin/python -m pytest`) finds it."""
 
-import subprocess
-import sys
 from pathlib import Path
 
+import checkers
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 350
-CHECKERS = {
-    # import-linter has no `python -m` entry; its console script `lint-imports` calls this click command.
-    "lint-imports": ["-c", "import sys; from importlinter.cli import lint_imports_command; "
-                           "sys.exit(lint_imports_command())"],
-    "mypy": ["-m", "mypy"],  # files and options: pyproject.toml's [tool.mypy]
-    "ruff": ["-m", "ruff", "check", "neuron_ui", "tests", "bench", "app.py"],
-}
 
 
 @pytest.fixture(scope="module")
 def checked():
-    """Every checker's result; they run side by side (mypy alone takes most of a minute on a fresh clone)."""
-    running = {name: subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for name, args in CHECKERS.items()}
+    """Every checker's result (tests/checkers.py started them when collection ended, side by side)."""
     results = {}
-    for name, process in running.items():
+    for name, process in checkers.start().items():
         out, err = process.communicate(timeout=600)
         assert "No module named" not in err, f"{name}: {err.strip()}: pip install -r requirements-test.txt"
         results[name] = (process.returncode, out[-6000:] + err[-2000:])

@@ -1,0 +1,39 @@
+"""A pytest plugin: the checkers (import-linter, mypy, ruff) start when collection ends, beside the suite, and
+tests/test_architecture.py reads their results. mypy from a cold cache takes most of a minute on 2 cores: started
+early, it runs while other tests do instead of before the architecture tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKERS = {
+    # import-linter has no `python -m` entry; its console script `lint-imports` calls this click command.
+    "lint-imports": ["-c", "import sys; from importlinter.cli import lint_imports_command; "
+                           "sys.exit(lint_imports_command())"],
+    "mypy": ["-m", "mypy"],  # files and options: pyproject.toml's [tool.mypy]
+    "ruff": ["-m", "ruff", "check", "neuron_ui", "tests", "bench", "app.py"],
+}
+RUNNING: dict[str, subprocess.Popen] = {}
+
+
+def start() -> dict[str, subprocess.Popen]:
+    """Each checker as `python -m` of this interpreter (a venv's python finds them unactivated), once."""
+    for name, args in CHECKERS.items():
+        if name not in RUNNING:
+            RUNNING[name] = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True)
+    return RUNNING
+
+
+def pytest_collection_finish(session):
+    if not os.environ.get("NEURON_UI_TEST_RESULTS") and any(
+            item.path.name == "test_architecture.py" for item in session.items):  # not in an own_process child
+        start()
+
+
+def pytest_unconfigure(config):
+    for process in RUNNING.values():
+        if process.poll() is None:
+            process.kill()
