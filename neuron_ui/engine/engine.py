@@ -130,7 +130,7 @@ class Engine(ServesOnceBuilt):
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
             max_references=settings.max_references, max_queue_per_user=settings.max_queue_per_user,
-            styles=StyleBook.load(settings.loras, loaded.pipe.transformer),
+            styles=StyleBook.load(settings.loras, loaded.pipe.transformer, settings.hub_timeout),
         )
 
     # -- requests -------------------------------------------------------------------------------

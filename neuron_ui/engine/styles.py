@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.model.lora_files import StyleError, load_style
+from neuron_ui.contract.errors import first_line
+from neuron_ui.model.lora_files import HUB_TIMEOUT, StyleError, load_style
 from neuron_ui.model.styles import StyleFuser
 
 if TYPE_CHECKING:
@@ -37,19 +38,22 @@ class StyleBook:
             self.fuser.keep_originals(style)
 
     @classmethod
-    def load(cls, specs: tuple[str, ...] | list[str], transformer: torch.nn.Module) -> StyleBook:
-        """Every style that passes its checks; each one that does not is logged in one line and left out."""
+    def load(cls, specs: tuple[str, ...] | list[str], transformer: torch.nn.Module,
+             hub_timeout: float = HUB_TIMEOUT) -> StyleBook:
+        """Every style that passes its checks; each one that does not is logged in one line and left out.
+        `hub_timeout`: seconds the Hub has to answer for a repo id (Settings.hub_timeout)."""
         styles: list[Style] = []
         refused: dict[str, str] = {}
         for spec in specs:
             try:
-                style = load_style(spec, transformer)
+                style = load_style(spec, transformer, hub_timeout)
                 if style.name in {s.name for s in styles}:
                     raise StyleError(f"{spec}: another style is already named {style.name!r}; name this one "
                                      "with NAME=PATH")
-            except StyleError as error:
-                logger.warning("style not loaded: %s", error)
-                refused[spec] = str(error)
+            except Exception as error:  # noqa: BLE001 - a file no check foresaw is still one line, not a stopped app
+                why = str(error) if isinstance(error, StyleError) else f"{spec}: {first_line(error)}"
+                logger.warning("style not loaded: %s", why)
+                refused[spec] = why
                 continue
             styles.append(style)
             logger.info("style %r loaded from %s: %d layers, default strength %g, sha256 %s", style.name,

@@ -14,13 +14,16 @@ import hashlib
 import json
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from neuron_ui.model.lora_hub import cached_file, hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
+HUB_TIMEOUT = 5.0  # seconds the Hub has to answer before a repo id is given up (Settings.hub_timeout)
 DIFFUSERS_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # what diffusers' save_lora_weights writes by default
 METADATA_KEY = "lora_adapter_metadata"  # diffusers' LoRA config in the safetensors header (loaders/lora_base.py)
 MAX_SCALE = 2.0
@@ -56,7 +59,7 @@ def check_name(name: str, spec: str) -> str:
     return name
 
 
-def resolve_file(source: str) -> tuple[Path, str]:
+def resolve_file(source: str, hub_timeout: float = HUB_TIMEOUT) -> tuple[Path, str]:
     """The local `.safetensors` file of a source and the style's default name; StyleError if there is none."""
     path = Path(source).expanduser()
     if path.is_file():
@@ -69,24 +72,33 @@ def resolve_file(source: str) -> tuple[Path, str]:
         found = f"{len(candidates)} .safetensors files" if candidates else "no .safetensors file"
         raise StyleError(f"{source}: the folder has {found}; name the file itself")
     if REPO_PATTERN.fullmatch(source) and not source.startswith((".", "/")):
-        return download(source)
+        return download(source, hub_timeout)
     raise StyleError(f"{source}: no such file or folder (nor a Hub repo id owner/repo[:weight_name])")
 
 
-def download(source: str) -> tuple[Path, str]:
-    """A Hub repo's LoRA file (`owner/repo[:weight_name]`), through the local Hugging Face cache."""
+def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None = None) -> tuple[Path, str]:
+    """A Hub repo's LoRA file (`owner/repo[:weight_name]`), through the local Hugging Face cache; a Hub that does
+    not answer within `hub_timeout` s is one line at once, not huggingface_hub's retries (lora_hub.py)."""
     from huggingface_hub import hf_hub_download
 
     repo, _, weight_name = source.partition(":")
+    filename, name = weight_name or DIFFUSERS_WEIGHT_NAME, repo.split("/")[1]
+    silence = hub_silence(repo, filename, hub_timeout, endpoint)
+    if silence is not None:
+        cached = cached_file(repo, filename)
+        if cached is None:
+            raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache")
+        return cached, name
     try:
-        return Path(hf_hub_download(repo, weight_name or DIFFUSERS_WEIGHT_NAME)), repo.split("/")[1]
+        return Path(hf_hub_download(repo, filename, endpoint=endpoint)), name
     except Exception as error:  # noqa: BLE001 - offline, no such repo or file, no access: one line for the log
         raise StyleError(f"{source}: could not fetch it from the Hub: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")) from None
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """The tensors and diffusers' LoRA config from the header; StyleError for a file that is not safetensors."""
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], Any]:
+    """The tensors and diffusers' LoRA config as JSON from the header (any JSON value: lora_config checks it);
+    StyleError for a file that is not safetensors."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -103,7 +115,7 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     raw = header.get(METADATA_KEY)
     try:
         config = json.loads(raw) if raw else None
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, nested past the parser's depth, an integer past its digits
         raise StyleError(f"{path}: its LoRA metadata ({METADATA_KEY}) is not JSON") from None
     return tensors, config
 
@@ -136,6 +148,53 @@ def convert(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     except Exception as error:  # noqa: BLE001 - any conversion failure is one line for the log
         raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''})") from None
+
+
+JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+              float: "a number", type(None): "null"}
+PATTERN_KEY = re.compile(r"[\w.]{1,200}")  # a layer name or its end: no regex operators, so no catastrophic match
+
+
+def described(value: Any) -> str:
+    """A JSON value in a few words for a one-line error: its kind and a short repr."""
+    return f"{JSON_KINDS.get(type(value), type(value).__name__)} ({reprlib.repr(value)})"
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # a JSON integer past float's range
+        return False
+
+
+def lora_config(path: Path, header: Any) -> dict[str, Any] | None:
+    """The transformer's LoRA config from diffusers' header (None without one), checked for every value
+    `scalings` reads: a header of the wrong shape is one line (StyleError), never an exception that stops the app."""
+    if header is None:
+        return None
+    if not isinstance(header, dict):
+        raise StyleError(f"{path}: its LoRA metadata ({METADATA_KEY}) is {described(header)}, not a JSON object")
+    config = {k.removeprefix("transformer."): v for k, v in header.items() if k.startswith("transformer.")} \
+        or header  # diffusers packs it per component ("transformer.r"); a bare PEFT config is taken as is
+    alpha, patterns = config.get("lora_alpha", 8), config.get("alpha_pattern") or {}
+    if not is_number(alpha):
+        raise StyleError(f"{path}: lora_alpha is {described(alpha)}, not a number")
+    if not isinstance(patterns, dict) or not all(is_number(v) for v in patterns.values()):
+        raise StyleError(f"{path}: alpha_pattern is {described(patterns)}, not an object of layer names to numbers")
+    odd = [key for key in patterns if not PATTERN_KEY.fullmatch(key)]
+    if odd:
+        raise StyleError(f"{path}: alpha_pattern key {reprlib.repr(odd[0])} is not a layer name (letters, digits, "
+                         "_ and . only)")
+    if not all(is_finite(value) for value in (alpha, *patterns.values())):
+        raise StyleError(f"{path}: its alpha is not finite (lora_alpha {reprlib.repr(alpha)}, alpha_pattern "
+                         f"{reprlib.repr(patterns)}): NaN or infinity would make every image black")
+    if not isinstance(config.get("use_rslora", False), bool):
+        raise StyleError(f"{path}: use_rslora is {described(config['use_rslora'])}, not true or false")
+    return config
 
 
 def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
@@ -187,10 +246,33 @@ def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, A
             raise StyleError(f"{path}: wrong shapes for {module!r}: lora_A {list(down.shape)}, lora_B "
                              f"{list(up.shape)}, but the layer maps {linear.in_features} to {linear.out_features} "
                              "(a LoRA for another size of model?)")
+        if down.shape[0] == 0:
+            raise StyleError(f"{path}: {module!r} has rank 0 (lora_A and lora_B are empty): nothing to fuse")
         ranks[module] = down.shape[0]
     scale = scalings(ranks, config)
-    return tuple(LoraLayer(m, pairs[m]["lora_A"].contiguous(), pairs[m]["lora_B"].contiguous(), scale[m])
-                 for m in sorted(pairs))
+    layers = tuple(LoraLayer(m, pairs[m]["lora_A"].contiguous(), pairs[m]["lora_B"].contiguous(), scale[m])
+                   for m in sorted(pairs))
+    check_finite(path, layers, modules)
+    return layers
+
+
+def check_finite(path: Path, layers: tuple[LoraLayer, ...], modules: dict[str, torch.nn.Module]) -> None:
+    """Refuse a style whose fused weights could hold NaN or infinity (every image black): factors that are not
+    finite, or a delta that could overflow the weight's dtype at the highest strength. The bound
+    |scaling| * strength * rank * max|up| * max|down| is cheap (no matmul) and far above any trained LoRA's."""
+    for layer in layers:
+        for factor, tensor in (("lora_A", layer.down), ("lora_B", layer.up)):
+            if not bool(torch.isfinite(tensor).all()):
+                raise StyleError(f"{path}: {layer.module!r} {factor} holds NaN or infinity: every image would be "
+                                 "black")
+        weight = modules[layer.module].weight
+        assert isinstance(weight, torch.Tensor)  # match_layers checked the layer is linear
+        largest = torch.finfo(weight.dtype).max / 2  # the base weight is added to it: room for that
+        bound = abs(layer.scaling) * MAX_SCALE * layer.rank * float(layer.up.abs().max()) \
+            * float(layer.down.abs().max())
+        if not bound <= largest:  # also false for NaN
+            raise StyleError(f"{path}: fused into {layer.module!r} its delta could reach {bound:.3g} (alpha/rank "
+                             f"{layer.scaling:.3g}), past what {weight.dtype} holds: every image would be black")
 
 
 def file_sha256(path: Path) -> str:
@@ -201,16 +283,14 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_style(spec: str, transformer: torch.nn.Module) -> Style:
+def load_style(spec: str, transformer: torch.nn.Module, hub_timeout: float = HUB_TIMEOUT) -> Style:
     """One style from its spec, checked against `transformer`; StyleError (one line) says why not."""
     name, source, scale = parse_spec(spec)
-    path, default_name = resolve_file(source)
-    tensors, config = read_safetensors(path)
+    path, default_name = resolve_file(source, hub_timeout)
+    tensors, header = read_safetensors(path)
     check_format(path, list(tensors))
     state = convert(path, tensors)
-    if config is not None:
-        config = {k.removeprefix("transformer."): v for k, v in config.items() if k.startswith("transformer.")} \
-            or config  # diffusers packs it per component ("transformer.r"); a bare PEFT config is taken as is
+    config = lora_config(path, header)
     if config is not None and config.get("use_dora"):
         raise StyleError(f"{path}: a DoRA adapter (use_dora in its config); styles here are plain LoRA only")
     layers = match_layers(path, state, config, transformer)

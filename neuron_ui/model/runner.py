@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
+from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped
 from neuron_ui.model.torch_bridge import execution_device
@@ -76,9 +77,26 @@ def run_pipeline(pipe, call: PipelineCall, callback=None, prompt_embeds: torch.T
         guidance_scale=call.guidance,
         generator=generator,
         callback_on_step_end=callback,
+        output_type="pt",  # the pixels as numbers, checked before they become an image (finished_image)
         **kwargs,
     )
-    return output.images[0]
+    return finished_image(output.images)
+
+
+class NotFinite(EngineError):
+    """The pipeline's pixels hold NaN or infinity: PIL would make them black without a word, so no image."""
+
+
+def finished_image(images: torch.Tensor) -> Image.Image:
+    """The first image of an output_type="pt" batch, converted as diffusers' "pil" output is
+    (VaeImageProcessor.pt_to_numpy and numpy_to_pil, diffusers 0.42.1); NotFinite when a pixel is not finite
+    (NaN latents decode to NaN pixels, and so do infinite ones)."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    if not bool(torch.isfinite(images[:1]).all()):
+        raise NotFinite("no image: its pixels came out as NaN or infinity, not finite numbers (a style or a "
+                        "precision that overflows does this), so it was not delivered")
+    return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy(images[:1]))[0]
 
 
 def step_callback(steps: int, report: ProgressFn, stop: StopToken) -> Callable:

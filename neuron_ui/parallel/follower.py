@@ -11,6 +11,7 @@ import torch.distributed as dist
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.contract.errors import first_line
 from neuron_ui.contract.stopping import Stopped
+from neuron_ui.model.runner import NotFinite
 
 if TYPE_CHECKING:
     from neuron_ui.model.runner import Runner
@@ -42,6 +43,8 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             runner(call, follower_steps(group))
         except Stopped:
             logger.info("rank %d: stopped with rank 0", rank)
+        except NotFinite as error:  # every rank decoded the same numbers: still in step; rank 0 tells the user
+            logger.warning("rank %d: %s", rank, error)
         except Exception as error:
             logger.exception("rank %d: pipeline call failed; leaving the group", rank)
             group.report_error(first_line(error))
