@@ -5,7 +5,6 @@ as NaN is never delivered; a Hub repo id fails at once when the Hub does not ans
 Every file is written here, in tmp_path, with the tiny model's layer shapes and the header diffusers writes.
 """
 
-import json
 import logging
 import math
 import os
