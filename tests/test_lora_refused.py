@@ -224,3 +224,13 @@ def test_a_hub_that_refuses_connections_is_one_line_at_once(online):
         with pytest.raises(StyleError, match=r"^owner/repo:w\.safetensors: the Hub cannot be reached \(ConnectError: "
                                              r".*\), and it is not in the local Hugging Face cache$"):
             download("owner/repo:w.safetensors", 5.0, endpoint)
+
+
+def test_a_finite_image_is_the_one_diffusers_pil_output_gives(engine):
+    """The pixels are checked as numbers and then converted as diffusers converts them: the same image."""
+    from neuron_ui.model.runner import PipelineCall, run_pipeline
+
+    plain = engine.pipe(prompt="a red kite", height=256, width=256, num_inference_steps=1, guidance_scale=1.0,
+                        generator=torch.Generator("cpu").manual_seed(3)).images[0]
+    ours = run_pipeline(engine.pipe, PipelineCall("a red kite", 256, 256, 1, 3, 1.0))
+    assert ours.mode == plain.mode and ours.tobytes() == plain.tobytes()
