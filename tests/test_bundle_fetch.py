@@ -17,13 +17,26 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bundle_server import BundleServer, announces, cut_once, page, redirect, serve, stalls, truncated
+from bundle_server import (
+    BundleServer,
+    announces,
+    cut_once,
+    drips,
+    drips_headers,
+    page,
+    redirect,
+    serve,
+    stalls,
+    truncated,
+    unannounced,
+)
 from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, snapshot
 
 from neuron_ui.cache.admin import clear_cache, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy
+from neuron_ui.cache.fetch_bounds import Watchdog
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.cache.warm_boot import import_at_start, import_bundles, kept_path
 from neuron_ui.compile.counters import COMPILED, DISK_HIT
@@ -137,30 +150,40 @@ def test_the_app_starts_warm_from_a_url_and_cold_on_a_404(made, server, tmp_path
 
 
 SMALL_DISK = dataclasses.replace(FAST, free=lambda path: 1 * 2**30)  # a 1 GiB disk, whatever this machine has
+SLOW_MIN = dataclasses.replace(FAST, min_rate=1024, rate_window=0.5)  # 1 KiB/s over half a second
+SHORT_DEADLINE = dataclasses.replace(FAST, deadline=1.0, min_rate=0)
+ONE_MIB_CAP = dataclasses.replace(FAST, max_bytes=2**20)
 
 
 FAILURES = {
-    "wrong digest": (lambda d: serve(d["good"]), "0" * 64, "is not the pinned bundle: expected sha256 0000"),
-    "404": (lambda d: page(404, b"no such file"), None, "HTTP 404 Not Found: check the path and the revision"),
-    "stalls mid-body": (lambda d: stalls(d["good"]), None, "the server stalled: nothing for 0.5 s after"),
-    "truncated body": (lambda d: truncated(d["good"]), None, "RemoteProtocolError"),
-    "not gzip": (lambda d: page(200), None, "not gzip (it starts b'<!DOCTYPE html>"),
+    "wrong digest": (lambda d: serve(d["good"]), "0" * 64, "is not the pinned bundle: expected sha256 0000", FAST),
+    "404": (lambda d: page(404, b"no such file"), None, "HTTP 404 Not Found: check the path and the revision", FAST),
+    "stalls mid-body": (lambda d: stalls(d["good"]), None, "the server stalled: nothing for 0.5 s after", FAST),
+    "truncated body": (lambda d: truncated(d["good"]), None, "RemoteProtocolError", FAST),
+    "not gzip": (lambda d: page(200), None, "not gzip (it starts b'<!DOCTYPE html>", FAST),
     "another compile key": (lambda d: serve(d["other"]), "other",
-                            "compiled under a different compile key; differs in mode: bundle full, here regional"),
+                            "compiled under a different compile key; differs in mode: bundle full, here regional", FAST),
     "2 GiB Content-Length on a 1 GiB disk": (lambda d: announces(2 * 2**30), None,
-                                             "the server announces 2.0 GiB, more than"),
-    "a server error every time": (lambda d: page(503, b"busy"), None, "HTTP 503 Service Unavailable, 2 tries"),
+                                             "the server announces 2.0 GiB, more than", SMALL_DISK),
+    "a server error every time": (lambda d: page(503, b"busy"), None, "HTTP 503 Service Unavailable, 2 tries", FAST),
+    # A byte every 0.1 s never leaves the read timeout (0.5 s) silent: only the minimum rate ends it.
+    "drips its body": (lambda d: drips(d["good"], 0.1), None, "too slow: ", SLOW_MIN),
+    "drips its headers": (lambda d: drips_headers(0.1), None, "not done within 1 s (--cache-bundle-deadline)",
+                          SHORT_DEADLINE),
+    "redirects to a malformed URL": (lambda d: redirect("data:,hello"), None, "the server sent an unusable URL", FAST),
+    "announces more than the size cap": (lambda d: announces(2 * 2**30), None,
+                                         "the server announces 2.0 GiB, more than the 1.0 MiB a bundle may be "
+                                         "(--cache-bundle-max-mb)", ONE_MIB_CAP),
 }
 
 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_each_failure_starts_cold_with_one_line_and_leaves_nothing(failure, made, server, cache, caplog):
-    route, pin, cause = FAILURES[failure]
+    route, pin, cause, policy = FAILURES[failure]
     pin = {None: sha(made["good"]), "other": sha(made["other"])}.get(pin, pin)
     server.routes["/b.tar.gz"] = route(made)
     before = snapshot(cache.root)
 
-    policy = SMALL_DISK if "disk" in failure else FAST
     (outcome,) = import_at_start(settings_for(cache, [server.url + "/b.tar.gz"], [pin]), cache, policy=policy)
 
     assert outcome.info is None
