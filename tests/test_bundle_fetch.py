@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -195,6 +196,69 @@ def test_each_failure_starts_cold_with_one_line_and_leaves_nothing(failure, made
     assert CacheManifest(cache.manifest).shapes(KEY) == {}
 
 
+def test_the_default_bounds_give_up_a_byte_every_2_s_within_a_minute():
+    """The issue's drip, against the defaults an operator gets, on a clock this test moves (no 30 s wait)."""
+    policy, now = FetchPolicy.from_settings(Settings()), [0.0]
+    watchdog = Watchdog(policy.deadline, policy.min_rate, policy.rate_window, clock=lambda: now[0])
+    watchdog.start_try()
+    reason = None
+    while reason is None and now[0] < 600:
+        now[0] += 2.0
+        watchdog.got(1)
+        reason = watchdog.check()
+    assert reason is not None and reason.startswith("too slow: 15 B in 30 s"), reason
+    assert now[0] + 1.0 <= 60  # the watchdog looks at least once a second
+    assert policy.read_timeout > 2.0  # so the silence timeout alone would never have ended it
+
+
+def test_a_body_without_a_length_is_cut_at_the_size_cap(made, server, cache):
+    data = made["large_other"]  # 4 MiB, of OTHER_KEY: imported whole were it not for the cap
+    server.routes["/b.tar.gz"] = unannounced(data)
+
+    (outcome,) = import_bundles(cache, OTHER_KEY, (server.url + "/b.tar.gz",), (sha(data),), ONE_MIB_CAP)
+
+    assert "the download passed 1.0 MiB, more than the 1.0 MiB a bundle may be" in outcome.problem, outcome.problem
+    assert not list(cache.root.glob(".import-*"))
+
+
+def test_a_fifo_named_as_a_bundle_is_refused_at_once(cache, tmp_path, caplog):
+    fifo = tmp_path / "b.tar.gz"
+    os.mkfifo(fifo)
+    outcomes = []
+    starting = threading.Thread(target=lambda: outcomes.extend(
+        import_at_start(settings_for(cache, [str(fifo)], [""]), cache)), daemon=True)
+    starting.start()
+    starting.join(60)  # only a guard, so a regression fails here instead of hanging the suite
+    if starting.is_alive():  # opened for reading, it waits for a writer: be one, so the thread ends
+        os.close(os.open(fifo, os.O_WRONLY))
+    assert not starting.is_alive() and outcomes, "start-up hung on a FIFO"
+    (line,) = warnings_from_start(caplog)
+    assert f"{fifo} is a FIFO: a bundle is a regular file" in line and line.endswith("starting cold")
+
+
+SIGTERM_DURING_FETCH = [sys.executable, "-m", "neuron_ui", "cache", "import", "--model", "tiny", "--device", "cpu"]
+
+
+def test_sigterm_during_a_fetch_leaves_nothing_in_the_cache_folder(made, server, tmp_path):
+    """`cache import` has no handler of its own: SIGTERM used to end it where it stood, its download left behind."""
+    dripping = threading.Event()
+    server.routes["/b.tar.gz"] = drips(made["good"], 0.1, started=dripping)
+    folder = tmp_path / "cache"
+    child = subprocess.Popen([*SIGTERM_DURING_FETCH, server.url + "/b.tar.gz", "--cache-bundle-sha256",
+                              sha(made["good"]), "--cache-dir", str(folder)], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert dripping.wait(120), "the child never asked for the bundle"
+        assert list(folder.glob(".import-*"))  # the download is under way, staged in the folder
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert not list(folder.glob(".import-*")) and not list(folder.glob("bundles/*")), sorted(folder.iterdir())
+
+
 def test_a_refused_connection_is_tried_again_then_named(cache, caplog):
     url = f"http://127.0.0.1:{free_port()}/b.tar.gz"  # nothing listens there
     before = snapshot(cache.root)
@@ -288,6 +352,12 @@ def test_the_pins_pair_with_the_bundles_in_order():
         parse("--cache-bundle", "a.tar.gz,b.tar.gz", "--cache-bundle-sha256", "ab" * 32)
     with pytest.raises(ValueError, match="--cache-bundle-timeout must be positive"):
         parse("--cache-bundle-timeout", "0")
+    bounded = FetchPolicy.from_settings(parse("--cache-bundle-deadline", "90", "--cache-bundle-min-rate", "8",
+                                              "--cache-bundle-max-mb", "100"))
+    assert (bounded.deadline, bounded.min_rate, bounded.max_bytes) == (90, 8 * 2**10, 100 * 2**20)
+    for flag in ("--cache-bundle-deadline", "--cache-bundle-max-mb"):
+        with pytest.raises(ValueError, match=flag):
+            parse(flag, "0")
 
 
 def test_replicas_sharing_a_folder_download_once(made, server, cache):

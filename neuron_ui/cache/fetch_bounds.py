@@ -73,12 +73,13 @@ class Watchdog:
     def _watch(self) -> None:
         tick = min(1.0, self.window / 4, self.deadline / 4)
         while not self._done.wait(tick):
-            reason = self._check()
+            reason = self.check()
             if reason is not None:
                 self._end(reason)
                 return
 
-    def _check(self) -> str | None:
+    def check(self) -> str | None:
+        """One look at the clock (the watchdog's thread looks every tick): why to end the download, or None."""
         now = self.clock()
         if now - self.started >= self.deadline:
             return f"not done within {self.deadline:g} s (--cache-bundle-deadline)"
