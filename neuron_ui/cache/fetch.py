@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import shutil
 import tarfile
 import tempfile
@@ -177,7 +176,7 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
         with (Watchdog(policy.deadline, policy.min_rate, policy.rate_window) as watchdog,
               httpx.Client(timeout=timeout, follow_redirects=True,
                            headers={**headers, "Accept-Encoding": "identity"}) as client):
-            download = _Download(download_path(staging), key, source.label,
+            download = _Download(staging / "bundle.tar.gz", key, source.label,
                                  policy.free(cache.root) - MIN_FREE_BYTES, cache.root, policy.max_bytes, watchdog)
             _tries(client, url, download, policy, progress)
         got = download.sha256.hexdigest()
@@ -188,12 +187,8 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
         logger.info("fetched %s: %s, sha256 as pinned", source.label, human_bytes(download.done))
         return download.path
     except BaseException:
-        discard(download_path(staging))
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def download_path(staging: Path) -> Path:
-    return staging / "bundle.tar.gz"
 
 
 def discard(fetched: Path) -> None:
