@@ -178,3 +178,45 @@ def redirect(location: str) -> Callable[[Handler], None]:
         h.end_headers()
 
     return route
+
+
+def drips(data: bytes, every: float, started: threading.Event | None = None) -> Callable[[Handler], None]:
+    """Content-Length says the whole file, then one byte every `every` seconds (each gap under the read timeout),
+    until the client leaves or the test ends; `started` is set once the first byte is out."""
+
+    def route(h: Handler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        for at in range(len(data)):
+            h.write(data[at:at + 1])
+            if started is not None:
+                started.set()
+            if h.server.owner.release.wait(every):
+                return
+
+    return route
+
+
+def drips_headers(every: float) -> Callable[[Handler], None]:
+    """A status line, then a header that never ends, one byte every `every` seconds."""
+
+    def route(h: Handler) -> None:
+        h.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while not h.server.owner.release.wait(every):
+            h.wfile.write(b"a")
+            h.wfile.flush()
+
+    return route
+
+
+def unannounced(data: bytes) -> Callable[[Handler], None]:
+    """The file with no Content-Length: its end is the connection's close, so only the bytes read tell its size."""
+
+    def route(h: Handler) -> None:
+        h.send_response(200)
+        h.end_headers()
+        h.close_connection = True
+        h.write(data)
+
+    return route

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,13 +18,26 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bundle_server import BundleServer, announces, cut_once, page, redirect, serve, stalls, truncated
+from bundle_server import (
+    BundleServer,
+    announces,
+    cut_once,
+    drips,
+    drips_headers,
+    page,
+    redirect,
+    serve,
+    stalls,
+    truncated,
+    unannounced,
+)
 from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, snapshot
 
 from neuron_ui.cache.admin import clear_cache, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy
+from neuron_ui.cache.fetch_bounds import Watchdog
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.cache.warm_boot import import_at_start, import_bundles, kept_path
 from neuron_ui.compile.counters import COMPILED, DISK_HIT
@@ -137,30 +151,41 @@ def test_the_app_starts_warm_from_a_url_and_cold_on_a_404(made, server, tmp_path
 
 
 SMALL_DISK = dataclasses.replace(FAST, free=lambda path: 1 * 2**30)  # a 1 GiB disk, whatever this machine has
+SLOW_MIN = dataclasses.replace(FAST, min_rate=1024, rate_window=0.5)  # 1 KiB/s over half a second
+SHORT_DEADLINE = dataclasses.replace(FAST, deadline=1.0, min_rate=0)
+ONE_MIB_CAP = dataclasses.replace(FAST, max_bytes=2**20)
 
 
 FAILURES = {
-    "wrong digest": (lambda d: serve(d["good"]), "0" * 64, "is not the pinned bundle: expected sha256 0000"),
-    "404": (lambda d: page(404, b"no such file"), None, "HTTP 404 Not Found: check the path and the revision"),
-    "stalls mid-body": (lambda d: stalls(d["good"]), None, "the server stalled: nothing for 0.5 s after"),
-    "truncated body": (lambda d: truncated(d["good"]), None, "RemoteProtocolError"),
-    "not gzip": (lambda d: page(200), None, "not gzip (it starts b'<!DOCTYPE html>"),
+    "wrong digest": (lambda d: serve(d["good"]), "0" * 64, "is not the pinned bundle: expected sha256 0000", FAST),
+    "404": (lambda d: page(404, b"no such file"), None, "HTTP 404 Not Found: check the path and the revision", FAST),
+    "stalls mid-body": (lambda d: stalls(d["good"]), None, "the server stalled: nothing for 0.5 s after", FAST),
+    "truncated body": (lambda d: truncated(d["good"]), None, "RemoteProtocolError", FAST),
+    "not gzip": (lambda d: page(200), None, "not gzip (it starts b'<!DOCTYPE html>", FAST),
     "another compile key": (lambda d: serve(d["other"]), "other",
-                            "compiled under a different compile key; differs in mode: bundle full, here regional"),
+                            "compiled under a different compile key; differs in mode: bundle full, here regional",
+                            FAST),
     "2 GiB Content-Length on a 1 GiB disk": (lambda d: announces(2 * 2**30), None,
-                                             "the server announces 2.0 GiB, more than"),
-    "a server error every time": (lambda d: page(503, b"busy"), None, "HTTP 503 Service Unavailable, 2 tries"),
+                                             "the server announces 2.0 GiB, more than", SMALL_DISK),
+    "a server error every time": (lambda d: page(503, b"busy"), None, "HTTP 503 Service Unavailable, 2 tries", FAST),
+    # A byte every 0.1 s never leaves the read timeout (0.5 s) silent: only the minimum rate ends it.
+    "drips its body": (lambda d: drips(d["good"], 0.1), None, "too slow: ", SLOW_MIN),
+    "drips its headers": (lambda d: drips_headers(0.1), None, "not done within 1 s (--cache-bundle-deadline)",
+                          SHORT_DEADLINE),
+    "redirects to a malformed URL": (lambda d: redirect("data:,hello"), None, "the server sent an unusable URL", FAST),
+    "announces more than the size cap": (lambda d: announces(2 * 2**30), None,
+                                         "the server announces 2.0 GiB, more than the 1.0 MiB a bundle may be "
+                                         "(--cache-bundle-max-mb)", ONE_MIB_CAP),
 }
 
 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_each_failure_starts_cold_with_one_line_and_leaves_nothing(failure, made, server, cache, caplog):
-    route, pin, cause = FAILURES[failure]
+    route, pin, cause, policy = FAILURES[failure]
     pin = {None: sha(made["good"]), "other": sha(made["other"])}.get(pin, pin)
     server.routes["/b.tar.gz"] = route(made)
     before = snapshot(cache.root)
 
-    policy = SMALL_DISK if "disk" in failure else FAST
     (outcome,) = import_at_start(settings_for(cache, [server.url + "/b.tar.gz"], [pin]), cache, policy=policy)
 
     assert outcome.info is None
@@ -170,6 +195,69 @@ def test_each_failure_starts_cold_with_one_line_and_leaves_nothing(failure, made
     assert "\n" not in line and "Traceback" not in caplog.text
     assert nothing_new(cache, before)
     assert CacheManifest(cache.manifest).shapes(KEY) == {}
+
+
+def test_the_default_bounds_give_up_a_byte_every_2_s_within_a_minute():
+    """The issue's drip, against the defaults an operator gets, on a clock this test moves (no 30 s wait)."""
+    policy, now = FetchPolicy.from_settings(Settings()), [0.0]
+    watchdog = Watchdog(policy.deadline, policy.min_rate, policy.rate_window, clock=lambda: now[0])
+    watchdog.start_try()
+    reason = None
+    while reason is None and now[0] < 600:
+        now[0] += 2.0
+        watchdog.got(1)
+        reason = watchdog.check()
+    assert reason is not None and reason.startswith("too slow: 15 B in 30 s"), reason
+    assert now[0] + 1.0 <= 60  # the watchdog looks at least once a second
+    assert policy.read_timeout > 2.0  # so the silence timeout alone would never have ended it
+
+
+def test_a_body_without_a_length_is_cut_at_the_size_cap(made, server, cache):
+    data = made["large_other"]  # 4 MiB, of OTHER_KEY: imported whole were it not for the cap
+    server.routes["/b.tar.gz"] = unannounced(data)
+
+    (outcome,) = import_bundles(cache, OTHER_KEY, (server.url + "/b.tar.gz",), (sha(data),), ONE_MIB_CAP)
+
+    assert "the download passed 1.0 MiB, more than the 1.0 MiB a bundle may be" in outcome.problem, outcome.problem
+    assert not list(cache.root.glob(".import-*"))
+
+
+def test_a_fifo_named_as_a_bundle_is_refused_at_once(cache, tmp_path, caplog):
+    fifo = tmp_path / "b.tar.gz"
+    os.mkfifo(fifo)
+    outcomes = []
+    starting = threading.Thread(target=lambda: outcomes.extend(
+        import_at_start(settings_for(cache, [str(fifo)], [""]), cache)), daemon=True)
+    starting.start()
+    starting.join(60)  # only a guard, so a regression fails here instead of hanging the suite
+    if starting.is_alive():  # opened for reading, it waits for a writer: be one, so the thread ends
+        os.close(os.open(fifo, os.O_WRONLY))
+    assert not starting.is_alive() and outcomes, "start-up hung on a FIFO"
+    (line,) = warnings_from_start(caplog)
+    assert f"{fifo} is a FIFO: a bundle is a regular file" in line and line.endswith("starting cold")
+
+
+SIGTERM_DURING_FETCH = [sys.executable, "-m", "neuron_ui", "cache", "import", "--model", "tiny", "--device", "cpu"]
+
+
+def test_sigterm_during_a_fetch_leaves_nothing_in_the_cache_folder(made, server, tmp_path):
+    """`cache import` has no handler of its own: SIGTERM used to end it where it stood, its download left behind."""
+    dripping = threading.Event()
+    server.routes["/b.tar.gz"] = drips(made["good"], 0.1, started=dripping)
+    folder = tmp_path / "cache"
+    child = subprocess.Popen([*SIGTERM_DURING_FETCH, server.url + "/b.tar.gz", "--cache-bundle-sha256",
+                              sha(made["good"]), "--cache-dir", str(folder)], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert dripping.wait(120), "the child never asked for the bundle"
+        assert list(folder.glob(".import-*"))  # the download is under way, staged in the folder
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert not list(folder.glob(".import-*")) and not list(folder.glob("bundles/*")), sorted(folder.iterdir())
 
 
 def test_a_refused_connection_is_tried_again_then_named(cache, caplog):
@@ -265,6 +353,12 @@ def test_the_pins_pair_with_the_bundles_in_order():
         parse("--cache-bundle", "a.tar.gz,b.tar.gz", "--cache-bundle-sha256", "ab" * 32)
     with pytest.raises(ValueError, match="--cache-bundle-timeout must be positive"):
         parse("--cache-bundle-timeout", "0")
+    bounded = FetchPolicy.from_settings(parse("--cache-bundle-deadline", "90", "--cache-bundle-min-rate", "8",
+                                              "--cache-bundle-max-mb", "100"))
+    assert (bounded.deadline, bounded.min_rate, bounded.max_bytes) == (90, 8 * 2**10, 100 * 2**20)
+    for flag in ("--cache-bundle-deadline", "--cache-bundle-max-mb"):
+        with pytest.raises(ValueError, match=flag):
+            parse(flag, "0")
 
 
 def test_replicas_sharing_a_folder_download_once(made, server, cache):

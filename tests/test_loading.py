@@ -1,6 +1,8 @@
+import logging
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -77,3 +79,28 @@ def test_auto_falls_back_to_tiny_quickly_when_the_hub_does_not_answer(silent_hub
 def test_auto_offline_falls_back_without_touching_the_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert choose_model("auto").is_tiny
+
+
+def test_offline_says_so_once_on_a_warm_boot(monkeypatch, tmp_path, caplog):
+    """A warm boot decides `--model auto` twice (the bundle's compile key, then the engine's model): one line, true."""
+    import huggingface_hub.constants
+
+    from neuron_ui.cache.admin import key_for_settings
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.engine.setup import load_for
+    from neuron_ui.ui.words import tiny_banner
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # nothing cached here
+    settings = Settings(model="auto", device="cpu", cache_dir=tmp_path / "cache")
+
+    key_for_settings(settings)  # what import_at_start computes before the engine loads
+    loaded, _ = load_for(settings)
+
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([line for line in said if "HF_HUB_OFFLINE" in line]) == 1, said
+    assert not any("did not answer" in line for line in said), said
+    assert loaded.is_tiny and loaded.fallback_reason == ("HF_HUB_OFFLINE is set, so the Hub was not asked, and "
+                                                         "black-forest-labs/FLUX.2-klein-4B is not in the local cache")
+    banner = tiny_banner(SimpleNamespace(fallback_reason=loaded.fallback_reason))
+    assert "did not answer" not in banner and "HF_HUB_OFFLINE is set" in banner

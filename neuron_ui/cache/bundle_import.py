@@ -8,11 +8,12 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.bundle_format import (
@@ -40,7 +41,8 @@ logger = logging.getLogger(__name__)
 def inspect_bundle(bundle: Path) -> BundleInfo:
     """Read only bundle.json: what a bundle claims to hold, without verifying or extracting anything."""
     try:
-        with gzip.open(bundle, "rb") as gz, tarfile.open(fileobj=gz, mode="r|") as tar:
+        with (open_bundle(bundle, str(bundle)) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz,
+              tarfile.open(fileobj=gz, mode="r|") as tar):
             return bundle_info(Path(bundle), read_header(tar, Path(bundle)))
     except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
         raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)})") from error
@@ -62,7 +64,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     staging: Path | None = None
     header: dict | None = None
     try:
-        with open(bundle, "rb") as raw:
+        with open_bundle(bundle, shown) as raw:
             if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
                 _check_sha256(hash_stream(raw), sha256, shown)
                 raw.seek(0)
@@ -106,6 +108,26 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", shown, len(info.files),
                 info.kept_files, info.added_shapes or "none", info.kept_shapes or "none")
     return info
+
+
+def open_bundle(bundle: Path, shown: str) -> BinaryIO:
+    """The bundle opened for reading if it is a regular file; BundleError (one line) otherwise.
+
+    O_NONBLOCK, as contract/files.py opens a request's file: opening a FIFO does not wait for a writer (start-up
+    would hang), and fstat then refuses it, or a device, unread."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(bundle, flags)
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = "a FIFO" if stat.S_ISFIFO(kind) else "a folder" if stat.S_ISDIR(kind) else "not a regular file"
+            raise BundleError(f"{shown} is {what}: a bundle is a regular file, as `cache export` writes it; "
+                              "nothing was changed")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _check_sha256(got: str, expected: str, bundle: str) -> None:

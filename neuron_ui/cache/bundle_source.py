@@ -60,7 +60,7 @@ def parse_bundle_source(text: str) -> BundleSource:
     parts = rest.split("/")
     if len(parts) < 3 or not all(parts) or revision == "" or "@" in rest:
         raise ValueError(f"{text[:200]!r} is not a Hub file: write {HUB_FORM}, e.g. "
-                         "hf://my-org/neuron-ui-caches/trn1/klein-regional.tar.gz@main")
+                         "hf://my-org/neuron-ui-caches/trn2/klein-regional.tar.gz@main")
     return BundleSource(text, "hub", repo_id="/".join(parts[:2]), repo_type=repo_type, filename="/".join(parts[2:]),
                         revision=revision)
 

@@ -1,9 +1,11 @@
-"""Download a pinned bundle into the cache folder: streamed, resumed, capped by free space, checked by its sha256.
+"""Download a pinned bundle into the cache folder: streamed, resumed, bounded in size and time, checked by its sha256.
 
-The bytes go to a staging file inside the cache folder (the same disk the bundle unpacks to, swept at the next
-start if the process is killed), never into memory. A try that times out, loses its connection or meets a 5xx is
-tried again after a back-off, resuming with a Range request where the server allows it. The caller gets the
-staging file only once its sha256 is the pinned one; on any failure it is gone.
+The bytes go to a file in a staging folder inside the cache folder (the same disk the bundle unpacks to; a folder,
+so the sweep at the next start removes it if the process was killed), never into memory. A try that times out,
+loses its connection or meets a 5xx is tried again after a back-off, resuming with a Range request where the server
+allows it. The whole download has a size cap and a deadline, and each try a minimum rate (fetch_bounds.py), which
+no number of tries can stretch. The caller gets the file only once its sha256 is the pinned one; on any failure
+(an exception, SIGTERM unwinding) the staging folder is gone.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
+import shutil
 import tarfile
 import tempfile
 import time
@@ -26,6 +28,7 @@ import httpx
 from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.bundle_format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleError, check_key, read_header
 from neuron_ui.cache.bundle_source import resolve_url
+from neuron_ui.cache.fetch_bounds import Watchdog
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, staging_prefix
 from neuron_ui.contract.errors import first_line
 
@@ -60,10 +63,16 @@ class FetchPolicy:
     tries: int = 4
     backoff: float = 2.0  # seconds before the second try, doubled before each next
     free: Callable[[Path], int] = free_bytes  # the room on the cache folder's disk (a test gives a small disk)
+    max_bytes: int = 16 * 2**30  # the largest bundle taken, whatever the disk could hold
+    deadline: float = 3600.0  # seconds for the whole download, tries and back-offs included
+    min_rate: float = 64 * 2**10  # bytes/s: a try slower than this over `rate_window` seconds is given up
+    rate_window: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> FetchPolicy:
-        return cls(connect_timeout=settings.cache_bundle_timeout, read_timeout=settings.cache_bundle_timeout)
+        return cls(connect_timeout=settings.cache_bundle_timeout, read_timeout=settings.cache_bundle_timeout,
+                   max_bytes=settings.cache_bundle_max_mb * 2**20, deadline=settings.cache_bundle_deadline,
+                   min_rate=settings.cache_bundle_min_rate * 2**10)
 
 
 class HeaderPeek:
@@ -117,8 +126,10 @@ class HeaderPeek:
 class _Download:
     """The staging file and what is known of it across tries."""
 
-    def __init__(self, path: Path, key: CompileKey, label: str, room: int, root: Path):
+    def __init__(self, path: Path, key: CompileKey, label: str, room: int, root: Path, max_bytes: int,
+                 watchdog: Watchdog):
         self.path, self.key, self.label, self.room, self.root = path, key, label, room, root
+        self.max_bytes, self.watchdog = max_bytes, watchdog
         self.restart()
 
     def restart(self) -> None:
@@ -126,6 +137,13 @@ class _Download:
         self.done, self.sha256 = 0, hashlib.sha256()
         self.total: int | None = None  # the bundle's size once a response says it
         self.peek = HeaderPeek(self.key, self.label)
+
+    def check_size(self, size: int, what: str) -> None:
+        """The cap on a bundle's size, then the room on the disk."""
+        if size > self.max_bytes:
+            raise FetchError(f"{self.label}: {what} {human_bytes(size)}, more than the "
+                             f"{human_bytes(self.max_bytes)} a bundle may be (--cache-bundle-max-mb); nothing was kept")
+        self.check_room(size, what)
 
     def check_room(self, needed: int, what: str) -> None:
         if needed > self.room:
@@ -138,7 +156,8 @@ class _Download:
         sink.write(chunk)
         self.sha256.update(chunk)
         self.done += len(chunk)
-        self.check_room(self.done, "the download passed")
+        self.watchdog.got(len(chunk))
+        self.check_size(self.done, "the download passed")
         if header is not None:  # the bundle file and what it unpacks to are on this disk together for a moment
             unpacked = sum(f["size"] for f in header["files"])
             self.check_room((self.total or self.done) + unpacked, "downloading and unpacking it needs")
@@ -151,24 +170,15 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
     FetchError (or BundleError: another key, not gzip) on any failure, with nothing left in the cache folder."""
     policy = policy or FetchPolicy()
     url, headers = resolve_url(source)
-    fd, name = tempfile.mkstemp(dir=cache.root, prefix=staging_prefix())
-    os.close(fd)
-    download = _Download(Path(name), key, source.label, policy.free(cache.root) - MIN_FREE_BYTES, cache.root)
     timeout = httpx.Timeout(policy.read_timeout, connect=policy.connect_timeout)
+    staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
     try:
-        with httpx.Client(timeout=timeout, follow_redirects=True,
-                          headers={**headers, "Accept-Encoding": "identity"}) as client:
-            for attempt in range(1, policy.tries + 1):
-                try:
-                    _get(client, url, download, policy, progress)
-                    break
-                except _Retry as error:
-                    if attempt == policy.tries:
-                        raise FetchError(f"{source.label}: {error}, {policy.tries} tries; nothing was kept") from None
-                    wait = policy.backoff * 2 ** (attempt - 1)
-                    logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", source.label, error,
-                                   wait, attempt + 1, policy.tries)
-                    time.sleep(wait)
+        with (Watchdog(policy.deadline, policy.min_rate, policy.rate_window) as watchdog,
+              httpx.Client(timeout=timeout, follow_redirects=True,
+                           headers={**headers, "Accept-Encoding": "identity"}) as client):
+            download = _Download(staging / "bundle.tar.gz", key, source.label,
+                                 policy.free(cache.root) - MIN_FREE_BYTES, cache.root, policy.max_bytes, watchdog)
+            _tries(client, url, download, policy, progress)
         got = download.sha256.hexdigest()
         if got != sha256:
             raise FetchError(f"{source.label} is not the pinned bundle: expected sha256 {sha256}, got {got} "
@@ -177,8 +187,38 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
         logger.info("fetched %s: %s, sha256 as pinned", source.label, human_bytes(download.done))
         return download.path
     except BaseException:
-        download.path.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def discard(fetched: Path) -> None:
+    """Remove what fetch_bundle returned, with its staging folder (the file may already have been moved away)."""
+    shutil.rmtree(fetched.parent, ignore_errors=True)
+
+
+def _tries(client: httpx.Client, url: str, download: _Download, policy: FetchPolicy, progress: Progress | None) -> None:
+    """Try, back off and resume until the download is whole; FetchError once the tries or the time are spent."""
+    watchdog = download.watchdog
+    for attempt in range(1, policy.tries + 1):
+        watchdog.start_try()
+        try:
+            _get(client, url, download, policy, progress)
+            return
+        except _Retry as error:
+            if watchdog.reason is not None:
+                break
+            if attempt == policy.tries:
+                raise FetchError(f"{download.label}: {error}, {policy.tries} tries; nothing was kept") from None
+            wait = policy.backoff * 2 ** (attempt - 1)
+            if wait >= watchdog.remaining():
+                break
+            logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", download.label, error,
+                        wait, attempt + 1, policy.tries)
+            time.sleep(wait)
+        finally:
+            watchdog.end_try()
+    reason = watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
+    raise FetchError(f"{download.label}: {reason} after {human_bytes(download.done)}; nothing was kept")
 
 
 def _get(client: httpx.Client, url: str, download: _Download, policy: FetchPolicy, progress: Progress | None) -> None:
@@ -186,7 +226,8 @@ def _get(client: httpx.Client, url: str, download: _Download, policy: FetchPolic
     resume = {"Range": f"bytes={download.done}-"} if download.done else {}
     logged = time.monotonic()
     try:
-        with client.stream("GET", url, headers=resume) as response:
+        with client.stream("GET", url, headers=resume,
+                           extensions={"trace": download.watchdog.trace}) as response:
             _check_response(response, download)
             with open(download.path, "ab") as sink:
                 for chunk in response.iter_raw():  # as it arrives: a chunk_size would buffer, and lose it on a cut
@@ -208,6 +249,11 @@ def _get(client: httpx.Client, url: str, download: _Download, policy: FetchPolic
         raise _Retry(f"{first_line(error)[:200]} after {human_bytes(download.done)}") from None
     except httpx.TooManyRedirects:
         raise FetchError(f"{download.label}: too many redirects; nothing was kept") from None
+    except httpx.InvalidURL as error:  # a redirect to `data:,x` or `http://[::1`: not an HTTPError in httpx
+        raise FetchError(f"{download.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
+                         "nothing was kept") from None
+    if download.watchdog.reason is not None:  # a body without a length ends as the watchdog shuts it
+        raise _Retry(download.watchdog.reason)
     if download.total is not None and download.done != download.total:
         raise _Retry(f"the connection closed after {download.done} of {download.total} bytes")
 
@@ -237,4 +283,4 @@ def _check_response(response: httpx.Response, download: _Download) -> None:
                 404: ": check the path and the revision"}.get(code, "")
         raise FetchError(f"{download.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
     if download.total is not None:
-        download.check_room(download.total, "the server announces")
+        download.check_size(download.total, "the server announces")

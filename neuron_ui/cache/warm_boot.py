@@ -11,6 +11,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from neuron_ui.cache.admin import kept_bundles, key_for_settings
 from neuron_ui.cache.bundle_format import BundleError
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
-from neuron_ui.cache.fetch import FetchPolicy, fetch_bundle
+from neuron_ui.cache.fetch import FetchPolicy, discard, fetch_bundle
 from neuron_ui.cache.files import hash_file
 from neuron_ui.contract.errors import first_line
 
@@ -63,6 +65,25 @@ def bundle_lock(cache: CachePaths) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM ends an import as Ctrl-C does, by an exception, so its staging goes with it, where no handler is set
+    (`cache import`; the app has its own, which unwinds while loading). Its default would end the process where it
+    stands, leaving a half-downloaded bundle in the cache folder."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(number: int, _frame: object) -> None:
+        raise SystemExit(128 + number)
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def import_at_start(settings: Settings, cache: CachePaths, loading: LoadingState | None = None,
                     policy: FetchPolicy | None = None) -> list[BundleOutcome]:
     """Import --cache-bundle before the engine reads the manifest; whatever goes wrong, the app starts (cold)."""
@@ -102,7 +123,7 @@ def import_bundles(cache: CachePaths, key: CompileKey, bundles: tuple[str, ...],
                    policy: FetchPolicy | None = None, loading: LoadingState | None = None) -> list[BundleOutcome]:
     """Import each bundle that matches `key`, in order, under the folder's lock; `pins[i]` pins `bundles[i]`."""
     pins, policy = pins or ("",) * len(bundles), policy or FetchPolicy()
-    with bundle_lock(cache):
+    with sigterm_unwinds(), bundle_lock(cache):
         return [_import_one(cache, key, text, pin, policy, loading) for text, pin in zip(bundles, pins)]
 
 
@@ -151,7 +172,7 @@ def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, 
             logger.warning("could not keep %s as %s (%s): a restart will download it again", source.label, kept,
                            first_line(error))
     finally:
-        staged.unlink(missing_ok=True)
+        discard(staged)
         if loading is not None:
             loading.clear()
     return info

@@ -57,6 +57,9 @@ class Settings:
     cache_bundle: tuple[str, ...] = ()  # local files, http(s):// URLs or hf:// Hub files, tried in order
     cache_bundle_sha256: tuple[str, ...] = ()  # one digest per bundle, in the same order; "" for an unpinned file
     cache_bundle_timeout: float = 30.0  # seconds: connecting, and silence mid-download, before a try counts as failed
+    cache_bundle_deadline: float = 3600.0  # seconds for a whole bundle download, tries included
+    cache_bundle_min_rate: float = 64.0  # KiB/s over any 30 s of a try: a download slower than this is given up
+    cache_bundle_max_mb: int = 16384  # MiB: the largest bundle downloaded, whatever the disk could hold
     tp: int | None = None
     tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
     max_references: int = 2
@@ -87,6 +90,9 @@ class Settings:
         self.cache_bundle, self.cache_bundle_sha256 = pair_bundle_pins(self.cache_bundle, self.cache_bundle_sha256)
         if self.cache_bundle_timeout <= 0:
             raise ValueError(f"--cache-bundle-timeout must be positive, got {self.cache_bundle_timeout}")
+        if self.cache_bundle_deadline <= 0 or self.cache_bundle_min_rate < 0 or self.cache_bundle_max_mb < 1:
+            raise ValueError("--cache-bundle-deadline must be positive, --cache-bundle-min-rate 0 or more, "
+                             "--cache-bundle-max-mb at least 1")
         if self.upload_budget_mb < 1:
             raise ValueError(f"--upload-budget-mb must be at least 1, got {self.upload_budget_mb}")
         if self.upload_retention <= 0:
@@ -157,6 +163,12 @@ def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
                         "(env NEURON_UI_CACHE_BUNDLE_SHA256)")
     parser.add_argument("--cache-bundle-timeout", type=float, help="seconds to connect, and of silence mid-download, "
                         "before a bundle download is tried again (env NEURON_UI_CACHE_BUNDLE_TIMEOUT; default 30)")
+    parser.add_argument("--cache-bundle-deadline", type=float, help="seconds a whole bundle download may take, "
+                        "tries included (env NEURON_UI_CACHE_BUNDLE_DEADLINE; default 3600)")
+    parser.add_argument("--cache-bundle-min-rate", type=float, help="KiB/s: a bundle download slower than this over "
+                        "30 s is given up (env NEURON_UI_CACHE_BUNDLE_MIN_RATE; default 64; 0: no minimum)")
+    parser.add_argument("--cache-bundle-max-mb", type=int, help="MiB: a larger bundle is refused "
+                        "(env NEURON_UI_CACHE_BUNDLE_MAX_MB; default 16384)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,6 +266,12 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         replicas=number("replicas", "NEURON_UI_REPLICAS", int, Settings.replicas),
         cache_bundle_timeout=number("cache_bundle_timeout", "NEURON_UI_CACHE_BUNDLE_TIMEOUT", float,
                                     Settings.cache_bundle_timeout),
+        cache_bundle_deadline=number("cache_bundle_deadline", "NEURON_UI_CACHE_BUNDLE_DEADLINE", float,
+                                     Settings.cache_bundle_deadline),
+        cache_bundle_min_rate=number("cache_bundle_min_rate", "NEURON_UI_CACHE_BUNDLE_MIN_RATE", float,
+                                     Settings.cache_bundle_min_rate),
+        cache_bundle_max_mb=number("cache_bundle_max_mb", "NEURON_UI_CACHE_BUNDLE_MAX_MB", int,
+                                   Settings.cache_bundle_max_mb),
         upload_budget_mb=number("upload_budget_mb", "NEURON_UI_UPLOAD_BUDGET_MB", int, Settings.upload_budget_mb),
         upload_retention=number("upload_retention", "NEURON_UI_UPLOAD_RETENTION", float, Settings.upload_retention),
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),

@@ -47,9 +47,14 @@ def find_local_snapshot(repo_id: str) -> str | None:
         return None
 
 
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE is set: huggingface_hub asks the Hub nothing, and neither do we."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
 def hub_answers(repo_id: str, timeout: float) -> bool:
     """Ask the Hub whether repo_id exists, giving up after `timeout` seconds whatever the network does."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+    if hub_offline():
         return False
     from huggingface_hub import HfApi
 
@@ -91,11 +96,13 @@ def choose_model(model: str, hub_timeout: float = 5.0) -> ModelChoice:
     local = find_local_snapshot(HUB_MODEL_ID)
     if local:
         return ModelChoice(local, HUB_MODEL_ID)
+    if hub_offline():
+        return ModelChoice(TINY, TINY, f"HF_HUB_OFFLINE is set, so the Hub was not asked, and {HUB_MODEL_ID} is "
+                                       "not in the local cache")
     if hub_answers(HUB_MODEL_ID, hub_timeout):
         return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
-    reason = f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within {hub_timeout:g} s"
-    logger.warning("%s: serving the tiny random-weight model instead (images are noise)", reason)
-    return ModelChoice(TINY, TINY, reason)
+    return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
+                                   f"{hub_timeout:g} s")
 
 
 def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedModel:
@@ -104,6 +111,8 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
     code after building."""
     from neuron_ui.model.sharding import check_heads, shard_transformer, tensor_parallel_config
 
+    if choice.fallback_reason:  # said where the model loads (once), not where it is chosen (twice on a warm boot)
+        logger.warning("%s: serving the tiny random-weight model instead (images are noise)", choice.fallback_reason)
     if choice.is_tiny or choice.source == RANDOM_KLEIN:
         pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
         if mesh is not None:
