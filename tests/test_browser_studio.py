@@ -177,6 +177,11 @@ def test_a_restart_keeps_the_browser_session(browser, tmp_path):
             again.runner.hold()
             page.locator("#generate").click()
             page.locator("#device-now").get_by_text(re.compile("loading 384x256 from the disk cache")).wait_for()
+            # Issue 35: the image says what it waits for, and the hint no longer says "Cached on disk".
+            loading = re.compile(r"loading 384x256 from the disk cache · \d+ s so far")
+            page.locator("#image").get_by_text(loading).wait_for()
+            page.locator("#size-hint").get_by_text("Loading now").wait_for()
+            shot(page, "43-loading-from-disk")
             page.locator("#stop").click()
             page.locator(".toast-body").filter(has_text="Stopping.").first.wait_for()  # the server took the Stop
             again.runner.release()

@@ -130,6 +130,9 @@ def describe_size(shape: ShapeStatus) -> str:
         else:
             took = "Images"
         return f"**Ready.** {took} at {size} come at full speed."
+    if shape.state == ShapeState.COMPILING and shape.on_disk:
+        about = describe_estimate(shape) if shape.estimate_seconds is not None else "load time not measured yet"
+        return f"**Loading now** from the disk cache ({about}): a request at {size} waits for it."
     if shape.state == ShapeState.COMPILING:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
     if shape.state == ShapeState.FAILED:
