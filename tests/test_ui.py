@@ -170,7 +170,10 @@ def test_history_is_capped_and_newest_first(handlers, tmp_path):
 
 
 def test_reuse_last_seed(handlers, tmp_path):
-    assert handlers.on_reuse_seed([fake_entry(tmp_path, 31), fake_entry(tmp_path, 30)]) == (31, False)
+    history = [fake_entry(tmp_path, 31), fake_entry(tmp_path, 30)]
+    assert handlers.on_reuse_seed(history) == (31, False)
+    # Issue 34: the seed of the image shown (a variation clicked in the history), not the newest's.
+    assert handlers.on_reuse_seed(history, history[1].path) == (30, False)
     with pytest.warns(UserWarning, match="No image yet"):  # gr.Warning outside a request
         seed, randomize = handlers.on_reuse_seed([])
     assert seed == gr.skip() and randomize == gr.skip()
@@ -638,3 +641,21 @@ def test_a_built_in_estimate_is_called_a_guess_until_this_machine_measured_one(m
     assert "a guess: nothing measured on this machine yet" in compiling.message
     measured = engine.status().shape("512x512")  # the median of what this machine measured
     assert not measured.estimate_guess and "guess" not in describe_size(measured)
+
+
+def test_ab_compares_the_image_shown_with_another_of_the_history(tmp_path):
+    """Issue 35, A/B: the image shown on the left, the one made before it on the right; a history click while the
+    panel is open puts that image on the right; the caption says which is which."""
+    from neuron_ui.ui.ab import ABHandlers
+
+    history = [fake_entry(tmp_path, seed) for seed in (12, 11, 10)]
+    ab = ABHandlers()
+    left, panel, pair, caption = ab.on_open(history[1].path, history)
+    assert left == history[1].path and pair == (history[1].path, history[2].path)
+    assert caption.startswith("**A (left)**: seed 11, 256x256, 3 steps · **B (right)**: seed 10")
+    pair, caption = ab.on_pick(left, history, gr.SelectData(None, {"index": 0, "value": None}))
+    assert pair == (history[1].path, history[0].path) and "**B (right)**: seed 12" in caption
+    with pytest.warns(UserWarning, match="No image yet"):
+        assert ab.on_open(None, history)[0] == gr.skip()
+    with pytest.warns(UserWarning, match="Only one image"):
+        assert ab.on_open(history[0].path, history[:1])[0] == gr.skip()
