@@ -331,7 +331,9 @@ def test_every_state_has_words():
     assert describe_state(shape(state="compiling")) == "compiling now"
     assert describe_state(shape(state="failed", error="OOM")) == "failed"
     assert describe_state(shape(state="ready")) == "ready"
-    assert describe_state(shape(state="ready", shares_graph_with="768x1344")) == "ready (graph of 768x1344)"
+    # Issue 35: "(graph of 768x1344)" was jargon to a designer
+    assert describe_state(shape(state="ready", shares_graph_with="768x1344")) == (
+        "ready (same pixel count as 768x1344)")
     assert describe_state(shape(warmup_queued=True)) == "compiles on first use (about 41 s), warm-up queued"
     assert "OOM" in describe_size(shape(state="failed", error="OOM"))
     assert "about 41 s" in describe_size(shape()) and "Warm up this size" in describe_size(shape())
@@ -624,7 +626,7 @@ def test_table_columns_count_images_and_show_a_shared_graphs_time(handlers, engi
     assert TABLE_HEADERS == ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
     assert int(rows["384x256"][4]) == int(before["384x256"][4]) + 1
     assert int(rows["256x384"][4]) == int(before["256x384"][4]) + 1  # counted although no compile happened
-    assert rows["256x384"][2] == "ready (graph of 384x256)"
+    assert rows["256x384"][2] == "ready (same pixel count as 384x256)"
     assert rows["256x384"][3] == rows["384x256"][3] != "—"
 
 

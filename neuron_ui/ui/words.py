@@ -83,7 +83,8 @@ def describe_state(shape: ShapeStatus) -> str:
     if shape.state == ShapeState.READY and shape.replicas_total:
         return describe_ready_on(shape)
     if shape.state == ShapeState.READY:
-        return f"ready (graph of {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
+        # "(graph of 1344x768)" was jargon to a designer: say what it means for them
+        return f"ready (same pixel count as {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
     if shape.state == ShapeState.COMPILING:
         return "compiling now"
     if shape.state == ShapeState.FAILED:
