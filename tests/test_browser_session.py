@@ -12,6 +12,7 @@ import pytest
 import serving
 from browser_fixtures import (
     LONG_PROMPT,
+    SHOTS,
     WAIT_MS,
     HeldRunner,
     history,
@@ -163,7 +164,12 @@ def test_phone_and_laptop_layouts(browser, url):
                 assert box["y"] + box["height"] <= gallery["y"] + gallery["height"] + 1, (width, index)
             button = page.locator("#generate").bounding_box()
             image = page.locator("#image").bounding_box()
+            # Issue 35: the history's rows wrap in the width it has (a 6-column strip scrolled sideways on a phone).
+            wrap = page.evaluate("""() => { const w = document.querySelector('#history .grid-wrap');
+                return [w.scrollWidth, w.clientWidth]; }""")
+            assert wrap[0] <= wrap[1] + 1, (width, wrap)
             if width < 720:  # the image right under the button, the page never wider than the phone
+                page.locator("#history").screenshot(path=str(SHOTS / "27-phone-history.png"))
                 assert 0 <= image["y"] - (button["y"] + button["height"]) < 200, (button, image)
                 assert page.evaluate("() => document.documentElement.scrollWidth") <= width
                 table = page.locator("#status-table").bounding_box()

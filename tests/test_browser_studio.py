@@ -177,6 +177,11 @@ def test_a_restart_keeps_the_browser_session(browser, tmp_path):
             again.runner.hold()
             page.locator("#generate").click()
             page.locator("#device-now").get_by_text(re.compile("loading 384x256 from the disk cache")).wait_for()
+            # Issue 35: the image says what it waits for, and the hint no longer says "Cached on disk".
+            loading = re.compile(r"loading 384x256 from the disk cache · \d+ s so far")
+            page.locator("#image").get_by_text(loading).wait_for()
+            page.locator("#size-hint").get_by_text("Loading now").wait_for()
+            shot(page, "43-loading-from-disk")
             page.locator("#stop").click()
             page.locator(".toast-body").filter(has_text="Stopping.").first.wait_for()  # the server took the Stop
             again.runner.release()
@@ -188,3 +193,32 @@ def test_a_restart_keeps_the_browser_session(browser, tmp_path):
             shot(page, "41-stopped-during-a-load")
     finally:
         context.close()
+
+
+def test_ab_slider_from_the_history_and_back(page):
+    """Issue 35: two images, then Compare (A/B): the slider shows the image shown against the one before; a history
+    click puts that one on the right; Close goes back. Issue 34: Reuse last seed reuses the shown image's seed."""
+    page.locator("#prompt textarea").fill("a red fox in snow")
+    page.locator("#count").get_by_text("2", exact=True).click()
+    page.locator("#make-variations").click()
+    page.wait_for_function("() => document.querySelectorAll('#history .thumbnail-item').length === 2")
+    page.locator("#info").get_by_text("seed").wait_for()
+    history(page).nth(1).click()  # the first variation: its seed in the box and under the image
+    older = re.search(r"seed (\d+)", page.locator("#info").inner_text()).group(1)
+    page.locator("#advanced").get_by_text("Advanced").click()
+    page.locator("#seed input").fill("7")
+    page.locator("#reuse-seed").click()
+    page.wait_for_function(f"() => document.querySelector('#seed input').value === '{older}'")
+
+    page.locator("#ab-open").click()
+    slider = page.locator("#ab-slider img")
+    expect(slider).to_have_count(2)
+    caption = page.locator("#ab-caption")
+    caption.get_by_text(f"A (left): seed {older}").wait_for()
+    history(page).first.click()
+    caption.get_by_text(re.compile(r"B \(right\): seed \d+")).wait_for()
+    page.wait_for_function("() => [...document.querySelectorAll('#ab-slider img')]"
+                           ".every(i => i.complete && i.naturalWidth)")
+    shot(page, "44-ab-slider")
+    page.locator("#ab-close").click()
+    expect(page.locator("#ab-panel")).to_be_hidden()

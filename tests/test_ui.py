@@ -170,7 +170,10 @@ def test_history_is_capped_and_newest_first(handlers, tmp_path):
 
 
 def test_reuse_last_seed(handlers, tmp_path):
-    assert handlers.on_reuse_seed([fake_entry(tmp_path, 31), fake_entry(tmp_path, 30)]) == (31, False)
+    history = [fake_entry(tmp_path, 31), fake_entry(tmp_path, 30)]
+    assert handlers.on_reuse_seed(history) == (31, False)
+    # Issue 34: the seed of the image shown (a variation clicked in the history), not the newest's.
+    assert handlers.on_reuse_seed(history, history[1].path) == (30, False)
     with pytest.warns(UserWarning, match="No image yet"):  # gr.Warning outside a request
         seed, randomize = handlers.on_reuse_seed([])
     assert seed == gr.skip() and randomize == gr.skip()
@@ -283,8 +286,11 @@ def test_a_compile_shows_elapsed_against_the_estimate_not_zero_percent():
     # Loading from the disk cache, no load measured yet: elapsed seconds, no made-up fraction.
     wait = CompileWait("loading 512x512 from the disk cache for the first time (load time not measured yet)",
                           "loading", None, False, started=0.0)
-    assert wait.describe(7.2) == ((7, None), "loading 512x512 from the disk cache for the first time · 7 s so far "
-                                             "(time not measured yet)")
+    assert wait.describe(7.2) == (0.0, "loading 512x512 from the disk cache · 7 s so far (time not measured yet)")
+    # Issue 35: a load measured before says about how long, in the words a designer reads.
+    loading = CompileWait("loading 512x512 from the disk cache for the first time (about 3 s)", "loading", 3.0, False,
+                          started=0.0)
+    assert loading.describe(1.5) == (0.5, "loading 512x512 from the disk cache (about 3 s, estimate) · 2 s so far")
     # A phase the engine names that its words do not: said first.
     tracing = CompileWait("compiling 512x512 (about 9 s)", "tracing", 9.0, False, started=0.0)
     assert tracing.describe(3.0)[1] == "tracing: compiling 512x512 · 3 s of about 9 s (estimate)"
@@ -325,7 +331,9 @@ def test_every_state_has_words():
     assert describe_state(shape(state="compiling")) == "compiling now"
     assert describe_state(shape(state="failed", error="OOM")) == "failed"
     assert describe_state(shape(state="ready")) == "ready"
-    assert describe_state(shape(state="ready", shares_graph_with="768x1344")) == "ready (graph of 768x1344)"
+    # Issue 35: "(graph of 768x1344)" was jargon to a designer
+    assert describe_state(shape(state="ready", shares_graph_with="768x1344")) == (
+        "ready (same pixel count as 768x1344)")
     assert describe_state(shape(warmup_queued=True)) == "compiles on first use (about 41 s), warm-up queued"
     assert "OOM" in describe_size(shape(state="failed", error="OOM"))
     assert "about 41 s" in describe_size(shape()) and "Warm up this size" in describe_size(shape())
@@ -571,8 +579,9 @@ def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_imag
     assert f"{plain.tokens} image tokens" in hint  # Generate's layout still said, after Inpaint's
     alone = editing.on_layout("256x256", None, "512x512", editor)  # uploaded and painted, no references
     assert alone.startswith("Inpaint: ") and "**inpaint 256x256** (512 image tokens" in alone
-    assert editing.on_layout("256x256", None, "512x512", {"background": None, "layers": []}) == describe_size(
-        engine.status().shape("256x256"))
+    # Issue 35: the size alone is the size hint's to say; said here too, "Ready..." showed twice on a wide page.
+    assert editing.on_layout("256x256", None, "512x512", {"background": None, "layers": []}) == ""
+    assert editing.on_layout("256x256", [], "512x512", None) == ""
 
 
 def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):
@@ -617,7 +626,7 @@ def test_table_columns_count_images_and_show_a_shared_graphs_time(handlers, engi
     assert TABLE_HEADERS == ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
     assert int(rows["384x256"][4]) == int(before["384x256"][4]) + 1
     assert int(rows["256x384"][4]) == int(before["256x384"][4]) + 1  # counted although no compile happened
-    assert rows["256x384"][2] == "ready (graph of 384x256)"
+    assert rows["256x384"][2] == "ready (same pixel count as 384x256)"
     assert rows["256x384"][3] == rows["384x256"][3] != "—"
 
 
@@ -634,3 +643,21 @@ def test_a_built_in_estimate_is_called_a_guess_until_this_machine_measured_one(m
     assert "a guess: nothing measured on this machine yet" in compiling.message
     measured = engine.status().shape("512x512")  # the median of what this machine measured
     assert not measured.estimate_guess and "guess" not in describe_size(measured)
+
+
+def test_ab_compares_the_image_shown_with_another_of_the_history(tmp_path):
+    """Issue 35, A/B: the image shown on the left, the one made before it on the right; a history click while the
+    panel is open puts that image on the right; the caption says which is which."""
+    from neuron_ui.ui.ab import ABHandlers
+
+    history = [fake_entry(tmp_path, seed) for seed in (12, 11, 10)]
+    ab = ABHandlers()
+    left, panel, pair, caption = ab.on_open(history[1].path, history)
+    assert left == history[1].path and pair == (history[1].path, history[2].path)
+    assert caption.startswith("**A (left)**: seed 11, 256x256, 3 steps · **B (right)**: seed 10")
+    pair, caption = ab.on_pick(left, history, gr.SelectData(None, {"index": 0, "value": None}))
+    assert pair == (history[1].path, history[0].path) and "**B (right)**: seed 12" in caption
+    with pytest.warns(UserWarning, match="No image yet"):
+        assert ab.on_open(None, history)[0] == gr.skip()
+    with pytest.warns(UserWarning, match="Only one image"):
+        assert ab.on_open(history[0].path, history[:1])[0] == gr.skip()

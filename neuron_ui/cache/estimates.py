@@ -1,10 +1,11 @@
-"""How long a shape will take to compile or load: measured here, or a built-in guess."""
+"""How long a shape will take to compile or load: measured here and scaled by its token count, or a built-in guess."""
 
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING
 
+from neuron_ui.cache.records import record_name_tokens
 from neuron_ui.compile.counters import COMPILED, DISK_HIT
 from neuron_ui.compile.strategies import backend_name
 
@@ -33,13 +34,15 @@ def measured_cold_seconds(record: ShapeRecord) -> float | None:
 
 
 def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, backend: Backend,
-                             on_disk: list[ShapeRecord] | None = None) -> float | None:
-    """About how long `resolution` will take before its first image here, from what this key measured before.
+                             on_disk: list[ShapeRecord] | None = None, tokens: int | None = None) -> float | None:
+    """About how long `resolution` (of `tokens` image tokens; by default read from its name) will take before its
+    first image here, from what this key measured before.
 
     A graph on disk (`on_disk`: the records of its graph, its own first; by default its own record) loads, which
     takes a fraction of a cold compile (1.6 s against 31 s with inductor): its own latest load, else the median
     load of this key's other sizes, else None, as no load was measured yet and the cold time would overstate it.
-    A graph not on disk compiles: the median cold compile of this key's sizes, else a rough default per backend.
+    A graph not on disk compiles: this key's cold compiles scaled to its token count (`scaled_seconds`), else a
+    rough default per backend.
     """
     if on_disk is None:
         on_disk = [records[resolution]] if resolution in records else []
@@ -47,7 +50,36 @@ def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, b
         own = [s for s in map(measured_load_seconds, on_disk) if s is not None]
         others = [s for s in map(measured_load_seconds, records.values()) if s is not None]
         return own[0] if own else statistics.median(others) if others else None
-    cold = [s for s in map(measured_cold_seconds, records.values()) if s]
+    cold = [(r.tokens, s) for r in records.values() if (s := measured_cold_seconds(r))]
     if cold:
-        return statistics.median(cold)
+        return scaled_seconds(cold, tokens if tokens is not None else name_tokens(resolution))
     return DEFAULT_COMPILE_SECONDS.get(backend_name(backend), DEFAULT_OTHER_BACKEND_SECONDS)
+
+
+def scaled_seconds(measured: list[tuple[int, float]], tokens: int | None) -> float:
+    """A compile's seconds at `tokens`, from (tokens, seconds) measured at other sizes: between two measured token
+    counts, the line through them; beyond them, the nearest one's seconds in proportion to the tokens (a compile at
+    a quarter of the tokens was estimated at the first size's 59 s, and took 12.9 s). Without a token count: the
+    median. Each measured count counts once, with its median time."""
+    by_tokens: dict[int, list[float]] = {}
+    for count, seconds in measured:
+        by_tokens.setdefault(count, []).append(seconds)
+    points = sorted((count, statistics.median(times)) for count, times in by_tokens.items() if count > 0)
+    if tokens is None or tokens <= 0 or not points:
+        return statistics.median(seconds for _, seconds in measured)
+    below = [p for p in points if p[0] <= tokens]
+    above = [p for p in points if p[0] >= tokens]
+    if below and above:
+        (low, low_s), (high, high_s) = below[-1], above[0]
+        return low_s if high == low else low_s + (high_s - low_s) * (tokens - low) / (high - low)
+    count, seconds = (above[0] if not below else below[-1])
+    return seconds * tokens / count
+
+
+def name_tokens(resolution: str) -> int | None:
+    """The token count a preset's or layout's name gives, where it gives one."""
+    try:
+        low, high = record_name_tokens(resolution)
+    except ValueError:
+        return None
+    return low if low == high else None

@@ -128,7 +128,7 @@ class GraphBook:
     def estimate(self, layout: Layout) -> float | None:
         """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
         return estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.backend,
-                                                    on_disk=self.disk_records(layout))
+                                                    on_disk=self.disk_records(layout), tokens=layout.tokens)
 
     def estimate_is_guess(self, layout: Layout) -> bool:
         """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""

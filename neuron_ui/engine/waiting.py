@@ -1,10 +1,12 @@
-"""What a waiting user is told: what holds the device (a compile or an image, since when, for about how long),
-then each request ahead at its layout's last latency; all from the engine's own measurements and estimates."""
+"""What a waiting user is told: how many images are ahead (the one on the device counted), about how long (an estimate,
+from each layout's last latency, scaled by token count for a layout not measured yet), and how far the wait has come
+(the bar's fraction); all from the engine's own measurements and estimates."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from neuron_ui.engine.graphs import GraphBook
 
 WAIT_WORTH_TELLING = 0.5  # seconds of waiting below which the line under the image does not mention it
+MOST_OF_A_WAIT = 0.99  # the bar never reads 100% while the request still waits
 
 
 @dataclass(frozen=True)
@@ -23,34 +26,46 @@ class OnDevice:
 
     kind: str  # "compile" or "image"
     layout: Layout
-    started: float  # time.perf_counter()
+    started: float  # the watch's clock
     expected: float | None  # seconds it should take in all, from the engine's estimates; None when unknown
 
 
 @dataclass
 class Wait:
-    """What one request waited for, as it learns it while waiting."""
+    """What one request waited for, as it learns it while waiting, and since when (the bar's start)."""
 
     what: str | None = None
+    started: float | None = None
+
+
+def images_ahead(count: int, mine: int = 0, on_device: str | None = None) -> str:
+    """ "3 images ahead of yours (one at 1344x768 on the device now, 1 from you)": the words the engine's queue and the
+    replicas' front both say."""
+    notes = [f"{'one' if count > 1 else ''} at {on_device} on the device now".strip()] if on_device else []
+    notes += [f"{mine} from you"] if mine else []
+    text = f"{count} image{'s' if count != 1 else ''} ahead of yours"
+    return f"{text} ({', '.join(notes)})" if notes else text
 
 
 class DeviceWatch:
-    """What holds the device and what each layout's last image took, kept for the users waiting behind it."""
+    """What holds the device and what each layout's last image took, kept for the users waiting behind it.
+    `clock` is the time it reads (a test's own)."""
 
-    def __init__(self, graphs: GraphBook, compile_mode: str):
+    def __init__(self, graphs: GraphBook, compile_mode: str, clock: Callable[[], float] = time.perf_counter):
         self.graphs = graphs
         self.compile_mode = compile_mode
+        self.clock = clock
         self._lock = threading.Lock()
         self._on_device: OnDevice | None = None
         self._image_seconds: dict[Layout, float] = {}  # each layout's latest pipeline run
 
     def compiling(self, layout: Layout, estimate: float | None) -> None:
         with self._lock:
-            self._on_device = OnDevice("compile", layout, time.perf_counter(), estimate)
+            self._on_device = OnDevice("compile", layout, self.clock(), estimate)
 
     def running(self, layout: Layout, started: float) -> None:
         with self._lock:
-            self._on_device = OnDevice("image", layout, started, self._image_seconds.get(layout))
+            self._on_device = OnDevice("image", layout, started, self._image_estimate(layout))
 
     def idle(self) -> None:
         with self._lock:
@@ -61,40 +76,58 @@ class DeviceWatch:
             self._image_seconds[layout] = seconds
 
     def describe(self, ahead: list[Layout], waited: Wait, mine: int = 0) -> ProgressUpdate:
-        """What a waiting user waits for and about how long: what holds the device (a compile: its estimate
-        minus the time it has run), then each request ahead in the order turns give (`mine` of them the user's
-        own) at its layout's latency."""
-        now = time.perf_counter()
+        """What a waiting user waits for and about how long: what holds the device (a compile: its estimate minus
+        the time it has run; an image: counted among the images ahead), then each request ahead in the order turns
+        give (`mine` of them the user's own) at its layout's latency. The fraction is the time waited against the
+        time waited plus the time left, so the bar moves as the wait goes (it sat at 0.0% for 24 s)."""
+        now = self.clock()
+        if waited.started is None:
+            waited.started = now
         with self._lock:
             current = self._on_device
             ahead_seconds = [self._expected_seconds(layout) for layout in ahead]
-        parts = []
-        if current is not None:
-            left = None if current.expected is None else max(current.expected - (now - current.started), 0.0)
-            if current.kind == "compile":
-                waited.what = f"{current.layout} to compile"
-                about = ("compile time not measured yet" if left is None
-                         else f"about {seconds_text(left)} (estimate)")
-                parts.append(f"waiting for {current.layout} to compile, {about}")
-            else:
-                about = "" if left is None else f", about {seconds_text(left)}"
-                parts.append(f"waiting for an image at {current.layout} to finish{about}")
-        if ahead:
-            known = [s for s in ahead_seconds if s is not None]
-            count = f"{len(ahead)} image{'s' if len(ahead) > 1 else ''} ahead of yours"
-            count += f" ({mine} from you)" if mine else ""
-            about = (f"about {seconds_text(sum(known))}" if len(known) == len(ahead)
+        parts: list[str] = []
+        left = None if current is None or current.expected is None else max(
+            current.expected - (now - current.started), 0.0)
+        image_on_device = current is not None and current.kind == "image"
+        if current is not None and current.kind == "compile":
+            waited.what = f"{current.layout} to compile"
+            about = "compile time not measured yet" if left is None else f"about {seconds_text(left)} (estimate)"
+            parts.append(f"waiting for {current.layout} to compile, {about}")
+        count = len(ahead) + image_on_device
+        if count:
+            images = [left, *ahead_seconds] if image_on_device else ahead_seconds
+            known = [s for s in images if s is not None]
+            about = (f"about {seconds_text(sum(known))} (estimate)" if len(known) == len(images)
                      else "time not measured yet for some sizes")
-            parts.append(f"{'then ' if parts else 'waiting: '}{count}, {about}")
+            words = images_ahead(count, mine, str(current.layout) if image_on_device and current else None)
+            parts.append(f"{'then ' if parts else 'waiting: '}{words}, {about}")
             if waited.what is None:
-                waited.what = count
+                waited.what = images_ahead(count, mine)
         if not parts:
             parts.append("waiting for the device")
-        return ProgressUpdate(Stage.WAITING, " · ".join(parts))
+        rest = [left, *ahead_seconds] if current is not None else ahead_seconds
+        known_rest = [s for s in rest if s is not None]
+        fraction = None
+        if rest and len(known_rest) == len(rest):
+            elapsed = now - waited.started
+            total = elapsed + sum(known_rest)
+            fraction = min(elapsed / total, MOST_OF_A_WAIT) if total > 0 else MOST_OF_A_WAIT
+        return ProgressUpdate(Stage.WAITING, " · ".join(parts), fraction=fraction)
+
+    def _image_estimate(self, layout: Layout) -> float | None:
+        """A layout's image seconds: its own last one, else the nearest measured layout's in proportion to the
+        tokens (what differs between them). Called under the lock."""
+        if layout in self._image_seconds:
+            return self._image_seconds[layout]
+        if not self._image_seconds:
+            return None
+        nearest = min(self._image_seconds, key=lambda other: abs(other.tokens - layout.tokens))
+        return self._image_seconds[nearest] * layout.tokens / max(nearest.tokens, 1)
 
     def _expected_seconds(self, layout: Layout) -> float | None:
         """Seconds a request at `layout` should hold the device: its compile (unless ready) and its image."""
-        image = self._image_seconds.get(layout)
+        image = self._image_estimate(layout)
         if image is None or self.compile_mode == "eager":
             return image
         if layout.tokens in self.graphs.held():

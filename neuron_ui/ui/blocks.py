@@ -10,6 +10,7 @@ import gradio as gr
 from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
+from neuron_ui.ui.ab import add_ab_button, add_ab_panel, wire_ab
 from neuron_ui.ui.editing import (
     EditingHandlers,
     add_inpaint_api,
@@ -103,7 +104,8 @@ def build_demo(engine: EngineLike, settings: Settings,
                         steps = gr.Slider(1, MAX_STEPS, value=status.default_steps, step=1, label="Steps",
                                           info=f"the model's default is {status.default_steps}", elem_id="steps")
                         with gr.Row(equal_height=True):
-                            seed = gr.Number(label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=2,
+                            seed = gr.Number(None, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=2,
+                                             placeholder="random",
                                              info="typing one unticks Randomize", elem_id="seed")
                             with gr.Column(scale=1, min_width=120):
                                 randomize = gr.Checkbox(True, label="Randomize", elem_id="randomize")
@@ -121,6 +123,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
                 edit_result = add_result_buttons()
+                ab = add_ab_panel(add_ab_button())
                 layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
@@ -182,7 +185,8 @@ def build_demo(engine: EngineLike, settings: Settings,
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
         wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
-        reuse.click(handlers.on_reuse_seed, [history], [seed, randomize], **told)
+        wire_ab(ab, image, history, history_gallery, hidden)
+        reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **told)
         layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["editor"]]
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
               editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)

@@ -102,13 +102,17 @@ class EditingHandlers:
         return [(f.image, f"{f.role}: {f.source_size[0]}x{f.source_size[1]} → {f.size} ({f.fit})") for f in fitted]
 
     def on_layout(self, resolution: str, files: Any, reference_size: str, editor: Any = None) -> str:
-        """What the next image's layout costs, before the click: Generate's, and while the inpaint editor holds an
-        image, Inpaint's too (its source image doubles the output's tokens: another graph). The editor's value
-        comes unprocessed (preprocess=False) and only whether it holds an image is read here."""
+        """What the next image's layout costs, before the click, when it is not the size alone (the size hint's):
+        Generate's with references, and while the inpaint editor holds an image, Inpaint's too (its source image
+        doubles the output's tokens: another graph). The editor's value comes unprocessed (preprocess=False) and only
+        whether it holds an image is read here."""
         try:
             count = min(len(file_paths(files, self.stored)), self.engine.max_references)
+            editing = isinstance(editor, dict) and bool(editor.get("background"))
+            if not count and not editing:
+                return ""  # the size hint above says it: on a wide page "Ready..." showed twice
             plain = describe_size(self.engine.layout_status(self.engine.layout(resolution, count, reference_size)))
-            if not (isinstance(editor, dict) and editor.get("background")):
+            if not editing:
                 return plain
             inpaint = self.engine.layout(resolution, count, reference_size, inpaint=True)
         except ValueError as error:

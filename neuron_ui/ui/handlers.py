@@ -212,12 +212,15 @@ class Handlers(SessionEvents, NamedApi):
         ignored = first_ignored_word(text, limit, self.engine.prompt_tokens) if tokens > limit else None
         return describe_prompt(text, tokens, limit, ignored)
 
-    def on_reuse_seed(self, history: list[HistoryEntry]):
-        """Put the last seed back in the box and stop randomizing."""
+    def on_reuse_seed(self, history: list[HistoryEntry], image: Any = None):
+        """Put the seed of the image shown back in the box (the newest's when none of the history is shown) and stop
+        randomizing: after a history click it reused the newest variation's seed, not the one shown."""
         if not history:
             gr.Warning("No image yet in this session: there is no last seed to reuse.")
             return gr.skip(), gr.skip()
-        return history[0].seed, False
+        name = Path(image).name if isinstance(image, str) and image else None
+        shown = next((e for e in history if Path(e.path).name == name), history[0])
+        return shown.seed, False
 
     def on_stop(self, request: gr.Request) -> None:
         """Stop this browser's image at the next step, or take it out of the queue; a notice says which. The line

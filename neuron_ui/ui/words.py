@@ -83,7 +83,8 @@ def describe_state(shape: ShapeStatus) -> str:
     if shape.state == ShapeState.READY and shape.replicas_total:
         return describe_ready_on(shape)
     if shape.state == ShapeState.READY:
-        return f"ready (graph of {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
+        # "(graph of 1344x768)" was jargon to a designer: say what it means for them
+        return f"ready (same pixel count as {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
     if shape.state == ShapeState.COMPILING:
         return "compiling now"
     if shape.state == ShapeState.FAILED:
@@ -130,6 +131,9 @@ def describe_size(shape: ShapeStatus) -> str:
         else:
             took = "Images"
         return f"**Ready.** {took} at {size} come at full speed."
+    if shape.state == ShapeState.COMPILING and shape.on_disk:
+        about = describe_estimate(shape) if shape.estimate_seconds is not None else "load time not measured yet"
+        return f"**Loading now** from the disk cache ({about}): a request at {size} waits for it."
     if shape.state == ShapeState.COMPILING:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
     if shape.state == ShapeState.FAILED:

@@ -29,15 +29,20 @@ class CompileWait:
     guess: bool
     started: float
 
-    def describe(self, now: float) -> tuple[float | tuple[int, None], str]:
-        """The progress bar's value and words: elapsed against the estimate, labelled as an estimate (or a guess)."""
+    def describe(self, now: float) -> tuple[float, str]:
+        """The progress bar's value and words: elapsed against the estimate, labelled as an estimate (or a guess).
+        A value, never Gradio's count of unknown length, which shows a bare "4 s" without the words (6.31)."""
         elapsed = now - self.started
         head = self.message.split(" (")[0]  # the engine's words without its "(about N s)"
+        if self.phase == "loading":  # "loading 1344x768 from the disk cache (about 3 s)"
+            head = head.replace(" for the first time", "")
         phase = f"{self.phase}: " if self.phase and not head.startswith(self.phase) else ""
         if self.estimate is None:
-            return (int(elapsed), None), f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
+            return 0.0, f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
         label = GUESS if self.guess else "estimate"
         fraction = min(elapsed / self.estimate, 0.99) if self.estimate > 0 else 0.99
+        if self.phase == "loading":
+            return fraction, f"{head} (about {self.estimate:.0f} s, {label}) · {elapsed:.0f} s so far"
         return fraction, f"{phase}{head} · {elapsed:.0f} s of about {self.estimate:.0f} s ({label})"
 
 

@@ -1,0 +1,107 @@
+"""A/B: the image shown against any image of the history, in Gradio's ImageSlider (InvokeAI's compare view).
+
+*Compare (A/B)* under the image opens the slider with the image shown on the left (A) and the image made before it on
+the right (B); while it is open, a click on the history puts that image on the right (and restores it, as a click
+always does); *Close* goes back to the image alone. Only paths of the session's history reach the slider.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+import gradio as gr
+
+from neuron_ui.ui.history import HistoryEntry  # at run time: Gradio reads the handlers' hints
+
+NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
+ALONE = "Only one image in this session's history: make another, then compare."
+
+
+class ABPanel(TypedDict):
+    open: gr.Button
+    panel: gr.Column
+    slider: gr.ImageSlider
+    caption: gr.Markdown
+    close: gr.Button
+    left: gr.State  # the path on the left (A) while the panel is open, else None
+
+
+def add_ab_button() -> gr.Button:
+    """Under the image, beside the result's other buttons."""
+    return gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
+
+
+def add_ab_panel(opener: gr.Button) -> ABPanel:
+    """The slider and its words, hidden until *Compare (A/B)*."""
+    with gr.Column(visible=False, elem_id="ab-panel") as panel:
+        slider = gr.ImageSlider(label="A/B: drag the handle", type="filepath", interactive=False, elem_id="ab-slider",
+                                buttons=["fullscreen"])
+        caption = gr.Markdown(elem_id="ab-caption")
+        close = gr.Button("Close the comparison", size="sm", elem_id="ab-close")
+    return {"open": opener, "panel": panel, "slider": slider, "caption": caption, "close": close,
+            "left": gr.State(None)}
+
+
+def describe_pair(left: HistoryEntry | None, right: HistoryEntry) -> str:
+    """Which side is which, in what differs between them."""
+    def one(entry: HistoryEntry | None) -> str:
+        if entry is None:
+            return "the image shown"
+        style = f", style {entry.lora} {entry.lora_scale:g}" if entry.lora and entry.lora_scale is not None else ""
+        return f"seed {entry.seed}, {entry.resolution}, {entry.steps or 'default'} steps{style}"
+
+    return (f"**A (left)**: {one(left)} · **B (right)**: {one(right)}. "
+            "Click another image of the history to put it on the right.")
+
+
+@dataclass
+class ABHandlers:
+    """Open, change the right side, close; the paths come from the session's history only."""
+
+    @staticmethod
+    def _entry(history: list[HistoryEntry], path: Any) -> HistoryEntry | None:
+        """The history's entry for a path the page sent (Gradio may name it from its own folder: the store's file
+        names are unique, so the name decides)."""
+        name = Path(path).name if isinstance(path, str) and path else None
+        return next((e for e in history if Path(e.path).name == name), None)
+
+    def on_open(self, image: Any, history: list[HistoryEntry]) -> tuple[Any, ...]:
+        """A: the image shown; B: the one made before it (else the newest other). Outputs: left, panel, slider,
+        caption."""
+        shown = self._entry(history, image)
+        if shown is None:
+            gr.Warning(NO_IMAGE)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        others = [e for e in history if e.path != shown.path]
+        if not others:
+            gr.Warning(ALONE)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        after = history[history.index(shown) + 1:]
+        right = next((e for e in after if e.path != shown.path), others[0])
+        return (shown.path, gr.Column(visible=True), (shown.path, right.path), describe_pair(shown, right))
+
+    def on_pick(self, left: Any, history: list[HistoryEntry], event: gr.SelectData) -> tuple[Any, Any]:
+        """A history image clicked while comparing: it goes on the right. Outputs: slider, caption."""
+        shown = self._entry(history, left)
+        if shown is None or not isinstance(event.index, int) or not 0 <= event.index < len(history):
+            return gr.skip(), gr.skip()
+        right = history[event.index]
+        return (shown.path, right.path), describe_pair(shown, right)
+
+    @staticmethod
+    def on_close() -> tuple[Any, Any]:
+        """Back to the image alone. Outputs: left, panel."""
+        return None, gr.Column(visible=False)
+
+
+def wire_ab(panel: ABPanel, image: gr.Image, history: gr.State, history_gallery: gr.Gallery,
+            hidden: dict[str, Any]) -> None:
+    """The panel's events (queue=False: nothing here waits for the device)."""
+    handlers = ABHandlers()
+    told = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
+    panel["open"].click(handlers.on_open, [image, history],
+                        [panel["left"], panel["panel"], panel["slider"], panel["caption"]], **told)
+    history_gallery.select(handlers.on_pick, [panel["left"], history], [panel["slider"], panel["caption"]], **hidden)
+    panel["close"].click(handlers.on_close, None, [panel["left"], panel["panel"]], **hidden)

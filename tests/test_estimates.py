@@ -1,0 +1,33 @@
+"""Estimates scale with what differs between sizes, the token count (issue 35): one measured compile no longer sets
+every other size's estimate, and the words keep calling them estimates."""
+
+import pytest
+
+from neuron_ui.cache.estimates import estimate_compile_seconds, scaled_seconds
+from neuron_ui.cache.records import ShapeRecord
+from neuron_ui.config.resolutions import parse_resolution
+
+
+def cold(resolution: str, seconds: float) -> ShapeRecord:
+    tokens = parse_resolution(resolution).tokens
+    return ShapeRecord(resolution, tokens, seconds, seconds, "compiled", "2026-01-01T00:00:00")
+
+
+def test_one_compile_does_not_set_every_other_sizes_estimate():
+    records = {"1344x768": cold("1344x768", 59.0)}  # 4032 tokens
+    assert estimate_compile_seconds(records, "512x512", "inductor") == pytest.approx(59.0 * 1024 / 4032)
+    assert estimate_compile_seconds(records, "1344x768", "inductor", on_disk=[]) == pytest.approx(59.0)
+    # The engine passes a layout's own token count (an edit's references add tokens to its name's size).
+    assert estimate_compile_seconds(records, "512x512", "inductor", tokens=2048) == pytest.approx(59.0 * 2048 / 4032)
+
+
+def test_between_two_measured_sizes_the_line_through_them():
+    measured = [(1024, 10.0), (4096, 40.0), (4096, 44.0)]  # one count measured twice counts once, at its median
+    assert scaled_seconds(measured, 2048) == pytest.approx(10.0 + 32.0 * 1024 / 3072)
+    assert scaled_seconds(measured, 4096) == pytest.approx(42.0)
+    assert scaled_seconds(measured, 8192) == pytest.approx(84.0)  # beyond: the nearest, in proportion
+    assert scaled_seconds(measured, None) == 40.0  # no token count: the median
+
+
+def test_a_guess_stays_the_backends_default_until_something_is_measured():
+    assert estimate_compile_seconds({}, "512x512", "inductor") == 60.0
