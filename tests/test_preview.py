@@ -126,7 +126,8 @@ def test_the_last_preview_is_the_projection_of_the_finished_latents(engine):
     decode path (output_type="latent": unpacked, BN undone, unpatchified) and projected."""
     _, previews = generate(engine, preview=True, steps=2, seed=9)
     pipe = engine.pipe
-    latents = pipe(prompt_embeds=engine.runner.prompt_embeds("a lighthouse"), width=384, height=256, num_inference_steps=2,
+    embeds = engine.runner.prompt_embeds("a lighthouse")
+    latents = pipe(prompt_embeds=embeds, width=384, height=256, num_inference_steps=2,
                    generator=torch.Generator("cpu").manual_seed(9), output_type="latent").images
     patches = Flux2KleinPipeline._patchify_latents(latents)
     mean = pipe.vae.bn.running_mean.view(1, -1, 1, 1)

@@ -97,6 +97,7 @@ class StepPreviews:
     def __init__(self, report: ProgressFn, steps: int, width: int, height: int):
         self.report, self.steps, self.width, self.height = report, steps, width, height
         self._before: tuple[torch.Tensor, float] | None = None  # the previous step's host latents and sigma
+        self._taken = 0  # the last step taken: a callback run again for a step (a held test's) adds nothing
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step-preview")  # one at a time, in order
 
     def __enter__(self) -> StepPreviews:
@@ -107,6 +108,9 @@ class StepPreviews:
 
     def take(self, pipe: Any, step: int, latents: torch.Tensor) -> None:
         """In the step callback after step `step` (1-based): the latents now, at the scheduler's sigma now."""
+        if step <= self._taken:
+            return
+        self._taken = step
         scheduler = pipe.scheduler
         sigma = float(scheduler.sigmas[scheduler.step_index])  # step() has moved the index on to these latents
         copy, ready = copy_to_host(latents[0])
