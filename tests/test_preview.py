@@ -159,3 +159,42 @@ def test_previews_never_recompile(cache):
         assert read_counters().graphs == before.graphs
     finally:
         torch._dynamo.reset()
+
+
+def test_no_previews_turns_them_off_for_the_whole_server():
+    from neuron_ui.config.settings import build_parser, settings_from_args
+
+    def parsed(*flags, environ=None):
+        return settings_from_args(build_parser().parse_args(list(flags)), environ=environ or {})
+
+    assert parsed().previews
+    assert not parsed("--no-previews").previews
+    assert not parsed(environ={"NEURON_UI_NO_PREVIEWS": "1"}).previews
+
+
+def test_the_bar_gives_way_to_the_previews_and_a_watched_call_yields_them_then_its_value():
+    from neuron_ui.contract.results import ProgressUpdate, Stage
+    from neuron_ui.web.progress import Finished, ProgressReporter, watch
+
+    preview = StepPreview(2, 3, 1, 1, b"abc")
+    bar, shown = [], []
+    reporter = ProgressReporter(lambda fraction, desc="", **_: bar.append(desc), on_preview=shown.append)
+    for update in (ProgressUpdate(Stage.DENOISING, "step 1/3", 1 / 3),
+                   ProgressUpdate(Stage.DENOISING, "step 2/3", 2 / 3, preview=preview),
+                   ProgressUpdate(Stage.DENOISING, "step 3/3", 1.0),
+                   ProgressUpdate(Stage.DECODING, "decoding the image", 1.0)):
+        reporter(update)
+    assert bar == ["step 1/3"] and shown == [preview]  # a bar over the slot would hide the preview
+
+    def work(sink):
+        sink(preview)
+        return "the image"
+
+    items = list(watch(work))
+    assert items[-1] == Finished("the image") and set(items[:-1]) <= {preview}
+
+    def failing(sink):
+        raise ValueError("prompt is empty")
+
+    with pytest.raises(ValueError, match="prompt is empty"):
+        list(watch(failing))
