@@ -198,3 +198,14 @@ def test_the_bar_gives_way_to_the_previews_and_a_watched_call_yields_them_then_i
 
     with pytest.raises(ValueError, match="prompt is empty"):
         list(watch(failing))
+
+
+def test_preview_files_keep_the_newest_and_a_full_disk_loses_only_the_preview(tmp_path):
+    from neuron_ui.web.previews import PreviewFiles
+
+    files = PreviewFiles(tmp_path / "previews", keep=3)
+    files.folder.mkdir()
+    paths = [files.save(StepPreview(step, 9, 2, 2, bytes(12))) for step in range(1, 6)]
+    assert sorted(p.name for p in files.folder.iterdir()) == sorted(p.rsplit("/", 1)[-1] for p in paths[-3:])
+    gone = PreviewFiles(tmp_path / "missing", keep=3)  # writing there fails, as on a full disk
+    assert gone.save(StepPreview(1, 1, 2, 2, bytes(12))) is None

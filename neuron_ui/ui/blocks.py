@@ -65,6 +65,7 @@ def build_demo(engine: EngineLike, settings: Settings,
     serve_in_place(store.folder)
     handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder(),
                         stops=stops)
+    serve_in_place(handlers.previews.folder)
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)

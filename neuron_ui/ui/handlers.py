@@ -21,6 +21,7 @@ from neuron_ui.ui.named_api import NamedApi
 from neuron_ui.ui.session_events import HISTORY_SIZE, SessionEvents
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.gradio_bridge import current_event
+from neuron_ui.web.previews import PreviewFiles
 from neuron_ui.web.progress import Finished, PreviewSink, ProgressReporter, watch
 from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.visitors import current_visitor
@@ -65,6 +66,7 @@ class Handlers(SessionEvents, NamedApi):
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
         self.stored = StoredFiles(self.uploads)  # the rule for every file a request names (contract/files.py)
         self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
+        self.previews = PreviewFiles()  # the steps' estimates the page and the API are shown, the newest kept
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
                  guidance: float | None, references: Any = None, reference_size: str | None = None,
@@ -148,8 +150,8 @@ class Handlers(SessionEvents, NamedApi):
         for item in watch(work):
             if isinstance(item, Finished):
                 yield item.value
-            else:
-                yield item.image(), f"Step {item.step} of {item.steps}: an estimate of the image", *[gr.skip()] * 3
+            elif path := self.previews.save(item):
+                yield path, f"Step {item.step} of {item.steps}: an estimate of the image", *[gr.skip()] * 3
 
     def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
             session: Any = None, editor: EditorValue | None = None, on_preview: PreviewSink | None = None):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.results import EngineStatus
     from neuron_ui.contract.stopping import SessionStops
     from neuron_ui.web.files import ImageStore
+    from neuron_ui.web.previews import PreviewFiles
 
 
 class NamedApi:
@@ -30,6 +31,7 @@ class NamedApi:
 
     engine: EngineLike
     store: ImageStore
+    previews: PreviewFiles
     stored: StoredFiles
     stops: SessionStops
     waiting: Callable[[], int]
@@ -75,8 +77,8 @@ class NamedApi:
         for item in watch(lambda sink: self.api_generate(*args, on_preview=sink)):
             if isinstance(item, Finished):
                 yield item.value
-            else:
-                yield item.image(), {"preview": {"step": item.step, "steps": item.steps}}
+            elif path := self.previews.save(item):
+                yield path, {"preview": {"step": item.step, "steps": item.steps}}
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""
