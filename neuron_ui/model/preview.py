@@ -111,9 +111,13 @@ class StepPreviews:
         if step <= self._taken:
             return
         self._taken = step
-        scheduler = pipe.scheduler
-        sigma = float(scheduler.sigmas[scheduler.step_index])  # step() has moved the index on to these latents
-        copy, ready = copy_to_host(latents[0])
+        try:
+            scheduler = pipe.scheduler
+            sigma = float(scheduler.sigmas[scheduler.step_index])  # step() has moved the index on to these latents
+            copy, ready = copy_to_host(latents[0])
+        except Exception:  # a preview never fails the image
+            logger.exception("no preview of step %d", step)
+            return
         self._pool.submit(self._make, step, copy, ready, sigma)
 
     def _make(self, step: int, copy: torch.Tensor, ready: Callable[[], Any], sigma: float) -> None:

@@ -84,8 +84,8 @@ class Handlers(SessionEvents, NamedApi):
         have reloaded by the time the image is done). `editor`: an inpaint's editor value, kept in the entry;
         `on_preview`: hears each step's estimate of the image (the request asks for them)."""
         sid = sessions.session_id(session)
-        # visitors take turns on the device
-        request = replace(request, visitor=current_visitor(session), preview=on_preview is not None)
+        request = replace(request, visitor=current_visitor(session),  # visitors take turns on the device
+                          preview=on_preview is not None)
         what = request.resolution if isinstance(request.resolution, str) else ""
 
         def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
