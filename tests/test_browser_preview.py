@@ -15,6 +15,8 @@ DRAWN_WIDTH = """() => { const img = document.querySelector('#image img');
     const scale = Math.min(img.clientWidth / img.naturalWidth, img.clientHeight / img.naturalHeight);
     const fit = getComputedStyle(img).objectFit;
     return (fit === 'contain' || fit === 'fill' ? scale : Math.min(scale, 1)) * img.naturalWidth; }"""
+TRACKER_BACKGROUND = """() => getComputedStyle(document.querySelector('#image [data-testid="status-tracker"]'))
+    .backgroundColor"""
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,8 @@ def test_the_image_slot_shows_a_preview_before_the_image(page, runner):
     page.locator("#generate").click()
     page.wait_for_function(f"() => document.querySelector('#image img')?.naturalWidth === {PREVIEW_SIDE}")
     assert page.evaluate(DRAWN_WIDTH) >= 8 * PREVIEW_SIDE  # drawn larger than its pixels
+    page.locator("#image").get_by_text("step 3/4").wait_for()  # the progress, drawn over it...
+    assert page.evaluate(TRACKER_BACKGROUND) == "rgba(0, 0, 0, 0)"  # ...on nothing that hides it
     shot(page, "preview-01-mid-steps")
     runner.release()
     page.wait_for_function("() => document.querySelector('#image img')?.naturalWidth === 256")

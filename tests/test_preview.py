@@ -172,7 +172,7 @@ def test_no_previews_turns_them_off_for_the_whole_server():
     assert not parsed(environ={"NEURON_UI_NO_PREVIEWS": "1"}).previews
 
 
-def test_the_bar_gives_way_to_the_previews_and_a_watched_call_yields_them_then_its_value():
+def test_previews_go_to_the_slot_not_the_bar_and_a_watched_call_yields_them_then_its_value():
     from neuron_ui.contract.results import ProgressUpdate, Stage
     from neuron_ui.web.progress import Finished, ProgressReporter, watch
 
@@ -184,7 +184,7 @@ def test_the_bar_gives_way_to_the_previews_and_a_watched_call_yields_them_then_i
                    ProgressUpdate(Stage.DENOISING, "step 3/3", 1.0),
                    ProgressUpdate(Stage.DECODING, "decoding the image", 1.0)):
         reporter(update)
-    assert bar == ["step 1/3"] and shown == [preview]  # a bar over the slot would hide the preview
+    assert bar == ["step 1/3", "step 3/3", "decoding the image"] and shown == [preview]
 
     def work(sink):
         sink(preview)

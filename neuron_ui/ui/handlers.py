@@ -151,7 +151,7 @@ class Handlers(SessionEvents, NamedApi):
             if isinstance(item, Finished):
                 yield item.value
             elif path := self.previews.save(item):
-                yield path, f"Step {item.step} of {item.steps}: an estimate of the image", *[gr.skip()] * 3
+                yield path, *[gr.skip()] * 4
 
     def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
             session: Any = None, editor: EditorValue | None = None, on_preview: PreviewSink | None = None):

@@ -68,7 +68,6 @@ class ProgressReporter:
         self.clock = clock
         self.tick = tick
         self.compile: CompileWait | None = None
-        self.previewing = False  # a step preview came: the slot shows it, the bar says no more steps
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
@@ -80,11 +79,8 @@ class ProgressReporter:
 
     def __call__(self, update: ProgressUpdate) -> None:
         if update.preview is not None:  # an image for the slot, not a line for the bar
-            self.previewing = True
             self.on_preview(update.preview)
             return
-        if self.previewing and update.stage in (Stage.DENOISING, Stage.DECODING):
-            return  # the slot shows the steps' estimates now: a bar drawn over them would hide them
         self._stop_ticker()
         if update.stage == Stage.COMPILING:
             started = self.compile.started if self.compile else self.clock()  # a new phase of the same wait
