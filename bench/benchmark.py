@@ -3,6 +3,7 @@
     python bench/benchmark.py                     # everything; about 15 minutes on 2 cores
     python bench/benchmark.py --sections overhead,throughput,stop   # what the app adds per image (issue 12)
     python bench/benchmark.py --sections overhead --repeat 3   # the round trip's added ms, three runs (issue 22)
+    python bench/benchmark.py --sections preview --model random-klein-4b --device cuda   # step previews' cost (35)
 
 Sections: overhead (plain call vs engine vs gradio_client round trip at a ready shape, plus the prompt
 embedding cache before/after), throughput (4 gradio_client clients submitting back to back against a plain
@@ -10,7 +11,8 @@ loop of pipeline calls), stop (a long request stopped through the API: seconds u
 on the device, against one step's time); these three share one app served in this process. compilation (time to
 first image and steady latency for eager, regional
 and full, two resolutions, each in a fresh process with an empty cache), recompilations (after warm-up,
-while prompt, seed and steps change), memory (peak resident memory of the app against the plain script).
+while prompt, seed and steps change), memory (peak resident memory of the app against the plain script), preview
+(step previews on against off, paired per request, on one engine in this process: --model, --device).
 Prints a table, writes bench/results/benchmark.json (the sections run replace theirs; the others are kept) and
 draws bench/results/benchmark.png.
 """
@@ -336,6 +338,37 @@ def stop_to_free(bench: Bench, runs: int, long_steps: int) -> dict:
     }
 
 
+def preview_cost(resolution: str, runs: int, model: str, device: str, compile_mode: str,
+                 backend: str | None) -> dict:
+    """Step previews on against off, paired per request: the same request (seed, steps) made with preview=True and
+    without, the order alternating, on one warm engine; the median of the pairs' run-time ratios."""
+    from neuron_ui.config.resolutions import parse_resolutions
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.requests import GenerateRequest
+
+    settings = Settings(model=model, device=device, compile=compile_mode, compile_backend=backend,
+                        resolutions=parse_resolutions(resolution),
+                        cache_dir=Path(tempfile.mkdtemp(prefix="neuron-ui-bench-")))
+    engine = build_engine(settings)
+    engine.warmup(resolution)
+    engine.generate(GenerateRequest(PROMPT, resolution, seed=999))  # the prompt's embedding, cached before the pairs
+    ratios, seconds, previews = [], {True: [], False: []}, 0
+    for run in range(runs):
+        pair = {}
+        for preview in (False, True) if run % 2 == 0 else (True, False):
+            seen: list = []
+            request = GenerateRequest(PROMPT, resolution, seed=1000 + run, preview=preview)
+            pair[preview] = engine.generate(request, progress=lambda u, seen=seen: seen.append(u) if u.preview
+                                            else None).run_seconds
+            seconds[preview].append(pair[preview])
+            previews += len(seen)
+        ratios.append(pair[True] / pair[False])
+    return {"resolution": resolution, "model": model, "device": device, "compile": compile_mode, "runs": runs,
+            "ratio_on_off": round(statistics.median(ratios), 4), "ratios": [round(r, 4) for r in ratios],
+            "on_s": round(statistics.median(seconds[True]), 4), "off_s": round(statistics.median(seconds[False]), 4),
+            "previews_per_image": previews / runs}
+
+
 def compilation(resolutions: list[str], runs: int) -> list[dict]:
     rows = []
     for mode in ("eager", "regional", "full"):
@@ -551,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-steps", type=int, default=40, help="steps of the request that the stop section stops")
     parser.add_argument("--compile", default="regional", help="compile mode of the served app (eager: quick runs)")
     parser.add_argument("--compile-backend", default=None, help="its backend (default: the device's)")
+    parser.add_argument("--model", default="tiny", help="the preview section's model (random-klein-4b: real size)")
+    parser.add_argument("--device", default="cpu", help="the preview section's device")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "benchmark.json"))
     parser.add_argument("--worker", choices=["compile", "plain-memory"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -589,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         m = results["memory"]
         print(f"\nPeak memory at {m['resolution']}: plain script {m['plain_peak_mb']:.0f} MB, "
               f"app {m['app_peak_mb']:.0f} MB (x{m['ratio']:.2f})")
+    if "preview" in sections:
+        results["preview"] = preview_cost(args.resolution, args.runs, args.model, args.device, args.compile,
+                                          args.compile_backend)
+        v = results["preview"]
+        print(f"\nStep previews at {v['resolution']} ({v['model']}, {v['device']}): on/off {v['ratio_on_off']:.4f} "
+              f"(median of {v['runs']} pairs; {v['on_s']:.3f} s against {v['off_s']:.3f} s)")
     results["load_after"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

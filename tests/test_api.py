@@ -124,7 +124,7 @@ def test_only_the_named_endpoints_are_public(server):
     assert endpoints["unnamed_endpoints"] == {}
     parameters = [p["parameter_name"] for p in endpoints["named_endpoints"]["/generate"]["parameters"]]
     assert parameters == ["prompt", "resolution", "steps", "seed", "guidance", "references", "reference_size", "lora",
-                          "lora_scale"]
+                          "lora_scale", "preview"]
 
 
 def test_warmup_flag_compiles_in_the_background(tmp_path):

@@ -365,3 +365,14 @@ def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(healt
     assert info["seed"] == 6 and time.monotonic() - start < 60
     after = client.predict(api_name="/status")["tensor_parallel"]
     assert after["broken"] is None and after["step"] is None, after  # no call in flight
+
+
+def test_previews_come_from_rank_0(healthy_group):
+    """Each step's estimate reaches an API client under torchrun too: rank 0 makes it from its own latents."""
+    _, client, _, _ = healthy_group
+    job = client.submit("a lighthouse", "256x256", 4, 3, preview=True, api_name="/generate")
+    _, info = job.result(timeout=120)
+    *previews, _ = job.outputs()
+    assert previews and info["seed"] == 3
+    assert all(meta["preview"]["steps"] == 4 and meta["preview"]["step"] in (2, 3, 4) for _, meta in previews)
+    assert {Image.open(path).size for path, _ in previews} == {(256 // 8, 256 // 8)}

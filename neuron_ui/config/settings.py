@@ -68,6 +68,7 @@ class Settings:
     upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
     upload_retention: float = 600.0  # seconds an upload is kept after its last use
     session_secret: str | None = field(default=None, repr=False)  # browsers' stored sessions' key (session_secret.py)
+    previews: bool = True  # each step's estimate of the image, for requests that ask (--no-previews: none)
     loras: tuple[str, ...] = ()  # styles: `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` each (docs/styles.md)
 
     def __post_init__(self) -> None:
@@ -181,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
     parser.add_argument("--max-queue-per-user", type=int,
                         help="requests one visitor may have waiting (env NEURON_UI_MAX_QUEUE_PER_USER; default 4)")
+    parser.add_argument("--no-previews", action="store_true", help="never show or send each step's estimate of the "
+                        "image (env NEURON_UI_NO_PREVIEWS=1); /generate's preview=True then yields the image only")
     parser.add_argument("--mcp", action="store_true",
                         help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
                              "(env NEURON_UI_MCP)")
@@ -281,6 +284,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         tp=getattr(args, "tp", None),
         share=bool(getattr(args, "share", False)),
         mcp=bool(getattr(args, "mcp", False)) or parse_switch(environ.get("NEURON_UI_MCP"), "NEURON_UI_MCP"),
+        previews=not (getattr(args, "no_previews", False)
+                      or parse_switch(environ.get("NEURON_UI_NO_PREVIEWS"), "NEURON_UI_NO_PREVIEWS")),
         session_secret=environ.get("NEURON_UI_SESSION_SECRET") or None,
         auth=parse_auth(environ.get("NEURON_UI_AUTH")),
     )

@@ -48,6 +48,7 @@ class GenerateRequest:
     # Whose request it is, for fair turns on the device (engine.turns): the logged-in user, a browser's session or
     # an API client's session; None: a visitor of its own. Not part of the image.
     visitor: str | None = None
+    preview: bool = False  # report each step's estimate of the image (ProgressUpdate.preview), if the server allows
 
 
 @dataclass(frozen=True)

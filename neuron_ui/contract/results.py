@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -39,6 +40,39 @@ class Stage(str, Enum):
     DECODING = "decoding"
 
 
+MAX_PREVIEW_SIDE = 1024  # pixels: a preview is at the latents' resolution (1/8 of the image's side)
+
+
+@dataclass(frozen=True)
+class StepPreview:
+    """One step's estimate of the finished image, at the latents' resolution (128x128 for 1024x1024): raw RGB, row
+    by row, cheap to make at every step; a page draws it larger, the replicas carry it as a PNG."""
+
+    step: int  # 1-based, of `steps` (the steps the pipeline runs)
+    steps: int
+    width: int
+    height: int
+    rgb: bytes = field(repr=False)
+
+    def image(self) -> Image.Image:
+        return Image.frombytes("RGB", (self.width, self.height), self.rgb)
+
+    def png(self) -> bytes:
+        """Small and quick (zlib level 1): what crosses a process boundary."""
+        out = io.BytesIO()
+        self.image().save(out, format="PNG", compress_level=1)
+        return out.getvalue()
+
+    @classmethod
+    def from_png(cls, step: int, steps: int, data: bytes) -> StepPreview:
+        """Read back a preview's PNG; ValueError for one larger than any preview can be."""
+        with Image.open(io.BytesIO(data)) as image:
+            if max(image.size) > MAX_PREVIEW_SIDE:
+                raise ValueError(f"a step preview of {image.width}x{image.height} is larger than any preview")
+            rgb = image.convert("RGB")
+        return cls(step, steps, rgb.width, rgb.height, rgb.tobytes())
+
+
 @dataclass(frozen=True)
 class ProgressUpdate:
     """A stage of one request, in words a person can read; fraction is None when unknown."""
@@ -51,6 +85,9 @@ class ProgressUpdate:
     phase: str | None = None
     estimate_seconds: float | None = None
     guess: bool = False
+    # A step's estimate of the finished image, only for a request that asked for previews (sent on its own update,
+    # possibly from another thread: a bar ignores it).
+    preview: StepPreview | None = None
 
 
 ProgressFn = Callable[[ProgressUpdate], None]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -41,6 +41,7 @@ from neuron_ui.engine.status import EngineFacts, assemble_status
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
 from neuron_ui.engine.warmup import WarmupList
+from neuron_ui.model.preview import StepPreviews
 from neuron_ui.model.runner import PipelineCall, PipelineRunner, step_callback, steps_run
 
 if TYPE_CHECKING:
@@ -83,10 +84,12 @@ class Engine(ServesOnceBuilt):
         reference_sizes: tuple[Resolution, ...] = refs.REFERENCE_SIZES,
         styles: StyleBook | None = None,
         max_queue_per_user: int | None = None,
+        previews: bool = True,
     ):
         self.loaded = loaded
         self.presets = presets
         self.max_references = max_references
+        self.previews = previews  # False (--no-previews): no request gets step previews
         self.reference_sizes = reference_sizes
         self.device, self.dtype, self.compile_mode, self.backend = device, dtype, compile_mode, backend
         self.cache = cache
@@ -130,6 +133,7 @@ class Engine(ServesOnceBuilt):
             tp_degree=group.degree if group else 1,
             runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
             max_references=settings.max_references, max_queue_per_user=settings.max_queue_per_user,
+            previews=settings.previews,
             styles=StyleBook.load(settings.loras, loaded.pipe.transformer, settings.hub_timeout),
         )
 
@@ -204,7 +208,7 @@ class Engine(ServesOnceBuilt):
             run_start = time.perf_counter()
             self._watch.running(layout, run_start)
             try:
-                image = self._run(valid, report, stop)
+                image = self._run(valid, report, stop, preview=request.preview and self.previews)
             except EngineError:  # already one line for the user (stopped; a tensor-parallel rank failed)
                 raise
             except Exception as error:
@@ -311,10 +315,12 @@ class Engine(ServesOnceBuilt):
 
     # -- running ----------------------------------------------------------------------------------
 
-    def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken) -> Image.Image:
+    def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken, preview: bool = False) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
-        return self.runner(PipelineCall.of(valid), step_callback(steps, report, stop))
+        call = PipelineCall.of(valid)
+        with StepPreviews(report, steps, call.width, call.height) if preview else nullcontext() as previews:
+            return self.runner(call, step_callback(steps, report, stop, previews))
 
     # -- status -----------------------------------------------------------------------------------
 

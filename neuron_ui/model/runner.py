@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.requests import ValidRequest
     from neuron_ui.contract.results import ProgressFn
     from neuron_ui.contract.stopping import StopToken
+    from neuron_ui.model.preview import StepPreviews
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,9 @@ def finished_image(images: torch.Tensor) -> Image.Image:
     return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy(images[:1]))[0]
 
 
-def step_callback(steps: int, report: ProgressFn, stop: StopToken) -> Callable:
-    """diffusers' callback_on_step_end: progress after each of the `steps` steps, and a stop at the next one."""
+def step_callback(steps: int, report: ProgressFn, stop: StopToken, previews: StepPreviews | None = None) -> Callable:
+    """diffusers' callback_on_step_end: progress after each of the `steps` steps, and a stop at the next one;
+    with `previews`, each step's latents go to them (the estimate is made beside the next step)."""
 
     def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
         done = step + 1
@@ -108,6 +110,8 @@ def step_callback(steps: int, report: ProgressFn, stop: StopToken) -> Callable:
             # Raised, not diffusers' `interrupt`: with interrupt the loop runs out its steps as no-ops and then
             # decodes the latents with the VAE for nobody; raising frees the device right after this step.
             raise Stopped(f"stopped after step {done}/{steps}; no image was made")
+        if previews is not None:
+            previews.take(pipe, done, callback_kwargs["latents"])
         report(ProgressUpdate(Stage.DENOISING, f"step {done}/{steps}", done / steps))
         if done == steps:
             report(ProgressUpdate(Stage.DECODING, "decoding the image", 1.0))

@@ -29,7 +29,7 @@ from neuron_ui.contract import stopping
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, find_board
 from neuron_ui.replicas.lease import ShapeLease
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started, progress_message
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.tp_group import ReplicaGroup
@@ -127,7 +127,7 @@ class EngineReplica:
         queue: asyncio.Queue[Message] = asyncio.Queue()
 
         def report(update: ProgressUpdate) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, Progress(update))
+            loop.call_soon_threadsafe(queue.put_nowait, progress_message(update))
 
         stop = StopToken()
 

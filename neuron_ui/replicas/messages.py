@@ -2,6 +2,7 @@
 
     Started(replica)                       the request left the router and began on this replica
     Progress(update) ... Phase(phase) ...  progress lines and where the request is (queued, compiling, running)
+    Preview(step, steps, png) ...          a step's estimate of the image, for a request that asked (a small PNG)
     Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
     Done(value) | Failed(kind, message)    the result, or the error as a value, so its kind survives the trip
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.results import ProgressUpdate, Stage, StepPreview
 from neuron_ui.contract.stopping import Stopped
 
 
@@ -30,6 +31,28 @@ class Progress:
     """One progress line, as the engine reported it."""
 
     update: ProgressUpdate
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A step's estimate of the image, encoded: a PNG at the latents' resolution is a few kB, raw RGB 49 kB."""
+
+    step: int
+    steps: int
+    png: bytes
+
+    def update(self) -> ProgressUpdate:
+        """The engine's progress update again, at the front."""
+        preview = StepPreview.from_png(self.step, self.steps, self.png)
+        return ProgressUpdate(Stage.DENOISING, f"step {self.step}/{self.steps}", self.step / self.steps,
+                              preview=preview)
+
+
+def progress_message(update: ProgressUpdate) -> Progress | Preview:
+    """What the stream carries for one of the engine's progress updates."""
+    if update.preview is not None:
+        return Preview(update.preview.step, update.preview.steps, update.preview.png())
+    return Progress(update)
 
 
 @dataclass(frozen=True)
@@ -80,4 +103,4 @@ class Failed:
         return EngineError(self.message, kind=self.kind)
 
 
-Message = Started | Progress | Phase | Compiled | Done | Failed
+Message = Started | Progress | Preview | Phase | Compiled | Done | Failed

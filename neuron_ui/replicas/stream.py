@@ -18,7 +18,7 @@ from neuron_ui.contract import stopping
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped, StopToken
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Preview, Progress, Started
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import Observers
@@ -150,6 +150,8 @@ class StreamCaller:
                 if update.stage == Stage.COMPILING:
                     logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
                 report(update)
+            case Preview():
+                report(message.update())
             case Phase(phase):
                 stop.enter(stopping.Phase(phase))
             case Compiled(resolution, event, seconds):

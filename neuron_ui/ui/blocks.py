@@ -66,6 +66,7 @@ def build_demo(engine: EngineLike, settings: Settings,
     serve_in_place(store.folder)
     handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder(),
                         stops=stops)
+    serve_in_place(handlers.previews.folder)
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)
@@ -153,7 +154,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
         made = [image, info, seed, history, history_gallery]
         style_inputs = [styles["style"], styles["strength"]]
-        generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
+        generated = gr.on([generate.click, prompt.submit], handlers.on_generate_watched,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image],
                           **on_device, js=SHOW_IMAGE, **private)
         generated.then(**refresh)
@@ -218,11 +219,11 @@ def build_demo(engine: EngineLike, settings: Settings,
         with gr.Column(visible=False):
             api_inputs = [gr.Textbox(label="prompt"), gr.Textbox(label="resolution"), gr.Number(label="steps"),
                           gr.Number(label="seed"), gr.Number(label="guidance"), *api_reference_inputs(),
-                          *api_style_inputs()]
+                          *api_style_inputs(), gr.Checkbox(label="preview")]
             api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
             api_trigger = gr.Button()
         # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).
-        api_trigger.click(handlers.api_generate, api_inputs, api_outputs, api_name="generate", preprocess=False,
+        api_trigger.click(handlers.api_generate_watched, api_inputs, api_outputs, api_name="generate", preprocess=False,
                           **on_device)
         add_inpaint_api(editing_handlers, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)

@@ -21,7 +21,8 @@ from neuron_ui.ui.named_api import NamedApi
 from neuron_ui.ui.session_events import HISTORY_SIZE, SessionEvents
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.gradio_bridge import current_event
-from neuron_ui.web.progress import ProgressReporter
+from neuron_ui.web.previews import PreviewFiles
+from neuron_ui.web.progress import Finished, PreviewSink, ProgressReporter, watch
 from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import (
@@ -65,6 +66,7 @@ class Handlers(SessionEvents, NamedApi):
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
         self.stored = StoredFiles(self.uploads)  # the rule for every file a request names (contract/files.py)
         self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
+        self.previews = PreviewFiles()  # the steps' estimates the page and the API are shown, the newest kept
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
                  guidance: float | None, references: Any = None, reference_size: str | None = None,
@@ -76,11 +78,14 @@ class Handlers(SessionEvents, NamedApi):
                                reference_size=reference_size or None, fit=fit, lora=lora, lora_scale=lora_scale)
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
-              session: Any = None, editor: EditorValue | None = None) -> HistoryEntry:
+              session: Any = None, editor: EditorValue | None = None,
+              on_preview: PreviewSink | None = None) -> HistoryEntry:
         """Generate, save the PNG, and return the history entry for it, held for the session's page too (it may
-        have reloaded by the time the image is done). `editor`: an inpaint's editor value, kept in the entry."""
+        have reloaded by the time the image is done). `editor`: an inpaint's editor value, kept in the entry;
+        `on_preview`: hears each step's estimate of the image (the request asks for them)."""
         sid = sessions.session_id(session)
-        request = replace(request, visitor=current_visitor(session))  # visitors take turns on the device
+        request = replace(request, visitor=current_visitor(session),  # visitors take turns on the device
+                          preview=on_preview is not None)
         what = request.resolution if isinstance(request.resolution, str) else ""
 
         def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
@@ -88,7 +93,8 @@ class Handlers(SessionEvents, NamedApi):
 
         self.held.begin(sid)  # its failure's line waits for its reason (on_failed)
         try:
-            with (user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter,
+            with (user_errors(),
+                  ProgressReporter(progress, prefix, self._on_compile, on_preview=on_preview) as reporter,
                   self.stops.track(*current_event(), on_admitted=admitted) as stop):
                 result = self.engine.generate(request, progress=reporter, stop=stop)
                 path = self.store.save(result)  # a full disk is told like any other server failure
@@ -122,17 +128,35 @@ class Handlers(SessionEvents, NamedApi):
                     guidance: float, history: list[HistoryEntry], references: Any = None,
                     reference_size: str | None = None, fit: str = "crop", session: Any = None,
                     style: str | None = None, style_strength: float | None = None,
-                    progress: gr.Progress = gr.Progress()):
+                    progress: gr.Progress = gr.Progress(), on_preview: PreviewSink | None = None):
         """One image from the form; the seed box then shows the seed actually used."""
         with user_errors():  # a reference that is not one of the app's files: one line
             request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
                                     reference_size, fit, style, style_strength)
-        return self.run(request, history, progress, session)
+        return self.run(request, history, progress, session, on_preview=on_preview)
+
+    def on_generate_watched(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
+                            guidance: float, history: list[HistoryEntry], references: Any = None,
+                            reference_size: str | None = None, fit: str = "crop", session: Any = None,
+                            style: str | None = None, style_strength: float | None = None,
+                            progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+        """The Generate button: on_generate, with the image slot showing each step's estimate of the image (at the
+        latents' resolution; the page draws it larger) until the image itself."""
+
+        def work(on_preview: PreviewSink) -> tuple:
+            return self.on_generate(prompt, resolution, steps, seed, randomize, guidance, history, references,
+                                    reference_size, fit, session, style, style_strength, progress, on_preview)
+
+        for item in watch(work):
+            if isinstance(item, Finished):
+                yield item.value
+            elif path := self.previews.save(item):
+                yield path, *[gr.skip()] * 4
 
     def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
-            session: Any = None, editor: EditorValue | None = None):
+            session: Any = None, editor: EditorValue | None = None, on_preview: PreviewSink | None = None):
         """One request (generate or inpaint) into the Generate button's outputs."""
-        entry = self._make(request, progress, session=session, editor=editor)
+        entry = self._make(request, progress, session=session, editor=editor, on_preview=on_preview)
         history = self._remember(entry, history)
         return entry.path, entry.info, entry.seed, history, gallery_items(history)
 

@@ -3,7 +3,7 @@ widgets, checks them. One room of the app's handlers (ui/handlers.py joins them;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.ui.editing import file_paths
 from neuron_ui.web.errors import public_status, user_errors
 from neuron_ui.web.gradio_bridge import current_event
+from neuron_ui.web.progress import Finished, PreviewSink, watch
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_stop
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.results import EngineStatus
     from neuron_ui.contract.stopping import SessionStops
     from neuron_ui.web.files import ImageStore
+    from neuron_ui.web.previews import PreviewFiles
 
 
 class NamedApi:
@@ -29,6 +31,7 @@ class NamedApi:
 
     engine: EngineLike
     store: ImageStore
+    previews: PreviewFiles
     stored: StoredFiles
     stops: SessionStops
     waiting: Callable[[], int]
@@ -41,17 +44,41 @@ class NamedApi:
     def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
                      guidance: float | None = None, references: Any = None,
                      reference_size: str | None = None, lora: str | None = None,
-                     lora_scale: float | None = None) -> tuple[str, dict[str, Any]]:
+                     lora_scale: float | None = None,
+                     on_preview: PreviewSink | None = None) -> tuple[str, dict[str, Any]]:
         """One image and its generation info; steps and guidance default to the model's, seed to random; `lora` a
-        loaded style's name (None: none), `lora_scale` its strength (None: the style's default)."""
+        loaded style's name (None: none), `lora_scale` its strength (None: the style's default); `on_preview`
+        hears each step's estimate of the image."""
         with user_errors():
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
                                       references=file_paths(references, self.stored),
                                       reference_size=reference_size or None,
-                                      lora=lora, lora_scale=lora_scale, visitor=current_visitor())
+                                      lora=lora, lora_scale=lora_scale, visitor=current_visitor(),
+                                      preview=on_preview is not None)
+            sink = on_preview or (lambda preview: None)
             with self.stops.track(*current_event()) as stop:
-                result = self.engine.generate(request, stop=stop)
+                result = self.engine.generate(request, progress=lambda u: sink(u.preview) if u.preview else None,
+                                              stop=stop)
             return self.store.save(result), result.info()
+
+    def api_generate_watched(self, prompt: str, resolution: str, steps: float | None = None,
+                             seed: float | None = None, guidance: float | None = None, references: Any = None,
+                             reference_size: str | None = None, lora: str | None = None,
+                             lora_scale: float | None = None,
+                             preview: bool | None = None) -> Iterator[tuple[Any, dict]]:
+        """/generate: api_generate's (image, info); with preview=True each step's estimate of the image comes first,
+        as (image at the latents' resolution, {"preview": {"step", "steps"}}): gradio_client's job.outputs()."""
+        if preview not in (None, False, True):
+            raise gr.Error(f"preview must be true or false, got {preview!r}", print_exception=False)
+        args = (prompt, resolution, steps, seed, guidance, references, reference_size, lora, lora_scale)
+        if not preview:
+            yield self.api_generate(*args)
+            return
+        for item in watch(lambda sink: self.api_generate(*args, on_preview=sink)):
+            if isinstance(item, Finished):
+                yield item.value
+            elif path := self.previews.save(item):
+                yield path, {"preview": {"step": item.step, "steps": item.steps}}
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""

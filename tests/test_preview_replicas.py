@@ -1,0 +1,55 @@
+"""Step previews through the replicas' typed stream, without Ray running: the engine's preview update becomes a small
+PNG message on the replica's side and the same update again at the front (ReplicaClient, the real one)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from PIL import Image
+from test_replicas_turns import StandInHandle, Stream
+
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage, StepPreview
+from neuron_ui.replicas.client import ReplicaClient
+from neuron_ui.replicas.messages import Done, Preview, Progress, Started, progress_message
+from neuron_ui.replicas.watcher import ReplicaWatcher
+
+PREVIEW = StepPreview(2, 4, 48, 32, bytes(range(96)) * 48)
+
+
+def test_a_preview_travels_as_a_small_png_and_a_progress_line_as_itself():
+    update = ProgressUpdate(Stage.DENOISING, "step 2/4", 0.5, preview=PREVIEW)
+    message = progress_message(update)
+    assert isinstance(message, Preview) and len(message.png) < len(PREVIEW.rgb)
+    assert message.update() == update
+    line = ProgressUpdate(Stage.DENOISING, "step 1/4", 0.25)
+    assert progress_message(line) == Progress(line)
+
+
+class Handle(StandInHandle):
+    """A replica that sends a preview between its progress lines, then the image."""
+
+    def _stream(self, request):
+        def messages():
+            yield Started("replica-a")
+            yield Progress(ProgressUpdate(Stage.DENOISING, "step 1/4", 0.25))
+            yield progress_message(ProgressUpdate(Stage.DENOISING, "step 2/4", 0.5, preview=PREVIEW))
+            yield Done(GenerateResult(Image.new("RGB", (8, 8)), request.prompt, "1024x1024", 4, request.seed, None,
+                                      "tiny", "memory_hit", 0.0, 1.0, 1.0, tokens=4096))
+
+        return Stream(messages())
+
+
+def test_the_front_reports_a_replicas_preview_as_the_engine_did(tmp_path):
+    watcher = ReplicaWatcher(read_board=dict, read_states=dict)
+    client = ReplicaClient(Handle(), board=None, settings=Settings(model="tiny", cache_dir=str(tmp_path)),
+                           plan=SimpleNamespace(replicas=1), watcher=watcher)
+    try:
+        updates: list[ProgressUpdate] = []
+        client.generate(GenerateRequest("a lighthouse", "1024x1024", steps=4, seed=3, preview=True), updates.append)
+    finally:
+        client.watcher.stop()
+    previews = [u.preview for u in updates if u.preview is not None]
+    assert previews == [PREVIEW]
+    assert [u.message for u in updates if u.stage == Stage.DENOISING] == ["step 1/4", "step 2/4"]
