@@ -1,11 +1,14 @@
 """The messages a replica's stream carries to the front, one frozen dataclass each, in the order they come:
 
-    Started(replica)                       the request left the router and began on this replica
-    Progress(update) ... Phase(phase) ...  progress lines and where the request is (queued, compiling, running)
+    Started(replica, at)                   the request left the router and began on this replica
+    Progress(update, at) ... Phase(phase)  progress lines and where the request is (queued, compiling, running)
     Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
-    Done(value) | Failed(kind, message)    the result, or the error as a value, so its kind survives the trip
+    Done(value, began, ended, at) | Failed(kind, message)
+                                           the result, or the error as a value, so its kind survives the trip
 
-The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them.
+The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them. The
+stamps (`at`, `began`, `ended`: neuron_ui.replicas.timing.now() on the replica, 0.0 when not sent) say where an
+image's time went (neuron_ui.replicas.timing).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Started:
     """First on every stream: the request is on `replica` now, no longer waiting in the router."""
 
     replica: str
+    at: float = 0.0  # when the replica's method began
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Progress:
     """One progress line, as the engine reported it."""
 
     update: ProgressUpdate
+    at: float = 0.0  # when the engine reported it
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class Done:
     """Last on a stream that succeeded: a GenerateResult for generate, a ShapeStatus for warmup."""
 
     value: Any
+    began: float = 0.0  # when the engine's work began
+    ended: float = 0.0  # ... and ended
+    at: float = 0.0  # when this message left the replica
 
 
 @dataclass(frozen=True)
