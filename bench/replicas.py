@@ -1,13 +1,17 @@
 """The Ray Serve path against the in-process engine, on the tiny model (CPU, eager backend), in one run.
 
-    python bench/replicas.py --images 10 --out bench/results/replicas.json
+    python bench/replicas.py --images 20 --out bench/results/replicas.json
 
-  per_image   median seconds per image at a compiled shape: in-process Engine.generate vs ReplicaClient.generate
-              (2 replicas, one request at a time), and their ratio and difference
-  startup     seconds from launch to every replica reporting, and the RSS of this process and everything it
-              started (Ray's daemons, the Serve controller, the replicas) once up
-  mix         the timed 256x256 requests, then a scripted mix of sizes, one after another: compilations in the
-              whole deployment against the number of distinct token counts among them
+  per_image   seconds per image at a compiled shape, one request at a time: in-process Engine.generate vs
+              ReplicaClient.generate (2 replicas), medians and spread; "Serve adds" is the difference of the medians
+  stages_ms   where each image through Ray went (neuron_ui.replicas.timing.STAGES: the front's turn, the handle
+              call, the replica's queue, the engine, the result's transfer, the front after), median/min/max in
+              ms; step_trip_ms: a progress message's trip from the replica to the front
+  startup     seconds per stage of the launch (Ray, Serve, the replicas, their first reports) and of each replica
+              (imports, model load, cache import), and the RSS of this process and all it started once up
+  throughput  images a second with 4 clients at once: 2 replicas of one thread vs 1 replica of one thread
+  mix         the timed requests, then a scripted mix of sizes, one after another: compilations in the whole
+              deployment against the number of distinct token counts among them
   (rss includes this process's own in-process engine from the first part)
 Figures are noisy on 2 shared cores; the in-process engine runs with the same thread count as one replica.
 """
@@ -21,7 +25,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -32,13 +38,15 @@ sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
-from neuron_ui.serving import build_engine, build_replicas
+from neuron_ui.serving import build_engine, build_replicas, stop_replicas
 
 logger = logging.getLogger("bench.replicas")
 
 PRESETS = "256x256,384x256,256x384,512x512"
 MIX = ["256x256", "384x256", "256x384", "256x256", "512x512", "384x256", "256x384", "512x512", "256x256",
        "384x256"]
+CLIENTS = 4
+PROMPT = "a lighthouse at dusk"
 
 
 class Compilations:
@@ -57,14 +65,42 @@ class Compilations:
         pass
 
 
-def per_image(engine, images: int, steps: int) -> float:
+def spread(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str, float]:
+    return {"median": round(statistics.median(values) * scale, digits), "min": round(min(values) * scale, digits),
+            "max": round(max(values) * scale, digits)}
+
+
+def per_image(engine, images: int, steps: int) -> list[float]:
     engine.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))  # compiled before timing
     times = []
     for seed in range(images):
         start = time.perf_counter()
-        engine.generate(GenerateRequest("a lighthouse at dusk", "256x256", steps=steps, seed=seed))
+        engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed))
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def throughput(client, images: int, steps: int) -> float:
+    """Images a second with CLIENTS threads asking at once, `images` in all, at a compiled shape."""
+    client.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))
+    seeds = iter(range(images))
+    lock = threading.Lock()
+
+    def ask() -> None:
+        while True:
+            with lock:
+                seed = next(seeds, None)
+            if seed is None:
+                return
+            client.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed, visitor=f"v{seed % CLIENTS}"))
+
+    threads = [threading.Thread(target=ask) for _ in range(CLIENTS)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return images / (time.perf_counter() - start)
 
 
 def tree_rss_mib() -> float:
@@ -78,13 +114,85 @@ def tree_rss_mib() -> float:
     return round(total / 2**20)
 
 
-def main() -> None:
+def stage_table(timings) -> dict[str, dict[str, float]]:
+    from neuron_ui.replicas.timing import STAGES
+
+    table = {name: spread([t.stages()[name] for t in timings], 1000, 2) for name in STAGES}
+    table["overhead"] = spread([t.overhead() for t in timings], 1000, 2)
+    trips = [trip for t in timings if (trip := t.step_trip()) is not None]
+    if trips:
+        table["step_trip"] = spread(trips, 1000, 2)
+    return table
+
+
+def print_report(report: dict) -> None:
+    image = report["per_image"]
+    print(f"\nper image, median of {report['images']} (min-max), ms:")
+    print(f"  in process  {image['in_process']['median'] * 1000:8.1f}  "
+          f"({image['in_process']['min'] * 1000:.1f}-{image['in_process']['max'] * 1000:.1f})")
+    print(f"  through Ray {image['ray']['median'] * 1000:8.1f}  ({image['ray']['min'] * 1000:.1f}-"
+          f"{image['ray']['max'] * 1000:.1f})")
+    print("stages through Ray, ms: median (min-max)")
+    for name, figures in report["stages_ms"].items():
+        print(f"  {name:14s} {figures['median']:8.2f}  ({figures['min']:.2f}-{figures['max']:.2f})")
+    print(f"messages per image: {report['messages_per_image']}")
+    print("start-up, s: " + ", ".join(f"{k} {v}" for k, v in report["startup"]["stages"].items()))
+    for replica, stages in report["startup"]["replicas"].items():
+        print(f"  replica {replica}: " + ", ".join(f"{k} {v}" for k, v in stages.items()))
+    flow = report["throughput"]
+    print(f"throughput, {flow['clients']} clients: 2 replicas {flow['two_replicas_ips']} images/s, "
+          f"1 replica {flow['one_replica_ips']} images/s: {flow['ratio']}x")
+    print(f"compilations {report['mix']['compilations']} for {report['mix']['distinct_token_counts']} distinct "
+          f"token counts")
+    print(f"\nServe adds {report['serve_adds_ms']:+.1f} ms an image (median through Ray - median in process; the "
+          f"replica's overhead outside its engine: {report['stages_ms']['overhead']['median']:.1f} ms)")
+
+
+def one_replica_throughput(settings, images: int, steps: int) -> float:
+    """A second application of 1 replica of one thread on the same Ray: images a second with CLIENTS clients."""
+    from neuron_ui.replicas.launch import launch, stop_app
+    from neuron_ui.replicas.plan import plan_replicas
+
+    import ray
+
+    plan = plan_replicas(replace(settings, replicas=2), ray.cluster_resources())  # one thread, as in the pair
+    client = launch(replace(settings, replicas=1), app_name="bench-one", plan=replace(plan, replicas=1))
+    try:
+        return throughput(client, images, steps)
+    finally:
+        client.watcher.stop()
+        stop_app("bench-one")
+
+
+def summarize(args, threads: int, local_times: list[float], ray_times: list[float], timed: list, startup: dict,
+              replicas: dict, rss: float, throughput_ips: dict[str, float], compilations: list, distinct: int) -> dict:
+    """The results file's figures, from what main measured."""
+    local_s, ray_s = statistics.median(local_times), statistics.median(ray_times)
+    return {
+        "replicas": args.replicas, "threads_per_replica": threads, "steps": args.steps, "images": args.images,
+        "per_image": {"in_process_s": round(local_s, 4), "ray_s": round(ray_s, 4),
+                      "ratio": round(ray_s / local_s, 3), "difference_ms": round((ray_s - local_s) * 1000, 1),
+                      "in_process": spread(local_times), "ray": spread(ray_times)},
+        "serve_adds_ms": round((ray_s - local_s) * 1000, 1),  # the issue's figure: median through Ray - in process
+        "stages_ms": stage_table(timed),
+        "messages_per_image": statistics.median(t.messages for t in timed),
+        "startup": {"seconds": round(sum(startup.values()), 1), "stages": startup,
+                    "replicas": replicas, "rss_mib_all_processes": rss},
+        "throughput": {"clients": CLIENTS, "images": CLIENTS * 5,
+                       **{k: round(v, 2) for k, v in throughput_ips.items()},
+                       "ratio": round(throughput_ips["two_replicas_ips"] / throughput_ips["one_replica_ips"], 2)},
+        "mix": {"requests": len(MIX) + args.images + 1, "distinct_token_counts": distinct,
+                "compilations": len(compilations), "events": compilations},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=10)
+    parser.add_argument("--images", type=int, default=20)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     folder = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     flags = ["--model", "tiny", "--compile-backend", "eager", "--resolutions", PRESETS]
@@ -94,32 +202,40 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // args.replicas)
     torch.set_num_threads(threads)  # one replica's share, so the two paths run the same work alike
     local = build_engine(parse_settings([*flags, "--cache-dir", str(folder / "local")]))
-    local_s = per_image(local, args.images, args.steps)
+    local_times = per_image(local, args.images, args.steps)
+    del local
 
     settings = parse_settings([*flags, "--cache-dir", str(folder / "ray"), "--replicas", str(args.replicas)])
-    start = time.perf_counter()
     client = build_replicas(settings)
-    startup_s = time.perf_counter() - start
     rss = tree_rss_mib()
     counter = Compilations()
     client.observers.add(counter)
-    ray_s = per_image(client, args.images, args.steps)
+    timings: list = []
+    client.calls.timing_listeners.append(timings.append)
+    ray_times = per_image(client, args.images, args.steps)
+    timed = timings[1:]  # the warm-up image is not timed
+    client.calls.timing_listeners.clear()
     for seed, size in enumerate(MIX):
-        client.generate(GenerateRequest("a lighthouse at dusk", size, steps=1, seed=seed))
+        client.generate(GenerateRequest(PROMPT, size, steps=1, seed=seed))
     distinct = len({parse_resolution(size).tokens for size in MIX})
-    report = {
-        "replicas": args.replicas, "threads_per_replica": threads, "steps": args.steps, "images": args.images,
-        "per_image": {"in_process_s": round(local_s, 4), "ray_s": round(ray_s, 4),
-                      "ratio": round(ray_s / local_s, 3), "difference_ms": round((ray_s - local_s) * 1000, 1)},
-        "startup": {"seconds": round(startup_s, 1), "rss_mib_all_processes": rss},
-        "mix": {"requests": len(MIX) + args.images + 1, "distinct_token_counts": distinct,
-                "compilations": len(counter.events), "events": counter.events},
-    }
+    from neuron_ui.replicas.launch import stop_app
+
+    compilations = list(counter.events)
+    two = throughput(client, CLIENTS * 5, args.steps)
+    replicas = {report.replica: report.startup for _, report in client.reports().values()}
+    client.watcher.stop()
+    stop_app()  # its replicas hold the cores: the one replica's deployment needs one of them
+    one = one_replica_throughput(settings, CLIENTS * 5, args.steps)
+    report = summarize(args, threads, local_times, ray_times, timed, client.startup, replicas, rss,
+                       {"two_replicas_ips": two, "one_replica_ips": one}, compilations, distinct)
     text = json.dumps(report, indent=1)
     print(text)
+    print_report(report)
     if args.out:
         args.out.write_text(text + "\n")
+    stop_replicas(settings)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

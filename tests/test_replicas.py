@@ -282,9 +282,9 @@ class Recorded:
     def generate(self):
         method = self.handle.generate
 
-        def remote(request):
+        def remote(request, tokens):
             self.sent.append(request.prompt)
-            return method.remote(request)
+            return method.remote(request, tokens)
 
         return SimpleNamespace(remote=remote)
 

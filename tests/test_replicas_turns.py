@@ -34,15 +34,15 @@ class Stream:
 
 
 class StandInHandle:
-    """What the front calls on a deployment's handle: `options(...).generate.remote(request)`, a Stream from
-    `_stream`."""
+    """What the front calls on a deployment's handle: `options(...).generate.remote(request, tokens)`, a Stream
+    from `_stream`."""
 
     def options(self, **_):
         return self
 
     @property
     def generate(self):
-        return SimpleNamespace(remote=self._stream)
+        return SimpleNamespace(remote=lambda request, tokens: self._stream(request))
 
     def _stream(self, request) -> Stream:
         raise NotImplementedError

@@ -37,6 +37,7 @@ class ReplicaReport:
     key: CompileKey
     status: EngineStatus  # its engine's own status
     ranks: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of each tensor-parallel rank
+    startup: dict[str, float] = field(default_factory=dict)  # seconds per stage of its start (timing.StartupStages)
 
 
 Reports = dict[str, tuple[float, ReplicaReport]]  # each replica's last report and its age in seconds

@@ -27,7 +27,9 @@ from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS, ReplicaReport, Reports
 from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
+from neuron_ui.replicas.routing import ShapeRouting
 from neuron_ui.replicas.stream import SHUTTING_DOWN, StreamCaller
+from neuron_ui.replicas.timing import Timing, now
 from neuron_ui.replicas.watcher import ReplicaWatcher
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ class ReplicaClient(ServesOnceBuilt):
         self.allowed = Layouts(self.presets, self.reference_sizes, self.max_references)
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
         self.observers = Observers()
-        self.calls = StreamCaller(handle, self.observers, clock)
+        self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas))
         # The front decides who goes next: visitors in turn, as many at once as there are replicas (each makes one
         # image at a time); the deployment then routes each by its shape.
         self.turns = DeviceQueue(settings.max_queue_per_user, slots=plan.replicas)
@@ -71,6 +73,7 @@ class ReplicaClient(ServesOnceBuilt):
         self._tokenizer: Any = None
         self._warmups: WarmupList[str] = WarmupList(self._warm_one)
         self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
+        self.startup: dict[str, float] = {}  # seconds per stage of the launch (neuron_ui.replicas.launch)
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -82,6 +85,7 @@ class ReplicaClient(ServesOnceBuilt):
                  stop: StopToken | None = None) -> GenerateResult:
         """One image on the replica that holds its graph; a fixed seed, so a retry makes the same image.
         `stop` cancels the request's stream, which stops it on its replica at the next step (Stopped here)."""
+        timing = Timing(called=now())
         try:
             layout = self.layout(request.resolution, len(request.references), request.reference_size,
                                  inpaint=request.image is not None or request.mask is not None)
@@ -92,7 +96,7 @@ class ReplicaClient(ServesOnceBuilt):
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(2**32))
         try:
-            result = self._call("generate", request, layout, progress, stop, request.visitor)
+            result = self._call("generate", request, layout, progress, stop, request.visitor, timing)
         except EngineError as error:
             if error.kind == "visitor_queue_full":  # refused at the front: counted here, as the engine does
                 self.observers.failed(error.kind)
@@ -156,14 +160,16 @@ class ReplicaClient(ServesOnceBuilt):
         return True
 
     def _call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
-              stop: StopToken | None = None, visitor: str | None = None) -> Any:
+              stop: StopToken | None = None, visitor: str | None = None, timing: Timing | None = None) -> Any:
         """One call to the deployment once its visitor's turn comes at the front."""
         if self._closed:
             raise EngineError(SHUTTING_DOWN, kind="shutting_down")
         report = progress or (lambda update: None)
+        timing = timing or Timing(called=now())
         with self.turns.user(stop, job=layout, visitor=visitor,
                              on_wait=lambda ahead, mine: report(describe_turn(ahead, mine))):
-            return self.calls.call(method, argument, layout, progress, stop)
+            timing.turn = now()
+            return self.calls.call(method, argument, layout, progress, stop, timing)
 
     # -- status ------------------------------------------------------------------------------------------
 

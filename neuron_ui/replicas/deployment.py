@@ -32,6 +32,7 @@ from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started, progress_message
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
+from neuron_ui.replicas.timing import StartupStages, now
 from neuron_ui.replicas.tp_group import ReplicaGroup
 
 if TYPE_CHECKING:
@@ -51,22 +52,27 @@ class EngineReplica:
     def __init__(self, settings: Settings, threads: int | None, board_name: str):
         from neuron_ui.config.cache_paths import configure_cache_env
 
+        stages = StartupStages()  # what this replica's start took, in its report: the front logs it
         cache = configure_cache_env(settings.cache_dir)  # before torch loads (torch_neuronx reads it at import)
         if settings.cache_bundle:  # on every node: a cluster without a shared folder starts warm from the bundle
             from neuron_ui.cache.warm_boot import import_at_start
 
             import_at_start(settings, cache)
+            stages.mark("cache import")
         import torch
 
         from neuron_ui.engine.engine import Engine
 
+        stages.mark("imports")
         if threads:
             torch.set_num_threads(threads)
         self.group = ReplicaGroup.start(settings, threads) if (settings.tp or 1) > 1 else None
         if self.group:
+            stages.mark("tensor-parallel group")
             self.engine = Engine.from_settings(settings, cache, self.group.group, self.group.leader)
         else:
             self.engine = Engine.from_settings(settings, cache)
+        stages.mark("model load")
         self.name = replica_name()
         self.lock_dir = cache.root / "locks"
         self.compiles: list[Compiled] = []  # since the last request
@@ -79,9 +85,13 @@ class EngineReplica:
         if self.group:
             self.devices += f", {self.group.describe()}"
             self.group.health.serving(None)  # no restart measured: a lost replica is Serve's to replace
+        self.startup = stages.seconds
         self._stop = threading.Event()
+        self._wake = threading.Event()  # report now, on the reporter's thread, not on the request's path
+        self._was_busy = False  # busy since the last report: a short image still shows as busy once
         self._reporter = threading.Thread(target=self._report_loop, name="replica-report", daemon=True)
         self._reporter.start()
+        self._report()  # the front waits for every replica's first report: now, not a tick later
         logger.info("replica %s serving %s on %s", self.name, self.engine.loaded.name, self.devices)
 
     # observer of its own engine: compilations go back to the front with the request that caused them
@@ -105,20 +115,22 @@ class EngineReplica:
             await asyncio.to_thread(lease.acquire)
         return lease
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Message]:
-        async for item in self._serve(lambda report, stop: self.engine.generate(request, report, stop)):
+    async def generate(self, request: GenerateRequest, tokens: int = 0) -> AsyncIterator[Message]:
+        async for item in self._serve(lambda report, stop: self.engine.generate(request, report, stop), tokens):
             yield item
 
-    async def warmup(self, resolution: str) -> AsyncIterator[Message]:
-        async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report)):
+    async def warmup(self, resolution: str, tokens: int = 0) -> AsyncIterator[Message]:
+        async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report), tokens):
             yield item
 
-    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any]) -> AsyncIterator[Message]:
+    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
         """Stream Started, then Progress and Phase as they come, the Compiled ones, and Done or Failed last
         (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's request at its
-        next step."""
-        yield Started(self.name)
-        model_id = serve.get_multiplexed_model_id()
+        next step. The messages carry the stamps of neuron_ui.replicas.timing."""
+        yield Started(self.name, now())
+        # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
+        # either way this replica now holds the graph of `tokens`.
+        model_id = serve.get_multiplexed_model_id() or str(tokens)
         if self.lease(int(model_id)).held_elsewhere():
             yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"))
@@ -127,18 +139,20 @@ class EngineReplica:
         queue: asyncio.Queue[Message] = asyncio.Queue()
 
         def report(update: ProgressUpdate) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, progress_message(update))
+            loop.call_soon_threadsafe(queue.put_nowait, progress_message(update, now()))
 
         stop = StopToken()
 
         def run() -> Done | Failed:
-            self.active = True
-            self._report()  # busy now, not at the next tick: a short image would otherwise never show as busy
+            self.active = self._was_busy = True
+            self._wake.set()  # busy now, not at the next tick (the reporter sends it beside the image)
             try:
+                began = now()
                 value = work(report, stop)
+                ended = now()
                 if isinstance(value, GenerateResult):
                     value = replace(value, replica=self.name)
-                return Done(value)
+                return Done(value, began, ended)
             except (ValueError, EngineError) as error:  # the engine's own errors: their kind travels
                 return Failed.of(error)
             except Exception as error:  # noqa: BLE001 - told as one line; the replica's log has the trace
@@ -147,7 +161,7 @@ class EngineReplica:
             finally:
                 self.active = False
                 lease.release()  # others may now load this graph from the cache
-                self._report()
+                self._wake.set()
 
         task = loop.run_in_executor(None, run)
         # The engine's QUEUED (the request is valid) is sent on, and admits it at the front.
@@ -170,32 +184,39 @@ class EngineReplica:
         for compiled in self.compiles:
             yield compiled
         self.compiles.clear()
-        yield task.result()
+        result = task.result()
+        yield replace(result, at=now()) if isinstance(result, Done) else result
 
-    def snapshot(self) -> ReplicaReport:
+    def snapshot(self, busy: bool) -> ReplicaReport:
         return ReplicaReport(
             replica=self.name,
             pid=os.getpid(),
             node=ray.get_runtime_context().get_node_id()[:8],
             devices=self.devices,
-            busy=self.active,
+            busy=busy,
             images=self.images,
             graphs=self.engine.graphs.held(),
             layouts=self.engine.graphs.used(),
             key=self.engine.key,
             status=self.engine.status(),
             ranks=list(self.group.group.processes) if self.group else [],
+            startup=self.startup,
         )
 
-    def _report(self) -> None:
+    def _report(self, busy: bool = False) -> None:
         try:
-            self.board.report.remote(self.name, self.snapshot())
+            self.board.report.remote(self.name, self.snapshot(busy))
         except Exception:  # noqa: BLE001 - the board is gone while Ray shuts down; the next tick retries
             logger.debug("replica %s could not report", self.name, exc_info=True)
 
     def _report_loop(self) -> None:
-        while not self._stop.wait(REPORT_SECONDS):
-            self._report()
+        """Every REPORT_SECONDS, and at once when woken (an image began or ended)."""
+        while not self._stop.is_set():
+            self._wake.wait(REPORT_SECONDS)
+            self._wake.clear()
+            if not self._stop.is_set():
+                seen, self._was_busy = self._was_busy, False
+                self._report(busy=self.active or seen)
 
     def check_health(self) -> None:
         """Serve calls this every few seconds; raising gets the replica replaced (placement group and all): its
@@ -213,3 +234,4 @@ class EngineReplica:
     def __del__(self) -> None:
         if stop := getattr(self, "_stop", None):  # absent when the constructor failed
             stop.set()
+            self._wake.set()

@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -21,6 +20,7 @@ from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
 from neuron_ui.replicas.ray_bridge import kill_local_ray, local_ray_binds_loopback
+from neuron_ui.replicas.timing import StartupStages
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -32,6 +32,16 @@ logger = logging.getLogger(__name__)
 # board's own calls keep none (board.py); this bounds what Serve's and Ray's other tasks leave, about 30 MB at most.
 # Only for a Ray started here: a joined cluster keeps its own settings (docs/operations.md, "Memory over time").
 LOCAL_TASK_EVENTS_KEPT = 10_000
+# Objects up to this size travel inside the call's own message, not through Ray's object store (Ray 2.60's
+# max_direct_call_object_size, 100 KiB by default): a 256x256 image (192 KiB) took the store's put and fetch, about
+# 1-2 ms. 4 MiB covers a 1024x1024 RGB image. Only for a Ray started here, as above.
+LOCAL_INLINE_BYTES = 4 * 2**20
+# Each replica runs our code on Serve's own event loop, not in a thread and loop of its own (Ray 2.60's default,
+# RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=1, which RAY_SERVE_THROUGHPUT_OPTIMIZED turns off with the router's
+# loop): one hop less for every message of a stream. Our code never blocks that loop (the engine runs in a worker
+# thread, file locks in asyncio.to_thread). The front keeps its router in a loop of its own: it calls the handle
+# from plain threads, which Serve allows only so.
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 
 def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
@@ -63,7 +73,8 @@ def _init(settings: Settings, num_cpus: int | None) -> None:
         # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
                  log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20,
-                 _system_config={"task_events_max_num_task_in_gcs": LOCAL_TASK_EVENTS_KEPT})
+                 _system_config={"task_events_max_num_task_in_gcs": LOCAL_TASK_EVENTS_KEPT,
+                                 "max_direct_call_object_size": LOCAL_INLINE_BYTES})
 
 
 def shutdown(settings: Settings, app_name: str = APP_NAME, at_once: bool = False) -> None:
@@ -97,34 +108,55 @@ def stop_app(app_name: str = APP_NAME) -> None:
 
 def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):
     """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
-    serve.start(proxy_location="Disabled")
+    serve.start(proxy_location="Disabled")  # started already by launch: a no-op then
     group_options: dict[str, Any] = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
     deployment = serve.deployment(name=DEPLOYMENT_NAME)(EngineReplica).options(
         num_replicas=plan.replicas,
         max_ongoing_requests=plan.max_ongoing_requests,
-        ray_actor_options=plan.actor_options,
+        ray_actor_options=with_env(plan.actor_options, REPLICA_ENV),
         health_check_period_s=5,
+        logging_config={"enable_access_log": False},  # a log line per request, on every image's path; ours suffice
         graceful_shutdown_timeout_s=5,
         **(group_options if plan.bundles else {}),
     )
     return serve.run(deployment.bind(settings, plan.threads, board_name), name=app_name, route_prefix=None)
 
 
+def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Actor options with these variables added to their runtime_env's env_vars."""
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    return {**options, "runtime_env": runtime_env}
+
+
 def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_NAME,
-           timeout: float = 600.0) -> ReplicaClient:
-    """Ray, the board, the replicas and the client; returns once every replica has reported."""
+           timeout: float = 600.0, plan: ReplicaPlan | None = None) -> ReplicaClient:
+    """Ray, the board, the replicas and the client; returns once every replica has reported. `plan`: the caller's
+    instead of plan_replicas' (the bench's one replica of one thread). Each stage of the start is logged, one line
+    each, and kept in the client's `startup` (seconds per stage; each replica's own stages in its report)."""
+    stages = StartupStages()
     start_ray(settings, num_cpus)
+    stages.mark("ray")
     board = board_name(app_name)
     # Detached: the board lives by its name, not by this driver's reference count (in a long test session an
     # owned board was once collected before it ran); on a local Ray, ray.shutdown() ends it with everything else.
+    # Not waited for: the replicas look it up by name (find_board waits for it), and it starts beside them.
     # Ray 2.60's stubs type a @ray.remote class as the class itself; it is an ActorClass, with options().
     reports = ReplicaBoard.options(  # type: ignore[attr-defined]
         name=board, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
-    ray.get(reports.read.remote(), timeout=timeout)  # up and named before any replica looks for it
-    plan = plan_replicas(settings, ray.cluster_resources())
-    started = time.perf_counter()
+    plan = plan or plan_replicas(settings, ray.cluster_resources())
+    serve.start(proxy_location="Disabled")
+    stages.mark("serve")
     handle = deploy(settings, plan, app_name, board)
+    stages.mark("replicas")
     client = ReplicaClient(handle, reports, settings, plan, app_name)
     client.wait_for_replicas(plan.replicas, timeout)
-    logger.info("%d replica(s) on %s ready in %.1f s", plan.replicas, plan.device, time.perf_counter() - started)
+    stages.mark("first reports")
+    client.startup = dict(stages.seconds)
+    for stage, seconds in stages.seconds.items():
+        logger.info("start-up: %s %.1f s", stage, seconds)
+    for _, report in client.reports().values():
+        for stage, seconds in report.startup.items():
+            logger.info("start-up: replica %s %s %.1f s", report.replica, stage, seconds)
+    logger.info("%d replica(s) on %s ready in %.1f s", plan.replicas, plan.device, sum(stages.seconds.values()))
     return client

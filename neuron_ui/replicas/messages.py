@@ -1,12 +1,15 @@
 """The messages a replica's stream carries to the front, one frozen dataclass each, in the order they come:
 
-    Started(replica)                       the request left the router and began on this replica
-    Progress(update) ... Phase(phase) ...  progress lines and where the request is (queued, compiling, running)
-    Preview(step, steps, png) ...          a step's estimate of the image, for a request that asked (a small PNG)
+    Started(replica, at)                   the request left the router and began on this replica
+    Progress(update, at) ... Phase(phase)  progress lines and where the request is (queued, compiling, running)
+    Preview(step, steps, png, at) ...      a step's estimate of the image, for a request that asked (a small PNG)
     Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
-    Done(value) | Failed(kind, message)    the result, or the error as a value, so its kind survives the trip
+    Done(value, began, ended, at) | Failed(kind, message)
+                                           the result, or the error as a value, so its kind survives the trip
 
-The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them.
+The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them. The
+stamps (`at`, `began`, `ended`: neuron_ui.replicas.timing.now() on the replica, 0.0 when not sent) say where an
+image's time went (neuron_ui.replicas.timing).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Started:
     """First on every stream: the request is on `replica` now, no longer waiting in the router."""
 
     replica: str
+    at: float = 0.0  # when the replica's method began
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Progress:
     """One progress line, as the engine reported it."""
 
     update: ProgressUpdate
+    at: float = 0.0  # when the engine reported it
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Preview:
     step: int
     steps: int
     png: bytes
+    at: float = 0.0  # when the engine reported it
 
     def update(self) -> ProgressUpdate:
         """The engine's progress update again, at the front."""
@@ -48,11 +54,11 @@ class Preview:
                               preview=preview)
 
 
-def progress_message(update: ProgressUpdate) -> Progress | Preview:
-    """What the stream carries for one of the engine's progress updates."""
+def progress_message(update: ProgressUpdate, at: float = 0.0) -> Progress | Preview:
+    """What the stream carries for one of the engine's progress updates, reported at `at`."""
     if update.preview is not None:
-        return Preview(update.preview.step, update.preview.steps, update.preview.png())
-    return Progress(update)
+        return Preview(update.preview.step, update.preview.steps, update.preview.png(), at)
+    return Progress(update, at)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,9 @@ class Done:
     """Last on a stream that succeeded: a GenerateResult for generate, a ShapeStatus for warmup."""
 
     value: Any
+    began: float = 0.0  # when the engine's work began
+    ended: float = 0.0  # ... and ended
+    at: float = 0.0  # when this message left the replica
 
 
 @dataclass(frozen=True)

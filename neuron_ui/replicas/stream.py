@@ -19,6 +19,8 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Preview, Progress, Started
+from neuron_ui.replicas.routing import ShapeRouting
+from neuron_ui.replicas.timing import Timing, now
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import Observers
@@ -43,15 +45,20 @@ LOST_WAIT = "a lost replica, retried on another"  # the result's waited_for: "wa
 class StreamCaller:
     """Calls a deployment method as a stream, routed by the layout's token count (the multiplexed model id)."""
 
-    def __init__(self, handle: Any, observers: Observers, clock: Callable[[], float] = time.perf_counter):
-        """`clock` (seconds) measures the time a request lost on a replica that died."""
+    def __init__(self, handle: Any, observers: Observers, clock: Callable[[], float] = time.perf_counter,
+                 routing: ShapeRouting | None = None):
+        """`clock` (seconds) measures the time a request lost on a replica that died; `routing` picks each call's
+        routing key (by default for one replica)."""
         self.handle = handle
         self.observers = observers
         self.clock = clock
+        self.routing = routing or ShapeRouting(1)
         self._lock = threading.Lock()
         self._waiting: dict[int, Any] = {}  # sent to the deployment, not yet started on a replica: id -> its stream
         self._started = 0  # started on a replica, not yet ended
         self._closed = False
+        # Told each successful call's stamps (neuron_ui.replicas.timing), e.g. by bench/replicas.py; none by default.
+        self.timing_listeners: list[Callable[[Timing], None]] = []
 
     def waiting(self) -> int:
         with self._lock:
@@ -71,21 +78,23 @@ class StreamCaller:
             stream.cancel()
 
     def call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
-             stop: StopToken | None = None) -> Any:
+             stop: StopToken | None = None, timing: Timing | None = None) -> Any:
         """The value of the stream's Done; a request whose replica dies is sent once more, to another replica. The
-        retry's progress says why its steps start again, and its result counts the time lost on the dead replica."""
+        retry's progress says why its steps start again, and its result counts the time lost on the dead replica.
+        `timing` (the front's first stamps) is filled as the call goes and told to timing_listeners."""
         report = progress or (lambda update: None)
         stop = stop or StopToken()
+        timing = timing or Timing(called=now(), turn=now())
         sent = self.clock()
         try:
-            return self._stream(method, argument, layout, report, stop)
+            return self._timed(method, argument, layout, report, stop, timing)
         except REPLICA_LOST as error:
             logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
                            type(error).__name__)
         lost = self.clock() - sent
         report(ProgressUpdate(Stage.WAITING, f"{RETRIED}; the image starts again"))
         try:
-            value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
+            value = self._timed(method, argument, layout, lambda update: report(retried(update)), stop, timing)
         except REPLICA_LOST as error:
             self.observers.failed("replica_lost")
             raise EngineError("the replica making this image stopped twice; try again in a minute",
@@ -94,9 +103,20 @@ class StreamCaller:
             value = replace(value, waited_seconds=round(lost + value.waited_seconds, 3), waited_for=LOST_WAIT)
         return value
 
-    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
-        handle = self.handle.options(stream=True, multiplexed_model_id=str(layout.tokens))
-        stream = getattr(handle, method).remote(argument)
+    def _timed(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken,
+               timing: Timing) -> Any:
+        """One try of the call; its stamps told to the listeners when it succeeded."""
+        value = self._stream(method, argument, layout, report, stop, timing)
+        timing.returned = now()
+        for listener in self.timing_listeners:
+            listener(timing)
+        return value
+
+    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken,
+                timing: Timing) -> Any:
+        handle = self.handle.options(stream=True, multiplexed_model_id=self.routing.key(layout.tokens))
+        timing.sent = now()
+        stream = getattr(handle, method).remote(argument, layout.tokens)
         with self._lock:
             ahead = len(self._waiting)
             self._waiting[id(stream)] = stream
@@ -115,7 +135,13 @@ class StreamCaller:
                 for message in stream:
                     if isinstance(message, Started) and not started:
                         started, replica = self._start(stream), message.replica
+                        self.routing.placed(replica, layout.tokens)
+                    stamp(timing, message)
                     self._take(message, report, stop, done, layout, replica)
+            except REPLICA_LOST:
+                if started:
+                    self.routing.lost(replica)
+                raise
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
                     self.observers.failed("shutting_down")
@@ -129,6 +155,7 @@ class StreamCaller:
                 return done[0]
             raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
         finally:
+            self.routing.ended(replica if started else None)
             with self._lock:
                 if started:
                     self._started -= 1
@@ -169,6 +196,18 @@ class StreamCaller:
                 pass  # counted by the caller: the request no longer waits in the router
             case _:  # a replica running other code than this front's: its message is ignored, as before
                 logger.warning("a replica sent an unknown message: %r", message)
+
+
+def stamp(timing: Timing, message: Message) -> None:
+    """The message's stamps, and when it arrived, in the call's timing."""
+    timing.messages += 1
+    match message:
+        case Started(at=at):
+            timing.received = at
+        case Progress(at=at) | Preview(at=at) if at:
+            timing.step_trips.append(now() - at)
+        case Done(began=began, ended=ended, at=at):
+            timing.began, timing.ended, timing.done_sent, timing.done_read = began, ended, at, now()
 
 
 def retried(update: ProgressUpdate) -> ProgressUpdate:

@@ -1,0 +1,178 @@
+"""Where a replica's image spends its time, and how the front routes a hot shape, without Ray running: the stamps
+the stream's messages carry, the stages the front makes of them, the spill of a call to a free replica, the
+start-up stages and the replicas bench's results. The deployment's handle is a stand-in; the front is the real one.
+The same with Ray: bench/replicas.py (figures), tests/test_replicas.py (routing by shape, stop, faults).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import sys
+import threading
+from argparse import Namespace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+from serving import wait_until
+from test_replicas_turns import StandInHandle, Stream
+
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.replicas.client import ReplicaClient
+from neuron_ui.replicas.messages import Done, Progress, Started
+from neuron_ui.replicas.routing import NO_KEY, ShapeRouting
+from neuron_ui.replicas.timing import STAGES, StartupStages, Timing, now
+from neuron_ui.replicas.watcher import ReplicaWatcher
+
+
+def made(request) -> GenerateResult:
+    return GenerateResult(Image.new("RGB", (8, 8)), request.prompt, "256x256", 2, request.seed, None, "tiny",
+                          "memory_hit", 0.0, 0.05, 0.05, tokens=256)
+
+
+class Stamped(StandInHandle):
+    """A replica whose messages carry its stamps as a real one's do: Started, two steps, Done; each call's routing
+    key in `keys`; a call is held after Started until `release` lets it go (with `hold`)."""
+
+    def __init__(self, hold: bool = False):
+        self.keys: list[str] = []
+        self.hold = hold
+        self.release = threading.Semaphore(0)
+
+    def options(self, multiplexed_model_id: str = "", **_):
+        self.keys.append(multiplexed_model_id)
+        return self
+
+    def _stream(self, request):
+        replica = "replica-a" if self.keys[-1] else "replica-b"  # Serve's routing: the key to its holder
+
+        def messages():
+            yield Started(replica, now())
+            if self.hold:
+                self.release.acquire(timeout=30)
+            began = now()
+            yield Progress(ProgressUpdate("denoising", "step 1/2", 0.5), now())
+            yield Progress(ProgressUpdate("denoising", "step 2/2", 1.0), now())
+            ended = now()
+            yield Done(made(request), began, ended, now())
+
+        return Stream(messages())
+
+
+@pytest.fixture
+def front():
+    def build(handle, replicas=1):
+        watcher = ReplicaWatcher(read_board=dict, read_states=dict)
+        client = ReplicaClient(handle, board=None, settings=Settings(model="tiny"),
+                               plan=SimpleNamespace(replicas=replicas), watcher=watcher)
+        built.append(client)
+        return client
+
+    built: list[ReplicaClient] = []
+    yield build
+    for client in built:
+        client.watcher.stop()
+
+
+def test_the_messages_carry_their_stamps_across_a_pickle_and_default_to_none_sent():
+    started, done = Started("r", 12.5), Done("value", 1.0, 2.0, 3.0)
+    assert pickle.loads(pickle.dumps(started)) == started and pickle.loads(pickle.dumps(done)) == done
+    assert (Started("r").at, Progress(ProgressUpdate("denoising", "x")).at, Done("v").began) == (0.0, 0.0, 0.0)
+
+
+def test_the_stages_follow_the_stamps_in_order_and_add_up_to_the_whole_call():
+    timing = Timing(called=10.0, turn=10.001, sent=10.0015, received=10.004, began=10.005, ended=10.105,
+                    done_sent=10.106, done_read=10.108, returned=10.109, step_trips=[0.002, 0.001, 0.004])
+    stages = timing.stages()
+    assert list(stages) == list(STAGES)
+    assert stages == pytest.approx({"front_turn": 0.001, "front_send": 0.0005, "handle_call": 0.0025,
+                                    "replica_queue": 0.001, "engine": 0.1, "replica_after": 0.001,
+                                    "transfer": 0.002, "front_after": 0.001})
+    assert sum(stages.values()) == pytest.approx(timing.total())
+    assert timing.overhead() == pytest.approx(0.009) and timing.step_trip() == 0.002
+
+
+def test_the_front_fills_each_calls_stages_from_its_replicas_stamps_and_tells_its_listeners(front):
+    client = front(Stamped())
+    heard: list[Timing] = []
+    client.calls.timing_listeners.append(heard.append)
+    before = now()
+    result = client.generate(GenerateRequest("a boat", "512x512", seed=3))
+    after = now()
+    (timing,) = heard
+    assert result.prompt == "a boat" and timing.messages == 4 and len(timing.step_trips) == 2
+    marks = [timing.called, timing.turn, timing.sent, timing.received, timing.began, timing.ended, timing.done_sent,
+             timing.done_read, timing.returned]
+    assert before <= marks[0] and marks == sorted(marks) and marks[-1] <= after  # every stamp taken, in order
+    assert all(value >= 0 for value in timing.stages().values())
+
+
+def test_a_hot_shape_spills_to_a_free_replica_instead_of_waiting_for_its_busy_holder(front):
+    """On Ray, multiplexing alone kept 4 clients on the one replica holding 256x256 (the other held more sizes)."""
+    handle = Stamped(hold=True)
+    client = front(handle, replicas=2)
+    request = GenerateRequest("a", "512x512", seed=1)
+    first = threading.Thread(target=client.generate, args=(request,), daemon=True)
+    first.start()
+    wait_until(lambda: client.calls.started() == 1, "the first call is on replica-a")
+    handle.release.release()
+    first.join(10)
+    assert handle.keys == ["1024"]  # a new shape goes by its key: Serve spreads new shapes
+    threads = [threading.Thread(target=client.generate, args=(request,), daemon=True) for _ in range(2)]
+    threads[0].start()
+    wait_until(lambda: client.calls.started() == 1, "the holder is busy again")
+    threads[1].start()
+    wait_until(lambda: client.calls.started() == 2, "the second call started elsewhere")
+    handle.release.release()
+    handle.release.release()
+    for thread in threads:
+        thread.join(10)
+    assert handle.keys == ["1024", "1024", NO_KEY]  # the holder free: its key; the holder busy: any free replica
+
+
+def test_the_routing_key_counts_the_calls_not_yet_placed_and_forgets_a_lost_replica():
+    routing = ShapeRouting(replicas=2)
+    assert routing.key(256) == "256"  # nobody holds it
+    routing.placed("a", 256)
+    routing.ended("a")
+    assert routing.key(256) == "256"  # its holder is free
+    assert routing.key(256) == NO_KEY  # the one before may take the holder: this one goes to the other replica
+    assert routing.key(256) == "256"  # both replicas spoken for: wait for a holder
+    routing.placed("a", 256)
+    routing.placed("b", 256)
+    routing.ended(None)
+    routing.lost("a")
+    routing.ended("a")
+    assert routing.key(256) == NO_KEY  # b busy, a forgotten: a free replica loads it
+
+
+def test_startup_stages_are_each_timed_from_the_end_of_the_one_before():
+    clock = iter([0.0, 4.5, 5.0, 12.25]).__next__
+    stages = StartupStages(clock)
+    stages.mark("ray")
+    stages.mark("serve")
+    stages.mark("replicas")
+    assert stages.seconds == {"ray": 4.5, "serve": 0.5, "replicas": 7.25}
+
+
+def test_the_replicas_bench_reports_each_stage_serves_cost_and_the_throughput():
+    spec = importlib.util.spec_from_file_location("bench_replicas", Path(__file__).parents[1] / "bench/replicas.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    timed = [Timing(called=0.0, turn=0.0, sent=0.001, received=0.003, began=0.004, ended=0.09 + i / 1000,
+                    done_sent=0.091 + i / 1000, done_read=0.093 + i / 1000, returned=0.094 + i / 1000,
+                    step_trips=[0.001], messages=8) for i in range(3)]
+    args = Namespace(replicas=2, steps=4, images=3)
+    report = bench.summarize(args, 1, [0.09, 0.091, 0.092], [0.094, 0.095, 0.096], timed, {"ray": 4.4, "serve": 1.0},
+                             {"r1": {"imports": 6.0}}, 1500, {"two_replicas_ips": 18.0, "one_replica_ips": 10.0},
+                             [("256x256", "compiled")], 1)
+    assert report["serve_adds_ms"] == pytest.approx(4.0)
+    assert set(report["stages_ms"]) == {*STAGES, "overhead", "step_trip"}
+    assert report["stages_ms"]["engine"] == {"median": 87.0, "min": 86.0, "max": 88.0}
+    assert report["throughput"]["ratio"] == 1.8 and report["startup"]["seconds"] == 5.4
+    assert report["mix"]["compilations"] == report["mix"]["distinct_token_counts"] == 1
