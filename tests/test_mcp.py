@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import logging
+import math
 
 import httpx
 import pytest
@@ -237,10 +239,40 @@ def test_a_flood_of_sessions_never_locks_out_a_client_and_is_said_in_one_line(ap
     assert (oldest.status_code, newest.status_code) == (404, 200)  # the one idle longest went first
     assert not earlier.isError  # the client connected before the flood kept its session
     assert len(during) == 1, [r.getMessage() for r in during]
-    assert during[0].getMessage().startswith("MCP sessions: 1 closed to make room for newer ones (at most 4 open")
+    assert during[0].getMessage().startswith("MCP sessions past --mcp-sessions (4 open at most): ")
     assert app.server.mcp.sessions.closed >= flood - SESSIONS
     fresh = with_session(app, lambda session: session.call_tool("status", {}))
     assert not fresh.isError and json.loads(fresh.content[0].text)["visitors_waiting"] == 0
+
+
+async def all_busy(app, ids):
+    while not all(math.isinf(s.idle_since) for s in mcp_bridge.open_sessions(app.server.mcp.manager) if s.id in ids):
+        await asyncio.sleep(0.01)
+
+
+def test_with_every_session_busy_a_newcomer_still_gets_in_and_the_oldest_closes(app):
+    """--mcp-sessions clients connected, each holding its event stream open (busy, never idle): a newcomer's session
+    is kept, and the session opened first is the one closed."""
+    url = app.url + "/gradio_api/mcp/"
+
+    async def main():
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx.AsyncClient(auth=httpx.BasicAuth(*AUTH), timeout=TIMEOUT))
+            ids = []
+            for _ in range(SESSIONS):
+                read, write, session_id = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+                await (await stack.enter_async_context(ClientSession(read, write))).initialize()
+                ids.append(session_id())
+            await asyncio.wait_for(all_busy(app, ids), TIMEOUT)  # each opens its event stream after initializing
+            newcomer = await http.post(url, json=INITIALIZE, headers=ACCEPT)
+            new_id = newcomer.headers["mcp-session-id"]
+            open_ids = {s.id for s in mcp_bridge.open_sessions(app.server.mcp.manager)}
+            ping = await http.post(url, json=rpc("ping"), headers={**ACCEPT, "mcp-session-id": new_id})
+            return ids, new_id, open_ids, ping.status_code
+
+    ids, new_id, open_ids, ping = asyncio.run(main())
+    assert ping == 200 and new_id in open_ids
+    assert ids[0] not in open_ids and set(ids[1:]) <= open_ids
 
 
 def test_the_session_bounds_come_from_the_settings_not_the_librarys_defaults():

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from mcp import types
@@ -89,10 +89,23 @@ class McpEndpoint:
         if self.settings.auth and not self.authorized(scope):
             await reply(send, Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),)))
             return
-        opens = not any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
-        await self.manager.handle_request(scope, receive, send)
-        if opens:  # a request without a session may have opened one
-            await self.sessions.make_room()
+        if any(name == b"mcp-session-id" for name, _ in scope.get("headers", ())):
+            await self.manager.handle_request(scope, receive, send)
+        else:
+            await self._open(scope, receive, send)
+
+    async def _open(self, scope: dict, receive: Any, send: Any) -> None:
+        """A request without a session, which may open one: once it has (its answer names the new session), past
+        --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
+
+        async def make_room_then_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                for name, value in message.get("headers", ()):
+                    if name == b"mcp-session-id":
+                        await self.sessions.make_room(keep=value.decode())
+            await send(message)
+
+        await self.manager.handle_request(scope, receive, make_room_then_send)
 
     # -- the MCP server ----------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
@@ -25,31 +24,28 @@ SUMMARY_SECONDS = 60.0  # at most one line this often about sessions closed to m
 
 
 class SessionBound:
-    """Keeps `manager`'s open sessions at `limit`: `make_room()` after each request that opened one."""
+    """Keeps `manager`'s open sessions at `limit`: `make_room(keep=its id)` as each request that opens one answers."""
 
-    def __init__(self, manager: StreamableHTTPSessionManager, limit: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, manager: StreamableHTTPSessionManager, limit: int) -> None:
         self.manager = manager
         self.limit = limit
-        self.clock = clock
         self.closed = 0  # sessions closed to make room, since the server started
-        self._unsaid = 0  # ... since the last line about them
         self._said_at = -SUMMARY_SECONDS
 
-    async def make_room(self) -> None:
-        """Close the sessions idle longest until at most `limit` are open. Called once the opening request has been
-        answered, so the newest session is never the one closed (it was just used)."""
+    async def make_room(self, keep: str) -> None:
+        """Close the sessions idle longest until at most `limit` are open, never `keep` (the one just opened)."""
         while mcp_bridge.open_count(self.manager) > self.limit:
+            others = [s for s in mcp_bridge.open_sessions(self.manager) if s.id != keep]
             # idle longest first; busy ones (idle since inf) only when none is idle, the oldest opened first
-            oldest = min(mcp_bridge.open_sessions(self.manager), key=lambda s: s.idle_since)
+            oldest = min(others, key=lambda s: s.idle_since)
             await mcp_bridge.close_session(self.manager, oldest.id)
             self._count()
 
     def _count(self) -> None:
+        """One line at the first session closed, then at most one a minute while more are: the running total."""
         self.closed += 1
-        self._unsaid += 1
-        now = self.clock()
+        now = time.monotonic()
         if now - self._said_at >= SUMMARY_SECONDS:
-            logger.warning("MCP sessions: %d closed to make room for newer ones (at most %d open, --mcp-sessions; "
-                           "the one idle longest goes first); said at most once a minute", self._unsaid, self.limit)
-            self._unsaid, self._said_at = 0, now
+            logger.warning("MCP sessions past --mcp-sessions (%d open at most): %d closed to make room so far, the "
+                           "one idle longest first; said at most once a minute", self.limit, self.closed)
+            self._said_at = now
