@@ -250,9 +250,9 @@ async def all_busy(app, ids):
         await asyncio.sleep(0.01)
 
 
-def test_with_every_session_busy_a_newcomer_still_gets_in_and_the_oldest_closes(app):
+def test_with_every_session_busy_a_newcomer_still_gets_in_and_the_oldest_closes(app, caplog):
     """--mcp-sessions clients connected, each holding its event stream open (busy, never idle): a newcomer's session
-    is kept, and the session opened first is the one closed."""
+    is kept, the session opened first is the one closed, and no session's end logs an error (a trace each, before)."""
     url = app.url + "/gradio_api/mcp/"
 
     async def main():
@@ -273,6 +273,8 @@ def test_with_every_session_busy_a_newcomer_still_gets_in_and_the_oldest_closes(
     ids, new_id, open_ids, ping = asyncio.run(main())
     assert ping == 200 and new_id in open_ids
     assert ids[0] not in open_ids and set(ids[1:]) <= open_ids
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("mcp.server") and r.levelno >= logging.ERROR]
+    assert not errors
 
 
 def test_the_session_bounds_come_from_the_settings_not_the_librarys_defaults():

@@ -8,6 +8,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 # INFO lines the library writes per session or per request (mcp 1.30.0): "Created new transport with session ID",
@@ -26,9 +27,21 @@ class OpenSession:
 
 
 def quiet_session_logs() -> None:
-    """Warnings and errors only from the library's session loggers: no line per session opened, expired or served."""
+    """Warnings and errors only from the library's session loggers: no line per session opened, expired or served,
+    and no traceback when a session ends while its client's event stream is open."""
     for name in PER_SESSION_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    transport = logging.getLogger("mcp.server.streamable_http")
+    if _not_a_stream_closed_by_its_session not in transport.filters:
+        transport.addFilter(_not_a_stream_closed_by_its_session)
+
+
+def _not_a_stream_closed_by_its_session(record: logging.LogRecord) -> bool:
+    """False for "Error in standalone SSE writer" with anyio's ClosedResourceError (mcp 1.30.0, streamable_http.py
+    standalone_sse_writer): the session was closed (the client's DELETE, its idle expiry, or closed to make room)
+    while the client's event stream was open, a normal end, which the library logs as an error with its trace."""
+    closed = record.exc_info is not None and isinstance(record.exc_info[1], anyio.ClosedResourceError)
+    return not (closed and record.getMessage() == "Error in standalone SSE writer")
 
 
 def open_sessions(manager: StreamableHTTPSessionManager) -> list[OpenSession]:
