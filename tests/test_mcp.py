@@ -1,15 +1,19 @@
 """The studio as MCP tools (--mcp), through the real `mcp` Python client over streamable HTTP at /gradio_api/mcp/.
 
-One app for the module (tests/serving.py: the tiny model, eager backend), with a login, one style (--lora), and
-with GRADIO_MCP_SERVER=True set to show that Gradio's own MCP server stays off: only our four tools are served.
+One app for the module (tests/serving.py: the tiny model, eager backend), with a login, one style (--lora), at most
+SESSIONS MCP sessions open, and with GRADIO_MCP_SERVER=True set to show that Gradio's own MCP server stays off: only
+our four tools are served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
+import logging
+import math
 
 import httpx
 import pytest
@@ -20,8 +24,11 @@ from serving import TIMEOUT, served, wait_until
 
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.server import mcp_bridge
 
 AUTH = ("me", "secret")
+SESSIONS = 4  # --mcp-sessions
+ACCEPT = {"accept": "application/json, text/event-stream"}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +36,8 @@ def app(tmp_path_factory):
     environ = {"NEURON_UI_AUTH": ":".join(AUTH), "GRADIO_MCP_SERVER": "True"}
     style = write_random_lora(build_tiny_pipeline().transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors",
                               rank=4, seed=1)
-    with served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8", environ=environ) as s:
+    with served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8", "--mcp-sessions", str(SESSIONS),
+                environ=environ) as s:
         yield s
 
 
@@ -197,3 +205,89 @@ def test_a_tool_call_over_the_queue_bound_is_refused_in_one_line():
     with pytest.raises(EngineError, match=r"^Queue is full: 2 requests are waiting for the device; try again"):
         endpoint._admit()
     assert endpoint.in_flight == 1
+
+
+def rpc(method: str, params: dict | None = None) -> dict:
+    return {"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params is not None else {})}
+
+
+INITIALIZE = rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "flood", "version": "0"}})
+
+
+def test_a_flood_of_sessions_never_locks_out_a_client_and_is_said_in_one_line(app, caplog):
+    """The issue's attack, smaller: many `initialize` requests never closed. A client connected before keeps its
+    session (its event stream is open), the sessions idle longest are closed past --mcp-sessions, a new client still
+    initializes and calls a tool, and the flood is one log line, not lines per session."""
+    caplog.set_level(logging.INFO)
+    url = app.url + "/gradio_api/mcp/"
+    flood = SESSIONS * 5
+
+    async def work(session):
+        async with httpx.AsyncClient(auth=httpx.BasicAuth(*AUTH), timeout=TIMEOUT) as http:
+            caplog.clear()
+            opened = [await http.post(url, json=INITIALIZE, headers=ACCEPT) for _ in range(flood)]
+            during = [r for r in caplog.records if r.name.startswith(("mcp", "neuron_ui"))]
+            ids = [r.headers.get("mcp-session-id") for r in opened]
+            pings = [await http.post(url, json=rpc("ping"), headers={**ACCEPT, "mcp-session-id": ids[i]})
+                     for i in (0, -1)]
+        return opened, during, pings, await session.call_tool("status", {})
+
+    opened, during, (oldest, newest), earlier = with_session(app, work)
+    assert [r.status_code for r in opened] == [200] * len(opened)  # never 503 "Too many open sessions"
+    assert mcp_bridge.open_count(app.server.mcp.manager) <= SESSIONS
+    assert (oldest.status_code, newest.status_code) == (404, 200)  # the one idle longest went first
+    assert not earlier.isError  # the client connected before the flood kept its session
+    assert len(during) == 1, [r.getMessage() for r in during]
+    assert during[0].getMessage().startswith("MCP sessions past --mcp-sessions (4 open at most): ")
+    assert app.server.mcp.sessions.closed >= flood - SESSIONS
+    fresh = with_session(app, lambda session: session.call_tool("status", {}))
+    assert not fresh.isError and json.loads(fresh.content[0].text)["visitors_waiting"] == 0
+
+
+async def all_busy(app, ids):
+    while not all(math.isinf(s.idle_since) for s in mcp_bridge.open_sessions(app.server.mcp.manager) if s.id in ids):
+        await asyncio.sleep(0.01)
+
+
+def test_with_every_session_busy_a_newcomer_still_gets_in_and_the_oldest_closes(app, caplog):
+    """--mcp-sessions clients connected, each holding its event stream open (busy, never idle): a newcomer's session
+    is kept, the session opened first is the one closed, and no session's end logs an error (a trace each, before)."""
+    url = app.url + "/gradio_api/mcp/"
+
+    async def main():
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx.AsyncClient(auth=httpx.BasicAuth(*AUTH), timeout=TIMEOUT))
+            ids = []
+            for _ in range(SESSIONS):
+                read, write, session_id = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+                await (await stack.enter_async_context(ClientSession(read, write))).initialize()
+                ids.append(session_id())
+            await asyncio.wait_for(all_busy(app, ids), TIMEOUT)  # each opens its event stream after initializing
+            newcomer = await http.post(url, json=INITIALIZE, headers=ACCEPT)
+            new_id = newcomer.headers["mcp-session-id"]
+            open_ids = {s.id for s in mcp_bridge.open_sessions(app.server.mcp.manager)}
+            ping = await http.post(url, json=rpc("ping"), headers={**ACCEPT, "mcp-session-id": new_id})
+            return ids, new_id, open_ids, ping.status_code
+
+    ids, new_id, open_ids, ping = asyncio.run(main())
+    assert ping == 200 and new_id in open_ids
+    assert ids[0] not in open_ids and set(ids[1:]) <= open_ids
+    errors = [r.getMessage() for r in caplog.records if r.name.startswith("mcp.server") and r.levelno >= logging.ERROR]
+    assert not errors
+
+
+def test_the_session_bounds_come_from_the_settings_not_the_librarys_defaults():
+    """--mcp-session-idle is the library's idle expiry; its own cap (10,000, then 503 for everyone) is off."""
+    from neuron_ui.config.settings import Settings, build_parser, settings_from_args
+    from neuron_ui.server.mcp import McpEndpoint
+
+    defaults = Settings()
+    assert (defaults.mcp_sessions, defaults.mcp_session_idle) == (100, 300.0)
+    settings = settings_from_args(build_parser().parse_args(["--mcp-sessions", "3"]),
+                                  {"NEURON_UI_MCP_SESSION_IDLE": "7.5"})
+    endpoint = McpEndpoint(settings, lambda: 0, lambda scope: False)
+    assert (endpoint.manager.session_idle_timeout, endpoint.manager.max_sessions) == (7.5, None)
+    assert endpoint.sessions.limit == 3
+    with pytest.raises(ValueError, match="--mcp-sessions must be at least 1"):
+        Settings(mcp_sessions=0)

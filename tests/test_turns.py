@@ -24,7 +24,7 @@ def test_the_visitor_served_least_recently_goes_next_and_each_keeps_its_own_orde
     turns.join("c0", "C")
     assert names(turns.order()) == ["a0", "b0", "c0", "a1", "b1", "a2", "a3"]
     turns.take(turns.first())  # a0 gets the device: A was just served
-    turns.join("d0", "D")  # a newcomer goes before everyone already served
+    turns.join("d0", "D")  # a newcomer goes before A, whose image is on the device, after B and C who waited
     assert names(turns.order()) == ["b0", "c0", "d0", "a1", "b1", "a2", "a3"]
     assert turns.visitors() == 4 and turns.waiting_for("A") == 3 and turns.waiting_for(None) == 0
 
@@ -43,8 +43,58 @@ def test_served_times_are_remembered_for_a_bounded_number_of_visitors():
     for name in "ABCDE":
         turns.take(turns.join(name, name))
     turns.join("e1", "E")
-    turns.join("a1", "A")  # A was forgotten: it counts as served longest ago, as it was
+    turns.join("a1", "A")  # A was forgotten: it ranks by when it came, before E (just served), as it did
     assert names(turns.order()) == ["a1", "e1"]
+
+
+def serve_while_strangers_come(turns: Turns, strangers, visitor: str, rounds: int = 40) -> list:
+    """Give turns while the stranger keeps one request waiting, each from the next of `strangers`; the jobs in the
+    order served, until `visitor`'s request has had its turn (or `rounds` turns went to others)."""
+    served: list = []
+    for stranger in strangers[:rounds]:
+        turns.join(f"from {stranger}", stranger)
+        ticket = turns.first()
+        turns.take(ticket)
+        served.append(ticket.job)
+        if ticket.visitor == visitor:
+            break
+    return served
+
+
+def test_a_fresh_visitor_per_request_does_not_go_before_a_returning_visitor_again_and_again():
+    """The issue's attack: B, served once, asks again while a stranger sends one request at a time, each from a
+    fresh session. B waits for the image on the device only, as it would with the stranger as one visitor."""
+    turns = Turns()
+    turns.take(turns.join("b0", "B"))
+    turns.take(turns.join("s0", "fresh-0"))  # the stranger's image is on the device
+    turns.join("b1", "B")
+    served = serve_while_strangers_come(turns, [f"fresh-{i}" for i in range(1, 41)], "B")
+    assert served == ["b1"]
+
+
+def test_visitors_served_long_ago_rank_by_when_they_came_back_not_by_their_old_turn():
+    """A stranger with a pool of sessions, each served once before B: they come back one at a time and B, waiting,
+    goes first; an old turn is no credit for the time a visitor was away."""
+    turns = Turns()
+    pool = [f"pool-{i}" for i in range(30)]
+    for name in pool:
+        turns.take(turns.join(name, name))
+    turns.take(turns.join("b0", "B"))
+    turns.take(turns.join("s0", "fresh-0"))
+    turns.join("b1", "B")
+    assert serve_while_strangers_come(turns, pool, "B") == ["b1"]
+
+
+def test_a_flood_of_newcomers_is_at_worst_first_come_first_served():
+    """Ten fresh visitors came before B asked again: B waits for those ten, and none of the newcomers after it."""
+    turns = Turns()
+    turns.take(turns.join("b0", "B"))
+    turns.take(turns.join("s0", "fresh-0"))
+    for i in range(10):
+        turns.join(f"early {i}", f"early-{i}")
+    turns.join("b1", "B")
+    served = serve_while_strangers_come(turns, [f"late-{i}" for i in range(40)], "B")
+    assert served == [*(f"early {i}" for i in range(10)), "b1"]
 
 
 def take(queue: DeviceQueue, log: list, name: str, visitor: str | None, stop: StopToken | None = None,
@@ -161,6 +211,45 @@ def test_a_stopped_request_leaves_and_the_next_in_turn_gets_the_device():
         threads[0].join(timeout=10)
     threads[1].join(timeout=10)
     assert log == ["b0: stopped: you left the queue; no image was made", "c0"]
+
+
+class Holder:
+    """A request that waits its turn as `visitor` in a thread and holds the device until `done()`."""
+
+    def __init__(self, queue: DeviceQueue, started: list, name: str, visitor: str):
+        self.finish = threading.Event()
+
+        def run():
+            with queue.user(job=name, visitor=visitor):
+                started.append(name)
+                self.finish.wait(timeout=10)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def done(self) -> None:
+        self.finish.set()
+        self.thread.join(timeout=10)
+
+
+def test_the_replicas_front_serves_a_returning_visitor_before_a_stream_of_fresh_ones():
+    """The same attack through DeviceQueue as the replicas' front holds it (2 slots): both replicas busy, B waiting
+    for its second image, and each time a replica frees the stranger has a request from a fresh session waiting."""
+    queue, started, held = DeviceQueue(slots=2), [], []
+    for name, visitor in (("b0", "B"), ("s0", "fresh-0")):
+        held.append(Holder(queue, started, name, visitor))
+        wait_until(lambda name=name: name in started)
+    held.append(Holder(queue, started, "b1", "B"))
+    wait_for_waiting(queue, 1)
+    for i in range(1, 6):
+        held.append(Holder(queue, started, f"s{i}", f"fresh-{i}"))
+        wait_for_waiting(queue, 2)
+        count = len(started)
+        next(h for h in held if not h.finish.is_set()).done()  # the replica that started first frees
+        wait_until(lambda count=count: len(started) > count)
+    for holder in held:
+        holder.done()
+    assert started[:3] == ["b0", "s0", "b1"]
 
 
 def test_replica_slots_serve_as_many_at_once_in_turn():

@@ -52,6 +52,8 @@ class Settings:
     max_queue: int = 16
     max_queue_per_user: int = 4  # requests one visitor may have waiting (visitors take turns on the device)
     mcp: bool = False  # serve the tools generate, inpaint, status and warmup to MCP clients at /gradio_api/mcp/
+    mcp_sessions: int = 100  # MCP sessions open at once; past it the one idle longest closes (server/mcp_sessions.py)
+    mcp_session_idle: float = 300.0  # seconds an MCP session may stay idle (no request, no open stream) before closing
     auth: tuple[str, str] | None = None
     warmup: tuple[Resolution, ...] = ()
     cache_bundle: tuple[str, ...] = ()  # local files, http(s):// URLs or hf:// Hub files, tried in order
@@ -96,6 +98,9 @@ class Settings:
                              "--cache-bundle-max-mb at least 1")
         if self.upload_budget_mb < 1:
             raise ValueError(f"--upload-budget-mb must be at least 1, got {self.upload_budget_mb}")
+        if self.mcp_sessions < 1 or self.mcp_session_idle <= 0:
+            raise ValueError(f"--mcp-sessions must be at least 1 and --mcp-session-idle positive, got "
+                             f"{self.mcp_sessions} and {self.mcp_session_idle}")
         if self.upload_retention <= 0:
             raise ValueError(f"--upload-retention must be positive, got {self.upload_retention}")
         if self.replicas < 0:
@@ -187,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mcp", action="store_true",
                         help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
                              "(env NEURON_UI_MCP)")
+    parser.add_argument("--mcp-sessions", type=int, help="MCP sessions open at once; past it the one idle longest is "
+                        "closed (env NEURON_UI_MCP_SESSIONS; default 100)")
+    parser.add_argument("--mcp-session-idle", type=float, help="seconds an idle MCP session is kept "
+                        "(env NEURON_UI_MCP_SESSION_IDLE; default 300)")
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' "
                         "(env NEURON_UI_WARMUP)")
     parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// "
@@ -277,6 +286,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
                                    Settings.cache_bundle_max_mb),
         upload_budget_mb=number("upload_budget_mb", "NEURON_UI_UPLOAD_BUDGET_MB", int, Settings.upload_budget_mb),
         upload_retention=number("upload_retention", "NEURON_UI_UPLOAD_RETENTION", float, Settings.upload_retention),
+        mcp_sessions=number("mcp_sessions", "NEURON_UI_MCP_SESSIONS", int, Settings.mcp_sessions),
+        mcp_session_idle=number("mcp_session_idle", "NEURON_UI_MCP_SESSION_IDLE", float, Settings.mcp_session_idle),
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
         cache_bundle=split_list(bundle) if bundle else (),
         cache_bundle_sha256=split_list(pin) if pin else (),

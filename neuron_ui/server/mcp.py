@@ -15,7 +15,8 @@ server's mount keeps it off, and this one calls the engine the way the UI does:
 - fair turns: the caller is a visitor, the logged-in user or else its MCP session;
 - progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
   every second, steps) as MCP progress notifications when the client asks for them;
-- errors: one line as a tool error, never a trace; a cancelled call stops the engine's request.
+- errors: one line as a tool error, never a trace; a cancelled call stops the engine's request;
+- sessions: at most --mcp-sessions open, idle ones closed after --mcp-session-idle (server/mcp_sessions.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from mcp import types
@@ -34,8 +35,9 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
-from neuron_ui.server import mcp_tools
+from neuron_ui.server import mcp_bridge, mcp_tools
 from neuron_ui.server.asgi import Refusal, reply
+from neuron_ui.server.mcp_sessions import SessionBound
 from neuron_ui.web.errors import public_status, redact_paths
 from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.web.visitors import visitor_name
@@ -65,7 +67,12 @@ class McpEndpoint:
         self.in_flight = 0  # device calls from MCP clients, counted against --max-queue
         self._lock = threading.Lock()
         self.server = self._build_server()
-        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_BODY)
+        # The library's own session bound refuses newcomers (503) while strangers' sessions are open: off, the
+        # bound is kept by closing the session idle longest (SessionBound).
+        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_BODY, max_sessions=None,
+                                                    session_idle_timeout=settings.mcp_session_idle)
+        self.sessions = SessionBound(self.manager, settings.mcp_sessions)
+        mcp_bridge.quiet_session_logs()
 
     def serve(self, engine: EngineLike) -> None:
         self.engine = engine
@@ -82,7 +89,23 @@ class McpEndpoint:
         if self.settings.auth and not self.authorized(scope):
             await reply(send, Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),)))
             return
-        await self.manager.handle_request(scope, receive, send)
+        if any(name == b"mcp-session-id" for name, _ in scope.get("headers", ())):
+            await self.manager.handle_request(scope, receive, send)
+        else:
+            await self._open(scope, receive, send)
+
+    async def _open(self, scope: dict, receive: Any, send: Any) -> None:
+        """A request without a session, which may open one: once it has (its answer names the new session), past
+        --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
+
+        async def make_room_then_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                for name, value in message.get("headers", ()):
+                    if name == b"mcp-session-id":
+                        await self.sessions.make_room(keep=value.decode())
+            await send(message)
+
+        await self.manager.handle_request(scope, receive, make_room_then_send)
 
     # -- the MCP server ----------------------------------------------------------------------------
 
