@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 # third in blocks one under the other; styles side by side first, as a designer compares them. The run order is
 # another (run_order): one style's cells together, whatever their place on the sheet.
 AXES = ("styles", "prompts", "strengths", "steps", "seeds")
+# What each axis takes, in the words every interface shows (the panel, the CLI's help, the MCP tool).
+AXIS_HELP = {
+    "seeds": "seeds: \"3,4\" lists them; \"3+4\" is four seeds from 3 (3, 4, 5, 6)",
+    "styles": "styles by name, \"none\" for no style, e.g. \"none,ink\"",
+    "strengths": "the styles' strengths, 0 to 2, e.g. \"0.5,1\" (with styles)",
+    "steps": "denoising steps, e.g. \"2,4\"",
+    "prompts": "prompt search and replace: a word or phrase of the prompt, then what replaces it, e.g. "
+               "\"fox,cat,owl\" (the first keeps the prompt as it is)",
+}
 MAX_AXES = 3
 DEFAULT_MAX_CELLS = 16
 MAX_AXIS_TEXT = 2000  # characters of one axis as sent: a list longer than this is no list of cells
@@ -220,7 +229,7 @@ def labels(name: str, values: tuple[Any, ...], prompts: tuple[str, ...] | None) 
 def build_cells(axes: tuple[Axis, ...], prompt: str, seed: int) -> tuple[GridCell, ...]:
     """The cells block by block, row by row, each with the values of its place on every axis."""
     sizes = [len(axis.values) for axis in axes] + [1] * (MAX_AXES - len(axes))
-    cells = []
+    cells: list[GridCell] = []
     for block in range(sizes[2]):
         for row in range(sizes[1]):
             for column in range(sizes[0]):
@@ -253,10 +262,11 @@ def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
     was made yet here; an estimate, never a promise."""
     shape = status.shape(plan.resolution)
     measured = [s for s in status.shapes if s.last_latency is not None]
+    other = measured[0].last_latency if measured else None
     if shape.last_latency is not None:
         image = shape.last_latency
-    elif measured:
-        image = measured[0].last_latency * shape.tokens / measured[0].tokens  # type: ignore[operator]
+    elif other is not None:
+        image = other * shape.tokens / measured[0].tokens
     else:
         return None
     per_step = image / max(status.default_steps, 1)

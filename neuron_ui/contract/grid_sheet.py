@@ -93,7 +93,7 @@ class GridResult:
         return path
 
 
-def _fit(text: str, font: ImageFont.FreeTypeFont, width: float) -> str:
+def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
     """`text` cut short with an ellipsis to fit `width` pixels."""
     if font.getlength(text) <= width:
         return text

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from neuron_ui.contract.grid import plan_grid
 from neuron_ui.contract.grid_sheet import CellResult, GridResult
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import Stopped, StopToken
@@ -21,6 +22,13 @@ if TYPE_CHECKING:
     from neuron_ui.contract.results import ProgressFn, ProgressUpdate
 
 logger = logging.getLogger(__name__)
+
+
+def build_plan(engine: EngineLike, max_cells: int, prompt: object, resolution: object,
+               axes: Mapping[str, Any]) -> GridPlan:
+    """The grid's plan against this engine's sizes and loaded styles; ValueError in one line before anything runs."""
+    loaded = {style["name"]: style["default_scale"] for style in engine.status().styles}
+    return plan_grid(prompt, resolution, presets=engine.presets, loaded=loaded, max_cells=max_cells, **axes)
 
 
 def cell_request(plan: GridPlan, cell: GridCell, visitor: str | None) -> GenerateRequest:
