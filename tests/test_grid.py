@@ -4,6 +4,7 @@ and one grid on the tiny engine, where nothing compiles but the size's one graph
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from neuron_ui import cli
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
@@ -196,3 +198,33 @@ def test_a_grid_on_the_engine_compiles_one_graph_and_switches_styles_once(engine
                                     "to": {"style": None, "strength": None}}]
     assert engine.status().shape("256x256").images == 4 and engine.status().shape("512x512").state == "cold"
     assert grid.made[0].result.image.size == (256, 256) and not grid.stopped
+
+
+@pytest.fixture
+def environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)  # the command pointed the compile caches at its --cache-dir
+
+
+def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(engine, tmp_path, capsys, environ):
+    argv = ["grid", "--model", "tiny", "--compile", "eager", "--resolutions", "256x256,512x512", "--cache-dir",
+            str(tmp_path / "cache"), "--prompt", "a grey heron", "--resolution", "256x256", "--steps", "1"]
+    code = cli.main([*argv, "--seeds", "3+2", "--styles", "none,ink", "--out", str(tmp_path / "g.png")],
+                    load=lambda settings, cache: engine)
+    out, _ = capsys.readouterr()
+    info = json.loads(out)
+    assert code == 0 and [(c["seed"], c["style"]) for c in info["cells"]] == [(3, None), (4, None), (3, "ink"),
+                                                                              (4, "ink")]
+    assert len(info["style_switches"]) == 1 and info["out"] == str(tmp_path / "g.png")
+    assert Image.open(info["cells"][3]["image"]).text["lora"].startswith("ink at 0.8")
+    assert json.loads(Image.open(tmp_path / "g.png").text["cell 4"])["style"] == "ink"
+
+    made = engine.status().shape("256x256").images
+    code = cli.main([*argv, "--seeds", "1+5", "--steps", "1,2,3,4", "--max-grid-cells", "16",
+                     "--out", str(tmp_path / "big.png")], load=lambda settings, cache: engine)
+    _, err = capsys.readouterr()
+    assert code == 2 and err == "error: a grid of 4 steps x 5 seeds = 20 images is more than 16, this server's " \
+        "limit (--max-grid-cells): take fewer values\n"
+    assert not (tmp_path / "big.png").exists() and engine.status().shape("256x256").images == made  # nothing ran
