@@ -218,7 +218,7 @@ def labels(name: str, values: tuple[Any, ...], prompts: tuple[str, ...] | None) 
     if name == "seeds":
         return tuple(f"seed {v}" for v in values)
     if name == "steps":
-        return tuple(f"{v} steps" for v in values)
+        return tuple(f"{v} step{'' if v == 1 else 's'}" for v in values)
     if name == "strengths":
         return tuple(f"strength {v:g}" for v in values)
     if name == "styles":
