@@ -16,6 +16,7 @@ from neuron_ui import cli
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.contract.grid import estimate_seconds, plan_grid
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeState, ShapeStatus
 from neuron_ui.contract.stopping import Stopped
@@ -103,6 +104,11 @@ def test_the_estimate_scales_by_steps_and_adds_a_compile():
     assert estimate_seconds(grid, status(2.0)) == pytest.approx(2.0 / 4 * 6)
     assert estimate_seconds(grid, status(None)) == pytest.approx(4.0 / 4 * 256 / 1024 * 6)  # another size's
     assert estimate_seconds(grid, status(2.0, ShapeState.COLD)) == pytest.approx(3.0 + 30.0)
+    first = status(7.0)  # the size's first image: it compiled (5 s) and ran (2 s)
+    first.shapes[0].compile_seconds = 5.0
+    assert estimate_seconds(grid, first) == pytest.approx(2.0 / 4 * 6)
+    first.shapes[0].hits = 1  # the last image came from memory: its time is all run
+    assert estimate_seconds(grid, first) == pytest.approx(7.0 / 4 * 6)
 
 
 @dataclass
@@ -228,3 +234,20 @@ def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(eng
     assert code == 2 and err == "error: a grid of 4 steps x 5 seeds = 20 images is more than 16, this server's " \
         "limit (--max-grid-cells): take fewer values\n"
     assert not (tmp_path / "big.png").exists() and engine.status().shape("256x256").images == made  # nothing ran
+
+
+def test_max_grid_cells_is_a_flag_and_a_variable_within_bounds():
+    assert Settings().max_grid_cells == 16
+    assert settings_from_args(build_parser().parse_args(["--max-grid-cells", "40"]), environ={}).max_grid_cells == 40
+    from_env = settings_from_args(build_parser().parse_args([]), environ={"NEURON_UI_MAX_GRID_CELLS": "8"})
+    assert from_env.max_grid_cells == 8
+    with pytest.raises(ValueError, match="--max-grid-cells must be 1 to 100, got 101"):
+        Settings(max_grid_cells=101)
+
+
+def test_the_panel_takes_each_kind_of_axis_once():
+    from neuron_ui.ui.compare import NO_AXIS, axis_values
+
+    assert axis_values("seeds", "1+2", NO_AXIS, "ignored", "steps", "1,2") == {"seeds": "1+2", "steps": "1,2"}
+    with pytest.raises(ValueError, match="^seeds is chosen for two axes: pick each kind once$"):
+        axis_values("seeds", "1", "seeds", "2", NO_AXIS, "")

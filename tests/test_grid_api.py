@@ -1,5 +1,6 @@
 """A grid through the named API (/grid, gradio_client) and the MCP `grid` tool, against one app for the module
-(tests/serving.py: the tiny model, eager backend) with one style and --max-grid-cells 6."""
+(tests/serving.py: the tiny model, eager backend) with one style and --max-grid-cells 6, its runner held where a
+test needs another visitor to come between two cells."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from gradio_client.exceptions import AppError
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from PIL import Image
-from serving import TIMEOUT, call, connect, served
+from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -24,7 +25,8 @@ from neuron_ui.model.tiny import build_tiny_pipeline
 def app(tmp_path_factory):
     style = write_random_lora(build_tiny_pipeline().transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors",
                               rank=4, seed=1)
-    with served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8", "--max-grid-cells", "6") as s:
+    with served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8", "--max-grid-cells", "6",
+                wrap_runner=GatedRunner) as s:
         client = connect(s.url, tmp_path_factory.mktemp("downloads"))
         yield s, client
         client.close()
@@ -44,6 +46,29 @@ def test_grid_returns_the_sheet_and_each_cell_with_the_style_switches(app):
     image = Image.open(sheet)
     assert image.width > 2 * 256 and image.height > 2 * 256  # the cells and their labels
     assert json.loads(image.text["cell 2"])["parameters"]["lora"] == "ink"  # styles across: cell 2 is ink, seed 1
+
+
+def test_another_visitors_image_comes_between_cells_and_stop_ends_the_rest(app, tmp_path):
+    served_app, client = app
+    engine, runner = served_app.engine, served_app.runner
+    other = connect(served_app.url, tmp_path)
+    runner.hold()
+    grid = client.submit("a heron", "256x256", "11+3", None, None, "1", None, api_name="/grid")
+    assert runner.holding.wait(TIMEOUT)  # the first cell is at the device
+    image = other.submit("an egret", "256x256", 1, 99, api_name="/generate")
+    wait_until(lambda: engine.status().queue_depth == 1, "the other visitor's image waits")
+    runner.open()
+    runner.hold()  # the first cell runs; the other visitor's image is next, and held
+    wait_until(lambda: runner.holding.is_set() and engine.status().queue_depth == 1, "the second cell waits")
+    assert engine.status().queue_depth == 1  # the grid has one cell waiting, never more
+    stopped = call(client, api_name="/stop")
+    runner.open()
+    _, info = grid.result(timeout=TIMEOUT)
+    assert image.result(timeout=TIMEOUT)[1]["seed"] == 99
+    other.close()
+    assert stopped["stopped"] == ["queued"] and [c["seed"] for c in info["cells"]] == [11]
+    assert info["stopped"].endswith("1 of 3 images made")
+    assert runner.seeds[-2:] == [11, 99]  # the other visitor's image came next; the grid's second cell never ran
 
 
 @pytest.mark.parametrize("args, line", [

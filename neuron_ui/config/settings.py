@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-grid-cells", type=int, help="images one grid (the Compare panel, /grid) may make "
                         f"(env NEURON_UI_MAX_GRID_CELLS; default 16, at most {MAX_GRID_CELLS})")
     parser.add_argument("--mcp", action="store_true",
-                        help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
+                        help="serve generate, grid, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
                              "(env NEURON_UI_MCP)")
     parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' "
                         "(env NEURON_UI_WARMUP)")

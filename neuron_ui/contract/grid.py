@@ -265,6 +265,8 @@ def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
     other = measured[0].last_latency if measured else None
     if shape.last_latency is not None:
         image = shape.last_latency
+        if shape.hits == 0:  # no image here came from the graph in memory yet: the last one's time has its compile
+            image = max(image - (shape.compile_seconds or shape.load_seconds or 0.0), image / 10)
     elif other is not None:
         image = other * shape.tokens / measured[0].tokens
     else:
