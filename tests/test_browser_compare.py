@@ -1,18 +1,19 @@
 """The Compare panel in a real browser (Debian's chromium via Playwright): a 2x2 grid from the page, its count and
-estimated time before it starts, the sheet and every cell in the history, the grid found again after a reload."""
+estimated time before it starts, the sheet and every cell in the history, the grid found again after a reload; a
+Stop mid-grid (the served HeldRunner holds LONG_PROMPT's image after its first step) ends the rest."""
 
 import re
 
 import pytest
 import serving
-from browser_fixtures import shot
+from browser_fixtures import LONG_PROMPT, HeldRunner, shot
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256") as served:
+    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256", wrap_runner=HeldRunner) as served:
         yield served
 
 
@@ -62,3 +63,20 @@ def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
     page.locator("#grid-image img").wait_for()
     page.locator("#grid-line").get_by_text("Grid of 4 images").wait_for()
     page.locator("#history .thumbnail-item").nth(4).wait_for()
+
+
+def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner):
+    assert LONG_PROMPT == "a long night"  # the second variant below: held after its first step
+    app.engine.warmup("256x256")  # ready before the hold (it holds a compile too)
+    page.locator("#prompt textarea").fill("a short night")
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    pick_axis(page, 1, "prompts", "short,long")
+    pick_axis(page, 2, "seeds", "1+2")
+    page.locator("#grid-plan").get_by_text("4 images (2 prompts x 2 seeds)").wait_for()
+    runner.hold()
+    page.locator("#grid-make").click()
+    page.get_by_text(re.compile("image 2 of 4: step 2/4")).first.wait_for()  # the long night, held
+    page.locator("#grid-stop").click()
+    page.locator("#grid-line").get_by_text("Stopped after 1 of 4 images at 256x256").wait_for()
+    page.locator("#grid-image img").wait_for()
+    assert page.locator("#history .thumbnail-item").count() == 1  # the short night, the one cell made

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
@@ -189,12 +190,16 @@ class CompareHandlers:
         running, sheet, line = found
         return sheet or gr.skip(), line, gr.Timer(active=running)
 
-    def on_poll(self, session: Any):
-        """While a grid from before the load runs: once done, its sheet and line show and the timer stops."""
-        found = self.board.get(sessions.session_id(session))
+    def on_poll(self, session: Any, history: list[HistoryEntry]):
+        """While a grid runs that this page did not start (a reload) or stopped: once it is done, its sheet and line
+        show, the cells it made join the history, and the timer stops."""
+        sid = sessions.session_id(session)
+        found = self.board.get(sid)
         if found is not None and found[0]:
-            return gr.skip(), gr.skip(), gr.skip()
-        return self.on_restore(session)
+            return (gr.skip(),) * 5
+        image, line, timer = self.on_restore(session)
+        history = merge_history(history, [e for e in self.held.results(sid) if Path(e.path).is_file()], HISTORY_SIZE)
+        return image, line, history, gallery_items(history), timer
 
 
 def add_compare_panel(styles: list[str]) -> dict[str, Any]:
@@ -234,8 +239,11 @@ def wire_compare(handlers: CompareHandlers, parts: dict[str, Any], form: list[An
                                [parts["image"], parts["line"], history, gallery], show_progress_on=[parts["image"]],
                                api_visibility="private", **on_device)
     parts["stop"].click(on_stop, None, None, cancels=[made], **{**hidden, "queue": True, "concurrency_limit": None})
+    # A Stop cancels the event before its handler ends: the poll shows the sheet of the cells made, once it is saved.
+    made.failure(lambda: gr.Timer(active=True), None, parts["timer"], **hidden)
     demo.load(handlers.on_restore, [session], [parts["image"], parts["line"], parts["timer"]], **hidden)
-    parts["timer"].tick(handlers.on_poll, [session], [parts["image"], parts["line"], parts["timer"]], **hidden)
+    parts["timer"].tick(handlers.on_poll, [session, history],
+                        [parts["image"], parts["line"], history, gallery, parts["timer"]], **hidden)
     return made
 
 
