@@ -80,3 +80,22 @@ def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner)
     page.locator("#grid-line").get_by_text("Stopped after 1 of 4 images at 256x256").wait_for()
     page.locator("#grid-image img").wait_for()
     assert page.locator("#history .thumbnail-item").count() == 1  # the short night, the one cell made
+
+
+def test_a_reload_mid_grid_finds_what_it_made(app, page, runner):
+    """A page that goes away stops its requests at their next step (the gate; a compile is let finish): the
+    reloaded page finds the grid's sheet of the cells made, and the cells in the history."""
+    app.engine.warmup("256x256")
+    page.locator("#prompt textarea").fill("a short night")
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    pick_axis(page, 1, "prompts", "short,long")
+    page.locator("#grid-plan").get_by_text("2 images (2 prompts)").wait_for()
+    runner.hold()
+    page.locator("#grid-make").click()
+    page.get_by_text(re.compile("image 2 of 2: step 2/4")).first.wait_for()
+    page.reload()
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    page.locator("#grid-line").get_by_text("Stopped after 1 of 2 images at 256x256").wait_for()
+    page.locator("#grid-image img").wait_for()
+    page.locator("#history .thumbnail-item").first.wait_for()
+    assert page.locator("#history .thumbnail-item").count() == 1

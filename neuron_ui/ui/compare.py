@@ -28,7 +28,7 @@ from neuron_ui.web.progress import ProgressReporter
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.grid_sheet import CellResult, GridResult
-    from neuron_ui.contract.stopping import SessionStops, StopToken
+    from neuron_ui.contract.stopping import SessionStops
     from neuron_ui.web.files import ImageStore
 
 AXIS_KINDS = tuple(AXIS_HELP)  # the /grid API takes them in this order, after prompt and resolution
@@ -155,17 +155,15 @@ class CompareHandlers:
         what = f"grid of {len(plan.cells)} at {plan.resolution}"
         self.board.put(sid, True, None, f"*Your {what} is still being made; it shows here when it is done.*")
 
-        def held(entry: HistoryEntry) -> None:
-            self.held.hold(sid, entry)
-            self.held.start(sid, plan.resolution)  # still running: a reload keeps collecting the cells
-
-        saver = GridSaver(self.store, self.show_guidance, held)
+        # Each cell is held for the session as it is made: a page reloaded meanwhile gets them with the sheet (on_poll).
+        saver = GridSaver(self.store, self.show_guidance, lambda entry: self.held.hold(sid, entry))
         self.held.begin(sid)
         try:
             with (user_errors(), ProgressReporter(progress) as reporter,
                   self.stops.track(*current_event(), on_admitted=lambda: self.held.start(sid, plan.resolution))
                   as stop):
-                grid = self._run(plan, reporter, stop, current_visitor(session), saver)
+                grid = run_grid(self.engine, plan, progress=reporter, stop=stop, visitor=current_visitor(session),
+                                on_cell=saver)
                 sheet, _ = saver.finish(grid)
         except gr.Error as error:
             self.held.fail(sid, error.message)
@@ -178,17 +176,14 @@ class CompareHandlers:
         history = merge_history(history, saver.entries, HISTORY_SIZE)
         return sheet, line, history, gallery_items(history)
 
-    def _run(self, plan: GridPlan, reporter: Any, stop: StopToken, visitor: str | None,
-             saver: GridSaver) -> GridResult:
-        return run_grid(self.engine, plan, progress=reporter, stop=stop, visitor=visitor, on_cell=saver)
-
     def on_restore(self, session: Any):
         """On page load: the session's latest grid (or that it is still being made, with the poll timer on)."""
         found = self.board.get(sessions.session_id(session))
         if found is None:
             return gr.skip(), gr.skip(), gr.Timer(active=False)
         running, sheet, line = found
-        return sheet or gr.skip(), line, gr.Timer(active=running)
+        shown = sheet if sheet and Path(sheet).is_file() else gr.skip()  # the image store keeps the newest 512 files
+        return shown, line, gr.Timer(active=running)
 
     def on_poll(self, session: Any, history: list[HistoryEntry]):
         """While a grid runs that this page did not start (a reload) or stopped: once it is done, its sheet and line
