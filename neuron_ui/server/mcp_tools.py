@@ -132,7 +132,8 @@ def grid_tool(status: EngineStatus, prompt: dict[str, Any], resolution: dict[str
     return types.Tool(name="grid", inputSchema=_schema({"prompt": prompt, "resolution": resolution, **axes},
                                                        ["prompt", "resolution"]), description=(
         f"Compare images of one prompt with {model}: a grid along one to three axes ({', '.join(axes)}), at most "
-        f"as many images as the server allows (16 unless it says more), each made in turn like a generate call "
+        f"the server's --max-grid-cells images (16 by default; more are refused before anything runs), each made in "
+        f"turn like a generate call "
         f"(the size compiles once, switching styles never compiles). {sizes} Returns one PNG of the cells with the "
         "axes labelled (each cell's parameters in its metadata) and JSON: cells (each one's parameters, "
         f"cache_event, seconds) and style_switches. {TURNS}"))
