@@ -195,8 +195,14 @@ def engine(tmp_path_factory):
 
 def test_a_grid_on_the_engine_compiles_one_graph_and_switches_styles_once(engine):
     grid_plan = plan(seeds="1,2", styles="ink,none", steps="1")
+    graphs = []  # dynamo's graphs once each cell is made: the first cell's compile made them all
+
+    def counted(done):
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
     with torch._dynamo.config.patch(error_on_recompile=True):  # a second graph for this size would fail the grid
-        grid = run_grid(engine, grid_plan, visitor="one")  # 4 images for a visitor allowed 1 waiting request
+        grid = run_grid(engine, grid_plan, visitor="one", on_cell=counted)  # 4 images, 1 waiting request allowed
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 4
     events = [c.result.cache_event for c in grid.made]
     assert events == ["compiled", "memory_hit", "memory_hit", "memory_hit"]
     assert [(c.cell.style, c.result.lora) for c in grid.made] == [("ink", "ink")] * 2 + [(None, None)] * 2

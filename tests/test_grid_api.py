@@ -52,8 +52,9 @@ def test_another_visitors_image_comes_between_cells_and_stop_ends_the_rest(app, 
     served_app, client = app
     engine, runner = served_app.engine, served_app.runner
     other = connect(served_app.url, tmp_path)
+    engine.warmup("256x256")  # compiled before the hold, which would hold a compile too
     runner.hold()
-    grid = client.submit("a heron", "256x256", "11+3", None, None, "1", None, api_name="/grid")
+    grid = client.submit("a heron", "256x256", seeds="11+3", steps="1", api_name="/grid")  # by keyword
     assert runner.holding.wait(TIMEOUT)  # the first cell is at the device
     image = other.submit("an egret", "256x256", 1, 99, api_name="/generate")
     wait_until(lambda: engine.status().queue_depth == 1, "the other visitor's image waits")
