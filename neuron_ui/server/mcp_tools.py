@@ -80,7 +80,7 @@ def style_properties(status: EngineStatus) -> dict[str, Any]:
 
 
 def build_tools(status: EngineStatus) -> list[types.Tool]:
-    """The four tools, described from `status` (what is ready now)."""
+    """The five tools, described from `status` (what is ready now)."""
     presets = [s.resolution for s in status.shapes]
     sizes = describe_sizes(status)
     resolution = {"type": "string", "enum": presets, "description": "output size, one of the allowed resolutions"}
