@@ -4,6 +4,7 @@
     python -m neuron_ui generate --prompt "this, at night" --resolution 512x512 --reference photo.jpg
     python -m neuron_ui generate --prompt "a red door" --resolution 512x512 --image photo.jpg --mask mask.png
     python -m neuron_ui generate --prompt "a lighthouse" --resolution 512x512 --lora style.safetensors --lora-scale 0.8
+    python -m neuron_ui grid --prompt "a red fox" --resolution 512x512 --seeds 3+4 --steps 2,4 --out grid.png
     python -m neuron_ui lora random --model tiny --rank 4 --seed 1 --out style.safetensors
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
@@ -12,7 +13,9 @@
     python -m neuron_ui cache publish --to hf://my-org/neuron-ui-caches/cpu-regional.tar.gz [--resolutions 512x512]
     python -m neuron_ui cache clear [--resolutions 1024x1024]
 
-`generate` prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model.
+`generate` prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model. `grid`
+writes the sheet (each cell's parameters in its metadata) and each cell beside it (grid-1.png, ...), and prints the
+grid's info as JSON.
 `cache export/import/publish/clear` act on this machine's compile key: pass the same --model, --device, --dtype,
 --compile and --compile-backend flags (or NEURON_UI_* variables) as the app.
 """
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
+from neuron_ui.contract.grid import AXIS_HELP
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--mask", metavar="PATH", help="white where --image is redone, black where it is kept")
     generate.add_argument("--strength", type=float, help="inpaint strength, above 0 up to 1 (default 1)")
     generate.add_argument("--lora-scale", type=float, help="the --lora style's strength, 0-2 (default: its own)")
+
+    grid = commands.add_parser("grid", help="a grid of images along up to three axes; prints its info as JSON")
+    add_engine_arguments(grid)
+    grid.add_argument("--prompt", required=True)
+    grid.add_argument("--resolution", required=True, help="one of the presets, e.g. 512x512")
+    for axis, words in AXIS_HELP.items():
+        grid.add_argument(f"--{axis}", help=words)
+    grid.add_argument("--max-grid-cells", type=int, help="images the grid may make (default 16)")
+    grid.add_argument("--out", default="grid.png", help="where to write the sheet (default grid.png)")
 
     lora = commands.add_parser("lora", help="styles: write a random LoRA for a model (to try styles offline)")
     lora_actions = lora.add_subparsers(dest="action", required=True)
@@ -100,6 +113,8 @@ def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], E
         return run_cache(args, settings, cache)
     if args.command == "lora":
         return run_lora(args)
+    if args.command == "grid":
+        return run_grid_command(args, settings, cache, load)
     if len(settings.loras) > 1:
         print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
         return 2
@@ -126,6 +141,35 @@ def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], E
         return 2
     result.save_png(args.out)
     print(json.dumps({**result.info(), "out": args.out}, indent=1))
+    return 0
+
+
+def run_grid_command(args: argparse.Namespace, settings: Settings, cache: CachePaths,
+                     load: Callable[[Settings, CachePaths], Engine] | None = None) -> int:
+    """`grid`: the axes checked against the loaded engine before any image, then every cell in turn; the sheet at
+    --out, each cell beside it (<out>-<n>.png, n its place on the sheet from 1), the info as JSON."""
+    from neuron_ui.contract.errors import EngineError
+    from neuron_ui.engine.engine import Engine
+    from neuron_ui.engine.grid import build_plan, run_grid
+
+    out = Path(args.out).expanduser()
+    if not out.parent.is_dir():
+        print(f"error: --out {args.out}: the folder {out.parent} does not exist", file=sys.stderr)
+        return 2
+    engine = (load or Engine.from_settings)(settings, cache)
+    try:
+        plan = build_plan(engine, settings.max_grid_cells, args.prompt, args.resolution,
+                          {axis: getattr(args, axis) for axis in AXIS_HELP})
+        grid = run_grid(engine, plan)
+    except (ValueError, EngineError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    paths: dict[int, str] = {}
+    for done in grid.made:
+        path = out.with_name(f"{out.stem}-{done.cell.index + 1}.png")
+        paths[done.cell.index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
+    grid.save_png(out)
+    print(json.dumps({**grid.info(paths), "out": str(out)}, indent=1))
     return 0
 
 

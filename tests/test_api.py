@@ -120,7 +120,8 @@ def test_a_full_queue_says_busy_instead_of_timing_out(server):
 def test_only_the_named_endpoints_are_public(server):
     _, client = server
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/generate", "/inpaint", "/warmup", "/status", "/stop"}
+    assert set(endpoints["named_endpoints"]) == {"/generate", "/inpaint", "/grid", "/warmup", "/status",
+                                                        "/stop"}
     assert endpoints["unnamed_endpoints"] == {}
     parameters = [p["parameter_name"] for p in endpoints["named_endpoints"]["/generate"]["parameters"]]
     assert parameters == ["prompt", "resolution", "steps", "seed", "guidance", "references", "reference_size", "lora",

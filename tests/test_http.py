@@ -100,11 +100,11 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
 @pytest.mark.parametrize("path", ["/gradio_api/call/on_generate", "/gradio_api/call/on_variations",
                                   "/gradio_api/call/v2/on_generate", "/gradio_api/run/on_variations",
                                   "/gradio_api/api/on_warmup", "/gradio_api/run/on_tick",
-                                  "/gradio_api/call/on_select", "/gradio_api/call/nothing"])
+                                  "/gradio_api/call/on_select", "/gradio_api/call/on_grid", "/gradio_api/call/nothing"])
 def test_ui_handlers_are_not_callable_by_name(gated, path):
     response = post(gated, path, json={"data": ["a fox", "256x256", 1, 1, False, 0, 1, []]})
     assert response.status_code == 404, response.text
-    assert response.json()["detail"].endswith("this API has /generate, /inpaint, /warmup, /status, /stop")
+    assert response.json()["detail"].endswith("this API has /generate, /inpaint, /grid, /warmup, /status, /stop")
 
 
 def test_status_answers_while_the_device_queue_is_full(gated):

@@ -58,7 +58,7 @@ def test_exactly_the_four_tools_are_listed_with_descriptions_a_model_can_act_on(
         return (await session.list_tools()).tools
 
     tools = {tool.name: tool for tool in with_session(app, work)}
-    assert sorted(tools) == ["generate", "inpaint", "status", "warmup"]
+    assert sorted(tools) == ["generate", "grid", "inpaint", "status", "warmup"]
     generate = tools["generate"]
     assert generate.inputSchema["properties"]["resolution"]["enum"] == ["256x256", "384x256"]
     assert generate.inputSchema["required"] == ["prompt", "resolution"]
@@ -118,7 +118,7 @@ def test_bad_values_are_one_line_tool_errors(app):
         "prompt is empty: describe the image you want",
         "generate takes prompt, resolution, steps, seed, lora, lora_scale; not size",
         "image is not base64: send the image file's bytes as base64 text",
-        "there is no tool 'stop'; the tools are generate, inpaint, status, warmup",
+        "there is no tool 'stop'; the tools are generate, grid, inpaint, status, warmup",
     ]
 
 

@@ -23,6 +23,7 @@ DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
 DEFAULT_MODEL = "auto"
+MAX_GRID_CELLS = 100  # the most --max-grid-cells allows: one grid's sheet and its cells are held in memory at once
 N = TypeVar("N", int, float)
 
 
@@ -51,6 +52,7 @@ class Settings:
     share: bool = False
     max_queue: int = 16
     max_queue_per_user: int = 4  # requests one visitor may have waiting (visitors take turns on the device)
+    max_grid_cells: int = 16  # images one grid may make (contract/grid.py)
     mcp: bool = False  # serve the tools generate, inpaint, status and warmup to MCP clients at /gradio_api/mcp/
     mcp_sessions: int = 100  # MCP sessions open at once; past it the one idle longest closes (server/mcp_sessions.py)
     mcp_session_idle: float = 300.0  # seconds an MCP session may stay idle (no request, no open stream) before closing
@@ -87,6 +89,8 @@ class Settings:
             raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
         if self.max_queue_per_user < 1:
             raise ValueError(f"--max-queue-per-user must be at least 1, got {self.max_queue_per_user}")
+        if not 1 <= self.max_grid_cells <= MAX_GRID_CELLS:
+            raise ValueError(f"--max-grid-cells must be 1 to {MAX_GRID_CELLS}, got {self.max_grid_cells}")
         if not 0 <= self.max_references <= 5:
             raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
         self.cache_dir = Path(self.cache_dir).expanduser()
@@ -189,8 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="requests one visitor may have waiting (env NEURON_UI_MAX_QUEUE_PER_USER; default 4)")
     parser.add_argument("--no-previews", action="store_true", help="never show or send each step's estimate of the "
                         "image (env NEURON_UI_NO_PREVIEWS=1); /generate's preview=True then yields the image only")
+    parser.add_argument("--max-grid-cells", type=int, help="images one grid (the Compare panel, /grid) may make "
+                        f"(env NEURON_UI_MAX_GRID_CELLS; default 16, at most {MAX_GRID_CELLS})")
     parser.add_argument("--mcp", action="store_true",
-                        help="serve generate, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
+                        help="serve generate, grid, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
                              "(env NEURON_UI_MCP)")
     parser.add_argument("--mcp-sessions", type=int, help="MCP sessions open at once; past it the one idle longest is "
                         "closed (env NEURON_UI_MCP_SESSIONS; default 100)")
@@ -272,6 +278,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         max_queue=number("max_queue", "NEURON_UI_MAX_QUEUE", int, Settings.max_queue),
         max_queue_per_user=number("max_queue_per_user", "NEURON_UI_MAX_QUEUE_PER_USER", int,
                                   Settings.max_queue_per_user),
+        max_grid_cells=number("max_grid_cells", "NEURON_UI_MAX_GRID_CELLS", int, Settings.max_grid_cells),
         hub_timeout=number("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float, Settings.hub_timeout),
         tp_timeout=number("tp_timeout", "NEURON_UI_TP_TIMEOUT", float, Settings.tp_timeout),
         max_references=number("max_references", "NEURON_UI_MAX_REFERENCES", int, Settings.max_references),

@@ -35,6 +35,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
+from neuron_ui.engine.grid import build_plan, run_grid
 from neuron_ui.server import mcp_bridge, mcp_tools
 from neuron_ui.server.asgi import Refusal, reply
 from neuron_ui.server.mcp_sessions import SessionBound
@@ -205,6 +206,10 @@ class McpEndpoint:
         engine = self._engine()
         if name == "warmup":
             return mcp_tools.json_result(engine.warmup(arguments["resolution"], report, visitor=visitor))
+        if name == "grid":  # one request against --max-queue: its cells run one at a time (engine/grid.py)
+            axes = {axis: arguments.get(axis) for axis in mcp_tools.AXIS_HELP}
+            plan = build_plan(engine, self.settings.max_grid_cells, arguments["prompt"], arguments["resolution"], axes)
+            return mcp_tools.grid_result(run_grid(engine, plan, progress=report, stop=stop, visitor=visitor))
         inpaint = name == "inpaint"
         request = GenerateRequest(arguments["prompt"], arguments["resolution"], arguments.get("steps"),
                                   arguments.get("seed"), arguments.get("guidance"), lora=arguments.get("lora"),

@@ -1,4 +1,4 @@
-"""What an AI assistant sees of the studio over MCP: exactly four tools (generate, inpaint, status, warmup), their
+"""What an AI assistant sees of the studio over MCP: exactly five tools (generate, grid, inpaint, status, warmup), their
 inputs, and descriptions a model can act on, written from the engine's status when a client lists them (which
 sizes are ready, which compile on first use and about how long, what a cache event means).
 
@@ -15,15 +15,18 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from mcp import types
+from PIL.PngImagePlugin import PngInfo
 
+from neuron_ui.contract.grid import AXIS_HELP
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.contract.results import PNG_COMPRESS_LEVEL, ShapeState
 
 if TYPE_CHECKING:
+    from neuron_ui.contract.grid_sheet import GridResult
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
 
-TOOLS = ("generate", "inpaint", "status", "warmup")
+TOOLS = ("generate", "grid", "inpaint", "status", "warmup")
 
 CACHE_EVENTS = ("cache_event says what the compile cache did: 'memory_hit' = the size was ready, full speed; "
                 "'compiled' = this call compiled the size first (slow, once per size); 'disk_hit' = its compiled "
@@ -77,7 +80,7 @@ def style_properties(status: EngineStatus) -> dict[str, Any]:
 
 
 def build_tools(status: EngineStatus) -> list[types.Tool]:
-    """The four tools, described from `status` (what is ready now)."""
+    """The five tools, described from `status` (what is ready now)."""
     presets = [s.resolution for s in status.shapes]
     sizes = describe_sizes(status)
     resolution = {"type": "string", "enum": presets, "description": "output size, one of the allowed resolutions"}
@@ -99,6 +102,7 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     return [
         types.Tool(name="generate", inputSchema=_schema(generate, ["prompt", "resolution"]), description=(
             f"Make one image from a text prompt with {model}. {sizes} {result} {TURNS}")),
+        grid_tool(status, prompt, resolution, sizes, model),
         types.Tool(name="inpaint", inputSchema=_schema(
             {"image": picture, "mask": {**picture, "description": "white where the image is redone, black where it "
                                                                   "is kept; fitted to the image"},
@@ -118,6 +122,33 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
             f"size's status as JSON (state 'ready' and compile_seconds). {sizes} A ready size returns at once. "
             f"{TURNS}")),
     ]
+
+
+def grid_tool(status: EngineStatus, prompt: dict[str, Any], resolution: dict[str, Any], sizes: str,
+              model: str) -> types.Tool:
+    """`grid`: one prompt at one size along up to three axes, each a comma-separated text."""
+    axes = {name: {"type": "string", "description": words} for name, words in AXIS_HELP.items()
+            if name not in ("styles", "strengths") or status.styles}
+    return types.Tool(name="grid", inputSchema=_schema({"prompt": prompt, "resolution": resolution, **axes},
+                                                       ["prompt", "resolution"]), description=(
+        f"Compare images of one prompt with {model}: a grid along one to three axes ({', '.join(axes)}), at most "
+        f"the server's --max-grid-cells images (16 by default; more are refused before anything runs), each made in "
+        f"turn like a generate call "
+        f"(the size compiles once, switching styles never compiles). {sizes} Returns one PNG of the cells with the "
+        "axes labelled (each cell's parameters in its metadata) and JSON: cells (each one's parameters, "
+        f"cache_event, seconds) and style_switches. {TURNS}"))
+
+
+def grid_result(grid: GridResult) -> list[types.ContentBlock]:
+    """The sheet as image content (each cell's parameters in its text chunks), then the grid's info as JSON."""
+    buffer = io.BytesIO()
+    meta = PngInfo()
+    for key, value in grid.png_text():
+        meta.add_text(key, value)
+    grid.image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return [types.ImageContent(type="image", data=data, mimeType="image/png"),
+            types.TextContent(type="text", text=json.dumps(grid.info()))]
 
 
 def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.ab import add_ab_button, add_ab_panel, wire_ab
+from neuron_ui.ui.compare import CompareHandlers, add_compare_panel, add_grid_api, wire_compare
 from neuron_ui.ui.editing import (
     EditingHandlers,
     add_inpaint_api,
@@ -65,7 +66,7 @@ def build_demo(engine: EngineLike, settings: Settings,
     store = build_image_store(settings.cache_dir)  # kept across restarts: the browsers' histories show them again
     serve_in_place(store.folder)
     handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder(),
-                        stops=stops)
+                        stops=stops, max_grid_cells=settings.max_grid_cells)
     serve_in_place(handlers.previews.folder)
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
@@ -116,6 +117,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                     edit_refs = add_reference_panel(engine)
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel") as inpaint_panel:
                         edit_inpaint = add_inpaint_tab()
+                    compare = add_compare_panel([style["name"] for style in status.styles])
                     examples = load_example_prompts()
                     if examples:
                         gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
@@ -209,7 +211,10 @@ def build_demo(engine: EngineLike, settings: Settings,
         inpainted.failure(**failed)
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
-        stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted], **told)
+        compared = wire_compare(CompareHandlers(engine, store, handlers.held, handlers.stops, settings.max_grid_cells,
+                                                not handlers.distilled), compare, [prompt, resolution], history,
+                                history_gallery, session, demo, handlers.on_stop, on_device, hidden)
+        stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
         # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
             ended.then(handlers.on_settled, [session], None, **hidden).then(
@@ -226,6 +231,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         api_trigger.click(handlers.api_generate_watched, api_inputs, api_outputs, api_name="generate", preprocess=False,
                           **on_device)
         add_inpaint_api(editing_handlers, on_device)
+        add_grid_api(handlers.api_grid, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
         gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)

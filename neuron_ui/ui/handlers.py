@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from neuron_ui.contract.files import StoredFiles
+from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
 from neuron_ui.contract.requests import MAX_SEED, GenerateRequest
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.ui import session as sessions
@@ -55,8 +56,9 @@ class Handlers(SessionEvents, NamedApi):
 
     def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
                  held: sessions.HeldResults | None = None, uploads: Path | None = None,
-                 stops: SessionStops | None = None):
+                 stops: SessionStops | None = None, max_grid_cells: int = DEFAULT_MAX_CELLS):
         self.engine = engine
+        self.max_grid_cells = max_grid_cells  # images one grid may make (/grid, the Compare panel)
         self.store = store
         self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
         # the running requests of each Gradio session, for Stop, /stop and disconnects (the server's gate too)

@@ -1,5 +1,5 @@
-"""The named API for gradio_client (/generate, /warmup, /stop, /status): its own inputs, so the engine, not the UI's
-widgets, checks them. One room of the app's handlers (ui/handlers.py joins them; /inpaint is editing's)."""
+"""The named API for gradio_client (/generate, /grid, /warmup, /stop, /status): its own inputs, so the engine, not the
+UI's widgets, checks them. One room of the app's handlers (ui/handlers.py joins them; /inpaint is editing's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
+from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.grid import build_plan, run_grid
+from neuron_ui.ui.compare import GridSaver
 from neuron_ui.ui.editing import file_paths
 from neuron_ui.web.errors import public_status, user_errors
 from neuron_ui.web.gradio_bridge import current_event
@@ -35,6 +38,7 @@ class NamedApi:
     stored: StoredFiles
     stops: SessionStops
     waiting: Callable[[], int]
+    max_grid_cells: int = DEFAULT_MAX_CELLS
 
     def status(self) -> EngineStatus:
         """The engine's status, its queue depth counting the requests still in Gradio's queue too."""
@@ -79,6 +83,18 @@ class NamedApi:
                 yield item.value
             elif path := self.previews.save(item):
                 yield path, {"preview": {"step": item.step, "steps": item.steps}}
+    def api_grid(self, prompt: str, resolution: str, seeds: str | None = None, styles: str | None = None,
+                 strengths: str | None = None, steps: str | None = None,
+                 prompts: str | None = None) -> tuple[str, dict[str, Any]]:
+        """A grid of images along up to three axes (contract/grid.py), one cell at a time like any other image: the
+        sheet's PNG, and info: each cell (parameters, cache_event, seconds, image) and the style switches made."""
+        with user_errors():
+            axes = {"seeds": seeds, "styles": styles, "strengths": strengths, "steps": steps, "prompts": prompts}
+            plan = build_plan(self.engine, self.max_grid_cells, prompt, resolution, axes)
+            saver = GridSaver(self.store)
+            with self.stops.track(*current_event()) as stop:
+                grid = run_grid(self.engine, plan, stop=stop, visitor=current_visitor(), on_cell=saver)
+            return saver.finish(grid)
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""

@@ -22,6 +22,7 @@ from neuron_ui.config.processes import pid_alive
 from neuron_ui.contract.errors import EngineError
 
 if TYPE_CHECKING:
+    from neuron_ui.contract.grid_sheet import GridResult
     from neuron_ui.contract.results import GenerateResult
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class ImageStore:
         for oldest in dropped:
             oldest.unlink(missing_ok=True)
 
-    def save(self, result: GenerateResult) -> str:
+    def save(self, result: GenerateResult | GridResult) -> str:
         with self._lock:
             name = f"{next(self._numbers):05d}-{secrets.token_hex(4)}-{result.resolution}-seed{result.seed}.png"
         try:
@@ -114,7 +115,7 @@ class ImageStore:
             return self._spilled
 
 
-def write_png_file(result: GenerateResult, path: Path) -> Path:
+def write_png_file(result: GenerateResult | GridResult, path: Path) -> Path:
     """The PNG a user waits on, uncompressed (contract/png.py); nothing half-written is left behind."""
     try:
         result.save_png(path, fast=True)

@@ -1,0 +1,278 @@
+"""A grid: one prompt at one size, varied along up to three axes (seeds, prompt variants, steps, styles and their
+strengths), parsed and checked in full before anything runs, and its cells put in the order that switches styles
+the fewest times. Plain values: the engine's runner (engine/grid.py) makes the images, grid_sheet.py draws them."""
+
+from __future__ import annotations
+
+import csv
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.contract.checks import NumberRange
+from neuron_ui.contract.requests import (
+    MAX_SEED,
+    SEED,
+    STEPS,
+    STYLE_SCALE,
+    validate_prompt,
+    validate_resolution,
+    validate_style,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.contract.results import EngineStatus
+
+# The axes in the order the sheet lays them out: the first given runs across (columns), the next down (rows), the
+# third in blocks one under the other; styles side by side first, as a designer compares them. The run order is
+# another (run_order): one style's cells together, whatever their place on the sheet.
+AXES = ("styles", "prompts", "strengths", "steps", "seeds")
+# What each axis takes, in the words every interface shows (the panel, the CLI's help, the MCP tool).
+AXIS_HELP = {
+    "seeds": "seeds: \"3,4\" lists them; \"3+4\" is four seeds from 3 (3, 4, 5, 6)",
+    "styles": "styles by name, \"none\" for no style, e.g. \"none,ink\"",
+    "strengths": "the styles' strengths, 0 to 2, e.g. \"0.5,1\" (with styles)",
+    "steps": "denoising steps, e.g. \"2,4\"",
+    "prompts": "prompt search and replace: a word or phrase of the prompt, then what replaces it, e.g. "
+               "\"fox,cat,owl\" (the first keeps the prompt as it is)",
+}
+MAX_AXES = 3
+DEFAULT_MAX_CELLS = 16
+MAX_AXIS_TEXT = 2000  # characters of one axis as sent: a list longer than this is no list of cells
+NO_STYLE_WORD = "none"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis: its name (one of AXES), its values as the cells use them, and their labels on the sheet."""
+
+    name: str
+    values: tuple[Any, ...]
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """One image of the grid: where it sits on the sheet (column, row, block) and what makes it."""
+
+    index: int  # its place on the sheet, block by block, row by row
+    column: int
+    row: int
+    block: int
+    prompt: str
+    seed: int
+    steps: int | None  # None: the model's default
+    style: str | None  # None: no style
+    strength: float | None  # the style's strength; None: the style's default (or no style)
+
+    def params(self) -> dict[str, Any]:
+        return {"index": self.index, "column": self.column, "row": self.row, "block": self.block,
+                "prompt": self.prompt, "seed": self.seed, "steps": self.steps, "style": self.style,
+                "strength": self.strength}
+
+    @property
+    def look(self) -> tuple[str | None, float | None]:
+        """What the weights must hold for this cell: switching it between two cells is a style switch."""
+        return self.style, self.strength
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """A checked grid: the cells on the sheet, and the order they are made in."""
+
+    prompt: str
+    resolution: str
+    axes: tuple[Axis, ...]
+    cells: tuple[GridCell, ...]
+    order: tuple[int, ...]  # indexes into `cells`: all of one style's (and strength's) cells together
+
+    @property
+    def columns(self) -> int:
+        return len(self.axes[0].values)
+
+    @property
+    def rows(self) -> int:
+        return len(self.axes[1].values) if len(self.axes) > 1 else 1
+
+    @property
+    def blocks(self) -> int:
+        return len(self.axes[2].values) if len(self.axes) > 2 else 1
+
+    def in_order(self) -> list[GridCell]:
+        return [self.cells[i] for i in self.order]
+
+    def switches(self) -> int:
+        """Style switches the run order makes between its cells (the first cell's style is not counted)."""
+        looks = [cell.look for cell in self.in_order()]
+        return sum(a != b for a, b in zip(looks, looks[1:]))
+
+
+def split_values(text: object, name: str) -> list[str]:
+    """An axis as sent: comma-separated, a value with a comma in double quotes (as A1111's X/Y/Z plot reads it)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be text such as \"1,2\", got {type(text).__name__}")
+    if len(text) > MAX_AXIS_TEXT:
+        raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_AXIS_TEXT}")
+    rows = list(csv.reader([text], skipinitialspace=True)) if text.strip() else [[]]
+    return [value.strip() for value in rows[0]]
+
+
+def parse_seeds(text: object, max_cells: int) -> tuple[int, ...]:
+    """"3,4" lists seeds; "3+4" is four seeds from 3 (3, 4, 5, 6)."""
+    values = split_values(text, "seeds")
+    if len(values) == 1 and "+" in values[0]:
+        start, _, count = values[0].partition("+")
+        first, many = _whole(start, "seeds' first seed", SEED), _count(count, max_cells)
+        return tuple((first + i) % (MAX_SEED + 1) for i in range(many))
+    return tuple(_whole(value, "seed", SEED) for value in values)
+
+
+def _whole(text: str, name: str, rule: NumberRange) -> int:
+    try:
+        number = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{name} {text.strip()!r} is not a whole number") from None
+    return int(rule.check(number))
+
+
+def _count(text: str, max_cells: int) -> int:
+    """The count of "3+4": at least 1, and never more than a grid may hold (a huge count is refused here)."""
+    return _whole(text, "the count of seeds after '+'", NumberRange("seeds' count", 1, max_cells, whole=True))
+
+
+def parse_steps(text: object) -> tuple[int, ...]:
+    return tuple(_whole(value, "steps", STEPS) for value in split_values(text, "steps"))
+
+
+def parse_strengths(text: object) -> tuple[float, ...]:
+    strengths = []
+    for value in split_values(text, "strengths"):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"strength {value!r} is not a number; strengths are style strengths from 0 to 2, "
+                             "e.g. \"0.5,1\"") from None
+        strengths.append(STYLE_SCALE.check(number))
+    return tuple(strengths)
+
+
+def parse_styles(text: object, loaded: Mapping[str, float]) -> tuple[str | None, ...]:
+    """Style names ("none" for no style), each one loaded here."""
+    return tuple(None if value.lower() == NO_STYLE_WORD else validate_style(value, loaded)
+                 for value in split_values(text, "styles"))
+
+
+def parse_prompts(text: object, prompt: str) -> tuple[str, ...]:
+    """Prompt S/R: the first value is a word or phrase of the prompt, each value replaces it in turn (the first
+    leaves the prompt as it is). The prompts made are checked as any prompt is."""
+    values = split_values(text, "prompts")
+    for number, value in enumerate(values, 1):
+        if not value:
+            raise ValueError(f"prompt variant {number} is empty: give the word to replace, then what replaces it")
+    if values and values[0] not in prompt:
+        raise ValueError(f"prompt variant {values[0]!r} is not in the prompt: the first variant is the word or "
+                         "phrase that the others replace")
+    return tuple(validate_prompt(prompt.replace(values[0], value)) for value in values)
+
+
+def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, ...], loaded: Mapping[str, float],
+              max_cells: int = DEFAULT_MAX_CELLS, seeds: object = None, prompts: object = None, steps: object = None,
+              strengths: object = None, styles: object = None, seed: int | None = None) -> GridPlan:
+    """Every axis parsed and checked, the cells laid out and ordered; ValueError in one line before anything runs.
+    `loaded`: the styles loaded here, by name. An empty or None axis is not an axis; `seed` is every cell's seed
+    without a seeds axis (None: one at random)."""
+    text = validate_prompt(prompt)
+    size = validate_resolution(resolution, presets)
+    given = {name: value for name, value in (("styles", styles), ("prompts", prompts), ("strengths", strengths),
+                                             ("steps", steps), ("seeds", seeds))
+             if value is not None and not (isinstance(value, str) and not value.strip())}
+    if not given:
+        raise ValueError("a grid needs an axis: seeds, styles, strengths, steps or prompts")
+    if len(given) > MAX_AXES:
+        raise ValueError(f"a grid has at most {MAX_AXES} axes; got {len(given)}: {', '.join(given)}")
+    parsed: dict[str, tuple[Any, ...]] = {}
+    for name, value in given.items():
+        parsed[name] = {"seeds": lambda v: parse_seeds(v, max_cells), "prompts": lambda v: parse_prompts(v, text),
+                        "steps": parse_steps, "strengths": parse_strengths,
+                        "styles": lambda v: parse_styles(v, loaded)}[name](value)
+    if "strengths" in parsed and "styles" not in parsed:
+        raise ValueError("strengths are a style's strengths: give styles too (e.g. styles \"ink\")")
+    count = 1
+    for values in parsed.values():
+        count *= len(values)
+    shape = " x ".join(f"{len(values)} {name}" for name, values in parsed.items())
+    if count > max_cells:
+        raise ValueError(f"a grid of {shape} = {count} images is more than {max_cells}, this server's limit "
+                         "(--max-grid-cells): take fewer values")
+    axes = tuple(Axis(name, parsed[name], labels(name, parsed[name], parsed.get("prompts"))) for name in AXES
+                 if name in parsed)
+    fixed_seed = secrets.randbelow(MAX_SEED + 1) if seed is None else int(SEED.check(seed))
+    cells = build_cells(axes, text, fixed_seed)
+    return GridPlan(prompt=text, resolution=str(size), axes=axes, cells=cells, order=run_order(cells, axes))
+
+
+def labels(name: str, values: tuple[Any, ...], prompts: tuple[str, ...] | None) -> tuple[str, ...]:
+    if name == "seeds":
+        return tuple(f"seed {v}" for v in values)
+    if name == "steps":
+        return tuple(f"{v} step{'' if v == 1 else 's'}" for v in values)
+    if name == "strengths":
+        return tuple(f"strength {v:g}" for v in values)
+    if name == "styles":
+        return tuple(v or "no style" for v in values)
+    return tuple(prompts or ())
+
+
+def build_cells(axes: tuple[Axis, ...], prompt: str, seed: int) -> tuple[GridCell, ...]:
+    """The cells block by block, row by row, each with the values of its place on every axis."""
+    sizes = [len(axis.values) for axis in axes] + [1] * (MAX_AXES - len(axes))
+    cells: list[GridCell] = []
+    for block in range(sizes[2]):
+        for row in range(sizes[1]):
+            for column in range(sizes[0]):
+                at = dict(zip((axis.name for axis in axes), (column, row, block)))
+                value = {axis.name: axis.values[at[axis.name]] for axis in axes}
+                style = value.get("styles")
+                cells.append(GridCell(index=len(cells), column=column, row=row, block=block,
+                                      prompt=value.get("prompts", prompt), seed=value.get("seeds", seed),
+                                      steps=value.get("steps"), style=style,
+                                      strength=value.get("strengths") if style is not None else None))
+    return tuple(cells)
+
+
+def run_order(cells: tuple[GridCell, ...], axes: tuple[Axis, ...]) -> tuple[int, ...]:
+    """All of one style's cells together, and within them one strength's: each switch between two cells refuses
+    the weights (engine/styles.py), so a grid switches once per style and strength it uses, never back."""
+    names = {axis.name: axis.values for axis in axes}
+    styles, strengths = names.get("styles", (None,)), names.get("strengths", (None,))
+
+    def key(cell: GridCell) -> tuple[int, int, int]:
+        strength = strengths.index(cell.strength) if cell.strength in strengths else 0
+        return styles.index(cell.style), strength, cell.index
+
+    return tuple(cell.index for cell in sorted(cells, key=key))
+
+
+def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
+    """About how long the grid takes: this size's last image (else another size's, scaled by its tokens) per
+    step, times the steps each cell takes, plus the compile or load when the size is not ready. None when no image
+    was made yet here; an estimate, never a promise."""
+    shape = status.shape(plan.resolution)
+    measured = [s for s in status.shapes if s.last_latency is not None]
+    other = measured[0].last_latency if measured else None
+    if shape.last_latency is not None:
+        image = shape.last_latency
+        if shape.hits == 0:  # no image here came from the graph in memory yet: the last one's time has its compile
+            image = max(image - (shape.compile_seconds or shape.load_seconds or 0.0), image / 10)
+    elif other is not None:
+        image = other * shape.tokens / measured[0].tokens
+    else:
+        return None
+    per_step = image / max(status.default_steps, 1)
+    seconds = sum(per_step * (cell.steps or status.default_steps) for cell in plan.cells)
+    if str(shape.state) != "ready" and shape.estimate_seconds:
+        seconds += shape.estimate_seconds
+    return seconds

@@ -1,0 +1,139 @@
+"""What a grid made: each cell's result, the style switches, and the sheet, one PNG of the cells with the axes'
+labels drawn and every cell's parameters in its text chunks (PIL only, no torch)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image, ImageDraw, ImageFont
+
+from neuron_ui.contract.png import write_png
+from neuron_ui.contract.results import PNG_COMPRESS_LEVEL
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.grid import GridCell, GridPlan
+    from neuron_ui.contract.results import GenerateResult
+
+MAX_CELL_SIDE = 512  # pixels a cell takes on the sheet at most: 16 cells at 1024x1024 would be 16k x 16k otherwise
+FONT_SIZE = 18
+PAD = 8
+LABEL_WIDTH = 190  # the rows' labels, left of the cells
+BACKGROUND, INK, EMPTY = (255, 255, 255), (20, 20, 20), (200, 200, 200)
+
+
+@dataclass
+class CellResult:
+    """One cell as made: its result, or the earlier cell whose image it is (the same request: not made twice)."""
+
+    cell: GridCell
+    result: GenerateResult
+    same_as: int | None = None
+
+    def info(self, image: str | None = None) -> dict[str, Any]:
+        return {**self.cell.params(), "resolution": self.result.resolution, "cache_event": self.result.cache_event,
+                "seconds": 0.0 if self.same_as is not None else self.result.total_seconds,
+                "same_as": self.same_as, "lora_sha256": self.result.lora_sha256, "image": image}
+
+
+@dataclass
+class GridResult:
+    """A grid as made, in run order; `stopped` says why the rest was not made (a Stop), None when all were."""
+
+    plan: GridPlan
+    made: list[CellResult] = field(default_factory=list)
+    style_switches: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def resolution(self) -> str:
+        return self.plan.resolution
+
+    @property
+    def seed(self) -> int:
+        return self.plan.cells[0].seed
+
+    @property
+    def image(self) -> Image.Image:
+        return draw_sheet(self.plan, {done.cell.index: done.result.image for done in self.made})
+
+    def info(self, images: Mapping[int, str] | None = None) -> dict[str, Any]:
+        """JSON-ready: the axes, each cell made (with its image's path from `images`, by cell index), the switches."""
+        images = images or {}
+        return {"prompt": self.plan.prompt, "resolution": self.plan.resolution,
+                "axes": [{"name": a.name, "labels": list(a.labels)} for a in self.plan.axes],
+                "columns": self.plan.columns, "rows": self.plan.rows, "blocks": self.plan.blocks,
+                "cells": [done.info(images.get(done.cell.index)) for done in self.made],
+                "style_switches": self.style_switches, "stopped": self.stopped, "seconds": round(self.seconds, 3)}
+
+    def png_text(self) -> list[tuple[str, str]]:
+        """The grid's summary, then each cell's parameters under "cell N" (N its place on the sheet, from 1)."""
+        text = [("grid", json.dumps({k: v for k, v in self.info().items() if k != "cells"}, sort_keys=True))]
+        for done in sorted(self.made, key=lambda d: d.cell.index):
+            params = {**done.info(), "parameters": done.result.info()}
+            params.pop("image")
+            text.append((f"cell {done.cell.index + 1}", json.dumps(params, sort_keys=True)))
+        return text
+
+    def save_png(self, path: Path | str, fast: bool = False) -> Path:
+        """The sheet with its text; `fast` uncompressed (contract/png.py), else deflated like the CLI's images."""
+        if fast:
+            return write_png(self.image, path, self.png_text())
+        from PIL.PngImagePlugin import PngInfo
+
+        meta = PngInfo()
+        for key, value in self.png_text():
+            meta.add_text(key, value)
+        path = Path(path)
+        self.image.save(path, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+        return path
+
+
+def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
+    """`text` cut short with an ellipsis to fit `width` pixels."""
+    if font.getlength(text) <= width:
+        return text
+    while text and font.getlength(text + "…") > width:
+        text = text[:-1]
+    return text + "…"
+
+
+def draw_sheet(plan: GridPlan, images: Mapping[int, Image.Image]) -> Image.Image:
+    """The cells in their places, columns' labels above each block, rows' labels at the left, a block's label above
+    it; a cell not made (stopped) is a grey square saying so."""
+    width, height = (int(n) for n in plan.resolution.split("x"))
+    scale = min(1.0, MAX_CELL_SIDE / max(width, height))
+    cell_w, cell_h = max(1, round(width * scale)), max(1, round(height * scale))
+    font = ImageFont.load_default(size=FONT_SIZE)
+    line = FONT_SIZE + 2 * PAD
+    columns, rows = plan.axes[0], plan.axes[1] if len(plan.axes) > 1 else None
+    blocks = plan.axes[2] if len(plan.axes) > 2 else None
+    left = LABEL_WIDTH if rows else 0
+    block_h = (line if blocks else 0) + line + plan.rows * (cell_h + PAD)
+    sheet = Image.new("RGB", (left + plan.columns * (cell_w + PAD) + PAD, plan.blocks * block_h + PAD), BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    for cell in plan.cells:
+        top = cell.block * block_h + (line if blocks else 0) + line
+        x, y = left + PAD + cell.column * (cell_w + PAD), top + cell.row * (cell_h + PAD)
+        image = images.get(cell.index)
+        if image is None:
+            draw.rectangle((x, y, x + cell_w - 1, y + cell_h - 1), fill=EMPTY)
+            draw.text((x + PAD, y + PAD), "not made", fill=INK, font=font)
+        else:
+            sheet.paste(image.convert("RGB").resize((cell_w, cell_h)), (x, y))
+    for block in range(plan.blocks):
+        top = block * block_h
+        if blocks:
+            draw.text((PAD, top + PAD), _fit(blocks.labels[block], font, sheet.width - 2 * PAD), fill=INK, font=font)
+            top += line
+        for column, label in enumerate(columns.labels):
+            draw.text((left + PAD + column * (cell_w + PAD), top + PAD), _fit(label, font, cell_w), fill=INK,
+                      font=font)
+        for row, label in enumerate(rows.labels if rows else ()):
+            y = top + line + row * (cell_h + PAD) + cell_h // 2 - FONT_SIZE // 2
+            draw.text((PAD, y), _fit(label, font, LABEL_WIDTH - 2 * PAD), fill=INK, font=font)
+    return sheet

@@ -1,0 +1,101 @@
+"""The Compare panel in a real browser (Debian's chromium via Playwright): a 2x2 grid from the page, its count and
+estimated time before it starts, the sheet and every cell in the history, the grid found again after a reload; a
+Stop mid-grid (the served HeldRunner holds LONG_PROMPT's image after its first step) ends the rest."""
+
+import re
+
+import pytest
+import serving
+from browser_fixtures import LONG_PROMPT, HeldRunner, shot
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256", wrap_runner=HeldRunner) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def url(app):
+    return app.url
+
+
+@pytest.fixture
+def viewport():
+    return 1360, 1400
+
+
+def pick_axis(page, n: int, kind: str, values: str) -> None:
+    page.locator(f"#grid-kind{n} input").click()
+    page.locator(f"#grid-kind{n}").get_by_role("option", name=re.compile(f"^{kind}$")).click()
+    page.locator(f"#grid-values{n} textarea").fill(values)
+
+
+def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
+    page.locator("#prompt textarea").fill("a red fox in snow")
+    page.locator("#generate").click()  # one image first: the plan's estimate is measured from it
+    page.locator("#history .thumbnail-item").first.wait_for()
+
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    pick_axis(page, 1, "seeds", "3+2")
+    pick_axis(page, 2, "steps", "1,2")
+    plan = page.locator("#grid-plan")
+    plan.get_by_text(re.compile(r"4 images \(2 steps x 2 seeds\) at 256x256 · about \d+ s \(an estimate\)")).wait_for()
+    pick_axis(page, 3, "prompts", "wolf,owl")  # a bad axis says so before anything runs
+    plan.get_by_text("prompt variant 'wolf' is not in the prompt").wait_for()
+    pick_axis(page, 3, "—", "")
+    plan.get_by_text("4 images").wait_for()
+
+    page.locator("#grid-make").click()
+    page.locator("#grid-line").get_by_text(re.compile(r"Grid of 4 images at 256x256 · [\d.]+ s · 0 style switches"))\
+        .wait_for()
+    page.locator("#grid-image img").wait_for()
+    assert page.locator("#history .thumbnail-item").count() == 5  # the first image and the four cells
+    sheet = page.locator("#grid-image img").evaluate("img => [img.naturalWidth, img.naturalHeight]")
+    assert sheet[0] > 2 * 256 and sheet[1] > 2 * 256
+    page.locator("#compare").scroll_into_view_if_needed()
+    shot(page, "compare")
+
+    page.reload()  # the grid comes back from the server, the cells with the history
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    page.locator("#grid-image img").wait_for()
+    page.locator("#grid-line").get_by_text("Grid of 4 images").wait_for()
+    page.locator("#history .thumbnail-item").nth(4).wait_for()
+
+
+def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner):
+    assert LONG_PROMPT == "a long night"  # the second variant below: held after its first step
+    app.engine.warmup("256x256")  # ready before the hold (it holds a compile too)
+    page.locator("#prompt textarea").fill("a short night")
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    pick_axis(page, 1, "prompts", "short,long")
+    pick_axis(page, 2, "seeds", "1+2")
+    page.locator("#grid-plan").get_by_text("4 images (2 prompts x 2 seeds)").wait_for()
+    runner.hold()
+    page.locator("#grid-make").click()
+    page.get_by_text(re.compile("image 2 of 4: step 2/4")).first.wait_for()  # the long night, held
+    page.locator("#grid-stop").click()
+    page.locator("#grid-line").get_by_text("Stopped after 1 of 4 images at 256x256").wait_for()
+    page.locator("#grid-image img").wait_for()
+    assert page.locator("#history .thumbnail-item").count() == 1  # the short night, the one cell made
+
+
+def test_a_reload_mid_grid_finds_what_it_made(app, page, runner):
+    """A page that goes away stops its requests at their next step (the gate; a compile is let finish): the
+    reloaded page finds the grid's sheet of the cells made, and the cells in the history."""
+    app.engine.warmup("256x256")
+    page.locator("#prompt textarea").fill("a short night")
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    pick_axis(page, 1, "prompts", "short,long")
+    page.locator("#grid-plan").get_by_text("2 images (2 prompts)").wait_for()
+    runner.hold()
+    page.locator("#grid-make").click()
+    page.get_by_text(re.compile("image 2 of 2: step 2/4")).first.wait_for()
+    page.reload()
+    page.locator("#compare").get_by_text("Compare: a grid").click()
+    page.locator("#grid-line").get_by_text("Stopped after 1 of 2 images at 256x256").wait_for()
+    page.locator("#grid-image img").wait_for()
+    page.locator("#history .thumbnail-item").first.wait_for()
+    assert page.locator("#history .thumbnail-item").count() == 1

@@ -1,0 +1,259 @@
+"""Grids: the axes parsed and checked, the cells laid out and ordered, the sheet drawn (plain values, no engine),
+and one grid on the tiny engine, where nothing compiles but the size's one graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+from PIL import Image
+
+from neuron_ui import cli
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.config.settings import Settings, build_parser, settings_from_args
+from neuron_ui.contract.grid import estimate_seconds, plan_grid
+from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeState, ShapeStatus
+from neuron_ui.contract.stopping import Stopped
+from neuron_ui.engine.engine import Engine
+from neuron_ui.engine.grid import run_grid
+from neuron_ui.engine.styles import StyleBook
+from neuron_ui.model.loading import LoadedModel
+from neuron_ui.model.lora_random import write_random_lora
+from neuron_ui.model.tiny import build_tiny_pipeline
+
+PRESETS = parse_resolutions("256x256,512x512")
+STYLES = {"ink": 0.8, "neon": 1.0}
+
+
+def plan(**axes):
+    axes.setdefault("seed", 7)
+    return plan_grid(axes.pop("prompt", "a red fox in snow"), axes.pop("resolution", "256x256"), presets=PRESETS,
+                     loaded=STYLES, **axes)
+
+
+def test_seeds_as_a_list_or_a_count_from_a_start():
+    assert plan(seeds="3,4").axes[0].values == (3, 4)
+    assert plan(seeds="3+4").axes[0].values == (3, 4, 5, 6)
+    assert plan(seeds=" 3 + 2 ").axes[0].labels == ("seed 3", "seed 4")
+
+
+def test_prompt_variants_replace_the_first_in_the_prompt():
+    grid = plan(prompts='fox,cat,"wolf, grey"')
+    assert [c.prompt for c in grid.cells] == ["a red fox in snow", "a red cat in snow", "a red wolf, grey in snow"]
+
+
+def test_the_sheet_lays_out_axes_across_down_and_in_blocks():
+    grid = plan(seeds="1,2", styles="none,ink", steps="2,3")
+    assert [a.name for a in grid.axes] == ["styles", "steps", "seeds"]  # columns, rows, blocks
+    assert (grid.columns, grid.rows, grid.blocks, len(grid.cells)) == (2, 2, 2, 8)
+    assert [(c.style, c.steps, c.seed) for c in grid.cells[:3]] == [(None, 2, 1), ("ink", 2, 1), (None, 3, 1)]
+    last = grid.cells[-1]
+    assert (last.column, last.row, last.block, last.seed, last.steps, last.style) == (1, 1, 1, 2, 3, "ink")
+
+
+def test_the_run_order_switches_styles_the_fewest_times():
+    grid = plan(styles="ink,none,neon", seeds="1,2", strengths="0.5,1")
+    # on the sheet, styles change within every row; run, each style's (and strength's) cells come together
+    looks = [c.look for c in grid.in_order()]
+    assert looks == [("ink", 0.5)] * 2 + [("ink", 1.0)] * 2 + [(None, None)] * 4 + [("neon", 0.5)] * 2 + \
+        [("neon", 1.0)] * 2
+    assert grid.switches() == 4
+    sheet_looks = [c.look for c in grid.cells]
+    assert sum(a != b for a, b in zip(sheet_looks, sheet_looks[1:])) > grid.switches()
+
+
+@pytest.mark.parametrize("axes, words", [
+    ({"seeds": "1+17"}, "seeds' count must be a whole number from 1 to 16"),
+    ({"seeds": "1,2,3,4", "steps": "1,2,3,4,5"}, "a grid of 5 steps x 4 seeds = 20 images is more than 16"),
+    ({"styles": "none,chalk"}, "lora 'chalk' is not a style loaded here; allowed: None, ink, neon"),
+    ({"seeds": "1,2", "resolution": "384x256"}, "resolution 384x256 is not a preset; allowed: 256x256, 512x512"),
+    ({"prompts": "fox,,cat"}, "prompt variant 2 is empty"),
+    ({"prompts": "dog,cat"}, "prompt variant 'dog' is not in the prompt"),
+    ({"seeds": "1,x"}, "seed 'x' is not a whole number"),
+    ({"steps": "0"}, "steps must be a whole number from 1 to 100"),
+    ({"strengths": "0.5"}, "strengths are a style's strengths: give styles too"),
+    ({"strengths": "3", "styles": "ink"}, "lora_scale must be a number from 0 to 2"),
+    ({"seeds": "1", "steps": "1", "styles": "ink", "prompts": "fox,cat"}, "at most 3 axes; got 4"),
+    ({}, "a grid needs an axis"),
+])
+def test_bad_axes_are_one_line_before_anything_runs(axes, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("+", r"\+")) as error:
+        plan(**axes)
+    assert "\n" not in str(error.value)
+
+
+def test_max_cells_is_a_parameter():
+    assert len(plan(seeds="1+20", max_cells=20).cells) == 20
+
+
+def status(latency: float | None, state=ShapeState.READY) -> EngineStatus:
+    shapes = [ShapeStatus("256x256", "1:1", 256, state, last_latency=latency, estimate_seconds=30.0),
+              ShapeStatus("512x512", "1:1", 1024, ShapeState.READY, last_latency=4.0)]
+    return EngineStatus("tiny", "cpu", "float32", "regional", "eager", True, None, True, 4, 1.0, "", True, None,
+                        False, shapes=shapes)
+
+
+def test_the_estimate_scales_by_steps_and_adds_a_compile():
+    grid = plan(steps="2,4")
+    assert estimate_seconds(grid, status(2.0)) == pytest.approx(2.0 / 4 * 6)
+    assert estimate_seconds(grid, status(None)) == pytest.approx(4.0 / 4 * 256 / 1024 * 6)  # another size's
+    assert estimate_seconds(grid, status(2.0, ShapeState.COLD)) == pytest.approx(3.0 + 30.0)
+    first = status(7.0)  # the size's first image: it compiled (5 s) and ran (2 s)
+    first.shapes[0].compile_seconds = 5.0
+    assert estimate_seconds(grid, first) == pytest.approx(2.0 / 4 * 6)
+    first.shapes[0].hits = 1  # the last image came from memory: its time is all run
+    assert estimate_seconds(grid, first) == pytest.approx(7.0 / 4 * 6)
+
+
+@dataclass
+class FakeEngine:
+    """Records each generate call; never two at once (the grid is one request in the engine)."""
+
+    stop_after: int = 99
+
+    def __post_init__(self):
+        self.calls, self.busy, self.overlapped = [], threading.Lock(), False
+
+    def generate(self, request, progress=None, stop=None):
+        if not self.busy.acquire(blocking=False):
+            self.overlapped = True
+        try:
+            if len(self.calls) >= self.stop_after:
+                stop.stop()
+                raise Stopped("stopped in the queue")
+            self.calls.append(request)
+            if progress:
+                progress_update(progress)
+            color = (len(self.calls) * 40 % 256, 90, 160)
+            return GenerateResult(Image.new("RGB", (256, 256), color), request.prompt, request.resolution,
+                                  request.steps or 4, request.seed, None, "tiny", "memory_hit", 0.0, 0.1, 0.1,
+                                  lora=request.lora, lora_scale=request.lora_scale)
+        finally:
+            self.busy.release()
+
+
+def progress_update(progress):
+    from neuron_ui.contract.results import ProgressUpdate, Stage
+
+    progress(ProgressUpdate(Stage.DENOISING, "step 1 of 2", 0.5))
+
+
+def test_cells_are_separate_requests_of_one_visitor_and_a_repeat_is_not_made_twice():
+    engine, told = FakeEngine(), []
+    grid = run_grid(engine, plan(styles="none,ink", strengths="0.5,1"), visitor="v", progress=told.append)
+    # "none" at two strengths is one image: made once
+    assert [(r.lora, r.lora_scale) for r in engine.calls] == [(None, None), ("ink", 0.5), ("ink", 1.0)]
+    assert {r.visitor for r in engine.calls} == {"v"} and not engine.overlapped
+    assert [c.same_as for c in grid.made] == [None, 0, None, None]
+    assert [s["before_cell"] for s in grid.style_switches] == [1, 3]
+    assert told[0].message == "image 1 of 4: step 1 of 2" and told[0].fraction == pytest.approx(0.125)
+
+
+def test_stop_ends_the_rest_and_the_sheet_says_what_was_not_made(tmp_path):
+    grid = run_grid(FakeEngine(stop_after=2), plan(seeds="1+4"))
+    assert len(grid.made) == 2 and grid.stopped == "stopped in the queue; 2 of 4 images made"
+    sheet = grid.image
+    assert sheet.getpixel((sheet.width - 20, sheet.height - 20)) == (200, 200, 200)  # the last cell: not made
+    with pytest.raises(Stopped):
+        run_grid(FakeEngine(stop_after=0), plan(seeds="1+4"))
+
+
+def test_the_sheet_has_labels_and_each_cell_in_its_png_text(tmp_path):
+    grid = run_grid(FakeEngine(), plan(seeds="1,2", prompts="fox,cat"))
+    path = grid.save_png(tmp_path / "grid.png", fast=True)
+    image = Image.open(path)
+    assert image.width > 2 * 256 and image.height > 2 * 256  # the cells, and room for the labels
+    cells = [json.loads(image.text[f"cell {n}"]) for n in range(1, 5)]
+    assert [(c["seed"], c["prompt"]) for c in cells] == [(1, "a red fox in snow"), (1, "a red cat in snow"),
+                                                         (2, "a red fox in snow"), (2, "a red cat in snow")]
+    assert cells[3]["parameters"]["seed"] == 2 and json.loads(image.text["grid"])["rows"] == 2
+    label_strip = image.crop((0, 400, 150, 450)).convert("L")  # the second row's label, "seed 2", is drawn in ink
+    assert min(label_strip.getdata()) < 100
+    info = grid.info({0: "/images/a.png"})
+    assert info["cells"][0]["image"] == "/images/a.png" and info["cells"][0]["cache_event"] == "memory_hit"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """The tiny model with one style, a cache of its own and a per-visitor cap of 1."""
+    torch._dynamo.reset()
+    cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
+    loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
+    style = write_random_lora(loaded.pipe.transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors", rank=2,
+                              seed=1)
+    yield Engine(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
+                 manifest=CacheManifest(cache.manifest, error=cache.problem), max_queue_per_user=1,
+                 styles=StyleBook.load([f"{style}@0.8"], loaded.pipe.transformer))
+    torch._dynamo.reset()
+
+
+def test_a_grid_on_the_engine_compiles_one_graph_and_switches_styles_once(engine):
+    grid_plan = plan(seeds="1,2", styles="ink,none", steps="1")
+    graphs = []  # dynamo's graphs once each cell is made: the first cell's compile made them all
+
+    def counted(done):
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a second graph for this size would fail the grid
+        grid = run_grid(engine, grid_plan, visitor="one", on_cell=counted)  # 4 images, 1 waiting request allowed
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 4
+    events = [c.result.cache_event for c in grid.made]
+    assert events == ["compiled", "memory_hit", "memory_hit", "memory_hit"]
+    assert [(c.cell.style, c.result.lora) for c in grid.made] == [("ink", "ink")] * 2 + [(None, None)] * 2
+    assert grid.style_switches == [{"before_cell": 1, "from": {"style": "ink", "strength": None},
+                                    "to": {"style": None, "strength": None}}]
+    assert engine.status().shape("256x256").images == 4 and engine.status().shape("512x512").state == "cold"
+    assert grid.made[0].result.image.size == (256, 256) and not grid.stopped
+
+
+@pytest.fixture
+def environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)  # the command pointed the compile caches at its --cache-dir
+
+
+def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(engine, tmp_path, capsys, environ):
+    argv = ["grid", "--model", "tiny", "--compile", "eager", "--resolutions", "256x256,512x512", "--cache-dir",
+            str(tmp_path / "cache"), "--prompt", "a grey heron", "--resolution", "256x256", "--steps", "1"]
+    code = cli.main([*argv, "--seeds", "3+2", "--styles", "none,ink", "--out", str(tmp_path / "g.png")],
+                    load=lambda settings, cache: engine)
+    out, _ = capsys.readouterr()
+    info = json.loads(out)
+    assert code == 0 and [(c["seed"], c["style"]) for c in info["cells"]] == [(3, None), (4, None), (3, "ink"),
+                                                                              (4, "ink")]
+    assert len(info["style_switches"]) == 1 and info["out"] == str(tmp_path / "g.png")
+    assert Image.open(info["cells"][3]["image"]).text["lora"].startswith("ink at 0.8")
+    assert json.loads(Image.open(tmp_path / "g.png").text["cell 4"])["style"] == "ink"
+
+    made = engine.status().shape("256x256").images
+    code = cli.main([*argv, "--seeds", "1+5", "--steps", "1,2,3,4", "--max-grid-cells", "16",
+                     "--out", str(tmp_path / "big.png")], load=lambda settings, cache: engine)
+    _, err = capsys.readouterr()
+    assert code == 2 and err == "error: a grid of 4 steps x 5 seeds = 20 images is more than 16, this server's " \
+        "limit (--max-grid-cells): take fewer values\n"
+    assert not (tmp_path / "big.png").exists() and engine.status().shape("256x256").images == made  # nothing ran
+
+
+def test_max_grid_cells_is_a_flag_and_a_variable_within_bounds():
+    assert Settings().max_grid_cells == 16
+    assert settings_from_args(build_parser().parse_args(["--max-grid-cells", "40"]), environ={}).max_grid_cells == 40
+    from_env = settings_from_args(build_parser().parse_args([]), environ={"NEURON_UI_MAX_GRID_CELLS": "8"})
+    assert from_env.max_grid_cells == 8
+    with pytest.raises(ValueError, match="--max-grid-cells must be 1 to 100, got 101"):
+        Settings(max_grid_cells=101)
+
+
+def test_the_panel_takes_each_kind_of_axis_once():
+    from neuron_ui.ui.compare import NO_AXIS, axis_values
+
+    assert axis_values("seeds", "1+2", NO_AXIS, "ignored", "steps", "1,2") == {"seeds": "1+2", "steps": "1,2"}
+    with pytest.raises(ValueError, match="^seeds is chosen for two axes: pick each kind once$"):
+        axis_values("seeds", "1", "seeds", "2", NO_AXIS, "")
