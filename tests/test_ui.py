@@ -319,7 +319,7 @@ def test_the_line_after_a_style_switch_says_nothing_compiled():
     assert describe_style(ink, before) == " · style **ink at 0.8** (switched from none; nothing compiled)"
     assert describe_style(ink, replace(before, lora="ink", lora_scale=0.8)) == " · style **ink at 0.8**"
     assert describe_style(result_with("eager"), replace(before, lora="ink", lora_scale=0.8)) == (
-        " · style **none** (switched from ink at 0.8; nothing compiled)")
+        " · ink at 0.8 switched off; nothing compiled")
     assert describe_style(replace(ink, cache_event="compiled"), before) == " · style **ink at 0.8**"
     assert describe_style(ink) == " · style **ink at 0.8**"
 

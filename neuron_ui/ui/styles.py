@@ -43,7 +43,9 @@ def describe_style(result: GenerateResult, before: HistoryEntry | None = None) -
     if result.cache_event in ("compiled", "disk_hit"):  # the size compiled; the line already says so
         return now
     was = style_words(before.lora, before.lora_scale)
-    return f"{now or ' · style **none**'} (switched from {was}; nothing compiled)"
+    if not now:
+        return f" · {was} switched off; nothing compiled"
+    return f"{now} (switched from {was}; nothing compiled)"
 
 
 class StyleHandlers:
