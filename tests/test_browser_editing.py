@@ -1,5 +1,8 @@
 """The editing loop in a real browser (Debian's chromium via Playwright), tiny model, eager backend: upload a
-reference and see what the model sees, generate, use the result as a reference, paint a mask and inpaint."""
+reference and see what the model sees, generate, use the result as a reference, paint a mask and inpaint.
+
+The served runner (browser_fixtures.HeldRunner) holds LONG_PROMPT's image after its first step, so the inpaint's
+progress can be looked at."""
 
 import re
 
@@ -7,16 +10,22 @@ import numpy as np
 import pytest
 import serving
 from PIL import Image
-from browser_fixtures import shot
+from browser_fixtures import LONG_PROMPT, HeldRunner, shot
 from playwright.sync_api import expect
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256,384x256,512x512") as app:
-        yield app.url
+def app(tmp_path_factory):
+    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256,384x256,512x512",
+                        wrap_runner=HeldRunner) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def url(app):
+    return app.url
 
 
 @pytest.fixture
@@ -24,7 +33,12 @@ def viewport():
     return 1360, 1100
 
 
-def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
+def in_view(page, locator) -> bool:
+    box = locator.bounding_box()
+    return bool(box) and 0 <= box["y"] and box["y"] + box["height"] <= page.viewport_size["height"]
+
+
+def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path, runner):
     photo = tmp_path / "photo.png"
     pixels = np.random.default_rng(0).integers(0, 256, (300, 700, 3), dtype=np.uint8)
     Image.fromarray(pixels, "RGB").save(photo)
@@ -53,6 +67,19 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
     page.locator("#edit-image").click()
     canvas = page.locator("#inpaint-editor canvas").first
     canvas.wait_for()
+    # Issue 35: an empty mask is told at once, beside the button, and nothing is sent (it took 5 s behind the queue);
+    # the red Error badge it leaves on the image goes at the next action.
+    joins = []
+    page.on("request", lambda request: joins.append(request.url) if "/queue/join" in request.url else None)
+    page.locator("#inpaint").click()
+    page.locator("#inpaint-note").get_by_text("The mask is empty").wait_for(timeout=5000)
+    badge = page.locator("#image [data-testid=status-tracker] .error")
+    badge.wait_for()
+    assert not joins, f"an empty mask was sent: {joins}"
+    page.locator("#prompt textarea").press_sequentially(" ")  # the user types on
+    badge.wait_for(state="detached")
+    assert page.locator("#image img").count() == 1, "clearing the badge took the image too"
+
     brush = page.locator("#inpaint-editor").get_by_role("button", name="Brush", exact=True)
     brush.click()
     # Gradio 6.31 highlights the tool in use: the brush, once the editor has loaded its image (about 2 s here).
@@ -66,7 +93,18 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path):
     # Issue 22, item 8: with an image in the editor the hint tells Inpaint's layout (its source doubles the tokens).
     hint.get_by_text("inpaint 256x256 + 2 refs 1024x1024").wait_for()
 
+    # Issue 35: on a wide page too, Inpaint's progress (drawn over the image, above the button) comes into view.
+    page.locator("#prompt textarea").fill(LONG_PROMPT)
+    runner.hold()
+    page.locator("#inpaint").scroll_into_view_if_needed()
+    assert not in_view(page, page.locator("#image")), "the image was in view already: the test proves nothing"
     page.locator("#inpaint").click()
+    # The held runner holds the new inpaint layout's compile (eager: its first call) and then the image's steps.
+    progress = page.locator("#image").get_by_text(re.compile(r"compil|step \d+/\d+")).first
+    progress.wait_for()
+    assert in_view(page, progress), f"the inpaint's progress is off screen: {progress.bounding_box()}"
+    shot(page, "13-inpaint-progress-desktop")
+    runner.release()
     info.get_by_text("inpaint, strength 0.9").wait_for()
     assert "2 references at 1024x1024" in info.inner_text()
     assert re.search(r"\d+ image tokens", info.inner_text())

@@ -32,6 +32,7 @@ from neuron_ui.web.gradio_bridge import DEVICE
 from neuron_ui.ui.handlers import Handlers
 from neuron_ui.ui.history import EditorValue, HistoryEntry, clean_history
 from neuron_ui.ui.session_events import HISTORY_SIZE
+from neuron_ui.ui.styles import describe_style
 from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.words import (
     TABLE_HEADERS,
@@ -308,6 +309,19 @@ def test_cache_events_in_words():
     assert describe_cache_event(result_with("memory_hit")) == "cache hit, 0.42 s"
     assert describe_cache_event(result_with("eager", total=0.4)) == "eager, 0.4 s"
     assert describe_result(result_with("compiled", 41.2, 42.0)).endswith("compiled in 41.2 s · 42.00 s total")
+
+
+def test_the_line_after_a_style_switch_says_nothing_compiled():
+    """Issue 35: after a style switch the line says in words that nothing compiled; without a switch it adds nothing,
+    and a compile says it compiled (not "nothing compiled")."""
+    ink = replace(result_with("memory_hit"), lora="ink", lora_scale=0.8)
+    before = HistoryEntry(path="a.png", info="", prompt="p", resolution="1344x768", seed=1, steps=4, guidance=None)
+    assert describe_style(ink, before) == " · style **ink at 0.8** (switched from none; nothing compiled)"
+    assert describe_style(ink, replace(before, lora="ink", lora_scale=0.8)) == " · style **ink at 0.8**"
+    assert describe_style(result_with("eager"), replace(before, lora="ink", lora_scale=0.8)) == (
+        " · ink at 0.8 switched off; nothing compiled")
+    assert describe_style(replace(ink, cache_event="compiled"), before) == " · style **ink at 0.8**"
+    assert describe_style(ink) == " · style **ink at 0.8**"
 
 
 def test_the_result_line_tells_the_guidance_applied():

@@ -22,7 +22,6 @@ from neuron_ui.contract.images import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
-from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.warmup import WarmupList
 from neuron_ui.replicas.board import APP_NAME, STALE_SECONDS, ReplicaReport, Reports
@@ -30,6 +29,7 @@ from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
 from neuron_ui.replicas.routing import ShapeRouting
 from neuron_ui.replicas.stream import SHUTTING_DOWN, StreamCaller
 from neuron_ui.replicas.timing import Timing, now
+from neuron_ui.replicas.turn_words import describe_turn
 from neuron_ui.replicas.watcher import ReplicaWatcher
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class ReplicaClient(ServesOnceBuilt):
         report = progress or (lambda update: None)
         timing = timing or Timing(called=now())
         with self.turns.user(stop, job=layout, visitor=visitor,
-                             on_wait=lambda ahead, mine: report(describe_turn(ahead, mine))):
+                             on_wait=lambda ahead, mine: report(describe_turn(ahead, mine, self.watcher.healthy()))):
             timing.turn = now()
             return self.calls.call(method, argument, layout, progress, stop, timing)
 
@@ -231,14 +231,6 @@ class ReplicaClient(ServesOnceBuilt):
 
     def healthy(self) -> int:
         return len(self.watcher.healthy())
-
-
-def describe_turn(ahead: list[Layout], mine: int) -> ProgressUpdate:
-    """What a request waiting at the front hears: the images ahead of it in turn order, how many its own."""
-    count = f"{len(ahead)} image{'s' if len(ahead) != 1 else ''} ahead of yours"
-    count += f" ({mine} from you)" if mine else ""
-    return ProgressUpdate(Stage.WAITING,
-                          f"waiting for a free replica: {count}" if ahead else "waiting for a free replica")
 
 
 def portable(request: GenerateRequest) -> GenerateRequest:

@@ -25,6 +25,7 @@ from neuron_ui.web.errors import user_errors
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
+from neuron_ui.ui.page_js import INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
     REFRESH_SECONDS,
@@ -177,6 +178,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         collect = gr.Timer(REFRESH_SECONDS, active=False)
         demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info, collect],
                   **hidden).then(**refresh)
+        demo.load(None, js=PAGE_SCRIPT)
         collect.tick(handlers.on_collect, [session, history], [*made, collect], **hidden)
         changes = [prompt.change, resolution.change, steps.change, seed.change, randomize.change, guidance.change,
                    history.change]
@@ -204,7 +206,7 @@ def build_demo(engine: EngineLike, settings: Settings,
             editing_handlers.on_inpaint,
             [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history, session, *style_inputs],
-            made, show_progress_on=[image], **on_device, **private, js=SHOW_IMAGE,
+            made, show_progress_on=[image], **on_device, **private, js=INPAINT_SCRIPT,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)

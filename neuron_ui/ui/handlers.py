@@ -81,10 +81,11 @@ class Handlers(SessionEvents, NamedApi):
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
               session: Any = None, editor: EditorValue | None = None,
-              on_preview: PreviewSink | None = None) -> HistoryEntry:
+              on_preview: PreviewSink | None = None, before: HistoryEntry | None = None) -> HistoryEntry:
         """Generate, save the PNG, and return the history entry for it, held for the session's page too (it may
         have reloaded by the time the image is done). `editor`: an inpaint's editor value, kept in the entry;
-        `on_preview`: hears each step's estimate of the image (the request asks for them)."""
+        `on_preview`: hears each step's estimate of the image (the request asks for them); `before`: the visitor's
+        previous image (its style, for the line's words on a switch)."""
         sid = sessions.session_id(session)
         request = replace(request, visitor=current_visitor(session),  # visitors take turns on the device
                           preview=on_preview is not None)
@@ -108,7 +109,7 @@ class Handlers(SessionEvents, NamedApi):
         entry = HistoryEntry(
             path=str(path),
             info=describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
-            + describe_style(result),
+            + describe_style(result, before),
             prompt=result.prompt, resolution=result.resolution, seed=result.seed, steps=result.steps,
             guidance=result.guidance, mode=result.mode, strength=result.strength, lora=result.lora,
             lora_scale=result.lora_scale, cache_event=result.cache_event, made=time.time(),
@@ -158,7 +159,8 @@ class Handlers(SessionEvents, NamedApi):
     def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
             session: Any = None, editor: EditorValue | None = None, on_preview: PreviewSink | None = None):
         """One request (generate or inpaint) into the Generate button's outputs."""
-        entry = self._make(request, progress, session=session, editor=editor, on_preview=on_preview)
+        entry = self._make(request, progress, session=session, editor=editor, on_preview=on_preview,
+                           before=next(iter(history), None))
         history = self._remember(entry, history)
         return entry.path, entry.info, entry.seed, history, gallery_items(history)
 
@@ -179,7 +181,8 @@ class Handlers(SessionEvents, NamedApi):
                 next_seed = (first + index) % (MAX_SEED + 1)
             request = self._request(prompt, resolution, steps, next_seed, guidance, style=style,
                                     style_strength=style_strength)
-            entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ", session=session)
+            entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ", session=session,
+                               before=next(iter(history), None))
             first = entry.seed if index == 0 else first  # the seed the first image used: the others follow it
             gallery.append((entry.path, f"seed {entry.seed}"))
             history = self._remember(entry, history)

@@ -30,11 +30,22 @@ def request_style(style: Any, strength: Any) -> tuple[Any, Any]:
     return style, strength
 
 
-def describe_style(result: GenerateResult) -> str:
-    """The style part of the line under the image."""
-    if result.lora is None:
-        return ""
-    return f" · style **{result.lora}** at {result.lora_scale:g}"
+def style_words(lora: str | None, scale: float | None) -> str:
+    return "none" if lora is None else f"{lora} at {scale:g}"
+
+
+def describe_style(result: GenerateResult, before: HistoryEntry | None = None) -> str:
+    """The style part of the line under the image. After a switch from the style of `before` (the visitor's
+    previous image), it says in words that the switch compiled nothing (a style is weights, not a shape)."""
+    now = "" if result.lora is None else f" · style **{style_words(result.lora, result.lora_scale)}**"
+    if before is None or (before.lora, before.lora_scale) == (result.lora, result.lora_scale):
+        return now
+    if result.cache_event in ("compiled", "disk_hit"):  # the size compiled; the line already says so
+        return now
+    was = style_words(before.lora, before.lora_scale)
+    if not now:
+        return f" · {was} switched off; nothing compiled"
+    return f"{now} (switched from {was}; nothing compiled)"
 
 
 class StyleHandlers:
@@ -82,7 +93,7 @@ def add_style_controls(engine: EngineLike) -> StyleControls:
     names = [s["name"] for s in engine.status().styles]
     with gr.Row(equal_height=True, visible=bool(names), elem_id="style-row"):
         style = gr.Dropdown([NO_STYLE, *names], value=NO_STYLE, label="Style", scale=2, elem_id="style",
-                            info="a LoRA loaded on this server; switching never compiles")
+                            info="a style this server offers; switching never compiles")
         strength = gr.Slider(0, MAX_LORA_SCALE, value=DEFAULT_STRENGTH, step=0.05, label="Strength", scale=1,
                              elem_id="style-strength")
     return {"style": style, "strength": strength, "state": gr.BrowserState({}, storage_key=STORAGE_KEY)}
