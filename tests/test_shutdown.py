@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import TIMEOUT, wait_until
+from serving import TIMEOUT, GatedRunner, connect, served, wait_until
 
 from neuron_ui.config.processes import free_port
 from neuron_ui.main import EXIT_CUT_SHORT, main
@@ -122,6 +122,36 @@ def test_a_second_signal_during_the_drain_exits_at_once_without_an_abort(tmp_pat
     assert results.get(running, ("cut",))[0] != "complete"  # it did not wait for the image
     assert "SIGINT again: exiting now" in output
     assert "terminate called" not in output and "Traceback" not in output, output[-3000:]
+
+
+def test_a_drain_past_its_bound_tells_the_running_request_in_one_line(tmp_path, caplog, capfd):
+    """Issue 34: an image that outlived the drain's bound ended in uvicorn's "Exception in ASGI application"
+    tracebacks, and its client heard a bare CancelledError. A drain bound of 0.5 s (passed in) and an image held
+    on the device: its gradio_client hears "shutting down", and the log says it in one line."""
+    caplog.set_level(logging.INFO)
+    with served(tmp_path / "cache", wrap_runner=GatedRunner) as s:
+        s.runner.hold()
+        client = connect(s.url, tmp_path)
+        running = client.submit("a held one", "256x256", 1, 1, None, None, None, None, None, api_name="/generate")
+        assert s.runner.holding.wait(TIMEOUT), "the request never reached the device"
+        capfd.readouterr()
+        try:
+            assert s.server.drain(0.5) is False  # the held image outlives the bound
+            s.server.stop()
+            with pytest.raises(Exception, match="the server is shutting down") as told:
+                running.result(TIMEOUT)
+        finally:
+            s.runner.open()
+            client.close()
+            # the pipeline thread ends before this process does (a thread left running aborts its exit)
+            wait_until(lambda: not s.engine.status().busy, "the held image ends", timeout=TIMEOUT)
+    assert "\n" not in str(told.value)
+    logged = [record.getMessage() for record in caplog.records if record.name.startswith(("neuron_ui", "uvicorn"))]
+    output = "\n".join(logged) + capfd.readouterr().err
+    assert "Traceback" not in output and "Exception in ASGI application" not in output, output[-3000:]
+    assert "CancelledError" not in output and "timeout graceful shutdown exceeded" not in output, output[-3000:]
+    (line,) = [line for line in logged if "did not finish" in line]
+    assert line.endswith("(1 request told the server is shutting down)"), line
 
 
 def test_ctrl_c_on_an_idle_server_stops_at_once_with_a_last_line(tmp_path, caplog):

@@ -30,7 +30,7 @@ from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.asgi import folder_prefix
-from neuron_ui.server.gate import Gate
+from neuron_ui.server.gate import SHUTTING_DOWN, Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.server.mounted import Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
@@ -241,8 +241,17 @@ class Server:
             time.sleep(0.05)
         time.sleep(0.5)  # the last answers reach their event streams
         if not finished:
-            logger.error("the image on the device did not finish within %.0f s; stopping anyway", timeout)
+            ended = self._end_events()
+            logger.error("the image on the device did not finish within %.0f s; stopping anyway (%d request%s told "
+                         "the server is shutting down)", timeout, ended, "" if ended == 1 else "s")
         return finished
+
+    def _end_events(self) -> int:
+        """The requests Gradio still holds hear "shutting down" and their streams close (gradio_mount.end_events)."""
+        if self.mounted is None or self._loop is None:
+            return 0
+        ending = gradio_mount.end_events(self.mounted.demo, SHUTTING_DOWN)
+        return asyncio.run_coroutine_threadsafe(ending, self._loop).result(10)
 
     def idle(self) -> bool:
         """Nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's."""
