@@ -11,7 +11,8 @@ one line (a 422) before it joins the queue:
   validates against it as Gradio validates it (gradio_bridge.fits_data_model), for every function;
 - for the functions Gradio preprocesses (the page's; the named API's handlers take raw values and check them in
   their own words): dropdown and radio choices (unless custom values are allowed), slider and number ranges,
-  checkboxes true or false, text a string, and a file's type where the component names the types it takes.
+  checkboxes true or false, text a string, an example's index, and a file's type where the component names the types
+  it takes.
 
 Components are read generically, so one added to the page is covered as soon as it is of a kind above; a component
 of any other kind passes through unchanged.
@@ -85,6 +86,10 @@ def plain_problem(block: Any, value: Any) -> str | None:
         return number_problem(block, value)
     if isinstance(block, gr.Textbox):
         return None if isinstance(value, str) else "takes text"
+    if isinstance(block, gr.Dataset):  # examples: the index of one (Dataset.preprocess reads raw_samples[index])
+        count = len(block.raw_samples or [])
+        fits = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < count
+        return None if fits else f"takes the index of an example, from 0 to {count - 1}"
     return None
 
 
@@ -124,7 +129,7 @@ def files_wanted(block: Any) -> str:
     many = getattr(block, "file_count", "single") != "single"
     if isinstance(block, (gr.File, gr.Image)):
         return f"takes {'a list of files, each' if many else 'a file'} as {FILE_SHAPE} (upload it first)"
-    return f"takes a {type(block).__name__} value of files as {FILE_SHAPE} (upload them first)"
+    return f"takes its value of files, each as {FILE_SHAPE} (upload them first)"
 
 
 def file_type_problem(block: Any, value: Any) -> str | None:

@@ -236,16 +236,38 @@ def fits_data_model(block: Any, value: Any) -> bool | None:
     """Whether `value` is what the component's data model takes (a FileData, an editor's value, a gallery...), checked
     as Gradio 6.31 checks it in Blocks.preprocess_data, for every function, preprocessed or not:
     `block.data_model.model_validate(value, context={"validate_meta": True})`, whose ValidationError escaped as a
-    traceback per request. None for a component without a data model."""
+    traceback per request; and every file in it names its path (gr.Image's ImageData leaves `path` optional, so a
+    value with only a `url`, or none of a file's fields, got through to fail in the handler). None for a component
+    without a data model."""
     from pydantic import ValidationError
 
     model = getattr(block, "data_model", None)
     if model is None:
         return None
     try:
-        model.model_validate(value, context={"validate_meta": True})
+        checked = model.model_validate(value, context={"validate_meta": True})
     except (ValidationError, ValueError, TypeError):
         return False
+    return _paths_named(checked)
+
+
+def _paths_named(item: Any) -> bool:
+    """Every pydantic model in a validated value that has a `path` field (FileData, ImageData) names it as a string."""
+    from pydantic import BaseModel, RootModel
+
+    stack = [item]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RootModel):
+            stack.append(item.root)
+        elif isinstance(item, BaseModel):
+            if "path" in type(item).model_fields and not isinstance(getattr(item, "path", None), str):
+                return False
+            stack.extend(getattr(item, name) for name in type(item).model_fields)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
     return True
 
 
