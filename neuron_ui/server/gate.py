@@ -13,7 +13,8 @@ queue itself (Gradio's own bound is off), refuses new work while the server shut
 route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
 message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
 folder, so gradio_client still downloads the image). Every file a call or the file route names
-must be one the app stored, and uploads stay within their disk budget (file_doors.py).
+must be one the app stored, and uploads stay within their disk budget (file_doors.py); every value must fit its
+component before Gradio preprocesses it (values.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
