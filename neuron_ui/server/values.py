@@ -134,11 +134,11 @@ def files_wanted(block: Any) -> str:
 
 def file_type_problem(block: Any, value: Any) -> str | None:
     """A file whose name is not of the types the component takes (gr.File's file_types)."""
-    types = getattr(block, "file_types", None)
+    types: list[str] = getattr(block, "file_types", None) or []
     items = value if isinstance(value, list) else [value]
-    names = [item.get("path") for item in items if isinstance(item, dict) and isinstance(item.get("path"), str)]
-    wrong = [name for name in names if not gradio_bridge.file_type_ok(name, types or [])]
-    if not types or not wrong:
+    names: list[str] = [item["path"] for item in items if isinstance(item, dict) and isinstance(item.get("path"), str)]
+    wrong = [name for name in names if types and not gradio_bridge.file_type_ok(name, types)]
+    if not wrong:
         return None
     return f"takes {', '.join(types)} files only, got {shown(os.path.basename(wrong[0]))}"
 
