@@ -454,9 +454,7 @@ def completion(s, session: str) -> dict:
 ANY_VALUE = ("BrowserState", "JSON", "Api")  # the page's stored session, a JSON view, gr.api's signature
 
 
-def out_of_component(block) -> object:
-    """A value no component of the page takes: not a choice, a number, a flag, text nor a file."""
-    return {"not": "a value of this component"}
+OUT_OF_COMPONENT = {"not": "a value of this component"}  # not a choice, a number, a flag, text nor a file
 
 
 def test_every_input_of_every_function_refuses_a_value_of_another_kind_cleanly(gated, caplog, capfd):
@@ -471,7 +469,7 @@ def test_every_input_of_every_function_refuses_a_value_of_another_kind_cleanly(g
             if getattr(block, "stateful", False) or type(block).__name__ in ANY_VALUE:
                 continue  # Gradio reads a State from the session, not the request; these take any JSON value
             data = [None if b.stateful or callable(b.value) else b.value for b in fn.inputs]
-            data[index] = out_of_component(block)
+            data[index] = OUT_OF_COMPONENT
             capfd.readouterr()
             caplog.clear()
             if fn.api_name in ("generate", "inpaint"):
