@@ -466,33 +466,63 @@ def worker_plain_memory(resolution: str) -> None:
 # -- report -----------------------------------------------------------------------------------------
 
 
-def chart(results: dict, path: Path) -> None:
+def chart(results: dict, path: Path) -> bool:
+    """A panel for each section the results hold (a run of some sections into a new file draws those); False, and no
+    file, when they hold none that is drawn."""
+    panels = [key for key in PANELS if results.get(key)]
+    if not panels:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("overhead", "compilation") if k in results]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, key in zip(axes[0], panels):
-        if key == "overhead":
-            ratios = results["overhead"]["ratio_to_plain"]
-            ax.bar(list(ratios), list(ratios.values()), color=["#888", "#2a7", "#27a", "#c84"])
-            ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.set_title(f"Latency vs the plain diffusers call ({results['overhead']['resolution']}, tiny, CPU)")
-            ax.set_ylabel("ratio to plain call (lower is faster)")
-            ax.tick_params(axis="x", labelrotation=15)
-        else:
-            rows = results["compilation"]
-            labels = [f"{r['mode']}\n{r['resolution']}" for r in rows]
-            ax.bar(labels, [r["first_image_s"] for r in rows], label="first image (compile)", color="#c84")
-            ax.bar(labels, [r["steady_s"] for r in rows], label="steady latency", color="#27a")
-            ax.set_yscale("log")
-            ax.set_ylabel("seconds (log)")
-            ax.set_title("Time to first image and steady latency (tiny, CPU, inductor)")
-            ax.legend()
+        PANELS[key](ax, results[key])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def overhead_panel(ax, overhead: dict) -> None:
+    ratios = overhead["ratio_to_plain"]
+    ax.bar(list(ratios), list(ratios.values()), color=["#888", "#2a7", "#27a", "#c84"])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_title(f"Latency vs the plain diffusers call ({overhead['resolution']}, tiny, CPU)")
+    ax.set_ylabel("ratio to plain call (lower is faster)")
+    ax.tick_params(axis="x", labelrotation=15)
+
+
+def throughput_panel(ax, throughput: dict) -> None:
+    rates = throughput["images_per_s"]
+    ax.bar(list(rates), list(rates.values()), color=["#888", "#27a"])
+    ax.set_title(f"Images per second: a plain loop vs {throughput['clients']} clients ({throughput['resolution']})")
+    ax.set_ylabel("images per second (higher is better)")
+
+
+def stop_panel(ax, stop: dict) -> None:
+    seconds = stop["stop_to_next_start_s"]
+    ax.bar(list(seconds), list(seconds.values()), color=["#2a7", "#c84"])
+    ax.axhline(stop["step_s"], color="black", linewidth=0.8, label="one step")
+    ax.set_title(f"From a stop to the next image's start ({stop['resolution']})")
+    ax.set_ylabel("seconds")
+    ax.legend()
+
+
+def compilation_panel(ax, rows: list[dict]) -> None:
+    labels = [f"{r['mode']}\n{r['resolution']}" for r in rows]
+    ax.bar(labels, [r["first_image_s"] for r in rows], label="first image (compile)", color="#c84")
+    ax.bar(labels, [r["steady_s"] for r in rows], label="steady latency", color="#27a")
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (log)")
+    ax.set_title("Time to first image and steady latency (tiny, CPU, inductor)")
+    ax.legend()
+
+
+PANELS = {"overhead": overhead_panel, "throughput": throughput_panel, "stop": stop_panel,
+          "compilation": compilation_panel}  # the sections drawn, in this order
 
 
 TARGETS = {  # issue 12: what the app may add per image, as ratios to the plain diffusers call in the same run
@@ -637,8 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {**kept, **results, "sections_run": {**kept.get("sections_run", {}),
                                                    **{name: results["date"] for name in sections}}}
     out.write_text(json.dumps(results, indent=1))
-    chart(results, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    drawn = chart(results, out.with_suffix(".png"))
+    print(f"\nwrote {out}" + (f" and {out.with_suffix('.png')}" if drawn else " (no section to draw)"))
     return 0
 
 

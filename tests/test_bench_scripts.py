@@ -95,3 +95,23 @@ def test_fair_turns_bench_prints_b_wait_and_throughput_at_toy_size(tmp_path, cap
     # At toy size the figures are noise; the order is not: first come first served makes B wait for A's queue.
     assert results["summary"]["fifo"]["b_wait_s"] > results["summary"]["fair"]["b_wait_s"]
     assert "B's wait with turns" in printed and results["busy_share_fair_over_fifo"] > 0
+
+
+THROUGHPUT = {"resolution": "256x256", "clients": 4, "images_per_s": {"plain_loop": 2.0, "clients": 1.9}}
+STOP = {"resolution": "256x256", "step_s": 0.05, "stop_to_next_start_s": {"stop_endpoint": 0.06, "job_cancel": 0.07}}
+
+
+def test_the_chart_draws_the_sections_a_run_holds(tmp_path):
+    """Issue 34: `--sections throughput,stop --out new.json` wrote its figures, then failed drawing ("Number of columns
+    must be a positive integer, not 0", exit 1), since only overhead and compilation had panels."""
+    from PIL import Image
+
+    chart = script("benchmark").chart
+    some = tmp_path / "some.png"
+    assert chart({"date": "today", "throughput": THROUGHPUT, "stop": STOP}, some)
+    with Image.open(some) as drawn:  # two panels, 6 inches each at 110 dpi
+        assert drawn.size[0] == 2 * 6 * 110
+    only_stop = tmp_path / "stop.png"
+    assert chart({"stop": STOP}, only_stop) and Image.open(only_stop).size[0] == 6 * 110
+    nothing = tmp_path / "nothing.png"
+    assert not chart({"date": "today", "memory": {"ratio": 1.1}}, nothing) and not nothing.exists()

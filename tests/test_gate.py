@@ -83,3 +83,41 @@ def test_the_file_checks_take_the_stored_files_and_the_upload_budget_alone(tmp_p
     assert refusal.status == 507 and "\n" not in refusal.message  # full now: one line, to retry later
     refused_without_login = FileDoors(server.stored, server.uploads, lacks_login=lambda scope: True)
     assert asyncio.run(refused_without_login.admit_upload(upload)) == (None, None)  # Gradio refuses it unread
+
+
+def test_each_kind_of_component_takes_its_own_values_and_an_unknown_kind_anything():
+    """server/values.py on the components themselves, no server: what each takes, and one line when not."""
+    import gradio as gr
+
+    from neuron_ui.server.values import value_problem
+
+    file = {"path": "upload/a.png", "meta": {"_type": "gradio.FileData"}}
+    cases = [  # (component, a value it takes, one it does not, what the line says)
+        (gr.Dropdown(["a", "b"], value="a", label="Style"), "b", "c", 'takes one of "a", "b", got "c"'),
+        (gr.Dropdown(["a"], value="a", allow_custom_value=True), "anything", ["a"], "takes one of"),
+        (gr.Dropdown(["a", "b"], value=["a"], multiselect=True), ["a", "b"], "a", "takes a list of choices"),
+        (gr.Radio(["crop", "pad"], value="crop"), "pad", None, "takes a value, got null"),
+        (gr.CheckboxGroup(["x", "y"]), ["y"], ["z"], "takes choices of"),
+        (gr.Slider(0, 2, value=1), 1.5, float("inf"), "takes a number from 0 to 2, got Infinity"),
+        (gr.Slider(0, 2, value=1), 0, True, "takes a number from 0 to 2, got true"),
+        (gr.Number(minimum=0), None, -1, "takes a number of at least 0, got -1"),
+        (gr.Checkbox(True), False, "yes", 'takes true or false, got "yes"'),
+        (gr.Textbox(), "", 5, "takes text, got 5"),
+        (gr.File(file_types=["image"]), file, {**file, "path": "upload/a.pdf"}, 'takes image files only, got "a.pdf"'),
+        (gr.File(file_count="multiple"), [file], "upload/a.png", "takes a list of files, each as"),
+        (gr.Image(), file, {"url": "http://127.0.0.1/a.png"}, 'takes a file as {"path"'),
+        (gr.ImageEditor(), {"background": file, "layers": [], "composite": None},
+         {"background": {"url": "x"}, "layers": [], "composite": None}, "takes its value of files, each as"),
+        (gr.ImageSlider(), [file, file], ["a.png", "b.png"], "its value of files"),
+        (gr.Gallery(), [{"image": file, "caption": None}], [{"image": {"meta": file["meta"]}}], "its value of files"),
+    ]
+    for block, takes, refuses, says in cases:
+        assert value_problem(block, takes, preprocessed=True) is None, (block, takes)
+        problem = value_problem(block, refuses, preprocessed=True)
+        assert problem is not None and says in problem and "\n" not in problem, (block, refuses, problem)
+    # The named API's handlers take raw values and say themselves what is wrong; files are checked for every function
+    assert value_problem(gr.Textbox(), 5, preprocessed=False) is None
+    assert value_problem(gr.Image(), {"url": "http://127.0.0.1/a.png"}, preprocessed=False) is not None
+    assert value_problem(gr.File(file_types=["image"]), {**file, "path": "a.pdf"}, preprocessed=False) is None
+    assert value_problem(gr.Image(), None, preprocessed=True) is None  # an empty image: the handler says what it needs
+    assert value_problem(gr.HTML(), {"any": "thing"}, preprocessed=True) is None  # a kind not known here: unchanged

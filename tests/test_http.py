@@ -209,9 +209,10 @@ def test_an_error_event_carries_a_message(gated):
     response = post(s, "/gradio_api/run/predict", json={"data": [None], "fn_index": select,
                                                          "event_data": {"index": 5, "value": None}})
     assert response.json()["error"] == "that image is no longer in this session's history"
-    # A UI function whose values Gradio cannot read: its own error, which Gradio may not show, gets a line.
+    # A UI function called with too few values: Gradio's own error, which it may not show, gets a line. (A value of
+    # the wrong kind is refused before, by the gate: test_every_input_of_every_function_refuses_...)
     tick = next(fn._id for fn in s.demo.fns.values() if fn.api_name == "on_tick")
-    response = post(s, "/gradio_api/run/predict", json={"data": [{"x": 1}], "fn_index": tick})
+    response = post(s, "/gradio_api/run/predict", json={"data": [], "fn_index": tick})
     assert response.status_code >= 400 and response.json()["error"], response.text
 
 
@@ -383,3 +384,110 @@ def test_an_image_made_over_plain_http_downloads_whole_in_one_megabyte_pieces(ga
     with Image.open(io.BytesIO(image.content)) as back:
         assert back.size == (256, 256) and json.loads(back.text["parameters"])["seed"] == 1
     assert FileResponse.chunk_size == DOWNLOAD_PIECE == 1 << 20
+
+
+# -- values checked against their components (issue 34) ------------------------------------------------------------
+
+FILE = {"meta": {"_type": "gradio.FileData"}}
+
+
+def uploaded(s, name: str, data: bytes) -> str:
+    (path,) = post(s, "/gradio_api/upload", files={"files": (name, data)}).json()
+    return path
+
+
+def png_bytes() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), "white").save(out, format="PNG")
+    return out.getvalue()
+
+
+REFUSED_VALUES = [  # (what, route, body of the uploaded file's path p and the server s, what the one line says)
+    ("a reference as a plain path", "/gradio_api/call/generate",
+     lambda s, p: {"data": [*GENERATE[:5], p, *GENERATE[6:]]}, "references takes a list of files"),
+    ("a reference with only a url", "/gradio_api/call/generate",
+     lambda s, p: {"data": [*GENERATE[:5], [{"url": "http://127.0.0.1:9/a.png", **FILE}], *GENERATE[6:]]},
+     "got a list holding an object with \"url\""),
+    ("an inpaint image with only a url", "/gradio_api/call/v2/inpaint",
+     lambda s, p: {"image": {"url": "http://127.0.0.1:9/a.png"}, "mask": {"path": p, **FILE}, "prompt": "a door"},
+     "image takes a file as"),
+    ("a PDF to the page's preview", "/gradio_api/run/predict",
+     lambda s, p: {"data": [[{"path": uploaded(s, "a.pdf", b"%PDF-1.4"), **FILE}], "512x512", "crop"],
+                   "fn_index": fn_index(s, "on_preview"), "session_hash": "x"}, "References takes image files only"),
+    ("a Style not among the choices", "/gradio_api/run/predict",
+     lambda s, p: {"data": ["no such style"], "fn_index": fn_index(s, "on_style"), "session_hash": "x"},
+     'Style takes one of "None", got "no such style"'),
+    *[(f"a Strength of {shown}", "/gradio_api/run/predict",
+       lambda s, p, value=value: {"data": ["None", value], "fn_index": fn_index(s, "on_save_1"), "session_hash": "x"},
+       f"Strength takes {wanted}, got {shown}")
+      for value, shown, wanted in [(99, "99", "a number from 0 to 2"), (None, "null", "a value"),
+                                   ("abc", '"abc"', "a number from 0 to 2")]],
+    ("a Strength out of range to the device", "/gradio_api/queue/join",
+     lambda s, p: {"data": ["a fox", "256x256", 1, 1, False, 1.0, 1, [], {}, "None", -1],
+                   "fn_index": fn_index(s, "on_variations"), "session_hash": "x"}, "Strength takes a number from 0"),
+]
+
+
+@pytest.mark.parametrize("what, route, body, says", REFUSED_VALUES, ids=[r[0] for r in REFUSED_VALUES])
+def test_a_value_its_component_does_not_take_is_refused_in_one_line_without_a_log_line(gated, caplog, capfd, what,
+                                                                                      route, body, says):
+    """Each was 20 to 39 log lines of traceback per request, without a login (and the preview's PDF a 500)."""
+    path = uploaded(gated, "a.png", png_bytes())
+    caplog.set_level(logging.INFO)
+    capfd.readouterr()
+    response = post(gated, route, json=body(gated, path))
+    assert response.status_code == 422, response.text
+    message = response.json()["detail"]
+    assert says in message and "\n" not in message and gated.server.files_prefix not in message, message
+    assert server_log_lines(caplog, capfd) == []
+
+
+def completion(s, session: str) -> dict:
+    """The session's next process_completed message, from its event stream (/gradio_api/queue/data)."""
+    with httpx.stream("GET", s.url + f"/gradio_api/queue/data?session_hash={session}", timeout=TIMEOUT) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data:") and (message := json.loads(line[5:]))["msg"] == "process_completed":
+                return message
+    raise AssertionError("the event stream ended without a result")
+
+
+ANY_VALUE = ("BrowserState", "JSON", "Api")  # the page's stored session, a JSON view, gr.api's signature
+
+
+OUT_OF_COMPONENT = {"not": "a value of this component"}  # not a choice, a number, a flag, text nor a file
+
+
+def test_every_input_of_every_function_refuses_a_value_of_another_kind_cleanly(gated, caplog, capfd):
+    """Every function of the demo, each input in turn given a value of no component's kind, the others their
+    component's own value: a 4xx in one line, or (the named API's handlers, which take raw values) an error event in
+    one line; never a traceback, a 5xx or more than one log line."""
+    s = gated
+    caplog.set_level(logging.INFO)
+    tried = 0
+    for fn in s.demo.fns.values():
+        for index, block in enumerate(fn.inputs):
+            if getattr(block, "stateful", False) or type(block).__name__ in ANY_VALUE:
+                continue  # Gradio reads a State from the session, not the request; these take any JSON value
+            data = [None if b.stateful or callable(b.value) else b.value for b in fn.inputs]
+            data[index] = OUT_OF_COMPONENT
+            capfd.readouterr()
+            caplog.clear()
+            if fn.api_name in ("generate", "inpaint"):
+                response = post(s, f"/gradio_api/call/{fn.api_name}", json={"data": data})
+                assert response.status_code < 500, (fn.api_name, index, response.text)
+                if response.status_code == 200:
+                    event, told = result_of(s, fn.api_name, response.json()["event_id"])
+                    assert event == "error" and "\n" not in told["error"], (fn.api_name, index, told)
+            else:  # preprocess=False page functions (on_layout) take raw values and answer in words: a 200
+                route = "/gradio_api/queue/join" if fn.queue else "/gradio_api/run/predict"
+                response = post(s, route, json={"data": data, "fn_index": fn._id, "session_hash": "walker"})
+                assert response.status_code < 500, (fn.api_name, index, response.text)
+                if response.status_code >= 400:
+                    assert "\n" not in response.json()["detail"], (fn.api_name, index, response.text)
+                elif fn.queue:
+                    completed = completion(s, "walker")
+                    assert completed["success"] or "\n" not in completed["output"]["error"], (fn.api_name, completed)
+            lines = server_log_lines(caplog, capfd)
+            assert len(lines) <= 1 and not any("Traceback" in line for line in lines), (fn.api_name, index, lines)
+            tried += 1
+    assert tried > 40  # the page's functions and the API's, input by input

@@ -1,7 +1,11 @@
 """SIGTERM and Ctrl-C during a generation, against a real `python app.py` process: the first signal drains instead
-of aborting, a second one exits at once, cleanly."""
+of aborting, a second one exits at once, cleanly. Ctrl-C on an idle server, through main() in this process: it stops
+at once and says so."""
 
+import gc
 import json
+import logging
+import os
 import re
 import signal
 import subprocess
@@ -11,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import TIMEOUT, wait_until
+from serving import TIMEOUT, GatedRunner, connect, served, wait_until
 
 from neuron_ui.config.processes import free_port
-from neuron_ui.main import EXIT_CUT_SHORT
+from neuron_ui.main import EXIT_CUT_SHORT, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = ["a slow one", "256x256", 60, 1, None, None, None, None, None]  # its steps are set by seconds_per_step()
@@ -118,6 +122,68 @@ def test_a_second_signal_during_the_drain_exits_at_once_without_an_abort(tmp_pat
     assert results.get(running, ("cut",))[0] != "complete"  # it did not wait for the image
     assert "SIGINT again: exiting now" in output
     assert "terminate called" not in output and "Traceback" not in output, output[-3000:]
+
+
+def test_a_drain_past_its_bound_tells_the_running_request_in_one_line(tmp_path, caplog, capfd):
+    """Issue 34: an image that outlived the drain's bound ended in uvicorn's "Exception in ASGI application"
+    tracebacks, and its client heard a bare CancelledError. A drain bound of 0.5 s (passed in) and an image held
+    on the device: its gradio_client hears "shutting down", and the log says it in one line."""
+    caplog.set_level(logging.INFO)
+    with served(tmp_path / "cache", wrap_runner=GatedRunner) as s:
+        s.runner.hold()
+        client = connect(s.url, tmp_path)
+        running = client.submit("a held one", "256x256", 1, 1, None, None, None, None, None, api_name="/generate")
+        assert s.runner.holding.wait(TIMEOUT), "the request never reached the device"
+        capfd.readouterr()
+        try:
+            assert s.server.drain(0.5) is False  # the held image outlives the bound
+            s.server.stop()
+            with pytest.raises(Exception, match="the server is shutting down") as told:
+                running.result(TIMEOUT)
+        finally:
+            s.runner.open()
+            client.close()
+            # the pipeline thread ends before this process does (a thread left running aborts its exit)
+            wait_until(lambda: not s.engine.status().busy, "the held image ends", timeout=TIMEOUT)
+    assert "\n" not in str(told.value)
+    logged = [record.getMessage() for record in caplog.records if record.name.startswith(("neuron_ui", "uvicorn"))]
+    output = "\n".join(logged) + capfd.readouterr().err
+    assert "Traceback" not in output and "Exception in ASGI application" not in output, output[-3000:]
+    assert "CancelledError" not in output and "timeout graceful shutdown exceeded" not in output, output[-3000:]
+    (line,) = [line for line in logged if "did not finish" in line]
+    assert line.endswith("(1 request told the server is shutting down)"), line
+
+
+def test_ctrl_c_on_an_idle_server_stops_at_once_with_a_last_line(tmp_path, caplog):
+    """Issue 34: Ctrl-C with nothing running took 4.5-16.8 s, said "the image on the device has up to 30 s to finish"
+    and never said it had stopped. main() runs here, in this process, and gets a real SIGINT once it serves."""
+    caplog.set_level(logging.INFO)
+    port = free_port()
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    environ = dict(os.environ)
+
+    def interrupt() -> None:
+        wait_until(lambda: _status(f"http://127.0.0.1:{port}/healthz") == 200, "the app serves", timeout=300)
+        os.kill(os.getpid(), signal.SIGINT)  # main()'s handler (serving.stop_on_signals) runs in this thread's main
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        main(["--model", "tiny", "--compile-backend", "eager", "--device", "cpu", "--resolutions", "256x256",
+              "--cache-dir", str(tmp_path / "cache"), "--host", "127.0.0.1", "--port", str(port)])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        os.environ.clear()
+        os.environ.update(environ)
+        gc.unfreeze()  # main() freezes what it made for a quick exit; this process goes on
+    ours = [record for record in caplog.records if record.name.startswith("neuron_ui")]
+    said = [record.getMessage() for record in ours]
+    # Nothing on the device: the drain waits for nothing (the idle branch of Server.drain) and says so...
+    assert "shutting down: nothing is running or waiting" in said, said
+    assert not any("to finish" in line for line in said), said
+    assert said[-1] == "stopped", said  # ...and the last line says it stopped
+    signalled = next(r.created for r in ours if r.getMessage().startswith("SIGINT: draining"))
+    assert ours[-1].created - signalled < 30  # a hang guard only (it took 0.2 s here)
 
 
 def _status(url: str) -> int | None:

@@ -169,10 +169,14 @@ class ShapeStatus:
     on_disk: bool = False
     warmup_queued: bool = False
     shares_graph_with: str | None = None
-    # The latest compile from scratch, or load from the disk cache, of its graph (a size sharing a graph gets its time)
+    # Measured in this run (3 decimals), None otherwise: the compile from scratch, or the load from the disk cache, of
+    # its graph (a size sharing a graph gets its time)
     compile_seconds: float | None = None
     load_seconds: float | None = None
-    estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile; None if unknown
+    # Until ready and on disk: what earlier runs measured, as the disk cache's manifest keeps it (3 decimals)
+    recorded_compile_seconds: float | None = None
+    recorded_load_seconds: float | None = None
+    estimate_seconds: float | None = None  # until ready: a load when on disk, else a compile (0.1 s); None if unknown
     estimate_guess: bool = False  # the estimate is a built-in guess: this machine has measured no compile yet
     hits: int = 0  # images served from the compiled graph in memory (memory_hit)
     images: int = 0  # images made at this size, whatever the cache did

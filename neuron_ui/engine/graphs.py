@@ -96,7 +96,8 @@ class GraphBook:
     def ready(self, layout: Layout, seconds: float, event: str, persistent: bool) -> None:
         """The graph is held; recorded in the manifest only when it was compiled into the persistent folder."""
         with self._lock:
-            self._graphs[layout.tokens] = GraphState(ShapeState.READY, compiled_by=layout, seconds=seconds, event=event)
+            self._graphs[layout.tokens] = GraphState(ShapeState.READY, compiled_by=layout, seconds=round(seconds, 3),
+                                                     event=event)
         if persistent:
             self.manifest.record(self.key, str(layout), layout.tokens, seconds, event)
 
@@ -105,7 +106,7 @@ class GraphBook:
             stats = self._stats.setdefault(layout, LayoutStats())
             stats.images += 1
             stats.hits += event == MEMORY_HIT
-            stats.last_latency = latency
+            stats.last_latency = round(latency, 3)
 
     def seen(self, layout: Layout) -> None:
         """List this layout in the status from now on (a warm-up made it, with no image yet)."""
@@ -169,9 +170,9 @@ class GraphBook:
             estimate = self.estimate(layout)
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
             shape.estimate_guess = self.estimate_is_guess(layout)
-            if disk and shape.compile_seconds is None and shape.load_seconds is None:
-                shape.compile_seconds = measured_cold_seconds(disk[0])
-                shape.load_seconds = measured_load_seconds(disk[0])
+            if disk:  # earlier runs' measurements, kept apart from this run's
+                shape.recorded_compile_seconds = measured_cold_seconds(disk[0])
+                shape.recorded_load_seconds = measured_load_seconds(disk[0])
         return shape
 
     def used(self) -> list[Layout]:

@@ -13,7 +13,8 @@ queue itself (Gradio's own bound is off), refuses new work while the server shut
 route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
 message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
 folder, so gradio_client still downloads the image). Every file a call or the file route names
-must be one the app stored, and uploads stay within their disk budget (file_doors.py).
+must be one the app stored, and uploads stay within their disk budget (file_doors.py); every value must fit its
+component before Gradio preprocesses it (values.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
@@ -23,16 +24,17 @@ body, the stream's disconnect) and tells the server, which stops that session's 
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from starlette.requests import ClientDisconnect
+
 from neuron_ui.contract import stopping
 from neuron_ui.contract.files import ForeignFile
-from neuron_ui.server import routes
+from neuron_ui.server import routes, values
 from neuron_ui.server.asgi import (
     NOT_JSON,
     UNEXPLAINED,
@@ -51,8 +53,6 @@ from neuron_ui.server.mounted import GateServer, Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
 
 if TYPE_CHECKING:
-    import gradio as gr
-    from gradio.block_function import BlockFunction
 
     from neuron_ui.contract.stopping import SessionStops
 
@@ -136,6 +136,8 @@ class Gate:
             send.on_start = self._admitted
         try:
             await self.app(scope, receive, send)
+        except ClientDisconnect:
+            pass  # the client went away mid-request (an upload cut short): no one to answer, nothing wrong here
         except Exception:
             logger.exception("error serving %s %s", method, path)
             if not send.started:
@@ -166,7 +168,7 @@ class Gate:
             route, name = named.groups()
             if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
                 try:  # Gradio refuses queued ones (api_open=False)
-                    receive, refusal = await self.with_full_paths(receive, demo)
+                    receive, refusal = await self.with_full_paths(receive, mounted)
                     return receive, refusal, False
                 except ForeignFile as error:
                     return receive, Refusal(403, str(error)), False
@@ -180,8 +182,8 @@ class Gate:
             return replay(body, receive), refusal, False  # not JSON: Gradio says what is wrong with it
         if named and named.group(2) == "stop" and isinstance(data, dict):
             data = stop_on_behalf(data, mounted.stops)
-        fn = called(demo, data, named.group(2) if named else None)
-        data = with_defaults(data, fn)
+        fn = values.called(demo, data, named.group(2) if named else None)
+        data = values.with_defaults(data, fn)
         by_name = named is not None and named.group(1) == "call/v2"  # /call/v2 takes keyword arguments
         try:
             checked = self.files.full_paths(data, fn, by_name=by_name)
@@ -203,8 +205,10 @@ class Gate:
                 return receive, Refusal(404, f"there is no function {index}"), False
         if fn is None:
             return receive, None, False
-        values = data.get("data")
-        if isinstance(values, list) and (problem := gradio_bridge.arity_problem(fn, len(values))):
+        given = data.get("data")
+        if isinstance(given, list) and (problem := gradio_bridge.arity_problem(fn, len(given))):
+            return receive, Refusal(422, problem), False
+        if problem := values.call_problem(mounted.gradio_app, fn, checked, by_name):
             return receive, Refusal(422, problem), False
         if not gradio_bridge.runs_on_device(fn):
             return receive, None, False
@@ -230,12 +234,17 @@ class Gate:
             body = json.dumps({**data, "fn_index": gradio_bridge.NO_FUNCTION}).encode()
         return replay(body, receive), None
 
-    async def with_full_paths(self, receive: Receive, demo: gr.Blocks) -> tuple[Receive, Refusal | None]:
+    async def with_full_paths(self, receive: Receive, mounted: Mounted) -> tuple[Receive, Refusal | None]:
+        """A page's non-queued call: its files the app's own, its values fit for their components."""
         body = await read_body(receive)
         data, refusal = parse_json(body)
         if refusal is not None or data is NOT_JSON:
             return replay(body, receive), refusal
-        return replay(json.dumps(self.files.full_paths(data, called(demo, data, None))).encode(), receive), None
+        fn = values.called(mounted.demo, data, None)
+        checked = self.files.full_paths(data, fn)
+        if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, checked, by_name=False)):
+            return replay(body, receive), Refusal(422, problem)
+        return replay(json.dumps(checked).encode(), receive), None
 
     def inbound(self, scope: dict) -> dict:
         """API requests are not compressed, so Outbound can read what it sends (a file route's path is already the
@@ -244,12 +253,6 @@ class Gate:
             return scope
         headers = [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]
         return {**scope, "headers": headers}
-
-
-def called(demo: gr.Blocks, data: Any, api_name: str | None) -> BlockFunction | None:
-    """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
-    index = data.get("fn_index") if isinstance(data, dict) else None
-    return gradio_bridge.called_function(demo, api_name, index)
 
 
 def stop_on_behalf(data: dict, stops: SessionStops) -> dict:
@@ -274,19 +277,6 @@ def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: Ses
         return message
 
     return watched
-
-
-def with_defaults(data: Any, fn: BlockFunction | None) -> Any:
-    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
-    /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
-    values = data.get("data") if isinstance(data, dict) and fn is not None else None
-    defaults = gradio_bridge.input_defaults(fn) if fn is not None else []
-    if not isinstance(values, list) or len(values) >= len(defaults):
-        return data
-    missing = defaults[len(values):]
-    if any(default is inspect.Parameter.empty for default in missing):
-        return data
-    return {**data, "data": [*values, *missing]}
 
 
 def rewritten(path: str) -> bool:

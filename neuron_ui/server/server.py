@@ -30,7 +30,7 @@ from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.asgi import folder_prefix
-from neuron_ui.server.gate import Gate
+from neuron_ui.server.gate import SHUTTING_DOWN, Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.server.mounted import Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
@@ -217,9 +217,9 @@ class Server:
         """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
 
         False when a drain ran out of time with the device still busy (see drain())."""
-        try:
-            while self._thread is not None and self._thread.is_alive() and not self._drain_requested.is_set():
-                self._thread.join(0.5)
+        try:  # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
+            while self._thread is not None and self._thread.is_alive() and not self._drain_requested.wait(0.5):
+                pass
         except KeyboardInterrupt:
             logger.info("interrupted: stopping")
             return True
@@ -229,8 +229,11 @@ class Server:
         """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),
         the image on the device may finish within `timeout`, every waiting request is told the server is shutting
         down; True if the device was idle in time. The caller then stop()s."""
+        self.draining = True  # from here nothing new reaches the device: what is there now is all there is to wait for
+        if self.idle():
+            logger.info("shutting down: nothing is running or waiting")
+            return self.engine.drain(0) if self.engine is not None else True
         logger.info("shutting down: no new requests; the image on the device has up to %.0f s to finish", timeout)
-        self.draining = True
         deadline = time.monotonic() + timeout
         finished = self.engine.drain(timeout) if self.engine is not None else True
         # Gradio starts what waited in its queue one by one; each is refused by the closed device at once.
@@ -238,8 +241,22 @@ class Server:
             time.sleep(0.05)
         time.sleep(0.5)  # the last answers reach their event streams
         if not finished:
-            logger.error("the image on the device did not finish within %.0f s; stopping anyway", timeout)
+            ended = self._end_events()
+            logger.error("the image on the device did not finish within %.0f s; stopping anyway (%d request%s told "
+                         "the server is shutting down)", timeout, ended, "" if ended == 1 else "s")
         return finished
+
+    def _end_events(self) -> int:
+        """The requests Gradio still holds hear "shutting down" and their streams close (gradio_mount.end_events)."""
+        if self.mounted is None or self._loop is None:
+            return 0
+        ending = gradio_mount.end_events(self.mounted.demo, SHUTTING_DOWN)
+        return asyncio.run_coroutine_threadsafe(ending, self._loop).result(10)
+
+    def idle(self) -> bool:
+        """Nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's."""
+        status = self.engine.status() if self.engine is not None else None
+        return self.device_events() == 0 and (status is None or not (status.busy or status.queue_depth))
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.mounted is not None:

@@ -203,3 +203,77 @@ def serve_in_place(folder: Path) -> None:
 
     if Path(folder).resolve() not in _StaticFiles.all_paths:
         gr.set_static_paths([folder])
+
+
+def session_inputs(gradio_app: Any, fn: BlockFunction, session: object) -> list[Any]:
+    """The function's input components as Gradio preprocesses them for this session: the session's own copy where an
+    event updated one (its choices, say), else the demo's. Gradio 6.31 (blocks.py, Blocks.preprocess_data): `if
+    block._id in state: block = state[block._id]`, the state from App.state_holder.session_data by session hash; an
+    unknown session is not created here."""
+    state = gradio_app.state_holder.session_data.get(session) if isinstance(session, str) else None
+    return [state[block._id] if state is not None and not block.stateful and block._id in state else block
+            for block in fn.inputs]
+
+
+def prop_inputs(fn: BlockFunction) -> frozenset[int]:
+    """Inputs whose value comes wrapped with the component's props ({"value": ..., ...}: BlockFunction.
+    component_prop_inputs, 6.31): the value checks leave them to Gradio."""
+    return frozenset(fn.component_prop_inputs or ())
+
+
+def runs_preprocess(fn: BlockFunction) -> bool:
+    """Whether Gradio preprocesses the function's values with its components (BlockFunction.preprocess); the named
+    API's handlers take them raw (preprocess=False) and check them in their own words."""
+    return bool(fn.preprocess)
+
+
+def parameter_names(fn: BlockFunction) -> list[str]:
+    """The handler's parameter names, by input position (what a /call/v2 body names its values by)."""
+    return [parameter.name for parameter in _parameters(fn)]
+
+
+def fits_data_model(block: Any, value: Any) -> bool | None:
+    """Whether `value` is what the component's data model takes (a FileData, an editor's value, a gallery...), checked
+    as Gradio 6.31 checks it in Blocks.preprocess_data, for every function, preprocessed or not:
+    `block.data_model.model_validate(value, context={"validate_meta": True})`, whose ValidationError escaped as a
+    traceback per request; and every file in it names its path (gr.Image's ImageData leaves `path` optional, so a
+    value with only a `url`, or none of a file's fields, got through to fail in the handler). None for a component
+    without a data model."""
+    from pydantic import ValidationError
+
+    model = getattr(block, "data_model", None)
+    if model is None:
+        return None
+    try:
+        checked = model.model_validate(value, context={"validate_meta": True})
+    except (ValidationError, ValueError, TypeError):
+        return False
+    return _paths_named(checked)
+
+
+def _paths_named(item: Any) -> bool:
+    """Every pydantic model in a validated value that has a `path` field (FileData, ImageData) names it as a string."""
+    from pydantic import BaseModel, RootModel
+
+    stack = [item]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RootModel):
+            stack.append(item.root)
+        elif isinstance(item, BaseModel):
+            if "path" in type(item).model_fields and not isinstance(getattr(item, "path", None), str):
+                return False
+            stack.extend(getattr(item, name) for name in type(item).model_fields)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return True
+
+
+def file_type_ok(name: str, file_types: list[str]) -> bool:
+    """Whether a file's name fits a component's file_types, by the rule gr.File's preprocessing applies
+    (gradio_client.utils.is_valid_file, 6.31): a PDF sent where images go raised there, a traceback and a 500."""
+    from gradio_client.utils import is_valid_file
+
+    return is_valid_file(name, file_types)

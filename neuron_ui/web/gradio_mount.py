@@ -135,6 +135,29 @@ def stop(demo: gr.Blocks, gradio_app: Any, loop: asyncio.AbstractEventLoop | Non
         loop.call_soon_threadsafe(gradio_app.stop_event.set)
 
 
+async def end_events(demo: gr.Blocks, error: str, within: float = 2.0) -> int:
+    """End every event Gradio still holds (running past the drain's bound, or waiting) with `error`, as Gradio ends a
+    failed one: its stream says so and closes. Left open, uvicorn's shutdown cancelled the streams 3 s later with an
+    "Exception in ASGI application" traceback each, and the browser's and gradio_client's heard a bare CancelledError
+    or "Server stopped unexpectedly." (what a stream says instead of its next message once the queue stops). Returns
+    once the streams read them, or after `within` s (a client that reads no stream). Gradio 6.31:
+    Queue.event_ids_to_events, send_message and pending_event_ids_session, whose ids a stream removes as it sends their
+    completion (gradio/queueing.py, gradio/routes.py queue_data_helper); ProcessCompletedMessage
+    (gradio/server_messages.py). Call it on the server's loop."""
+    from gradio.server_messages import ProcessCompletedMessage
+
+    queue = demo._queue
+    events = list(queue.event_ids_to_events.values())
+    for event in events:
+        output = {"error": error, "visible": True, "title": "Error"}
+        queue.send_message(event, ProcessCompletedMessage(output=output, success=False))
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline and any(
+            event._id in queue.pending_event_ids_session.get(event.session_hash, ()) for event in events):
+        await asyncio.sleep(0.02)
+    return len(events)
+
+
 def logged_in(gradio_app: Any, scope: dict) -> bool:
     """Gradio's own login check (gradio/routes.py get_current_user, 6.31): its cookie names a token it issued."""
     cookies = Request(scope).cookies

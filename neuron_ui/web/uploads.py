@@ -57,6 +57,11 @@ class UploadFolder:
     def used(self) -> int:
         return self._counted + self._since + self._in_flight
 
+    @property
+    def arriving(self) -> int:
+        """Bytes admitted for uploads still arriving (done() not yet called)."""
+        return self._in_flight
+
     def admit(self, length: int | None) -> UploadRefusal | None:
         """Reserve `length` bytes for one upload request (then call `done`), or say why not. May sweep: call it
         from a thread, not the event loop."""

@@ -1,0 +1,181 @@
+"""The gate's check of a call's values against the demo's own components, before Gradio preprocesses them.
+
+Gradio refuses a value that does not fit its component only while preprocessing it, inside the queue: a Style not
+among the dropdown's choices, a Strength out of the slider's range, None or "abc" for a number, a file value of the
+wrong shape (a plain path string, a FileData with only a `url`). Each was a gr.Error or a pydantic ValidationError
+there, and 20 to 39 log lines of traceback per request, without a login. Here each value is checked against its
+component (the session's copy, where an event updated it) with the rules Gradio applies, and the call refused in
+one line (a 422) before it joins the queue:
+
+- every component with a data model (files, images, the image editor, galleries, sliders of images): the value
+  validates against it as Gradio validates it (gradio_bridge.fits_data_model), for every function;
+- for the functions Gradio preprocesses (the page's; the named API's handlers take raw values and check them in
+  their own words): dropdown and radio choices (unless custom values are allowed), slider and number ranges,
+  checkboxes true or false, text a string, an example's index, and a file's type where the component names the types
+  it takes.
+
+Components are read generically, so one added to the page is covered as soon as it is of a kind above; a component
+of any other kind passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+
+from neuron_ui.web import gradio_bridge
+
+if TYPE_CHECKING:
+    from gradio.block_function import BlockFunction
+
+FILE_SHAPE = '{"path": ..., "meta": {"_type": "gradio.FileData"}}'  # what gradio_client's handle_file sends
+SHOWN = 40  # characters of a refused value shown back
+
+
+def call_problem(gradio_app: Any, fn: BlockFunction, data: Any, by_name: bool) -> str | None:
+    """Why a call's values do not fit the function's inputs (one line), or None. `data` is the call's body: its
+    "data" list, or with `by_name` (/call/v2) the values by parameter name."""
+    if not isinstance(data, dict):
+        return None
+    if by_name:
+        names = gradio_bridge.parameter_names(fn)
+        values = {names.index(key): value for key, value in data.items() if key in names}
+    elif isinstance(data.get("data"), list):
+        values = dict(enumerate(data["data"]))
+    else:
+        return None
+    blocks = gradio_bridge.session_inputs(gradio_app, fn, data.get("session_hash"))
+    preprocessed, wrapped = gradio_bridge.runs_preprocess(fn), gradio_bridge.prop_inputs(fn)
+    for index, block in enumerate(blocks):
+        if index in values and index not in wrapped and not getattr(block, "stateful", False):
+            problem = value_problem(block, values[index], preprocessed)
+            if problem is not None:
+                return f"{label(block, index)} {problem}"
+    return None
+
+
+def value_problem(block: Any, value: Any, preprocessed: bool) -> str | None:
+    """What the component takes and what came instead, when `value` is not that; None when it fits (or the component
+    is of no kind known here)."""
+    fits = gradio_bridge.fits_data_model(block, value)
+    if fits is not None:  # files: never echoed, their paths are the server's by now (file_doors.py)
+        if value is None:
+            return None  # an empty file, image or editor: the handler says what it needs
+        if not fits:
+            return f"{files_wanted(block)}, got {kind(value)}"
+        return file_type_problem(block, value) if preprocessed else None
+    if not preprocessed:
+        return None
+    problem = plain_problem(block, value)
+    return None if problem is None else f"{problem}, got {shown(value)}"
+
+
+def plain_problem(block: Any, value: Any) -> str | None:
+    if value is None:
+        return None if isinstance(block, gr.Number) or may_be_empty(block) else "takes a value"
+    if isinstance(block, (gr.Dropdown, gr.Radio, gr.CheckboxGroup)):
+        return choice_problem(block, value)
+    if isinstance(block, gr.Checkbox):
+        return None if isinstance(value, bool) else "takes true or false"
+    if isinstance(block, (gr.Slider, gr.Number)):
+        return number_problem(block, value)
+    if isinstance(block, gr.Textbox):
+        return None if isinstance(value, str) else "takes text"
+    if isinstance(block, gr.Dataset):  # examples: the index of one (Dataset.preprocess reads raw_samples[index])
+        count = len(block.raw_samples or [])
+        fits = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < count
+        return None if fits else f"takes the index of an example, from 0 to {count - 1}"
+    return None
+
+
+def may_be_empty(block: Any) -> bool:
+    """A component whose own value may be None (nothing chosen yet) takes None; one that always holds a value never
+    sends None from the page."""
+    value = getattr(block, "value", None)
+    return value is None or callable(value)
+
+
+def choice_problem(block: Any, value: Any) -> str | None:
+    choices = [choice[1] if isinstance(choice, (tuple, list)) else choice for choice in block.choices or []]
+    many = getattr(block, "multiselect", False) or isinstance(block, gr.CheckboxGroup)
+    chosen = value if many and isinstance(value, list) else [value] if not many else None
+    if chosen is None:
+        return "takes a list of choices"
+    custom = getattr(block, "allow_custom_value", False)
+    if all(item in choices or (custom and isinstance(item, (str, int, float))) for item in chosen):
+        return None
+    listed = ", ".join(shown(choice) for choice in choices[:8]) + (", ..." if len(choices) > 8 else "")
+    return f"takes {'choices' if many else 'one'} of {listed}" if choices else "has no choices"
+
+
+def number_problem(block: Any, value: Any) -> str | None:
+    low, high = getattr(block, "minimum", None), getattr(block, "maximum", None)
+    fits = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (low is None or value >= low) and (high is None or value <= high))
+    if fits:
+        return None
+    if low is not None and high is not None:
+        return f"takes a number from {low:g} to {high:g}"
+    return "takes a number" + (f" of at least {low:g}" if low is not None else "") + (
+        f" of at most {high:g}" if high is not None else "")
+
+
+def files_wanted(block: Any) -> str:
+    many = getattr(block, "file_count", "single") != "single"
+    if isinstance(block, (gr.File, gr.Image)):
+        return f"takes {'a list of files, each' if many else 'a file'} as {FILE_SHAPE} (upload it first)"
+    return f"takes its value of files, each as {FILE_SHAPE} (upload them first)"
+
+
+def file_type_problem(block: Any, value: Any) -> str | None:
+    """A file whose name is not of the types the component takes (gr.File's file_types)."""
+    types: list[str] = getattr(block, "file_types", None) or []
+    items = value if isinstance(value, list) else [value]
+    names: list[str] = [item["path"] for item in items if isinstance(item, dict) and isinstance(item.get("path"), str)]
+    wrong = [name for name in names if types and not gradio_bridge.file_type_ok(name, types)]
+    if not wrong:
+        return None
+    return f"takes {', '.join(types)} files only, got {shown(os.path.basename(wrong[0]))}"
+
+
+def label(block: Any, index: int) -> str:
+    return str(getattr(block, "label", None) or f"input {index + 1}")
+
+
+def kind(value: Any) -> str:
+    """What a refused file value is, without its paths."""
+    if isinstance(value, dict):
+        return f"an object with {', '.join(shown(key) for key in list(value)[:5]) or 'nothing'}"
+    if isinstance(value, list):
+        return f"a list holding {kind(value[0])}" if value else "an empty list"
+    return {str: "a string", bool: "true or false"}.get(type(value), "a number")
+
+
+def shown(value: Any) -> str:
+    """A value as the caller sent it, cut short: one line, never long."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
+def called(demo: gr.Blocks, data: Any, api_name: str | None) -> BlockFunction | None:
+    """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
+    index = data.get("fn_index") if isinstance(data, dict) else None
+    return gradio_bridge.called_function(demo, api_name, index)
+
+
+def with_defaults(data: Any, fn: BlockFunction | None) -> Any:
+    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
+    /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
+    values = data.get("data") if isinstance(data, dict) and fn is not None else None
+    defaults = gradio_bridge.input_defaults(fn) if fn is not None else []
+    if not isinstance(values, list) or len(values) >= len(defaults):
+        return data
+    missing = defaults[len(values):]
+    if any(default is inspect.Parameter.empty for default in missing):
+        return data
+    return {**data, "data": [*values, *missing]}
