@@ -44,8 +44,11 @@ class Stamped(StandInHandle):
         self.release = threading.Semaphore(0)
 
     def options(self, multiplexed_model_id: str = "", **_):
-        self.keys.append(multiplexed_model_id)
-        return self
+        def remote(request, tokens):
+            self.keys.append(multiplexed_model_id)
+            return self._stream(request)
+
+        return SimpleNamespace(generate=SimpleNamespace(remote=remote))
 
     def _stream(self, request):
         replica = "replica-a" if self.keys[-1] else "replica-b"  # Serve's routing: the key to its holder
