@@ -22,6 +22,8 @@ from test_replicas_turns import StandInHandle, Stream
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.contract.stopping import Phase as StopPhase
+from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Done, Progress, Started
 from neuron_ui.replicas.routing import NO_KEY, ShapeRouting
@@ -44,8 +46,11 @@ class Stamped(StandInHandle):
         self.release = threading.Semaphore(0)
 
     def options(self, multiplexed_model_id: str = "", **_):
-        self.keys.append(multiplexed_model_id)
-        return self
+        def remote(request, tokens):
+            self.keys.append(multiplexed_model_id)
+            return self._stream(request)
+
+        return SimpleNamespace(generate=SimpleNamespace(remote=remote))
 
     def _stream(self, request):
         replica = "replica-a" if self.keys[-1] else "replica-b"  # Serve's routing: the key to its holder
@@ -132,6 +137,53 @@ def test_a_hot_shape_spills_to_a_free_replica_instead_of_waiting_for_its_busy_ho
     for thread in threads:
         thread.join(10)
     assert handle.keys == ["1024", "1024", NO_KEY]  # the holder free: its key; the holder busy: any free replica
+
+
+class Ending(StandInHandle):
+    """A replica whose stream, after its Done, ends only when `end` lets it (Serve's task reply, late); its first
+    step says the request runs (the phase riding on it); each options() call counted."""
+
+    def __init__(self):
+        self.end = threading.Semaphore(0)
+        self.sent = 0
+        self.options_calls = 0
+
+    def options(self, **_):
+        self.options_calls += 1
+        return self
+
+    def _stream(self, request):
+        self.sent += 1
+
+        def messages():
+            yield Started("replica-a", now())
+            yield Progress(ProgressUpdate("denoising", "step 1/1", 1.0), now(), phase="running")
+            yield Done(made(request), now(), now(), now())
+            self.end.acquire(timeout=30)
+
+        return Stream(messages())
+
+
+def test_the_caller_has_its_image_at_done_and_the_next_call_waits_for_the_streams_end(front):
+    """Serve counts the replica busy until the stream's end: read off the caller's path, waited for before the next
+    call is sent (else Serve's router sends it to another replica, which compiles the shape again)."""
+    handle = Ending()
+    client = front(handle)
+    stop = StopToken()
+    result = client.generate(GenerateRequest("a boat", "512x512", seed=3), stop=stop)
+    assert result.prompt == "a boat" and stop.phase == StopPhase.RUNNING  # the phase came with the step
+    assert client.calls.started() == 1  # its stream has not ended yet: a drain would still wait for it
+    second = threading.Thread(target=client.generate, args=(GenerateRequest("a cat", "512x512", seed=4),),
+                              daemon=True)
+    second.start()
+    second.join(0.3)
+    assert handle.sent == 1  # held until the first stream's end
+    handle.end.release()
+    wait_until(lambda: handle.sent == 2, "the second call is sent once the first stream ended")
+    handle.end.release()
+    second.join(10)
+    wait_until(lambda: client.calls.started() == 0, "both streams ended")
+    assert handle.options_calls == 1  # one handle for the method and key, built once
 
 
 def test_the_routing_key_counts_the_calls_not_yet_placed_and_forgets_a_lost_replica():

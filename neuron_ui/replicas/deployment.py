@@ -29,7 +29,8 @@ from neuron_ui.contract import stopping
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, find_board
 from neuron_ui.replicas.lease import ShapeLease
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Progress, Started, progress_message
+from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Preview, Progress, Started,
+                                         progress_message)
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.timing import StartupStages, now
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the process anyway
+# A report woken by an image's start or end waits this long: its snapshot (Python, holding the GIL) then no longer
+# competes with the first or last messages of the image's stream on the replica's loop.
+WOKEN_REPORT_DELAY = 0.02
 
 
 @dataclass
@@ -124,7 +128,7 @@ class EngineReplica:
             yield item
 
     async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
-        """Stream Started, then Progress and Phase as they come, the Compiled ones, and Done or Failed last
+        """Stream Started, then Progress (and Preview) as they come, the Compiled ones, and Done or Failed last
         (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's request at its
         next step. The messages carry the stamps of neuron_ui.replicas.timing."""
         yield Started(self.name, now())
@@ -136,56 +140,55 @@ class EngineReplica:
                                                        "this one loads it from the cache when it is done"))
         lease = await self.hold_shape(model_id)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Message] = asyncio.Queue()
+        queue: asyncio.Queue[Progress | Preview | Done | Failed] = asyncio.Queue()  # progress, then the result
 
         def report(update: ProgressUpdate) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, progress_message(update, now()))
 
         stop = StopToken()
 
-        def run() -> Done | Failed:
+        def run() -> None:
             self.active = self._was_busy = True
             self._wake.set()  # busy now, not at the next tick (the reporter sends it beside the image)
+            result: Done | Failed
             try:
                 began = now()
                 value = work(report, stop)
                 ended = now()
                 if isinstance(value, GenerateResult):
                     value = replace(value, replica=self.name)
-                return Done(value, began, ended)
+                result = Done(value, began, ended)
             except (ValueError, EngineError) as error:  # the engine's own errors: their kind travels
-                return Failed.of(error)
+                result = Failed.of(error)
             except Exception as error:  # noqa: BLE001 - told as one line; the replica's log has the trace
                 logger.exception("replica %s failed", self.name)
-                return Failed.of(error)
+                result = Failed.of(error)
             finally:
                 self.active = False
                 lease.release()  # others may now load this graph from the cache
-                self._wake.set()
+                if stop.stopped:  # the front cancelled: idle now (else once the result is sent, below)
+                    self._wake.set()
+            loop.call_soon_threadsafe(queue.put_nowait, result)  # after every progress message it reported
 
-        task = loop.run_in_executor(None, run)
-        # The engine's QUEUED (the request is valid) is sent on, and admits it at the front.
+        loop.run_in_executor(None, run)  # its result comes through the queue
+        # Where the request is (stopping's phases) goes with the next progress message, not in a message of its
+        # own: the engine's QUEUED, which admits the request at the front, with its first line.
         phase = stopping.Phase.RECEIVED
         try:
-            while not task.done() or not queue.empty():
-                getter = asyncio.ensure_future(queue.get())
-                either: set[asyncio.Future[Any]] = {getter, task}
-                done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    yield getter.result()
-                else:
-                    getter.cancel()
+            while not isinstance(message := await queue.get(), (Done, Failed)):
                 if stop.phase != phase:
                     phase = stop.phase
-                    yield Phase(phase)
+                    message = replace(message, phase=phase)
+                yield message
+            for compiled in self.compiles:
+                yield compiled
+            self.compiles.clear()
+            yield replace(message, at=now()) if isinstance(message, Done) else message
         except (asyncio.CancelledError, GeneratorExit):
             stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
             raise
-        for compiled in self.compiles:
-            yield compiled
-        self.compiles.clear()
-        result = task.result()
-        yield replace(result, at=now()) if isinstance(result, Done) else result
+        finally:
+            self._wake.set()  # idle: reported once the result is on its way
 
     def snapshot(self, busy: bool) -> ReplicaReport:
         return ReplicaReport(
@@ -210,9 +213,10 @@ class EngineReplica:
             logger.debug("replica %s could not report", self.name, exc_info=True)
 
     def _report_loop(self) -> None:
-        """Every REPORT_SECONDS, and at once when woken (an image began or ended)."""
+        """Every REPORT_SECONDS, and WOKEN_REPORT_DELAY after woken (an image began or ended)."""
         while not self._stop.is_set():
-            self._wake.wait(REPORT_SECONDS)
+            if self._wake.wait(REPORT_SECONDS):  # the snapshot a moment later, off the loop sending the messages
+                self._stop.wait(WOKEN_REPORT_DELAY)
             self._wake.clear()
             if not self._stop.is_set():
                 seen, self._was_busy = self._was_busy, False

@@ -1,8 +1,9 @@
 """The messages a replica's stream carries to the front, one frozen dataclass each, in the order they come:
 
     Started(replica, at)                   the request left the router and began on this replica
-    Progress(update, at) ... Phase(phase)  progress lines and where the request is (queued, compiling, running)
-    Preview(step, steps, png, at) ...      a step's estimate of the image, for a request that asked (a small PNG)
+    Progress(update, at, phase) ...        progress lines, each with where the request is now if that changed
+                                           (queued, compiling, running: neuron_ui.contract.stopping's phases)
+    Preview(step, steps, png, at, phase) ... a step's estimate of the image, for a request that asked (a small PNG)
     Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
     Done(value, began, ended, at) | Failed(kind, message)
                                            the result, or the error as a value, so its kind survives the trip
@@ -36,6 +37,7 @@ class Progress:
 
     update: ProgressUpdate
     at: float = 0.0  # when the engine reported it
+    phase: str = ""  # where the request went since the message before (what a stop would still save); "" the same
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Preview:
     steps: int
     png: bytes
     at: float = 0.0  # when the engine reported it
+    phase: str = ""  # as Progress's
 
     def update(self) -> ProgressUpdate:
         """The engine's progress update again, at the front."""
@@ -59,13 +62,6 @@ def progress_message(update: ProgressUpdate, at: float = 0.0) -> Progress | Prev
     if update.preview is not None:
         return Preview(update.preview.step, update.preview.steps, update.preview.png(), at)
     return Progress(update, at)
-
-
-@dataclass(frozen=True)
-class Phase:
-    """The request moved on (neuron_ui.contract.stopping's phases): what a stop would still save."""
-
-    phase: str
 
 
 @dataclass(frozen=True)
@@ -112,4 +108,4 @@ class Failed:
         return EngineError(self.message, kind=self.kind)
 
 
-Message = Started | Progress | Preview | Phase | Compiled | Done | Failed
+Message = Started | Progress | Preview | Compiled | Done | Failed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import queue
 from dataclasses import replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from neuron_ui.contract import stopping
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped, StopToken
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Phase, Preview, Progress, Started
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started
 from neuron_ui.replicas.routing import ShapeRouting
 from neuron_ui.replicas.timing import Timing, now
 
@@ -39,7 +40,10 @@ STOPPED_WORDS = {
 }
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
 RETRIED = "replica lost, retried on another"  # before every progress line of a retried request
-LOST_WAIT = "a lost replica, retried on another"  # the result's waited_for: "waited 21 s for a lost replica, ..."
+LOST_WAIT = "a lost replica, retried on another"
+# A call waits at most this long for the ends of the streams whose Done came in (a few ms), so that Serve's router
+# finds their replicas free; past it the call goes anyway (Serve may then send it to another replica).
+END_WAIT_SECONDS = 1.0  # the result's waited_for: "waited 21 s for a lost replica, ..."
 
 
 class StreamCaller:
@@ -57,6 +61,15 @@ class StreamCaller:
         self._waiting: dict[int, Any] = {}  # sent to the deployment, not yet started on a replica: id -> its stream
         self._started = 0  # started on a replica, not yet ended
         self._closed = False
+        self._handles: dict[tuple[str, str], Any] = {}  # (method, routing key) -> its handle, built once
+        # Streams whose Done is in, read to their end off the caller's path by daemon threads, one per replica (a
+        # process exit never waits for them, as it would for an executor's); None ends a thread (close()).
+        self._ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ending = 0  # handed over, not yet at their end
+        self._ended = threading.Condition(self._lock)
+        self._enders = max(1, self.routing.replicas)
+        for n in range(self._enders):
+            threading.Thread(target=self._end_loop, name=f"stream-end-{n}", daemon=True).start()
         # Told each successful call's stamps (neuron_ui.replicas.timing), e.g. by bench/replicas.py; none by default.
         self.timing_listeners: list[Callable[[Timing], None]] = []
 
@@ -74,6 +87,8 @@ class StreamCaller:
         with self._lock:
             self._closed = True
             waiting = list(self._waiting.values())
+            for _ in range(self._enders):  # after the streams handed over before: their ends are still read
+                self._ends.put(None)
         for stream in waiting:
             stream.cancel()
 
@@ -112,16 +127,27 @@ class StreamCaller:
             listener(timing)
         return value
 
+    def _handle(self, method: str, key: str) -> Any:
+        """The handle for one method and routing key: Serve's options() copies a handle each time, so built once
+        (as many as methods times token counts seen, plus the spill's empty key)."""
+        handle = self._handles.get((method, key))
+        if handle is None:
+            handle = getattr(self.handle.options(stream=True, multiplexed_model_id=key), method)
+            self._handles[(method, key)] = handle
+        return handle
+
     def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken,
                 timing: Timing) -> Any:
-        handle = self.handle.options(stream=True, multiplexed_model_id=self.routing.key(layout.tokens))
+        with self._ended:  # Serve counts a replica busy until its last stream's end: waited for here, not after
+            self._ended.wait_for(lambda: not self._ending, timeout=END_WAIT_SECONDS)  # each Done, if at all
+        handle = self._handle(method, self.routing.key(layout.tokens))
         timing.sent = now()
-        stream = getattr(handle, method).remote(argument, layout.tokens)
+        stream = handle.remote(argument, layout.tokens)
         with self._lock:
             ahead = len(self._waiting)
             self._waiting[id(stream)] = stream
             closed = self._closed
-        started, replica = False, "?"
+        started, replica, ending = False, "?", False
         if ahead:
             report(ProgressUpdate(Stage.WAITING, f"waiting for a free replica, {ahead} ahead"))
         try:
@@ -130,14 +156,15 @@ class StreamCaller:
             if stop.stopped or closed:  # stopped (or shutting down) before the stream existed
                 stream.cancel()
             try:
-                # Read to the end of the stream, not just to Done: the replica counts as busy until its request
-                # ends, and the next request for this graph should find it free, not spill to another replica.
                 for message in stream:
                     if isinstance(message, Started) and not started:
                         started, replica = self._start(stream), message.replica
                         self.routing.placed(replica, layout.tokens)
                     stamp(timing, message)
                     self._take(message, report, stop, done, layout, replica)
+                    if done:  # Done is the last message: the stream's end is read off the caller's path
+                        ending = started
+                        return done[0]
             except REPLICA_LOST:
                 if started:
                     self.routing.lost(replica)
@@ -151,15 +178,38 @@ class StreamCaller:
                 raise Stopped(words.format(layout=layout)) from None
             finally:
                 forget()
-            if done:
-                return done[0]
             raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
         finally:
+            # The replica is free for this front's routing once its Done is in: its image is made.
             self.routing.ended(replica if started else None)
             with self._lock:
-                if started:
-                    self._started -= 1
-                self._waiting.pop(id(stream), None)
+                if ending and not self._closed:
+                    self._ending += 1
+                    self._ends.put(stream)
+                    stream = None
+            if stream is not None:  # not started, failed, or shutting down: the stream's end is not waited for
+                self._forget(stream, started)
+
+    def _end_loop(self) -> None:
+        """Read each stream handed over after its Done to its end: Serve counts the replica busy until then (its
+        router's queue length cache), and a drain waits for it. A replica lost now has already made its image."""
+        while (stream := self._ends.get()) is not None:
+            try:
+                for message in stream:
+                    logger.warning("a replica sent a message after its result: %r", message)
+            except Exception:  # noqa: BLE001 - the image is delivered; what ends the stream is no one's error
+                logger.debug("a stream ended with an error after its result", exc_info=True)
+            finally:
+                self._forget(stream, True)
+                with self._ended:
+                    self._ending -= 1
+                    self._ended.notify_all()
+
+    def _forget(self, stream: Any, started: bool) -> None:
+        with self._lock:
+            if started:
+                self._started -= 1
+            self._waiting.pop(id(stream), None)
 
     def _start(self, stream: Any) -> bool:
         """The call left the router: it no longer waits, and a drain lets it finish."""
@@ -172,6 +222,8 @@ class StreamCaller:
               replica: str) -> None:
         """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is), and log its
         compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide."""
+        if isinstance(message, (Progress, Preview)) and message.phase:  # before the line: a stop it prompts
+            stop.enter(stopping.Phase(message.phase))  # knows where the request is
         match message:
             case Progress(update):
                 if update.stage == Stage.COMPILING:
@@ -179,8 +231,6 @@ class StreamCaller:
                 report(update)
             case Preview():
                 report(message.update())
-            case Phase(phase):
-                stop.enter(stopping.Phase(phase))
             case Compiled(resolution, event, seconds):
                 logger.info("compiled %s: %s in %.1f s on replica %s", resolution, event, seconds, replica)
                 self.observers.compiled(resolution, event, seconds)
