@@ -67,15 +67,23 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path, r
     page.locator("#edit-image").click()
     canvas = page.locator("#inpaint-editor canvas").first
     canvas.wait_for()
+    # Issue 35: the hint tells Inpaint's layout from a flag the editor's upload event sets, not from its files.
+    hint.get_by_text("inpaint 256x256 + 2 refs 1024x1024").wait_for()
     # Issue 35: an empty mask is told at once, beside the button, and nothing is sent (it took 5 s behind the queue);
-    # the red Error badge it leaves on the image goes at the next action.
+    # the red Error badge it leaves on the image goes at the next action. The line under the image keeps what it
+    # said (it said "Not made: The message says why", the failure's handler after the page's refusal).
     joins = []
     page.on("request", lambda request: joins.append(request.url) if "/queue/join" in request.url else None)
+    page.evaluate("""() => { const info = document.querySelector('#info'); window.infoTexts = [];
+        new MutationObserver(() => window.infoTexts.push(info.innerText)).observe(info, {subtree: true,
+            childList: true, characterData: true}); }""")
+    said = info.inner_text()
     page.locator("#inpaint").click()
     page.locator("#inpaint-note").get_by_text("The mask is empty").wait_for(timeout=5000)
     badge = page.locator("#image [data-testid=status-tracker] .error")
     badge.wait_for()
     assert not joins, f"an empty mask was sent: {joins}"
+    assert info.inner_text() == said
     page.locator("#prompt textarea").press_sequentially(" ")  # the user types on
     badge.wait_for(state="detached")
     assert page.locator("#image img").count() == 1, "clearing the badge took the image too"
@@ -92,6 +100,7 @@ def test_reference_generate_use_as_reference_paint_and_inpaint(page, tmp_path, r
     shot(page, "11-mask-painted")
     # Issue 22, item 8: with an image in the editor the hint tells Inpaint's layout (its source doubles the tokens).
     hint.get_by_text("inpaint 256x256 + 2 refs 1024x1024").wait_for()
+    assert not any("Not made" in text for text in page.evaluate("window.infoTexts")), "the refusal said 'Not made'"
 
     # Issue 35: on a wide page too, Inpaint's progress (drawn over the image, above the button) comes into view.
     page.locator("#prompt textarea").fill(LONG_PROMPT)

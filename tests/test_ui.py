@@ -580,22 +580,19 @@ def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_imag
     for name in ("a.png", "b.png"):
         Image.new("RGB", (64, 48), (200, 10, 30)).save(tmp_path / name)
         files.append({"path": str(tmp_path / name)})  # as the browser sends them (preprocess=False)
-    editor = {"background": {"path": str(tmp_path / "a.png")}, "layers": [{"path": str(tmp_path / "b.png")}],
-              "composite": None}
     plain = engine.layout("256x256", 2, "512x512")
     inpaint = engine.layout("256x256", 2, "512x512", inpaint=True)
     assert inpaint.tokens == plain.tokens + 256  # the source image's latents join the sequence
 
-    without = editing.on_layout("256x256", files, "512x512", None)
+    without = editing.on_layout("256x256", files, "512x512", False)
     assert f"{plain.tokens} image tokens" in without and "inpaint" not in without
-    hint = editing.on_layout("256x256", files, "512x512", editor)
+    hint = editing.on_layout("256x256", files, "512x512", True)  # the editor's upload event set its flag
     assert f"**inpaint 256x256 + 2 refs 512x512** ({inpaint.tokens} image tokens" in hint
     assert f"{plain.tokens} image tokens" in hint  # Generate's layout still said, after Inpaint's
-    alone = editing.on_layout("256x256", None, "512x512", editor)  # uploaded and painted, no references
+    alone = editing.on_layout("256x256", None, "512x512", True)  # an image in the editor, no references
     assert alone.startswith("Inpaint: ") and "**inpaint 256x256** (512 image tokens" in alone
     # Issue 35: the size alone is the size hint's to say; said here too, "Ready..." showed twice on a wide page.
-    assert editing.on_layout("256x256", None, "512x512", {"background": None, "layers": []}) == ""
-    assert editing.on_layout("256x256", [], "512x512", None) == ""
+    assert editing.on_layout("256x256", [], "512x512", False) == ""
 
 
 def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):

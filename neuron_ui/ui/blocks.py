@@ -25,7 +25,7 @@ from neuron_ui.web.errors import user_errors
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
-from neuron_ui.ui.page_js import INPAINT_SCRIPT, PAGE_SCRIPT
+from neuron_ui.ui.page_js import INPAINT_FAILED_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
     REFRESH_SECONDS,
@@ -192,11 +192,11 @@ def build_demo(engine: EngineLike, settings: Settings,
         wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
         wire_ab(ab, image, history, history_gallery, hidden)
         reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **told)
-        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["editor"]]
+        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["loaded"]]
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
               editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
         gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click,
-               edit_inpaint["editor"].change, edit_inpaint["button"].click],
+               edit_inpaint["loaded"].change, edit_inpaint["button"].click],
               editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **hidden)
         edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
                                  edit_refs["files"], **told)
@@ -210,7 +210,7 @@ def build_demo(engine: EngineLike, settings: Settings,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)
-        inpainted.failure(**failed)
+        inpainted.failure(**failed, js=INPAINT_FAILED_SCRIPT)  # not after the page refused an empty mask
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
         compared = wire_compare(CompareHandlers(engine, store, handlers.held, handlers.stops, settings.max_grid_cells,

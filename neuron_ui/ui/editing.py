@@ -101,14 +101,13 @@ class EditingHandlers:
                 gr.Info(note)
         return [(f.image, f"{f.role}: {f.source_size[0]}x{f.source_size[1]} → {f.size} ({f.fit})") for f in fitted]
 
-    def on_layout(self, resolution: str, files: Any, reference_size: str, editor: Any = None) -> str:
+    def on_layout(self, resolution: str, files: Any, reference_size: str, editing: bool = False) -> str:
         """What the next image's layout costs, before the click, when it is not the size alone (the size hint's):
-        Generate's with references, and while the inpaint editor holds an image, Inpaint's too (its source image
-        doubles the output's tokens: another graph). The editor's value comes unprocessed (preprocess=False) and only
-        whether it holds an image is read here."""
+        Generate's with references, and while the inpaint editor holds an image (`editing`: InpaintTab's "loaded",
+        not the editor, whose files the browser would upload again at every stroke), Inpaint's too (its source image
+        doubles the output's tokens: another graph)."""
         try:
             count = min(len(file_paths(files, self.stored)), self.engine.max_references)
-            editing = isinstance(editor, dict) and bool(editor.get("background"))
             if not count and not editing:
                 return ""  # the size hint above says it: on a wide page "Ready..." showed twice
             plain = describe_size(self.engine.layout_status(self.engine.layout(resolution, count, reference_size)))
@@ -203,6 +202,7 @@ class ReferencePanel(TypedDict):
 
 class InpaintTab(TypedDict):
     editor: gr.ImageEditor
+    loaded: gr.State
     strength: gr.Slider
     button: gr.Button
 
@@ -229,14 +229,22 @@ def add_reference_panel(engine: EngineLike) -> ReferencePanel:
 
 
 def add_inpaint_tab() -> InpaintTab:
-    """The inpaint inputs: an image editor to paint the mask on, strength and a button."""
+    """The inpaint inputs: an image editor to paint the mask on, strength and a button; `loaded` says whether the
+    editor holds an image. Gradio 6.31's editor fires upload when an image comes into the empty editor (a file, the
+    camera, the clipboard, or a value set by the server: Edit this image, a history pick) and clear when the user
+    empties it; neither reads its files, where an event with the editor as input uploads them all again (issue 35:
+    about 24 uploads while a mask was painted). Queued: a State's change event follows a queued event only."""
     brush = gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed")
     editor = gr.ImageEditor(label="Paint over the part to redo", type="filepath", height=360, layers=False,
                             brush=brush, elem_id="inpaint-editor")
+    loaded = gr.State(False)
+    quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private", "concurrency_limit": None}
+    editor.upload(lambda: True, None, loaded, **quiet)
+    editor.clear(lambda: False, None, loaded, **quiet)
     strength = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Strength", elem_id="strength",
                          info="how much of the painted part is redone (1: from scratch)")
     button = gr.Button("Inpaint", variant="primary", elem_id="inpaint")
-    return {"editor": editor, "strength": strength, "button": button}
+    return {"editor": editor, "loaded": loaded, "strength": strength, "button": button}
 
 
 def add_result_buttons() -> ResultButtons:

@@ -24,9 +24,16 @@ PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true
 # Inpaint's button sits below the image's column on a wide page too.
 INPAINT_SCRIPT = """(...args) => { const note = document.getElementById('inpaint-note');
     const editor = args[0];
-    if (editor?.background && !editor.layers?.length) {
+    window.neuronMaskEmpty = Boolean(editor?.background && !editor.layers?.length);
+    if (window.neuronMaskEmpty) {
         if (note) note.textContent = 'The mask is empty: paint over the part to redo, then click Inpaint.';
         throw new Error('the mask is empty'); }
     if (note) note.textContent = '';
     document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'});
+    return args; }"""
+
+# Run in the page before Inpaint's failure handler (the line under the image): when the page refused an empty mask,
+# the words beside the button say it all and the line keeps what it said ("Not made: The message says why" named no
+# message); throwing skips the handler's request. Any other failure goes on to the server's reason.
+INPAINT_FAILED_SCRIPT = """(...args) => { if (window.neuronMaskEmpty) throw new Error('refused in the page');
     return args; }"""
