@@ -68,8 +68,9 @@ def test_two_api_sessions_and_a_browser_take_turns(app, page, tmp_path):
     page.locator("#seed input").press("Tab")
     page.locator("#generate").click()
     wait_until(lambda: waiting(app) == 6, "the browser's image waits")
-    # Its words follow the real order: only B's one is ahead of it (A was just served), not A's four.
-    page.get_by_text("1 image ahead of yours").first.wait_for()
+    # Its words follow the real order: the image on the device and B's one are ahead of it (A was just served), not
+    # A's four.
+    page.get_by_text("2 images ahead of yours (one at 256x256 on the device now)").first.wait_for()
     status = call(a, api_name="/status")
     assert (status["queue_depth"], status["visitors_waiting"]) == (6, 3)
 
@@ -78,7 +79,7 @@ def test_two_api_sessions_and_a_browser_take_turns(app, page, tmp_path):
     page.locator("#info").get_by_text("seed 300").wait_for()
     seeds = [seed for seed, *_ in runner.calls]  # after the compile's and the warm image's calls
     assert seeds[seeds.index(100):] == [100, 200, 300, 101, 102, 103, 104]
-    assert results[4][1]["waited_for"] == "3 images ahead of yours (3 from you)"  # A's last, when it came
+    assert results[4][1]["waited_for"] == "4 images ahead of yours (3 from you)"  # A's last, when it came: the one on the device too
     assert results[5][1]["seed"] == 200 and results[5][1]["waited_for"] is None  # B: only the image on the device
     for client in (a, b):
         client.close()
