@@ -173,12 +173,17 @@ def test_status_health_and_metrics_cover_the_replicas(deployment):
 
 
 def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, tmp_path):
-    """A reference (a path on this machine) and an inpaint: the replica gets bytes, the layout's token count routes."""
+    """A reference (a path on this machine) and an inpaint: the replica gets bytes, the layout's token count routes.
+    The calls go over Serve's gRPC, and a request past its 4 MiB default (a 4.6 MB reference) still arrives."""
+    import os
+
     from PIL import Image
 
     client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
+    assert client.calls.grpc
     reference = tmp_path / "reference.png"
-    Image.new("RGB", (640, 300), (200, 30, 30)).save(reference)
+    Image.frombytes("RGB", (1400, 1100), os.urandom(1400 * 1100 * 3)).save(reference, compress_level=0)
+    assert reference.stat().st_size > 4 * 2**20
     size = str(client.reference_sizes[-1])
     layout = client.layout("256x256", 1, size)
     edited = client.generate(GenerateRequest("a red boat", "256x256", steps=2, seed=4, references=[str(reference)],

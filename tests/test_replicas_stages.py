@@ -116,6 +116,32 @@ def test_the_front_fills_each_calls_stages_from_its_replicas_stamps_and_tells_it
     assert all(value >= 0 for value in timing.stages().values())
 
 
+class Transported(Stamped):
+    """A replica recording the transport options of each handle the front builds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transports: list[dict] = []
+
+    def options(self, multiplexed_model_id: str = "", **options):
+        self.transports.append({k: v for k, v in options.items() if k != "stream"})
+        return super().options(multiplexed_model_id)
+
+
+def test_the_front_calls_over_serves_grpc_only_when_asked():
+    """Serve's gRPC to the replica (Ray 2.60: _by_reference=False), a few ms less an image (docs/performance.md);
+    without it the handle keeps Serve's default, a Ray actor call."""
+    for grpc, wanted in ((True, {"_by_reference": False}), (False, {})):
+        handle = Transported()
+        client = ReplicaClient(handle, board=None, settings=Settings(model="tiny"), plan=SimpleNamespace(replicas=1),
+                               watcher=ReplicaWatcher(read_board=dict, read_states=dict), grpc=grpc)
+        try:
+            assert client.generate(GenerateRequest("a boat", "512x512", seed=3)).prompt == "a boat"
+        finally:
+            client.watcher.stop()
+        assert handle.transports == [wanted]
+
+
 def test_a_hot_shape_spills_to_a_free_replica_instead_of_waiting_for_its_busy_holder(front):
     """On Ray, multiplexing alone kept 4 clients on the one replica holding 256x256 (the other held more sizes)."""
     handle = Stamped(hold=True)

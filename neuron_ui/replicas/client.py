@@ -52,9 +52,10 @@ class ReplicaClient(ServesOnceBuilt):
     thread reads the replicas' reports (neuron_ui.replicas.watcher), so status() and /healthz never wait for Ray."""
 
     def __init__(self, handle: Any, board: Any, settings: Settings, plan: ReplicaPlan, app_name: str = APP_NAME,
-                 watcher: ReplicaWatcher | None = None, clock: Callable[[], float] = time.perf_counter):
+                 watcher: ReplicaWatcher | None = None, clock: Callable[[], float] = time.perf_counter,
+                 grpc: bool = False):
         """`watcher` reads the replicas' reports (by default the board's and Serve's, on Ray); `clock` measures the
-        time a request lost on a replica that died."""
+        time a request lost on a replica that died; `grpc`: calls over Serve's gRPC (neuron_ui.replicas.stream)."""
         self.board = board
         self.plan = plan
         self.app_name = app_name
@@ -64,7 +65,7 @@ class ReplicaClient(ServesOnceBuilt):
         self.allowed = Layouts(self.presets, self.reference_sizes, self.max_references)
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
         self.observers = Observers()
-        self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas))
+        self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas), grpc)
         # The front decides who goes next: visitors in turn, as many at once as there are replicas (each makes one
         # image at a time); the deployment then routes each by its shape.
         self.turns = DeviceQueue(settings.max_queue_per_user, slots=plan.replicas)

@@ -9,17 +9,19 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 import ray
 from ray import serve
 
+from neuron_ui.replicas import GRPC_MESSAGE_BYTES
 from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard, board_name
 from neuron_ui.replicas.client import ReplicaClient
-from neuron_ui.replicas.deployment import EngineReplica
+from neuron_ui.replicas.deployment import SWITCH_INTERVAL_SECONDS, EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
-from neuron_ui.replicas.ray_bridge import kill_local_ray, local_ray_binds_loopback
+from neuron_ui.replicas.ray_bridge import grpc_message_limit, kill_local_ray, local_ray_binds_loopback
 from neuron_ui.replicas.timing import StartupStages
 
 if TYPE_CHECKING:
@@ -41,7 +43,8 @@ LOCAL_INLINE_BYTES = 4 * 2**20
 # loop): one hop less for every message of a stream. Our code never blocks that loop (the engine runs in a worker
 # thread, file locks in asyncio.to_thread). The front keeps its router in a loop of its own: it calls the handle
 # from plain threads, which Serve allows only so.
-REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+               "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(GRPC_MESSAGE_BYTES)}
 
 
 def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
@@ -129,12 +132,24 @@ def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     return {**options, "runtime_env": runtime_env}
 
 
+def grpc_ready() -> bool:
+    """Whether this front's calls can go over Serve's gRPC: its channel takes messages of GRPC_MESSAGE_BYTES
+    (neuron_ui.replicas' __init__ sets it before Serve is imported; a process that imported Serve earlier kept
+    Ray's default). The stages it cut, against Ray actor calls: docs/performance.md, "Replicas"."""
+    if grpc_message_limit() >= GRPC_MESSAGE_BYTES:
+        return True
+    logger.warning("Serve was imported before neuron_ui.replicas could raise its gRPC message size: the replicas "
+                   "are called as Ray actors (a few ms slower an image)")
+    return False
+
+
 def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_NAME,
            timeout: float = 600.0, plan: ReplicaPlan | None = None) -> ReplicaClient:
     """Ray, the board, the replicas and the client; returns once every replica has reported. `plan`: the caller's
     instead of plan_replicas' (the bench's one replica of one thread). Each stage of the start is logged, one line
     each, and kept in the client's `startup` (seconds per stage; each replica's own stages in its report)."""
     stages = StartupStages()
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # the front's threads, as the replicas' (deployment.py)
     start_ray(settings, num_cpus)
     stages.mark("ray")
     board = board_name(app_name)
@@ -149,7 +164,7 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     stages.mark("serve")
     handle = deploy(settings, plan, app_name, board)
     stages.mark("replicas")
-    client = ReplicaClient(handle, reports, settings, plan, app_name)
+    client = ReplicaClient(handle, reports, settings, plan, app_name, grpc=grpc_ready())
     client.wait_for_replicas(plan.replicas, timeout)
     stages.mark("first reports")
     client.startup = dict(stages.seconds)

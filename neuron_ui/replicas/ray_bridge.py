@@ -23,6 +23,25 @@ def replica_states(app_name: str, deployment: str) -> dict[str, int]:
     return {str(getattr(state, "value", state)): count for state, count in overview.replica_states.items()}
 
 
+def grpc_message_limit() -> int:
+    """The largest message a handle's gRPC channel to a replica receives, as this process's Serve read it."""
+    # Ray 2.60.0: ray.serve._private.request_router.replica_wrapper imports RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
+    # (constants.py, read from the environment when Serve is first imported) and gives it to each replica's channel
+    # (RunningReplica.stub); the replica's server takes the same constant. No public API says which value it took.
+    from ray.serve._private.request_router import replica_wrapper
+
+    return replica_wrapper.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
+
+
+def grpc_options(grpc: bool) -> dict[str, bool]:
+    """A handle's options for its calls over Serve's gRPC to the replica (True), or as Ray actor calls (False)."""
+    # Ray 2.60.0: DeploymentHandle.options(_by_reference=False) sends a call over the gRPC server every replica
+    # starts (Replica._on_initialized, "inter-deployment gRPC server"), a stream's messages straight to the
+    # router's loop; by default (True) a Ray actor call, each message an object of Ray's streaming generator.
+    # RAY_SERVE_THROUGHPUT_OPTIMIZED makes the gRPC one Serve's default (RAY_SERVE_USE_GRPC_BY_DEFAULT).
+    return {"_by_reference": False} if grpc else {}
+
+
 def local_ray_binds_loopback() -> bool:
     """Whether a local Ray started now binds its servers to 127.0.0.1 (serving.RAY_LOOPBACK_ENV took effect)."""
     # Ray 2.60.0: ray._private.ray_constants.ENABLE_RAY_CLUSTER, read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once,

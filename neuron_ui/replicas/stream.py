@@ -20,6 +20,7 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started
+from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
 from neuron_ui.replicas.timing import Timing, now
 
@@ -50,10 +51,12 @@ class StreamCaller:
     """Calls a deployment method as a stream, routed by the layout's token count (the multiplexed model id)."""
 
     def __init__(self, handle: Any, observers: Observers, clock: Callable[[], float] = time.perf_counter,
-                 routing: ShapeRouting | None = None):
+                 routing: ShapeRouting | None = None, grpc: bool = False):
         """`clock` (seconds) measures the time a request lost on a replica that died; `routing` picks each call's
-        routing key (by default for one replica)."""
+        routing key (by default for one replica); `grpc`: the calls go over Serve's gRPC to the replica, not as Ray
+        actor calls (neuron_ui.replicas.ray_bridge.grpc_options)."""
         self.handle = handle
+        self.grpc = grpc
         self.observers = observers
         self.clock = clock
         self.routing = routing or ShapeRouting(1)
@@ -132,7 +135,8 @@ class StreamCaller:
         (as many as methods times token counts seen, plus the spill's empty key)."""
         handle = self._handles.get((method, key))
         if handle is None:
-            handle = getattr(self.handle.options(stream=True, multiplexed_model_id=key), method)
+            options = self.handle.options(stream=True, multiplexed_model_id=key, **grpc_options(self.grpc))
+            handle = getattr(options, method)
             self._handles[(method, key)] = handle
         return handle
 
