@@ -146,8 +146,8 @@ def test_too_few_values_over_raw_http_get_an_error_without_internals(server):
     posted = httpx.post(s.url + "/gradio_api/call/generate", json={"data": ["a fox"]}, timeout=TIMEOUT)
     # Checked before the queue (neuron_ui/server/gate.py); Gradio's own message lists component objects.
     assert posted.status_code == 422
-    assert posted.json()["detail"] == ("generate takes 9 values (prompt, resolution, steps, seed, guidance, "
-                                       "references, reference_size, lora, lora_scale), got 1")
+    assert posted.json()["detail"] == ("generate takes 10 values (prompt, resolution, steps, seed, guidance, "
+                                       "references, reference_size, lora, lora_scale, preview), got 1")
     assert_still_serves(client)
 
 
