@@ -203,9 +203,13 @@ def test_ab_slider_from_the_history_and_back(page):
     page.locator("#make-variations").click()
     page.wait_for_function("() => document.querySelectorAll('#history .thumbnail-item').length === 2")
     page.locator("#info").get_by_text("seed").wait_for()
+    newest = re.search(r"seed (\d+)", page.locator("#info").inner_text()).group(1)
     history(page).nth(1).click()  # the first variation: its seed in the box and under the image
+    page.wait_for_function("(newest) => { const m = document.querySelector('#info').innerText.match(/seed (\\d+)/);"
+                           " return m && m[1] !== newest; }", arg=newest)
     older = re.search(r"seed (\d+)", page.locator("#info").inner_text()).group(1)
     page.locator("#advanced").get_by_text("Advanced").click()
+    page.wait_for_function("(seed) => document.querySelector('#seed input')?.value === seed", arg=older)
     page.locator("#seed input").fill("7")
     page.locator("#reuse-seed").click()
     page.wait_for_function(f"() => document.querySelector('#seed input').value === '{older}'")
