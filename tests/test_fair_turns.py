@@ -79,7 +79,8 @@ def test_two_api_sessions_and_a_browser_take_turns(app, page, tmp_path):
     page.locator("#info").get_by_text("seed 300").wait_for()
     seeds = [seed for seed, *_ in runner.calls]  # after the compile's and the warm image's calls
     assert seeds[seeds.index(100):] == [100, 200, 300, 101, 102, 103, 104]
-    assert results[4][1]["waited_for"] == "4 images ahead of yours (3 from you)"  # A's last, when it came: the one on the device too
+    # A's last, when it came: the one on the device counted too.
+    assert results[4][1]["waited_for"] == "4 images ahead of yours (3 from you)"
     assert results[5][1]["seed"] == 200 and results[5][1]["waited_for"] is None  # B: only the image on the device
     for client in (a, b):
         client.close()
