@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -48,11 +47,6 @@ MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the
 # A report woken by an image's start or end waits this long: its snapshot (Python, holding the GIL) then no longer
 # competes with the first or last messages of the image's stream on the replica's loop.
 WOKEN_REPORT_DELAY = 0.02
-# How long a thread holding the GIL keeps it while another waits (Python's default: 5 ms). A call crosses threads
-# at every hop (the front's caller, Serve's router loop, Ray's core worker; the replica's loop and its engine's
-# worker thread), and a thread woken while another computes waited up to the whole interval. Set in each replica
-# and in the front once it serves through replicas (launch.py); the single-process app keeps Python's default.
-SWITCH_INTERVAL_SECONDS = 0.001
 
 
 @dataclass
@@ -62,7 +56,6 @@ class EngineReplica:
     def __init__(self, settings: Settings, threads: int | None, board_name: str):
         from neuron_ui.config.cache_paths import configure_cache_env
 
-        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
         stages = StartupStages()  # what this replica's start took, in its report: the front logs it
         cache = configure_cache_env(settings.cache_dir)  # before torch loads (torch_neuronx reads it at import)
         if settings.cache_bundle:  # on every node: a cluster without a shared folder starts warm from the bundle

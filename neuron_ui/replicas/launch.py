@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ from ray import serve
 from neuron_ui.replicas import GRPC_MESSAGE_BYTES
 from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard, board_name
 from neuron_ui.replicas.client import ReplicaClient
-from neuron_ui.replicas.deployment import SWITCH_INTERVAL_SECONDS, EngineReplica
+from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
 from neuron_ui.replicas.ray_bridge import grpc_message_limit, kill_local_ray, local_ray_binds_loopback
 from neuron_ui.replicas.timing import StartupStages
@@ -149,7 +148,6 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     instead of plan_replicas' (the bench's one replica of one thread). Each stage of the start is logged, one line
     each, and kept in the client's `startup` (seconds per stage; each replica's own stages in its report)."""
     stages = StartupStages()
-    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)  # the front's threads, as the replicas' (deployment.py)
     start_ray(settings, num_cpus)
     stages.mark("ray")
     board = board_name(app_name)
