@@ -91,8 +91,10 @@ def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], Any]]
 
 class StepPreviews:
     """One run's previews: each step's latents copied off the device, the estimate made and reported on a thread of
-    its own, so no step waits for a preview. The first step has none (the latents before it never reach the step
-    callback); the last step's is reported while the VAE decodes. close() waits for the last one."""
+    its own, so no step waits for a preview; on the CPU, where the host is the device, in the step callback itself
+    (a thread beside the step only took its cores: 1.043 against 1.006 of an image at 1024x1024). The first step
+    has none (the latents before it never reach the step callback); the last step's is reported while the VAE
+    decodes. close() waits for the last one."""
 
     def __init__(self, report: ProgressFn, steps: int, width: int, height: int):
         self.report, self.steps, self.width, self.height = report, steps, width, height
@@ -118,7 +120,10 @@ class StepPreviews:
         except Exception:  # a preview never fails the image
             logger.exception("no preview of step %d", step)
             return
-        self._pool.submit(self._make, step, copy, ready, sigma)
+        if latents.device.type == "cpu":  # the host is the device: a thread beside the step only takes its cores
+            self._make(step, copy, ready, sigma)
+        else:
+            self._pool.submit(self._make, step, copy, ready, sigma)
 
     def _make(self, step: int, copy: torch.Tensor, ready: Callable[[], Any], sigma: float) -> None:
         try:
