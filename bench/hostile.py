@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is a folder of scripts, not a package
 
-from neuron_ui.config.processes import free_port
+from app_process import tiny_app  # noqa: E402
+
 
 DEEP_ROUTES = ("/gradio_api/call/generate", "/gradio_api/queue/join", "/gradio_api/run/predict", "/gradio_api/cancel")
 
@@ -78,36 +75,12 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=20_000)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="neuron-ui-bench-"))
-    port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    log = folder / "app.log"
-    with log.open("wb") as sink:
-        app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--model", "tiny", "--compile-backend", "eager",
-                                "--resolutions", "256x256", "--cache-dir", str(folder / "cache"), "--port", str(port)],
-                               cwd=ROOT, env=env, stdout=sink, stderr=sink)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while not ready(url):
-            if app.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the app did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        results = {"component_server": component_server(url, app.pid, args.posts, args.blob_mb),
-                   "deep_json": deep_json(url, log, args.depth)}
-    finally:
-        app.terminate()
-        app.wait(60)
+    with tiny_app() as app:
+        results = {"component_server": component_server(app.url, app.pid, args.posts, args.blob_mb),
+                   "deep_json": deep_json(app.url, app.log, args.depth)}
     print(json.dumps(results, indent=1))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,10 +22,10 @@ import httpx
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is a folder of scripts, not a package
 
-from neuron_ui.config.processes import free_port
+from app_process import tiny_app  # noqa: E402
+
 
 ACCEPT = {"accept": "application/json, text/event-stream"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -73,35 +70,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("app_flags", nargs="*", help="after --: flags for app.py")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="neuron-ui-bench-"))
-    port = free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    log = folder / "app.log"
-    with log.open("wb") as sink:
-        app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--model", "tiny", "--compile-backend", "eager",
-                                "--resolutions", "256x256", "--cache-dir", str(folder / "cache"), "--port", str(port),
-                                "--mcp", *args.app_flags], cwd=ROOT, env=env, stdout=sink, stderr=sink)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while not ready(url):
-            if app.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the app did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        results = flood(url, app.pid, log, args.sessions)
-    finally:
-        app.terminate()
-        app.wait(60)
+    with tiny_app("--mcp", *args.app_flags) as app:
+        results = flood(app.url, app.pid, app.log, args.sessions)
     print(json.dumps(results, indent=1))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":
