@@ -5,6 +5,8 @@
     python -m neuron_ui generate --prompt "a red door" --resolution 512x512 --image photo.jpg --mask mask.png
     python -m neuron_ui generate --prompt "a lighthouse" --resolution 512x512 --lora style.safetensors --lora-scale 0.8
     python -m neuron_ui grid --prompt "a red fox" --resolution 512x512 --seeds 3+4 --steps 2,4 --out grid.png
+    python -m neuron_ui ab --prompt "a red fox" --resolution 512x512 --a "seed=3" --b "seed=3 style=ink" --out ab.png
+    python -m neuron_ui ab old.png new.png --out ab.png
     python -m neuron_ui lora random --model tiny --rank 4 --seed 1 --out style.safetensors
     python -m neuron_ui cache ls
     python -m neuron_ui cache export --out bundle.tar.gz [--resolutions 1024x1024,512x512]
@@ -15,7 +17,8 @@
 
 `generate` prints the result's info as JSON; the PNG carries the prompt, seed, steps, resolution and model. `grid`
 writes the sheet (each cell's parameters in its metadata) and each cell beside it (grid-1.png, ...), and prints the
-grid's info as JSON.
+grid's info as JSON. `ab` writes A and B side by side, labelled with what differs (ab-A.png and ab-B.png beside
+it), and prints the info as JSON; given two PNGs made here, it compares them from their parameters, making nothing.
 `cache export/import/publish/clear` act on this machine's compile key: pass the same --model, --device, --dtype,
 --compile and --compile-backend flags (or NEURON_UI_* variables) as the app.
 """
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
+from neuron_ui.contract.ab import SETTINGS_WORDS
 from neuron_ui.contract.grid import AXIS_HELP
 
 if TYPE_CHECKING:
@@ -69,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
         grid.add_argument(f"--{axis}", help=words)
     grid.add_argument("--max-grid-cells", type=int, help="images the grid may make (default 16)")
     grid.add_argument("--out", default="grid.png", help="where to write the sheet (default grid.png)")
+
+    ab = commands.add_parser("ab", help="A and B: two images that differ in named settings (or two PNGs) side by "
+                             "side; prints the info as JSON")
+    add_engine_arguments(ab)
+    ab.add_argument("images", nargs="*", metavar="PNG", help="two PNGs made here: compared, nothing is made")
+    ab.add_argument("--prompt")
+    ab.add_argument("--resolution", help="one of the presets, e.g. 512x512")
+    ab.add_argument("--a", help=f"A's settings, {SETTINGS_WORDS}")
+    ab.add_argument("--b", help="B's settings, e.g. \"seed=4\" or \"style=ink strength=0.8\"")
+    ab.add_argument("--out", default="ab.png", help="where to write A and B side by side (default ab.png)")
 
     lora = commands.add_parser("lora", help="styles: write a random LoRA for a model (to try styles offline)")
     lora_actions = lora.add_subparsers(dest="action", required=True)
@@ -115,6 +129,8 @@ def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], E
         return run_lora(args)
     if args.command == "grid":
         return run_grid_command(args, settings, cache, load)
+    if args.command == "ab":
+        return run_ab_command(args, settings, cache, load)
     if len(settings.loras) > 1:
         print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
         return 2
@@ -170,6 +186,41 @@ def run_grid_command(args: argparse.Namespace, settings: Settings, cache: CacheP
         paths[done.cell.index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
     grid.save_png(out)
     print(json.dumps({**grid.info(paths), "out": str(out)}, indent=1))
+    return 0
+
+
+def run_ab_command(args: argparse.Namespace, settings: Settings, cache: CachePaths,
+                   load: Callable[[Settings, CachePaths], Engine] | None = None) -> int:
+    """`ab`: two PNGs compared from their parameters, or A and B checked against the loaded engine before either
+    is made, then made in turn; A and B side by side at --out (each beside it, <out>-A.png), the info as JSON."""
+    from neuron_ui.contract.ab_sheet import compare_files
+    from neuron_ui.contract.errors import EngineError
+    from neuron_ui.engine.ab import build_ab, run_ab
+    from neuron_ui.engine.engine import Engine
+
+    out = Path(args.out).expanduser()
+    making = any(value is not None for value in (args.prompt, args.resolution, args.a, args.b))
+    if len(args.images) != (0 if making else 2) or (making and not (args.prompt and args.resolution)):
+        print("error: give two PNGs to compare, or --prompt, --resolution and --b to make A and B", file=sys.stderr)
+        return 2
+    if not out.parent.is_dir():
+        print(f"error: --out {args.out}: the folder {out.parent} does not exist", file=sys.stderr)
+        return 2
+    try:
+        if args.images:
+            compared = compare_files(Path(args.images[0]), Path(args.images[1]))
+            compared.save_png(out)
+            print(json.dumps({**compared.info, "out": str(out)}, indent=1))
+            return 0
+        engine = (load or Engine.from_settings)(settings, cache)
+        made = run_ab(engine, build_ab(engine, args.prompt, args.resolution, args.a, args.b))
+    except (ValueError, EngineError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    paths = {done.cell.index: str(done.result.save_png(out.with_name(f"{out.stem}-{'AB'[done.cell.index]}.png")))
+             for done in made.made}
+    made.save_png(out)
+    print(json.dumps({**made.info(paths), "out": str(out)}, indent=1))
     return 0
 
 

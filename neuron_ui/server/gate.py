@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PUBLIC_ENDPOINTS = ("generate", "inpaint", "grid", "warmup", "status", "stop")
+PUBLIC_ENDPOINTS = ("generate", "inpaint", "grid", "ab", "warmup", "status", "stop")
 OPEN_PATHS = ("/healthz", "/metrics")  # answered while the model loads and while shutting down; GET and HEAD only
 NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"

@@ -1,5 +1,5 @@
 """The studio as a tool for AI assistants (--mcp): an MCP server over streamable HTTP at /gradio_api/mcp/, whose
-only tools are generate, inpaint, status and warmup (neuron_ui.server.mcp_tools), with the app's own doors.
+only tools are generate, grid, ab, inpaint, status and warmup (neuron_ui.server.mcp_tools), with the app's own doors.
 
 Why not Gradio's own MCP server (`mcp_server=True`, 6.31 gradio/mcp.py; tried on this app): it makes a tool of
 every public named endpoint, named after its Python function (api_generate, api_inpaint, api_warmup, api_status
@@ -35,6 +35,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
+from neuron_ui.engine.ab import build_ab, run_ab
 from neuron_ui.engine.grid import build_plan, run_grid
 from neuron_ui.server import mcp_bridge, mcp_tools
 from neuron_ui.server.asgi import Refusal, reply
@@ -210,6 +211,9 @@ class McpEndpoint:
             axes = {axis: arguments.get(axis) for axis in mcp_tools.AXIS_HELP}
             plan = build_plan(engine, self.settings.max_grid_cells, arguments["prompt"], arguments["resolution"], axes)
             return mcp_tools.grid_result(run_grid(engine, plan, progress=report, stop=stop, visitor=visitor))
+        if name == "ab":  # a two-cell grid: one request too
+            pair = build_ab(engine, arguments["prompt"], arguments["resolution"], arguments.get("a"), arguments["b"])
+            return mcp_tools.grid_result(run_ab(engine, pair, progress=report, stop=stop, visitor=visitor))
         inpaint = name == "inpaint"
         request = GenerateRequest(arguments["prompt"], arguments["resolution"], arguments.get("steps"),
                                   arguments.get("seed"), arguments.get("guidance"), lora=arguments.get("lora"),

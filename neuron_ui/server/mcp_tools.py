@@ -1,4 +1,5 @@
-"""What an AI assistant sees of the studio over MCP: exactly five tools (generate, grid, inpaint, status, warmup), their
+"""What an AI assistant sees of the studio over MCP: exactly six tools (ab, generate, grid, inpaint, status,
+warmup), their
 inputs, and descriptions a model can act on, written from the engine's status when a client lists them (which
 sizes are ready, which compile on first use and about how long, what a cache event means).
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from mcp import types
 from PIL.PngImagePlugin import PngInfo
 
+from neuron_ui.contract.ab import SETTINGS_WORDS
 from neuron_ui.contract.grid import AXIS_HELP
 from neuron_ui.contract.images import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.grid_sheet import GridResult
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
 
-TOOLS = ("generate", "grid", "inpaint", "status", "warmup")
+TOOLS = ("ab", "generate", "grid", "inpaint", "status", "warmup")
 
 CACHE_EVENTS = ("cache_event says what the compile cache did: 'memory_hit' = the size was ready, full speed; "
                 "'compiled' = this call compiled the size first (slow, once per size); 'disk_hit' = its compiled "
@@ -80,7 +82,7 @@ def style_properties(status: EngineStatus) -> dict[str, Any]:
 
 
 def build_tools(status: EngineStatus) -> list[types.Tool]:
-    """The five tools, described from `status` (what is ready now)."""
+    """The six tools, described from `status` (what is ready now)."""
     presets = [s.resolution for s in status.shapes]
     sizes = describe_sizes(status)
     resolution = {"type": "string", "enum": presets, "description": "output size, one of the allowed resolutions"}
@@ -103,6 +105,7 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
         types.Tool(name="generate", inputSchema=_schema(generate, ["prompt", "resolution"]), description=(
             f"Make one image from a text prompt with {model}. {sizes} {result} {TURNS}")),
         grid_tool(status, prompt, resolution, sizes, model),
+        ab_tool(prompt, resolution, sizes, model),
         types.Tool(name="inpaint", inputSchema=_schema(
             {"image": picture, "mask": {**picture, "description": "white where the image is redone, black where it "
                                                                   "is kept; fitted to the image"},
@@ -139,8 +142,22 @@ def grid_tool(status: EngineStatus, prompt: dict[str, Any], resolution: dict[str
         f"cache_event, seconds) and style_switches. {TURNS}"))
 
 
+def ab_tool(prompt: dict[str, Any], resolution: dict[str, Any], sizes: str, model: str) -> types.Tool:
+    """`ab`: two images of one prompt that differ in named settings, side by side."""
+    side = {"type": "string", "description": SETTINGS_WORDS}
+    return types.Tool(name="ab", inputSchema=_schema({"prompt": prompt, "resolution": resolution, "a": side,
+                                                     "b": {**side, "description": f"B's settings: {SETTINGS_WORDS}"}},
+                                                    ["prompt", "resolution", "b"]), description=(
+        f"Compare two images of one prompt with {model}, A and B, that differ in the settings given (e.g. a "
+        "\"style=ink\", b \"style=none\"; or b \"seed=4\"); A's unset settings are shared (a random seed, "
+        f"the model's steps, no style). Bad settings, or a and b alike, are refused before anything runs. {sizes} "
+        "Returns one PNG of A and B side by side, labelled with what differs (each one's parameters in its A and B "
+        f"text chunks), and JSON: a and b (each one's parameters, cache_event, seconds) and differs. {TURNS}"))
+
+
 def grid_result(grid: GridResult) -> list[types.ContentBlock]:
-    """The sheet as image content (each cell's parameters in its text chunks), then the grid's info as JSON."""
+    """The sheet (a grid's or an A/B's) as image content, its cells' parameters in its text chunks, then its info as
+    JSON."""
     buffer = io.BytesIO()
     meta = PngInfo()
     for key, value in grid.png_text():

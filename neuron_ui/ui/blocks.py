@@ -25,6 +25,7 @@ from neuron_ui.web.errors import user_errors
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
+from neuron_ui.ui.named_api import add_ab_api
 from neuron_ui.ui.page_js import INPAINT_FAILED_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
@@ -234,6 +235,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                           **on_device)
         add_inpaint_api(editing_handlers, on_device)
         add_grid_api(handlers.api_grid, on_device)
+        add_ab_api(handlers.api_ab, on_device)
         gr.api(handlers.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
         gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)

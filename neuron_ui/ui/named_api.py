@@ -1,5 +1,5 @@
-"""The named API for gradio_client (/generate, /grid, /warmup, /stop, /status): its own inputs, so the engine, not the
-UI's widgets, checks them. One room of the app's handlers (ui/handlers.py joins them; /inpaint is editing's)."""
+"""The named API for gradio_client (/generate, /grid, /ab, /warmup, /stop, /status): its own inputs, so the engine,
+not the UI's widgets, checks them. One room of the app's handlers (ui/handlers.py joins them; /inpaint is editing's)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import gradio as gr
 
 from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.engine.ab import build_ab, run_ab
 from neuron_ui.engine.grid import build_plan, run_grid
 from neuron_ui.ui.compare import GridSaver
 from neuron_ui.ui.editing import file_paths
@@ -96,6 +97,17 @@ class NamedApi:
                 grid = run_grid(self.engine, plan, stop=stop, visitor=current_visitor(), on_cell=saver)
             return saver.finish(grid)
 
+    def api_ab(self, prompt: str, resolution: str, a: str | None = None,
+               b: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Two images that differ in named settings (contract/ab.py), side by side: the labelled PNG, and info: `a`
+        and `b` (parameters, cache_event, seconds, image) and `differs`. Made as a two-cell grid: one request."""
+        with user_errors():
+            plan = build_ab(self.engine, prompt, resolution, a, b)
+            saver = GridSaver(self.store)
+            with self.stops.track(*current_event()) as stop:
+                made = run_ab(self.engine, plan, stop=stop, visitor=current_visitor(), on_cell=saver)
+            return saver.finish(made)
+
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""
         with user_errors():
@@ -109,3 +121,12 @@ class NamedApi:
     def api_status(self) -> dict[str, Any]:
         """The engine status: every preset's state, compile seconds, hits and last latency."""
         return public_status(self.status())
+
+
+def add_ab_api(api_ab: Callable[..., Any], on_device: dict[str, Any]) -> None:
+    """/ab for gradio_client: prompt, resolution, a, b -> (ab_png, info)."""
+    with gr.Column(visible=False):
+        inputs = [gr.Textbox(label=name) for name in ("prompt", "resolution", "a", "b")]
+        outputs = [gr.Image(label="ab_png", type="filepath", format="png"), gr.JSON(label="info")]
+        trigger = gr.Button()
+    trigger.click(api_ab, inputs, outputs, api_name="ab", preprocess=False, **on_device)

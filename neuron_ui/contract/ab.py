@@ -1,0 +1,182 @@
+"""An A/B: two images of one prompt at one size that differ in named settings, as a two-cell grid (contract/grid.py)
+so the grid's runner makes them and its sheet draws them. Plain values: the settings parsed and checked in full,
+and refused in one line, before anything runs.
+
+A is the shared settings (the prompt, a random seed, the model's steps, no style) with `a`'s; B is A with `b`'s:
+a key `b` leaves unset is A's. Each is a short text of key=value pairs, e.g. "seed=3 style=ink strength=0.8";
+a value with spaces in quotes (prompt="a red cat").
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from neuron_ui.contract.grid import (
+    MAX_AXIS_TEXT,
+    Axis,
+    GridCell,
+    GridPlan,
+    parse_prompts,
+    parse_seeds,
+    parse_steps,
+    parse_strengths,
+    parse_styles,
+)
+from neuron_ui.contract.requests import MAX_SEED, SEED, validate_prompt, validate_resolution
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from neuron_ui.config.resolutions import Resolution
+
+# What a side may set, in the words every interface shows (the API's and the CLI's help, the MCP tool).
+SETTINGS_HELP = {
+    "seed": "seed=3",
+    "steps": "steps=4",
+    "style": "style=ink (a loaded style) or style=none",
+    "strength": "strength=0.8 (the style's, 0 to 2)",
+    "prompt": "prompt=\"a red cat\" (the whole prompt)",
+    "replace": "replace=fox,cat (a word of the prompt, then what replaces it)",
+}
+SETTINGS_WORDS = ("key=value pairs: " + ", ".join(SETTINGS_HELP.values())
+                  + "; B is A with b's settings, a key b leaves unset is A's")
+COMPARED = ("prompt", "seed", "steps", "style", "strength")  # what a cell is made of: where A and B may differ
+
+
+@dataclass(frozen=True)
+class ABPlan:
+    """A checked A/B: the two-cell grid that makes it, and the settings in which A and B differ."""
+
+    grid: GridPlan
+    differs: tuple[str, ...]
+
+
+def parse_settings(text: object) -> dict[str, str]:
+    """A side's key=value pairs as sent (None: none), each key known and given once; ValueError in one line."""
+    if text is None:
+        return {}
+    if not isinstance(text, str):
+        raise ValueError(f"must be text such as \"seed=3\", got {type(text).__name__}")
+    if len(text) > MAX_AXIS_TEXT:
+        raise ValueError(f"{len(text)} characters; the limit is {MAX_AXIS_TEXT}")
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        raise ValueError(f"a quote is not closed in {text!r}") from None
+    pairs: dict[str, str] = {}
+    for word in words:
+        key, equals, value = word.partition("=")
+        key = key.strip().lower()
+        if not equals:
+            raise ValueError(f"{word!r} is not key=value, e.g. seed=3 style=ink")
+        if key not in SETTINGS_HELP:
+            raise ValueError(f"{key!r} is not a setting; the settings are {', '.join(SETTINGS_HELP)}")
+        if key in pairs:
+            raise ValueError(f"{key} is given twice")
+        pairs[key] = value.strip()
+    return pairs
+
+
+def _one(key: str, value: str, parse: Callable[[str], tuple[Any, ...]]) -> Any:
+    values = parse(value)
+    if len(values) != 1:
+        raise ValueError(f"{key} takes one value, got {value!r}")
+    return values[0]
+
+
+def side_cell(cell: GridCell, text: object, side: str, loaded: Mapping[str, float]) -> GridCell:
+    """`cell` with `side`'s settings (`text`) set; ValueError in one line that starts with the side's name."""
+    try:
+        return apply_settings(cell, parse_settings(text), loaded)
+    except ValueError as error:
+        raise ValueError(f"{side}: {error}") from None
+
+
+def apply_settings(cell: GridCell, pairs: Mapping[str, str], loaded: Mapping[str, float]) -> GridCell:
+    """`cell` with `pairs` set; a new style comes at its default strength unless the side sets one."""
+    changed: dict[str, Any] = {}
+    if "prompt" in pairs:
+        changed["prompt"] = validate_prompt(pairs["prompt"])
+    if "replace" in pairs:
+        variants = parse_prompts(pairs["replace"], changed.get("prompt", cell.prompt))
+        if len(variants) != 2:
+            raise ValueError("replace takes a word of the prompt and what replaces it, e.g. replace=fox,cat")
+        changed["prompt"] = variants[1]
+    if "seed" in pairs:
+        changed["seed"] = _one("seed", pairs["seed"], lambda v: parse_seeds(v, 1))
+    if "steps" in pairs:
+        changed["steps"] = _one("steps", pairs["steps"], parse_steps)
+    if "style" in pairs:
+        changed["style"] = _one("style", pairs["style"], lambda v: parse_styles(v, loaded))
+        changed["strength"] = None
+    if "strength" in pairs:
+        changed["strength"] = _one("strength", pairs["strength"], parse_strengths)
+    made = replace(cell, **changed)
+    if made.style is None:
+        if "strength" in pairs:
+            raise ValueError("strength is a style's strength: set style too (e.g. style=ink strength=0.8)")
+        return replace(made, strength=None)
+    return made if made.strength is not None else replace(made, strength=loaded[made.style])
+
+
+def plan_ab(prompt: object, resolution: object, a: object, b: object, *, presets: tuple[Resolution, ...],
+            loaded: Mapping[str, float], default_steps: int, seed: int | None = None) -> ABPlan:
+    """A and B checked against this server's sizes and `loaded` styles (their default strengths by name); `seed` is
+    the shared seed (None: one at random). ValueError in one line before anything runs."""
+    text = validate_prompt(prompt)
+    size = validate_resolution(resolution, presets)
+    shared = GridCell(index=0, column=0, row=0, block=0, prompt=text,
+                      seed=secrets.randbelow(MAX_SEED + 1) if seed is None else int(SEED.check(seed)),
+                      steps=default_steps, style=None, strength=None)
+    first = side_cell(shared, a, "a", loaded)
+    second = replace(side_cell(first, b, "b", loaded), index=1, column=1)
+    differs = tuple(key for key in COMPARED if getattr(first, key) != getattr(second, key))
+    if not differs:
+        raise ValueError("a and b make the same image: give b a setting that differs, e.g. b=\"seed=4\"")
+    axis = Axis("ab", ("A", "B"), side_labels(settings_of(first), settings_of(second), differs))
+    grid = GridPlan(prompt=first.prompt, resolution=str(size), axes=(axis,), cells=(first, second), order=(0, 1))
+    return ABPlan(grid, differs)
+
+
+def settings_of(cell: GridCell) -> dict[str, Any]:
+    return {key: getattr(cell, key) for key in COMPARED}
+
+
+def side_labels(a: Mapping[str, Any], b: Mapping[str, Any], differs: tuple[str, ...]) -> tuple[str, str]:
+    """"A: seed 3 · ink", "B: seed 4 · no style": each side named by what differs (a prompt by the words that do)."""
+    prompts = differing_words(str(a.get("prompt", "")), str(b.get("prompt", "")))
+    return (_label("A", a, differs, prompts[0]), _label("B", b, differs, prompts[1]))
+
+
+def _label(name: str, settings: Mapping[str, Any], differs: tuple[str, ...], prompt: str) -> str:
+    words = []
+    for key in differs:
+        value = settings.get(key)
+        if key == "prompt":
+            words.append(prompt)
+        elif key == "style":
+            words.append(value or "no style")
+        elif value is None:  # a strength without a style, guidance on a distilled model: nothing to say
+            continue
+        elif key == "steps":
+            words.append(f"{value} step{'' if value == 1 else 's'}")
+        else:
+            words.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
+    return f"{name}: {' · '.join(words)}" if words else name
+
+
+def differing_words(a: str, b: str) -> tuple[str, str]:
+    """What differs between two prompts, the words they share at both ends cut ("a red fox in snow", "a red cat in
+    snow": "fox", "cat"); the whole prompts when one is the other with words added."""
+    first, second = a.split(), b.split()
+    start = 0
+    while start < min(len(first), len(second)) and first[start] == second[start]:
+        start += 1
+    end = 0
+    while end < min(len(first), len(second)) - start and first[-1 - end] == second[-1 - end]:
+        end += 1
+    middle = (" ".join(first[start:len(first) - end]), " ".join(second[start:len(second) - end]))
+    return middle if all(middle) else (a, b)
