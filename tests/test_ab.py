@@ -1,0 +1,157 @@
+"""A/B: two images that differ in named settings, planned and refused on plain values, made through the grid's
+runner on a recording engine (one request at a time), drawn side by side with labels and parameters; two PNGs
+compared from their own parameters; the `ab` command in process. The API and MCP: tests/test_grid_api.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+
+from neuron_ui import cli
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.ab import plan_ab
+from neuron_ui.contract.ab_sheet import compare_files
+from neuron_ui.contract.results import GenerateResult
+from neuron_ui.engine.ab import build_ab, run_ab
+
+PRESETS = parse_resolutions("256x256,384x256")
+STYLES = {"ink": 0.8}
+PROMPT = "a red fox in snow"
+
+
+def plan(a, b, resolution="256x256"):
+    return plan_ab(PROMPT, resolution, a, b, presets=PRESETS, loaded=STYLES, default_steps=4, seed=7)
+
+
+def made_by(cell):
+    return (cell.prompt, cell.seed, cell.steps, cell.style, cell.strength)
+
+
+def test_b_is_a_with_its_settings_and_each_side_is_labelled_by_what_differs():
+    seeds = plan("seed=3 steps=1", "seed=4")
+    assert [made_by(c) for c in seeds.grid.cells] == [(PROMPT, 3, 1, None, None), (PROMPT, 4, 1, None, None)]
+    assert seeds.differs == ("seed",) and seeds.grid.axes[0].labels == ("A: seed 3", "B: seed 4")
+    styles = plan("style=ink strength=0.5", "style=none")
+    assert [made_by(c) for c in styles.grid.cells] == [(PROMPT, 7, 4, "ink", 0.5), (PROMPT, 7, 4, None, None)]
+    assert styles.grid.axes[0].labels == ("A: ink · strength 0.5", "B: no style")
+    words = plan(None, "replace=fox,cat style=ink")  # a new style comes at its default strength
+    assert made_by(words.grid.cells[1]) == ("a red cat in snow", 7, 4, "ink", 0.8)
+    assert words.grid.axes[0].labels == ("A: fox · no style", "B: cat · ink · strength 0.8")
+    whole = plan("seed=1", 'prompt="an owl at night" seed=2')
+    assert whole.differs == ("prompt", "seed") and whole.grid.cells[1].prompt == "an owl at night"
+
+
+@pytest.mark.parametrize("a, b, resolution, line", [
+    ("seed=3", "seed=3", "256x256", "a and b make the same image: give b a setting that differs, e.g. b=\"seed=4\""),
+    ("", "sead=3", "256x256", "b: 'sead' is not a setting; the settings are seed, steps, style, strength, prompt, "
+                              "replace"),
+    ("style=chalk", "seed=1", "256x256", "a: lora 'chalk' is not a style loaded here; allowed: None, ink"),
+    ("", "seed=1", "512x512", "resolution 512x512 is not a preset; allowed: 256x256, 384x256"),
+    ("", "strength=1", "256x256", "b: strength is a style's strength: set style too (e.g. style=ink strength=0.8)"),
+    ("", "seed=3,4", "256x256", "b: seed takes one value, got '3,4'"),
+    ("", "seed", "256x256", "b: 'seed' is not key=value, e.g. seed=3 style=ink"),
+])
+def test_bad_settings_are_one_line(a, b, resolution, line):
+    with pytest.raises(ValueError) as error:
+        plan(a, b, resolution)
+    assert str(error.value) == line
+
+
+class Recorder:
+    """An engine that records each request and never has two at once (the pair is one request in the engine)."""
+
+    presets = PRESETS
+
+    def __init__(self, stop_after=99):
+        self.calls, self.busy, self.overlapped, self.stop_after = [], threading.Lock(), False, stop_after
+
+    def status(self):
+        return SimpleNamespace(styles=[{"name": "ink", "default_scale": 0.8}], default_steps=4)
+
+    def generate(self, request, progress=None, stop=None):
+        if not self.busy.acquire(blocking=False):
+            self.overlapped = True
+        try:
+            self.calls.append(request)
+            colour = (200, 40, 40) if len(self.calls) == 1 else (40, 40, 200)
+            return GenerateResult(Image.new("RGB", (256, 256), colour), request.prompt, request.resolution,
+                                  request.steps or 4, request.seed, None, "tiny", "memory_hit", 0.0, 0.1, 0.1,
+                                  lora=request.lora, lora_scale=request.lora_scale)
+        finally:
+            self.busy.release()
+
+
+def test_a_then_b_one_at_a_time_side_by_side_with_labels_and_parameters(tmp_path):
+    engine, told = Recorder(), []
+    made = run_ab(engine, build_ab(engine, PROMPT, "256x256", "seed=3", "seed=3 style=ink"), visitor="v",
+                  on_cell=told.append)
+    assert [(r.seed, r.lora, r.lora_scale, r.visitor) for r in engine.calls] == [(3, None, None, "v"),
+                                                                                 (3, "ink", 0.8, "v")]
+    assert not engine.overlapped and [done.cell.index for done in told] == [0, 1]  # each to the history
+    info = made.info({0: "/images/a.png", 1: "/images/b.png"})
+    assert info["differs"] == ["style", "strength"] and info["labels"] == ["A: no style", "B: ink · strength 0.8"]
+    assert (info["a"]["image"], info["b"]["image"], info["b"]["style"]) == ("/images/a.png", "/images/b.png", "ink")
+    assert info["b"]["cache_event"] == "memory_hit" and info["b"]["seconds"] == 0.1
+    sheet = Image.open(made.save_png(tmp_path / "ab.png", fast=True))
+    assert json.loads(sheet.text["B"])["parameters"]["lora"] == "ink"
+    assert json.loads(sheet.text["A"])["seed"] == 3 and json.loads(sheet.text["ab"])["differs"] == ["style", "strength"]
+    assert sheet.width > 2 * 256 and sheet.getpixel((20, sheet.height - 20)) == (200, 40, 40)  # A left, B right
+    assert sheet.getpixel((sheet.width - 20, sheet.height - 20)) == (40, 40, 200)
+    assert min(sheet.crop((0, 0, sheet.width // 2, 30)).convert("L").getdata()) < 100  # A's label, in ink
+
+
+def saved(tmp_path, name, size=(256, 256), **fields):
+    result = GenerateResult(Image.new("RGB", size, (90, 90, 90)), fields.get("prompt", PROMPT), f"{size[0]}x{size[1]}",
+                            4, fields.get("seed", 1), None, "tiny", "eager", 0.0, 0.1, 0.1, lora=fields.get("lora"),
+                            lora_scale=fields.get("lora_scale"))
+    return result.save_png(tmp_path / name)
+
+
+def test_two_pngs_are_compared_from_their_parameters(tmp_path):
+    old = saved(tmp_path, "old.png", seed=1)
+    new = saved(tmp_path, "new.png", size=(384, 256), seed=2, lora="ink", lora_scale=0.8)
+    compared = compare_files(old, new)
+    assert compared.info["differs"] == ["resolution", "seed", "style", "strength"]
+    assert compared.info["labels"] == ["A: resolution 256x256 · seed 1 · no style",
+                                       "B: resolution 384x256 · seed 2 · ink · strength 0.8"]
+    assert compared.info["b"]["image"] == str(new) and compared.image.width > 2 * 256
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (64, 64)).save(plain)
+    assert compare_files(old, plain).info["labels"] == ["A", "B"]
+    with pytest.raises(ValueError, match="not an image that can be read"):
+        compare_files(old, tmp_path)
+
+
+@pytest.fixture
+def environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)  # the command pointed the compile caches at its --cache-dir
+
+
+def test_the_ab_command_makes_or_compares_and_refuses_in_one_line(tmp_path, capsys, environ):
+    engine = Recorder()
+    common = ["ab", "--model", "tiny", "--compile", "eager", "--resolutions", "256x256,384x256", "--cache-dir",
+              str(tmp_path / "cache")]
+    code = cli.main([*common, "--prompt", PROMPT, "--resolution", "256x256", "--a", "seed=3", "--b", "replace=fox,cat",
+                     "--out", str(tmp_path / "ab.png")], load=lambda settings, cache: engine)
+    info = json.loads(capsys.readouterr().out)
+    assert code == 0 and info["labels"] == ["A: fox", "B: cat"] and info["out"] == str(tmp_path / "ab.png")
+    assert info["b"]["image"] == str(tmp_path / "ab-B.png")
+    assert Image.open(tmp_path / "ab-B.png").text["prompt"] == "a red cat in snow"
+    code = cli.main([*common, str(tmp_path / "ab-A.png"), str(tmp_path / "ab-B.png"), "--out", str(tmp_path / "c.png")])
+    assert code == 0 and json.loads(capsys.readouterr().out)["differs"] == ["prompt"]
+    assert json.loads(Image.open(tmp_path / "c.png").text["ab"])["labels"] == ["A: fox", "B: cat"]
+    code = cli.main([*common, "--prompt", PROMPT, "--resolution", "256x256", "--b", "style=chalk",
+                     "--out", str(tmp_path / "bad.png")], load=lambda settings, cache: engine)
+    assert code == 2 and capsys.readouterr().err == "error: b: lora 'chalk' is not a style loaded here; allowed: " \
+        "None, ink\n"
+    assert len(engine.calls) == 2 and not (tmp_path / "bad.png").exists()  # nothing ran
+    assert cli.main([*common, str(tmp_path / "ab-A.png")]) == 2
+    assert capsys.readouterr().err.startswith("error: give two PNGs to compare, or --prompt, --resolution and --b")
