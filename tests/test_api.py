@@ -120,7 +120,7 @@ def test_a_full_queue_says_busy_instead_of_timing_out(server):
 def test_only_the_named_endpoints_are_public(server):
     _, client = server
     endpoints = client.view_api(return_format="dict", print_info=False)
-    assert set(endpoints["named_endpoints"]) == {"/generate", "/inpaint", "/grid", "/warmup", "/status",
+    assert set(endpoints["named_endpoints"]) == {"/generate", "/inpaint", "/grid", "/ab", "/warmup", "/status",
                                                         "/stop"}
     assert endpoints["unnamed_endpoints"] == {}
     parameters = [p["parameter_name"] for p in endpoints["named_endpoints"]["/generate"]["parameters"]]

@@ -123,3 +123,74 @@ def test_the_mcp_grid_tool_returns_the_sheet_and_the_cells(app):
     assert json.loads(sheet.text["cell 2"])["prompt"] == "a red owl in snow"
     assert refused.isError and refused.content[0].text == ("prompt variant 'wolf' is not in the prompt: the first "
                                                            "variant is the word or phrase that the others replace")
+
+
+def test_ab_returns_a_and_b_side_by_side_and_both_are_kept(app):
+    served_app, client = app
+    folder = served_app.handlers().store.folder
+    sheet, info = call(client, "a red fox", "256x256", "seed=21 steps=1", "style=ink", api_name="/ab")
+    assert info["differs"] == ["style", "strength"] and info["labels"] == ["A: no style", "B: ink · strength 0.8"]
+    assert [(s["seed"], s["style"], s["strength"]) for s in (info["a"], info["b"])] == [(21, None, None),
+                                                                                        (21, "ink", 0.8)]
+    assert all(s["seconds"] > 0 and s["cache_event"] for s in (info["a"], info["b"]))
+    kept = {path.name for path in folder.iterdir()}  # the image store the history is served from
+    assert {info["a"]["image"].rsplit("/", 1)[-1], info["b"]["image"].rsplit("/", 1)[-1]} <= kept
+    image = Image.open(sheet)
+    assert image.width > 2 * 256 and json.loads(image.text["B"])["parameters"]["lora"] == "ink"
+    assert json.loads(image.text["ab"])["labels"] == info["labels"]
+
+
+def test_ab_is_one_request_whose_images_take_turns_with_another_visitors(app, tmp_path):
+    served_app, client = app
+    engine, runner = served_app.engine, served_app.runner
+    other = connect(served_app.url, tmp_path)
+    engine.warmup("256x256")
+    runner.hold()
+    pair = client.submit("a heron", "256x256", a="seed=31 steps=1", b="seed=32", api_name="/ab")
+    assert runner.holding.wait(TIMEOUT)  # A is at the device
+    image = other.submit("an egret", "256x256", 1, 98, api_name="/generate")
+    wait_until(lambda: engine.status().queue_depth == 1, "the other visitor's image waits")
+    runner.open()
+    runner.hold()  # A runs; the other visitor's image is next, and held
+    wait_until(lambda: runner.holding.is_set() and engine.status().queue_depth == 1, "B waits")
+    runner.open()
+    _, info = pair.result(timeout=TIMEOUT)
+    assert image.result(timeout=TIMEOUT)[1]["seed"] == 98
+    other.close()
+    assert (info["a"]["seed"], info["b"]["seed"], info["differs"]) == (31, 32, ["seed"])
+    assert runner.seeds[-3:] == [31, 98, 32]  # the other visitor's image came between A and B
+
+
+@pytest.mark.parametrize("args, line", [
+    (("a fox", "256x256", "seed=1", "seed=1"), "a and b make the same image"),
+    (("a fox", "256x256", None, "colour=red"), "b: 'colour' is not a setting; the settings are seed, steps"),
+    (("a fox", "256x256", None, "style=chalk"), "b: lora 'chalk' is not a style loaded here; allowed: None, ink"),
+    (("a fox", "512x512", None, "seed=2"), "resolution 512x512 is not a preset"),
+])
+def test_bad_ab_settings_get_one_line_and_make_nothing(app, args, line):
+    served_app, client = app
+    before = sum(s.images for s in served_app.engine.status().shapes)
+    with pytest.raises(AppError) as error:
+        call(client, *args, api_name="/ab")
+    assert str(error.value).startswith(line) and "\n" not in str(error.value)
+    assert sum(s.images for s in served_app.engine.status().shapes) == before
+
+
+def test_the_mcp_ab_tool_returns_a_and_b_side_by_side(app):
+    async def work(session):
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        made = await session.call_tool("ab", {"prompt": "a red fox in snow", "resolution": "256x256",
+                                              "a": "seed=5 steps=1", "b": "replace=fox,owl"})
+        refused = await session.call_tool("ab", {"prompt": "a red fox", "resolution": "256x256", "b": "seed=x"})
+        return tools, made, refused
+
+    tools, made, refused = with_session(app[0].url, work)
+    assert sorted(tools["ab"].inputSchema["properties"]) == ["a", "b", "prompt", "resolution"]
+    assert "replace=fox,cat" in tools["ab"].inputSchema["properties"]["b"]["description"]
+    assert not made.isError
+    info = json.loads(made.content[1].text)
+    assert (info["a"]["prompt"], info["b"]["prompt"], info["labels"]) == ("a red fox in snow", "a red owl in snow",
+                                                                         ["A: fox", "B: owl"])
+    sheet = Image.open(io.BytesIO(base64.b64decode(made.content[0].data)))
+    assert json.loads(sheet.text["B"])["parameters"]["prompt"] == "a red owl in snow"
+    assert refused.isError and refused.content[0].text == "b: seed 'x' is not a whole number"

@@ -104,7 +104,7 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
 def test_ui_handlers_are_not_callable_by_name(gated, path):
     response = post(gated, path, json={"data": ["a fox", "256x256", 1, 1, False, 0, 1, []]})
     assert response.status_code == 404, response.text
-    assert response.json()["detail"].endswith("this API has /generate, /inpaint, /grid, /warmup, /status, /stop")
+    assert response.json()["detail"].endswith("this API has /generate, /inpaint, /grid, /ab, /warmup, /status, /stop")
 
 
 def test_status_answers_while_the_device_queue_is_full(gated):

@@ -2,7 +2,7 @@
 
 One app for the module (tests/serving.py: the tiny model, eager backend), with a login, one style (--lora), at most
 SESSIONS MCP sessions open, and with GRADIO_MCP_SERVER=True set to show that Gradio's own MCP server stays off: only
-our four tools are served.
+our six tools are served.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ def with_session(app, work, auth=AUTH):
     return asyncio.run(main())
 
 
-def test_exactly_the_four_tools_are_listed_with_descriptions_a_model_can_act_on(app):
+def test_exactly_the_six_tools_are_listed_with_descriptions_a_model_can_act_on(app):
     async def work(session):
         return (await session.list_tools()).tools
 
     tools = {tool.name: tool for tool in with_session(app, work)}
-    assert sorted(tools) == ["generate", "grid", "inpaint", "status", "warmup"]
+    assert sorted(tools) == ["ab", "generate", "grid", "inpaint", "status", "warmup"]
     generate = tools["generate"]
     assert generate.inputSchema["properties"]["resolution"]["enum"] == ["256x256", "384x256"]
     assert generate.inputSchema["required"] == ["prompt", "resolution"]
@@ -118,7 +118,7 @@ def test_bad_values_are_one_line_tool_errors(app):
         "prompt is empty: describe the image you want",
         "generate takes prompt, resolution, steps, seed, lora, lora_scale; not size",
         "image is not base64: send the image file's bytes as base64 text",
-        "there is no tool 'stop'; the tools are generate, grid, inpaint, status, warmup",
+        "there is no tool 'stop'; the tools are ab, generate, grid, inpaint, status, warmup",
     ]
 
 

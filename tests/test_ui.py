@@ -382,11 +382,11 @@ def test_demo_admits_device_runs_up_to_the_queue_bound_and_the_engine_serves_one
     demo, _ = build_demo(engine, settings)
     fns = list(demo.fns.values())
     public = {fn.api_name for fn in fns if fn.api_visibility == "public"}
-    assert public == {"generate", "inpaint", "grid", "warmup", "status", "stop"}
+    assert public == {"generate", "inpaint", "grid", "ab", "warmup", "status", "stop"}
     device_fns = [fn for fn in fns if fn.concurrency_id == DEVICE]
-    # generate (button and Enter), variations, warm-up, inpaint, a grid, and the /generate, /inpaint, /grid and /warmup
-    # endpoints; admitted up to --max-queue waiting + 1 on the device, they wait in the engine's queue (one at a time)
-    assert len(device_fns) == 9 and {fn.concurrency_limit for fn in device_fns} == {settings.max_queue + 1}
+    # generate (button and Enter), variations, warm-up, inpaint, a grid, and the /generate, /inpaint, /grid, /ab and
+    # /warmup endpoints; admitted up to --max-queue waiting + 1 on the device, they wait in the engine's queue
+    assert len(device_fns) == 10 and {fn.concurrency_limit for fn in device_fns} == {settings.max_queue + 1}
     assert {fn.api_name for fn in device_fns} >= {"generate", "inpaint", "warmup"}
 
 
