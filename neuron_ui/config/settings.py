@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-grid-cells", type=int, help="images one grid (the Compare panel, /grid) may make "
                         f"(env NEURON_UI_MAX_GRID_CELLS; default 16, at most {MAX_GRID_CELLS})")
     parser.add_argument("--mcp", action="store_true",
-                        help="serve generate, grid, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
+                        help="serve generate, grid, ab, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
                              "(env NEURON_UI_MCP)")
     parser.add_argument("--mcp-sessions", type=int, help="MCP sessions open at once; past it the one idle longest is "
                         "closed (env NEURON_UI_MCP_SESSIONS; default 100)")
