@@ -117,8 +117,7 @@ def test_two_pngs_are_compared_from_their_parameters(tmp_path):
     new = saved(tmp_path, "new.png", size=(384, 256), seed=2, lora="ink", lora_scale=0.8)
     compared = compare_files(old, new)
     assert compared.info["differs"] == ["resolution", "seed", "style", "strength"]
-    assert compared.info["labels"] == ["A: resolution 256x256 · seed 1 · no style",
-                                       "B: resolution 384x256 · seed 2 · ink · strength 0.8"]
+    assert compared.info["labels"] == ["A: 256x256 · seed 1 · no style", "B: 384x256 · seed 2 · ink · strength 0.8"]
     assert compared.info["b"]["image"] == str(new) and compared.image.width > 2 * 256
     plain = tmp_path / "plain.png"
     Image.new("RGB", (64, 64)).save(plain)

@@ -163,6 +163,8 @@ def _label(name: str, settings: Mapping[str, Any], differs: tuple[str, ...], pro
             continue
         elif key == "steps":
             words.append(f"{value} step{'' if value == 1 else 's'}")
+        elif key == "resolution":
+            words.append(str(value))
         else:
             words.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
     return f"{name}: {' · '.join(words)}" if words else name
