@@ -212,7 +212,8 @@ def test_a_grid_nobody_watches_finishes_and_is_kept_for_its_visitor_only_for_a_w
     assert job.wait(10) and job.outcome == 3 and job.made == 3 and job.ended == 0.0
     clock[0] = 59.0
     assert jobs.find("browser:a") is job
-    other = jobs.start("browser:b", plan(seeds="1+2"), finish=lambda grid: len(grid.made))  # past max_kept: the longest-ended goes
+    other = jobs.start("browser:b", plan(seeds="1+2"), finish=lambda grid: len(grid.made))  # past max_kept: the
+    # longest-ended goes
     assert other.wait(10) and jobs.find("browser:a") is None and len(jobs) == 1
     clock[0] = 120.0  # 60 s after it ended, no page can find it (its cells are in the history)
     assert jobs.find("browser:b") is None and len(jobs) == 0

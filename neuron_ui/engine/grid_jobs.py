@@ -10,7 +10,6 @@ them. No Gradio here: the UI hands in what a finished grid becomes (its saved sh
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -39,8 +38,8 @@ class GridJob(Generic[R]):
     """One visitor's grid as it runs: its cells made, its latest progress, and once ended what `finish` made of it
     (`outcome`) or the error that ended it (`failure`)."""
 
-    def __init__(self, owner: str, plan: GridPlan, number: int, estimate: float | None = None):
-        self.owner, self.plan, self.number, self.estimate = owner, plan, number, estimate
+    def __init__(self, owner: str, plan: GridPlan):
+        self.owner, self.plan = owner, plan
         self.total = len(plan.cells)
         self.made = 0
         self.outcome: R | None = None
@@ -132,11 +131,10 @@ class GridJobs(Generic[R]):
         self.engine, self.max_running, self.keep_seconds, self.max_kept = engine, max_running, keep_seconds, max_kept
         self.clock = clock
         self._jobs: OrderedDict[str, GridJob[R]] = OrderedDict()  # the least recently started first
-        self._numbers = itertools.count(1)
         self._lock = threading.Lock()
 
     def start(self, owner: str, plan: GridPlan, finish: Callable[[GridResult], R],
-              on_cell: Callable[[CellResult], None] | None = None, estimate: float | None = None) -> GridJob[R]:
+              on_cell: Callable[[CellResult], None] | None = None) -> GridJob[R]:
         """Start `owner`'s grid on a thread of its own; ValueError in one line while one of theirs runs, or while
         `max_running` grids run."""
         with self._lock:
@@ -149,11 +147,11 @@ class GridJobs(Generic[R]):
             if running >= self.max_running:
                 raise ValueError(f"{running} grids are being made on this server, its limit: try again when one "
                                  "is done")
-            job: GridJob[R] = GridJob(owner, plan, next(self._numbers), estimate)
+            job: GridJob[R] = GridJob(owner, plan)
             self._jobs.pop(owner, None)
             self._jobs[owner] = job
         thread = threading.Thread(target=job.run, args=(self.engine, finish, on_cell, self.clock),
-                                  name=f"grid-{job.number}", daemon=True)
+                                  name="grid", daemon=True)
         thread.start()
         return job
 

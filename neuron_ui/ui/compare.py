@@ -111,12 +111,14 @@ class GridShown:
     entries: list[HistoryEntry]
 
 
-def describe_running(job: GridJob[GridShown]) -> str:
-    """The grid's line on a page that did not start it (a reload): how far it is, and about how long is left."""
-    left = "" if job.estimate is None else \
-        f" · about {job.estimate * (job.total - job.made) / job.total:.0f} s left (an estimate)"
+def describe_running(job: GridJob[GridShown], seconds: float | None) -> str:
+    """The grid's line on a page that did not start it (a reload): how far it is, and about how long is left
+    (`seconds`: the whole grid's estimate, from the images made so far)."""
+    left = None if seconds is None else seconds * (job.total - job.made) / job.total
+    left_words = "time left unknown until an image is made here" if left is None else \
+        f"about {left:.0f} s left (an estimate)" if left >= 1 else "under a second left (an estimate)"
     return (f"*Your grid of {job.total} images at {job.plan.resolution} is still being made (asked for before this "
-            f"page loaded): {job.made} of {job.total} made{left}; it shows here when it is done.*")
+            f"page loaded): {job.made} of {job.total} made · {left_words}; it shows here when it is done.*")
 
 
 class CompareHandlers:
@@ -153,14 +155,16 @@ class CompareHandlers:
             plan = self.plan(prompt, resolution, kind1, values1, kind2, values2, kind3, values3)
             # Each cell is held for the browser session too: its other pages' history finds them (session_events).
             saver = GridSaver(self.store, self.show_guidance, lambda entry: self.held.hold(sid, entry))
-            job = self.jobs.start(owner(session), plan, lambda grid: self._finish(saver, grid), saver,
-                                  estimate_seconds(plan, self.engine.status()))
+            job = self.jobs.start(owner(session), plan, lambda grid: self._finish(saver, grid), saver)
         return self._watch(job, progress)
 
     def on_watch(self, session: Any, progress: gr.Progress = gr.Progress()):
-        """A page loaded while its visitor's grid runs (a reload, another tab): the grid's progress, then its sheet."""
+        """After every page load: while the visitor's grid runs (a reload, another tab), its progress, then its
+        sheet, and that it followed it (on_cells then adds its cells); nothing when none runs."""
         job = self.jobs.find(owner(session))
-        return (gr.skip(), gr.skip()) if job is None else self._watch(job, progress)
+        if job is None or not job.running:
+            return gr.skip(), gr.skip(), gr.skip()
+        return (*self._watch(job, progress), True)
 
     def _watch(self, job: GridJob[GridShown], progress: gr.Progress):
         """Follow the job until it ends; this page's Stop or cancel stops it, this page going away does not."""
@@ -177,10 +181,10 @@ class CompareHandlers:
         sheet, _ = saver.finish(grid)
         return GridShown(sheet, describe_grid(grid), list(saver.entries))
 
-    def on_cells(self, session: Any, history: list[HistoryEntry]):
-        """After a watch ends: the finished grid's cells join the history as it is now (read after the wait)."""
+    def on_cells(self, session: Any, history: list[HistoryEntry], followed: bool = True):
+        """After a watch that `followed` the grid to its end: its cells join the history as it is now."""
         job = self.jobs.find(owner(session))
-        if job is None or job.outcome is None:
+        if not followed or job is None or job.outcome is None:
             return gr.skip(), gr.skip()
         history = merge_history(history, [e for e in job.outcome.entries if Path(e.path).is_file()], HISTORY_SIZE)
         return history, gallery_items(history)
@@ -192,14 +196,15 @@ class CompareHandlers:
                 "Stopping the grid: the image being made stops at its next step and the rest are not made.")
 
     def on_restore(self, session: Any):
-        """On page load: the visitor's grid, still running (its line, and the watch's trigger) or finished (its sheet
-        and line). Outputs: image, line, poll timer, watch trigger."""
+        """On page load: the visitor's grid, still running (its line; on_watch follows) or finished (its sheet and
+        line). Outputs: image, line, poll timer."""
         job = self.jobs.find(owner(session))
         if job is None:
-            return gr.skip(), gr.skip(), gr.Timer(active=False), gr.skip()
+            return gr.skip(), gr.skip(), gr.Timer(active=False)
         if job.running:
-            return gr.skip(), describe_running(job), gr.Timer(active=False), job.number
-        return (*self._shown(job), gr.Timer(active=False), gr.skip())
+            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status())), \
+                gr.Timer(active=False)
+        return (*self._shown(job), gr.Timer(active=False))
 
     def on_poll(self, session: Any, history: list[HistoryEntry]):
         """After a watch failed (a cancel, a refusal while the grid runs): once the grid ends, its sheet and line
@@ -269,17 +274,18 @@ def wire_compare(handlers: CompareHandlers, parts: dict[str, Any], form: list[An
     shown = [parts["image"], parts["line"]]
     made = parts["make"].click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[parts["image"]],
                                api_visibility="private", **on_device)
-    # A page loaded while its visitor's grid runs watches it: on_restore sets `watch`, whose change starts the watch
-    # (not on the device: it waits on the grid, which takes its turns there itself).
-    watch = gr.State(None)
-    watched = watch.change(handlers.on_watch, [session], shown, show_progress_on=[parts["image"]],
-                           api_visibility="private", queue=True, concurrency_limit=None)
-    for event in (made, watched):
-        event.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
-        # A cancel (the form's Stop) ends the event before the grid ends: the poll shows its sheet once saved.
+    # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
+    # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
+    loaded = demo.load(handlers.on_restore, [session], [*shown, parts["timer"]], **hidden)
+    followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
+    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[parts["image"]],
+                          api_visibility="private", queue=True, concurrency_limit=None)
+    # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
+    made.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
+    watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **hidden)
+    for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
         event.failure(lambda: gr.Timer(active=True), None, parts["timer"], **hidden)
     parts["stop"].click(handlers.on_stop, [session], None, **{**hidden, "queue": True, "concurrency_limit": None})
-    demo.load(handlers.on_restore, [session], [*shown, parts["timer"], watch], **hidden)
     parts["timer"].tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts["timer"]], **hidden)
     return made
 
