@@ -1,12 +1,13 @@
 """The Compare panel in a real browser (Debian's chromium via Playwright): a 2x2 grid from the page, its count and
 estimated time before it starts, the sheet and every cell in the history, the grid found again after a reload; a
-Stop mid-grid (the served HeldRunner holds LONG_PROMPT's image after its first step) ends the rest."""
+Stop mid-grid (the served HeldRunner holds LONG_PROMPT's image after its first step) ends the rest; a reload mid-grid
+finds it still running, then its sheet."""
 
 import re
 
 import pytest
 import serving
-from browser_fixtures import LONG_PROMPT, HeldRunner, shot
+from browser_fixtures import LONG_PROMPT, HeldRunner, open_page, shot
 
 pytestmark = pytest.mark.browser
 
@@ -82,9 +83,9 @@ def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner)
     assert page.locator("#history .thumbnail-item").count() == 1  # the short night, the one cell made
 
 
-def test_a_reload_mid_grid_finds_what_it_made(app, page, runner):
-    """A page that goes away stops its requests at their next step (the gate; a compile is let finish): the
-    reloaded page finds the grid's sheet of the cells made, and the cells in the history."""
+def test_a_reload_mid_grid_finds_it_still_running_then_its_sheet(app, browser, page, runner):
+    """A page that goes away stops only its watch of the grid (the gate's page-gone rule): the reloaded page finds
+    the grid still running, with its progress, then its sheet and every cell in the history; a stranger sees none."""
     app.engine.warmup("256x256")
     page.locator("#prompt textarea").fill("a short night")
     page.locator("#compare").get_by_text("Compare: a grid").click()
@@ -92,10 +93,23 @@ def test_a_reload_mid_grid_finds_what_it_made(app, page, runner):
     page.locator("#grid-plan").get_by_text("2 images (2 prompts)").wait_for()
     runner.hold()
     page.locator("#grid-make").click()
-    page.get_by_text(re.compile("image 2 of 2: step 2/4")).first.wait_for()
+    page.get_by_text(re.compile("image 2 of 2: step 2/4")).first.wait_for()  # the long night, held
     page.reload()
     page.locator("#compare").get_by_text("Compare: a grid").click()
-    page.locator("#grid-line").get_by_text("Stopped after 1 of 2 images at 256x256").wait_for()
+    line = page.locator("#grid-line")
+    running = r"Your grid of 2 images at 256x256 is still being made .*: 1 of 2 made · (about \d+ s|under a second)"
+    line.get_by_text(re.compile(running + r" left \(an estimate\)")).wait_for()
+    page.get_by_text(re.compile("image 2 of 2: step 2/4")).first.wait_for()  # its progress, watched again
+    page.locator("#compare").scroll_into_view_if_needed()
+    shot(page, "compare-reloaded-mid-grid")
+    stranger = open_page(browser, app.url)
+    stranger.locator("#compare").get_by_text("Compare: a grid").click()
+    assert stranger.locator("#grid-line").inner_text().strip() == ""
+    stranger.context.close()
+
+    runner.release()
+    line.get_by_text(re.compile(r"Grid of 2 images at 256x256 · [\d.]+ s")).wait_for()
     page.locator("#grid-image img").wait_for()
-    page.locator("#history .thumbnail-item").first.wait_for()
-    assert page.locator("#history .thumbnail-item").count() == 1
+    page.locator("#history .thumbnail-item").nth(1).wait_for()
+    assert page.locator("#history .thumbnail-item").count() == 2
+    shot(page, "compare-finished-after-reload")

@@ -19,9 +19,10 @@ from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.contract.grid import estimate_seconds, plan_grid
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeState, ShapeStatus
-from neuron_ui.contract.stopping import Stopped
+from neuron_ui.contract.stopping import CANCELLED, DISCONNECTED, Stopped, StopToken
 from neuron_ui.engine.engine import Engine
 from neuron_ui.engine.grid import run_grid
+from neuron_ui.engine.grid_jobs import GridJobs
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.lora_random import write_random_lora
@@ -116,9 +117,11 @@ class FakeEngine:
     """Records each generate call; never two at once (the grid is one request in the engine)."""
 
     stop_after: int = 99
+    hold_at: int | None = None  # the call held (after its progress) until `released` is set or it is stopped
 
     def __post_init__(self):
         self.calls, self.busy, self.overlapped = [], threading.Lock(), False
+        self.holding, self.released = threading.Event(), threading.Event()
 
     def generate(self, request, progress=None, stop=None):
         if not self.busy.acquire(blocking=False):
@@ -130,6 +133,14 @@ class FakeEngine:
             self.calls.append(request)
             if progress:
                 progress_update(progress)
+            if len(self.calls) == self.hold_at:
+                self.holding.set()
+                woken = threading.Event()
+                stop.listen(woken.set)
+                while not (self.released.is_set() or stop.stopped):
+                    woken.wait(0.05)
+                if stop.stopped:
+                    raise Stopped("stopped after step 1")
             color = (len(self.calls) * 40 % 256, 90, 160)
             return GenerateResult(Image.new("RGB", (256, 256), color), request.prompt, request.resolution,
                                   request.steps or 4, request.seed, None, "tiny", "memory_hit", 0.0, 0.1, 0.1,
@@ -162,6 +173,50 @@ def test_stop_ends_the_rest_and_the_sheet_says_what_was_not_made(tmp_path):
     assert sheet.getpixel((sheet.width - 20, sheet.height - 20)) == (200, 200, 200)  # the last cell: not made
     with pytest.raises(Stopped):
         run_grid(FakeEngine(stop_after=0), plan(seeds="1+4"))
+
+
+def test_a_grid_is_its_visitors_job_that_outlives_the_page_and_a_stop_ends_it():
+    engine = FakeEngine(hold_at=2)  # the second cell is held
+    jobs = GridJobs(engine, max_running=1)
+    job = jobs.start("browser:a", plan(seeds="1+3"), finish=lambda grid: grid.stopped)
+    assert engine.holding.wait(10)
+    gone = StopToken()
+    gone.stop(DISCONNECTED)  # the page that started it went away (the gate's page-gone rule)
+    assert job.follow(None, gone) is False and job.running and job.made == 1 and not engine.released.is_set()
+    assert jobs.find("browser:a") is job and jobs.find("browser:b") is None and jobs.stop("browser:b") is None
+    with pytest.raises(ValueError, match=r"^your grid of 3 at 256x256 is still being made \(1 done\): stop it, or "):
+        jobs.start("browser:a", plan(seeds="1+2"), finish=lambda grid: len(grid.made))
+    with pytest.raises(ValueError, match="^1 grids are being made on this server, its limit: try again when one"):
+        jobs.start("browser:b", plan(seeds="1+2"), finish=lambda grid: len(grid.made))
+
+    told, shown = [], threading.Event()  # a reloaded page of the same visitor watches it: the latest progress first
+    watcher = threading.Thread(target=lambda: told.append(job.follow(lambda update: shown.set(), StopToken())))
+    watcher.start()
+    assert shown.wait(10)
+    jobs.stop("browser:a")  # its Stop, from the reloaded page: the held cell stops, the third is never asked for
+    watcher.join(10)
+    assert told == [True] and job.outcome == "stopped after step 1; 1 of 3 images made" and len(engine.calls) == 2
+
+    engine = FakeEngine(hold_at=2)  # the form's Stop cancels the watching event: that stops the grid too
+    job = GridJobs(engine, max_running=1).start("browser:a", plan(seeds="1+3"), finish=lambda grid: grid.stopped)
+    assert engine.holding.wait(10)
+    cancelled = StopToken()
+    cancelled.stop(CANCELLED)
+    assert job.follow(None, cancelled) is True and job.outcome == "stopped after step 1; 1 of 3 images made"
+
+
+def test_a_grid_nobody_watches_finishes_and_is_kept_for_its_visitor_only_for_a_while():
+    clock = [0.0]
+    jobs = GridJobs(FakeEngine(), max_running=1, keep_seconds=60, max_kept=1, clock=lambda: clock[0])
+    job = jobs.start("browser:a", plan(seeds="1+3"), finish=lambda grid: len(grid.made))
+    assert job.wait(10) and job.outcome == 3 and job.made == 3 and job.ended == 0.0
+    clock[0] = 59.0
+    assert jobs.find("browser:a") is job
+    other = jobs.start("browser:b", plan(seeds="1+2"), finish=lambda grid: len(grid.made))  # past max_kept: the
+    # longest-ended goes
+    assert other.wait(10) and jobs.find("browser:a") is None and len(jobs) == 1
+    clock[0] = 120.0  # 60 s after it ended, no page can find it (its cells are in the history)
+    assert jobs.find("browser:b") is None and len(jobs) == 0
 
 
 def test_the_sheet_has_labels_and_each_cell_in_its_png_text(tmp_path):

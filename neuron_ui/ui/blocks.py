@@ -215,8 +215,8 @@ def build_demo(engine: EngineLike, settings: Settings,
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
         compared = wire_compare(CompareHandlers(engine, store, handlers.held, handlers.stops, settings.max_grid_cells,
-                                                not handlers.distilled), compare, [prompt, resolution], history,
-                                history_gallery, session, demo, handlers.on_stop, on_device, hidden)
+                                                not handlers.distilled, settings.max_queue + 1), compare,
+                                [prompt, resolution], history, history_gallery, session, demo, on_device, hidden)
         stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
         # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):

@@ -1,20 +1,22 @@
 """The Compare panel: one prompt at one size along up to three axes, its count and estimated time shown before it
-starts, made as a grid (engine/grid.py) whose cells join the history, stoppable, found again after a reload; and
+starts, made as a grid that runs as its visitor's job (engine/grid_jobs.py) and outlives the page: the page only watches
+it, a reload (or another tab of the same visitor) finds it still running, any of that visitor's pages can stop it;
+its cells join the history; and
 the saving of a grid that the /grid API shares."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
 from neuron_ui.contract.grid import AXIS_HELP, DEFAULT_MAX_CELLS, GridPlan, estimate_seconds
-from neuron_ui.engine.grid import build_plan, run_grid
+from neuron_ui.engine.grid import build_plan
+from neuron_ui.engine.grid_jobs import GridJob, GridJobs
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.history import HistoryEntry, gallery_items, merge_history
 from neuron_ui.ui.session_events import HISTORY_SIZE
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 AXIS_KINDS = tuple(AXIS_HELP)  # the /grid API takes them in this order, after prompt and resolution
 NO_AXIS = "—"
-MAX_BOARD = sessions.MAX_SESSIONS
+DEFAULT_MAX_RUNNING = 17  # grids at once on a server: --max-queue's default + 1, as many as the device's events
 
 
 def axis_values(*pairs: str | None) -> dict[str, str]:
@@ -100,37 +102,36 @@ class GridSaver:
         return self.store.save(grid), grid.info(self.paths)
 
 
-class GridBoard:
-    """Each browser session's latest grid, for a reload: running (its plan's line) or done (the sheet, its line).
-    Bounded: the oldest sessions go first."""
+@dataclass(frozen=True)
+class GridShown:
+    """What a finished grid shows on its visitor's pages: the saved sheet, its line, the cells' history entries."""
 
-    def __init__(self, size: int = MAX_BOARD):
-        self.size = size
-        self._lock = threading.Lock()
-        self._grids: OrderedDict[str, tuple[bool, str | None, str]] = OrderedDict()
+    sheet: str
+    line: str
+    entries: list[HistoryEntry]
 
-    def put(self, sid: str | None, running: bool, sheet: str | None, line: str) -> None:
-        if not sid:
-            return
-        with self._lock:
-            self._grids.pop(sid, None)
-            self._grids[sid] = (running, sheet, line)
-            while len(self._grids) > self.size:
-                self._grids.popitem(last=False)
 
-    def get(self, sid: str | None) -> tuple[bool, str | None, str] | None:
-        with self._lock:
-            return self._grids.get(sid) if sid else None
+def describe_running(job: GridJob[GridShown], seconds: float | None) -> str:
+    """The grid's line on a page that did not start it (a reload): how far it is, and about how long is left
+    (`seconds`: the whole grid's estimate, from the images made so far)."""
+    left = None if seconds is None else seconds * (job.total - job.made) / job.total
+    left_words = "time left unknown until an image is made here" if left is None else \
+        f"about {left:.0f} s left (an estimate)" if left >= 1 else "under a second left (an estimate)"
+    return (f"*Your grid of {job.total} images at {job.plan.resolution} is still being made (asked for before this "
+            f"page loaded): {job.made} of {job.total} made · {left_words}; it shows here when it is done.*")
 
 
 class CompareHandlers:
-    """The panel's events: the plan line, the grid, its restore after a reload."""
+    """The panel's events. A grid runs as a job of its visitor's (engine/grid_jobs.py), outside any page's event:
+    the event that starts it, and any page of the same visitor loaded while it runs, only watch it; a page that goes
+    away leaves it running, a Stop from any of that visitor's pages ends the rest."""
 
     def __init__(self, engine: EngineLike, store: ImageStore, held: sessions.HeldResults, stops: SessionStops,
-                 max_cells: int = DEFAULT_MAX_CELLS, show_guidance: bool = False, board: GridBoard | None = None):
+                 max_cells: int = DEFAULT_MAX_CELLS, show_guidance: bool = False,
+                 max_running: int = DEFAULT_MAX_RUNNING):
         self.engine, self.store, self.held, self.stops = engine, store, held, stops
         self.max_cells, self.show_guidance = max_cells, show_guidance
-        self.board = board or GridBoard()
+        self.jobs: GridJobs[GridShown] = GridJobs(engine, max_running)
 
     def plan(self, prompt: str, resolution: str, *pairs: str | None) -> GridPlan:
         return build_plan(self.engine, self.max_cells, prompt, resolution, axis_values(*pairs))
@@ -146,55 +147,95 @@ class CompareHandlers:
         return describe_plan(plan, estimate_seconds(plan, self.engine.status()))
 
     def on_grid(self, prompt: str, resolution: str, kind1: str, values1: str, kind2: str, values2: str, kind3: str,
-                values3: str, history: list[HistoryEntry], session: Any = None,
-                progress: gr.Progress = gr.Progress()):
-        """The grid from the panel: the sheet, its line, and every cell in the history."""
+                values3: str, session: Any = None, progress: gr.Progress = gr.Progress()):
+        """The grid from the panel, started as this visitor's job and watched: the sheet and its line (on_cells
+        then puts every cell in the history). Bad axes, or a grid of theirs still running: one line."""
         sid = sessions.session_id(session)
-        with user_errors():  # bad axes: one line before anything runs
+        with user_errors():
             plan = self.plan(prompt, resolution, kind1, values1, kind2, values2, kind3, values3)
-        what = f"grid of {len(plan.cells)} at {plan.resolution}"
-        self.board.put(sid, True, None, f"*Your {what} is still being made; it shows here when it is done.*")
+            # Each cell is held for the browser session too: its other pages' history finds them (session_events).
+            saver = GridSaver(self.store, self.show_guidance, lambda entry: self.held.hold(sid, entry))
+            job = self.jobs.start(owner(session), plan, lambda grid: self._finish(saver, grid), saver)
+        return self._watch(job, progress)
 
-        # Each cell is held for the session as it is made: a page reloaded meanwhile gets them with the sheet (on_poll).
-        saver = GridSaver(self.store, self.show_guidance, lambda entry: self.held.hold(sid, entry))
-        self.held.begin(sid)
-        try:
-            with (user_errors(), ProgressReporter(progress) as reporter,
-                  self.stops.track(*current_event(), on_admitted=lambda: self.held.start(sid, plan.resolution))
-                  as stop):
-                grid = run_grid(self.engine, plan, progress=reporter, stop=stop, visitor=current_visitor(session),
-                                on_cell=saver)
-                sheet, _ = saver.finish(grid)
-        except gr.Error as error:
-            self.held.fail(sid, error.message)
-            self.board.put(sid, False, None, f"**Not made:** {error.message}")
-            raise
-        finally:
-            self.held.end(sid)
-        line = describe_grid(grid)
-        self.board.put(sid, False, sheet, line)
-        history = merge_history(history, saver.entries, HISTORY_SIZE)
-        return sheet, line, history, gallery_items(history)
+    def on_watch(self, session: Any, progress: gr.Progress = gr.Progress()):
+        """After every page load: while the visitor's grid runs (a reload, another tab), its progress, then its
+        sheet, and that it followed it (on_cells then adds its cells); nothing when none runs."""
+        job = self.jobs.find(owner(session))
+        if job is None or not job.running:
+            return gr.skip(), gr.skip(), gr.skip()
+        return (*self._watch(job, progress), True)
+
+    def _watch(self, job: GridJob[GridShown], progress: gr.Progress):
+        """Follow the job until it ends; this page's Stop or cancel stops it, this page going away does not."""
+        with user_errors(), ProgressReporter(progress) as reporter, self.stops.track(*current_event()) as page:
+            if not job.follow(reporter, page):
+                return gr.skip(), gr.skip()  # the page went away: no one reads this
+            if job.failure is not None:
+                raise job.failure
+        shown = job.outcome
+        return (shown.sheet, shown.line) if shown is not None else (gr.skip(), gr.skip())
+
+    def _finish(self, saver: GridSaver, grid: GridResult) -> GridShown:
+        """In the job's thread, once the grid ends: the sheet saved (the cells already are)."""
+        sheet, _ = saver.finish(grid)
+        return GridShown(sheet, describe_grid(grid), list(saver.entries))
+
+    def on_cells(self, session: Any, history: list[HistoryEntry], followed: bool = True):
+        """After a watch that `followed` the grid to its end: its cells join the history as it is now."""
+        job = self.jobs.find(owner(session))
+        if not followed or job is None or job.outcome is None:
+            return gr.skip(), gr.skip()
+        history = merge_history(history, [e for e in job.outcome.entries if Path(e.path).is_file()], HISTORY_SIZE)
+        return history, gallery_items(history)
+
+    def on_stop(self, session: Any) -> None:
+        """The panel's Stop, from any page of the visitor: the rest of their grid is not made."""
+        phase = self.jobs.stop(owner(session))
+        gr.Info("Nothing to stop: no grid of yours is being made." if phase is None else
+                "Stopping the grid: the image being made stops at its next step and the rest are not made.")
 
     def on_restore(self, session: Any):
-        """On page load: the session's latest grid (or that it is still being made, with the poll timer on)."""
-        found = self.board.get(sessions.session_id(session))
-        if found is None:
+        """On page load: the visitor's grid, still running (its line; on_watch follows) or finished (its sheet and
+        line). Outputs: image, line, poll timer."""
+        job = self.jobs.find(owner(session))
+        if job is None:
             return gr.skip(), gr.skip(), gr.Timer(active=False)
-        running, sheet, line = found
-        shown = sheet if sheet and Path(sheet).is_file() else gr.skip()  # the image store keeps the newest 512 files
-        return shown, line, gr.Timer(active=running)
+        if job.running:
+            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status())), \
+                gr.Timer(active=False)
+        return (*self._shown(job), gr.Timer(active=False))
 
     def on_poll(self, session: Any, history: list[HistoryEntry]):
-        """While a grid runs that this page did not start (a reload) or stopped: once it is done, its sheet and line
-        show, the cells it made join the history, and the timer stops."""
-        sid = sessions.session_id(session)
-        found = self.board.get(sid)
-        if found is not None and found[0]:
+        """After a watch failed (a cancel, a refusal while the grid runs): once the grid ends, its sheet and line
+        show, its cells join the history, and the timer stops."""
+        job = self.jobs.find(owner(session))
+        if job is not None and job.running:
             return (gr.skip(),) * 5
-        image, line, timer = self.on_restore(session)
-        history = merge_history(history, [e for e in self.held.results(sid) if Path(e.path).is_file()], HISTORY_SIZE)
-        return image, line, history, gallery_items(history), timer
+        image, line = self._shown(job) if job is not None else (gr.skip(), gr.skip())
+        history, gallery = self.on_cells(session, history)
+        return image, line, history, gallery, gr.Timer(active=False)
+
+    @staticmethod
+    def _shown(job: GridJob[GridShown]) -> tuple[Any, Any]:
+        if job.outcome is None:
+            return gr.skip(), f"**Not made:** {failure_words(job.failure)}"
+        sheet = job.outcome.sheet
+        return sheet if Path(sheet).is_file() else gr.skip(), job.outcome.line  # the store keeps the newest 512
+
+
+def failure_words(error: Exception | None) -> str:
+    """The one line a page is told for the error that ended a grid (web/errors.py's words)."""
+    try:
+        with user_errors():
+            raise error or RuntimeError("no result")
+    except gr.Error as told:
+        return str(told.message)
+
+
+def owner(session: Any) -> str:
+    """Whose grid: the visitor of this event (a login, else the browser's signed session id; web/visitors.py)."""
+    return current_visitor(session) or "anonymous"
 
 
 def add_compare_panel(styles: list[str]) -> dict[str, Any]:
@@ -221,24 +262,31 @@ def add_compare_panel(styles: list[str]) -> dict[str, Any]:
 
 
 def wire_compare(handlers: CompareHandlers, parts: dict[str, Any], form: list[Any], history: Any, gallery: Any,
-                 session: Any, demo: gr.Blocks, on_stop: Callable[..., Any], on_device: dict[str, Any],
-                 hidden: dict[str, Any]) -> Any:
-    """The panel's events; returns the grid's event (the form's Stop cancels it too). `form`: prompt, resolution."""
+                 session: Any, demo: gr.Blocks, on_device: dict[str, Any], hidden: dict[str, Any]) -> Any:
+    """The panel's events; returns the grid's event (the form's Stop cancels it, which stops the grid too).
+    `form`: prompt, resolution."""
     axes = [parts[f"{part}{n}"] for n in (1, 2, 3) for part in ("kind", "values")]
     gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], parts["plan"],
           trigger_mode="always_last", **hidden)
     for n in (1, 2, 3):
         parts[f"kind{n}"].change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), parts[f"kind{n}"],
                                  parts[f"values{n}"], **hidden)
-    made = parts["make"].click(handlers.on_grid, [*form, *axes, history, session],
-                               [parts["image"], parts["line"], history, gallery], show_progress_on=[parts["image"]],
+    shown = [parts["image"], parts["line"]]
+    made = parts["make"].click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[parts["image"]],
                                api_visibility="private", **on_device)
-    parts["stop"].click(on_stop, None, None, cancels=[made], **{**hidden, "queue": True, "concurrency_limit": None})
-    # A Stop cancels the event before its handler ends: the poll shows the sheet of the cells made, once it is saved.
-    made.failure(lambda: gr.Timer(active=True), None, parts["timer"], **hidden)
-    demo.load(handlers.on_restore, [session], [parts["image"], parts["line"], parts["timer"]], **hidden)
-    parts["timer"].tick(handlers.on_poll, [session, history],
-                        [parts["image"], parts["line"], history, gallery, parts["timer"]], **hidden)
+    # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
+    # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
+    loaded = demo.load(handlers.on_restore, [session], [*shown, parts["timer"]], **hidden)
+    followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
+    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[parts["image"]],
+                          api_visibility="private", queue=True, concurrency_limit=None)
+    # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
+    made.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
+    watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **hidden)
+    for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
+        event.failure(lambda: gr.Timer(active=True), None, parts["timer"], **hidden)
+    parts["stop"].click(handlers.on_stop, [session], None, **{**hidden, "queue": True, "concurrency_limit": None})
+    parts["timer"].tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts["timer"]], **hidden)
     return made
 
 

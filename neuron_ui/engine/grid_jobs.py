@@ -1,0 +1,181 @@
+"""Grids that outlive their page: each visitor's grid runs as a job on a thread of its own (run_grid), which the
+pages of that visitor only watch, so a reload finds it again and a page's Stop ends it, while a page that goes away
+(its event stream closed: the gate's page-gone rule) leaves it running.
+
+Bounded: one grid per visitor (a second is refused in one line while the first runs), at most `max_running` grids at
+once on the server, each of at most --max-grid-cells cells; a finished grid is kept for its visitor's pages for
+`keep_seconds` after it ends (its cells are in the history and the image store either way), at most `max_kept` of
+them. No Gradio here: the UI hands in what a finished grid becomes (its saved sheet and line) as `finish`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.stopping import DISCONNECTED, STOPPED_BY_USER, Phase, StopToken
+from neuron_ui.engine.grid import run_grid
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.grid import GridPlan
+    from neuron_ui.contract.grid_sheet import CellResult, GridResult
+    from neuron_ui.contract.results import ProgressFn, ProgressUpdate
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+KEEP_SECONDS = 600.0  # as long as a browser session's held results (ui/session.py HOLD_SECONDS)
+MAX_KEPT = 1024  # finished grids kept at once (as many as held browser sessions)
+
+
+class GridJob(Generic[R]):
+    """One visitor's grid as it runs: its cells made, its latest progress, and once ended what `finish` made of it
+    (`outcome`) or the error that ended it (`failure`)."""
+
+    def __init__(self, owner: str, plan: GridPlan):
+        self.owner, self.plan = owner, plan
+        self.total = len(plan.cells)
+        self.made = 0
+        self.outcome: R | None = None
+        self.failure: Exception | None = None
+        self.ended: float | None = None  # the jobs' clock when it ended
+        self._token = StopToken()
+        self._update: ProgressUpdate | None = None
+        self._version = 0  # counts every change a watcher may show
+        self._changed = threading.Condition()
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
+
+    def stop(self, reason: str = STOPPED_BY_USER) -> Phase:
+        """End the rest of the grid (the cell on the device stops at its next step); the phase it was in."""
+        return self._token.stop(reason)
+
+    def follow(self, progress: ProgressFn | None, page: StopToken) -> bool:
+        """Tell `progress` the grid's latest update, then each new one, until the grid ends (True). The watching
+        page's token: stopped by its Stop or a cancel, it stops the grid and follows it to its end; stopped because
+        the page went away (DISCONNECTED), it leaves the grid running and returns False at once."""
+        remove = page.listen(self._wake)
+        seen, told = -1, False  # told: the page's stop has stopped the grid
+        try:
+            while True:
+                with self._changed:
+                    while self._version == seen and self.running and (told or not page.stopped):
+                        self._changed.wait()
+                    seen, update, running = self._version, self._update, self.running
+                if page.stopped and page.reason == DISCONNECTED:
+                    return not running
+                if page.stopped and not told:
+                    told = True
+                    self.stop(page.reason or STOPPED_BY_USER)
+                if not running:
+                    return True
+                if update is not None and progress is not None:
+                    progress(update)
+        finally:
+            remove()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the grid ends (True) or `timeout` seconds pass."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self.running, timeout)
+
+    def run(self, engine: EngineLike, finish: Callable[[GridResult], R],
+            on_cell: Callable[[CellResult], None] | None, clock: Callable[[], float]) -> None:
+        """The grid, in this thread (GridJobs starts one per job), then `finish`; an error is kept for the pages."""
+        def made(done: CellResult) -> None:
+            if on_cell is not None:
+                on_cell(done)
+            self._changed_to(made=self.made + 1)
+
+        outcome: R | None = None
+        failure: Exception | None = None
+        try:
+            grid = run_grid(engine, self.plan, progress=lambda update: self._changed_to(update=update),
+                            stop=self._token, visitor=self.owner, on_cell=made)
+            outcome = finish(grid)
+        except Exception as error:  # the watching pages say it in one line (ui: user_errors)
+            if not isinstance(error, (ValueError, EngineError)):
+                logger.exception("a grid failed unexpectedly")
+            failure = error
+        with self._changed:
+            self.outcome, self.failure, self.ended = outcome, failure, clock()
+            self._version += 1
+            self._changed.notify_all()
+
+    def _changed_to(self, *, made: int | None = None, update: ProgressUpdate | None = None) -> None:
+        with self._changed:
+            self.made = self.made if made is None else made
+            self._update = self._update if update is None else update
+            self._version += 1
+            self._changed.notify_all()
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+
+class GridJobs(Generic[R]):
+    """The grids of all visitors, one per visitor, by the visitor's name (web/visitors.py: a login, else a browser's
+    signed session id), so only that visitor's pages find it. See the module docstring for the bounds."""
+
+    def __init__(self, engine: EngineLike, max_running: int, keep_seconds: float = KEEP_SECONDS,
+                 max_kept: int = MAX_KEPT, clock: Callable[[], float] = time.monotonic):
+        self.engine, self.max_running, self.keep_seconds, self.max_kept = engine, max_running, keep_seconds, max_kept
+        self.clock = clock
+        self._jobs: OrderedDict[str, GridJob[R]] = OrderedDict()  # the least recently started first
+        self._lock = threading.Lock()
+
+    def start(self, owner: str, plan: GridPlan, finish: Callable[[GridResult], R],
+              on_cell: Callable[[CellResult], None] | None = None) -> GridJob[R]:
+        """Start `owner`'s grid on a thread of its own; ValueError in one line while one of theirs runs, or while
+        `max_running` grids run."""
+        with self._lock:
+            self._expire()
+            mine = self._jobs.get(owner)
+            if mine is not None and mine.running:
+                raise ValueError(f"your grid of {mine.total} at {mine.plan.resolution} is still being made "
+                                 f"({mine.made} done): stop it, or wait for it to finish")
+            running = sum(job.running for job in self._jobs.values())
+            if running >= self.max_running:
+                raise ValueError(f"{running} grids are being made on this server, its limit: try again when one "
+                                 "is done")
+            job: GridJob[R] = GridJob(owner, plan)
+            self._jobs.pop(owner, None)
+            self._jobs[owner] = job
+        thread = threading.Thread(target=job.run, args=(self.engine, finish, on_cell, self.clock),
+                                  name="grid", daemon=True)
+        thread.start()
+        return job
+
+    def find(self, owner: str | None) -> GridJob[R] | None:
+        """`owner`'s grid: running, or ended less than keep_seconds ago."""
+        with self._lock:
+            self._expire()
+            return self._jobs.get(owner) if owner else None
+
+    def stop(self, owner: str | None) -> Phase | None:
+        """End the rest of `owner`'s running grid; None when none runs."""
+        job = self.find(owner)
+        return job.stop() if job is not None and job.running else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._expire()
+            return len(self._jobs)
+
+    def _expire(self) -> None:
+        """Drop grids ended keep_seconds ago, then the longest-ended past max_kept; a running grid is never dropped
+        (it is bounded by max_running and its cells)."""
+        deadline = self.clock() - self.keep_seconds
+        ended = [(job.ended, owner) for owner, job in self._jobs.items() if job.ended is not None]
+        for when, owner in sorted(ended):
+            if when < deadline or len(self._jobs) > self.max_kept:
+                del self._jobs[owner]
