@@ -53,8 +53,11 @@ PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true
             return send(resource, init);
         const bytes = [...(init.body?.values?.() ?? [])].reduce((sum, file) => sum + (file.size ?? 0), 0);
         up.files += 1; up.bytes += bytes; tell(up);
-        return send(resource, init).finally(() => {
-            up.done += 1; up.sent += bytes; if (window.neuronUpload === up) tell(up); }); }; }"""
+        const failed = (why) => { if (window.neuronUpload !== up) return; window.neuronUpload = null;
+            say(`The upload failed (${why}): nothing was sent.`); };
+        return send(resource, init).then((response) => { up.done += 1; up.sent += bytes;
+            if (!response.ok) failed(`HTTP ${response.status}`); else if (window.neuronUpload === up) tell(up);
+            return response; }, (error) => { failed('the connection broke'); throw error; }); }; }"""
 
 # Run in the page on Edit this image's click (its input passes through): the shown result comes into the editor with
 # nothing painted, and the Inpaint panel opens here, not by the server's update: an update to the panel makes Gradio
