@@ -132,8 +132,8 @@ def join(s, name: str, data: list, session: str) -> dict:
 
 
 def editor_call(editor) -> list:
-    """on_inpaint's inputs: editor, prompt, resolution, strength, steps, seed, randomize, guidance, references,
-    reference size, fit, history, session."""
+    """on_inpaint's inputs: editor (the hidden one the page hands the visible editor's uploaded value to), prompt,
+    resolution, strength, steps, seed, randomize, guidance, references, reference size, fit, history, session."""
     return [editor, "a door", "256x256", 0.5, 2, 3, False, 1.0, None, "512x512", "crop", [], {}]
 
 

@@ -40,6 +40,8 @@ SHOWN = 40  # characters of a refused value shown back
 def call_problem(gradio_app: Any, fn: BlockFunction, data: Any, by_name: bool) -> str | None:
     """Why a call's values do not fit the function's inputs (one line), or None. `data` is the call's body: its
     "data" list, or with `by_name` (/call/v2) the values by parameter name."""
+    if fn.fn is None:  # a page-only step (js=): Gradio answered a call of it with a 500 and a traceback
+        return "this function runs in the page only"
     if not isinstance(data, dict):
         return None
     if by_name:

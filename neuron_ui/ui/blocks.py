@@ -26,7 +26,7 @@ from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.named_api import add_ab_api
-from neuron_ui.ui.page_js import INPAINT_FAILED_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
+from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
     REFRESH_SECONDS,
@@ -117,7 +117,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                         guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
                                              label="Guidance", visible=not status.distilled, elem_id="guidance")
                     edit_refs = add_reference_panel(engine)
-                    with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel") as inpaint_panel:
+                    with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
                         edit_inpaint = add_inpaint_tab()
                     compare = add_compare_panel([style["name"] for style in status.styles])
                     examples = load_example_prompts()
@@ -189,29 +189,33 @@ def build_demo(engine: EngineLike, settings: Settings,
                                            handlers.distilled, handlers.stored)
         history_gallery.select(handlers.on_select, [history],
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
-                                edit_inpaint["editor"], edit_inpaint["strength"]], **hidden)
+                                edit_inpaint["editor"], edit_inpaint["strength"]], show_progress_on=[image], **hidden)
+        history_gallery.select(editing_handlers.on_history_pick, [history], edit_inpaint["holds"], **hidden)
         wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
         wire_ab(ab, image, history, history_gallery, hidden)
         reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **told)
-        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["loaded"]]
+        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["holds"]]
         gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
               editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
         gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click,
-               edit_inpaint["loaded"].change, edit_inpaint["button"].click],
+               edit_inpaint["holds"].change, edit_inpaint["button"].click],
               editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **hidden)
         edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
                                  edit_refs["files"], **told)
-        edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"], inpaint_panel],
-                                  **told)
-        inpainted = edit_inpaint["button"].click(
+        # The editor is read (its files uploaded) by Inpaint's page-only first step alone; no event shows progress on
+        # it or updates its panel, or Gradio uploads its files again at every event's status (editing.add_inpaint_tab).
+        edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"],
+                                  edit_inpaint["holds"]], js=EDIT_SCRIPT, show_progress_on=[image], **told)
+        inpainted = edit_inpaint["button"].click(None, edit_inpaint["editor"], edit_inpaint["sent"], js=INPAINT_SCRIPT,
+                                                 queue=False, **private).success(
             editing_handlers.on_inpaint,
-            [edit_inpaint["editor"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
+            [edit_inpaint["sent"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history, session, *style_inputs],
-            made, show_progress_on=[image], **on_device, **private, js=INPAINT_SCRIPT,
+            made, show_progress_on=[image], **on_device, **private,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)
-        inpainted.failure(**failed, js=INPAINT_FAILED_SCRIPT)  # not after the page refused an empty mask
+        inpainted.failure(**failed)
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
         compared = wire_compare(CompareHandlers(engine, store, handlers.held, handlers.stops, settings.max_grid_cells,

@@ -103,8 +103,8 @@ class EditingHandlers:
 
     def on_layout(self, resolution: str, files: Any, reference_size: str, editing: bool = False) -> str:
         """What the next image's layout costs, before the click, when it is not the size alone (the size hint's):
-        Generate's with references, and while the inpaint editor holds an image (`editing`: InpaintTab's "loaded",
-        not the editor, whose files the browser would upload again at every stroke), Inpaint's too (its source image
+        Generate's with references, and while the inpaint editor holds an image (`editing`: InpaintTab's "holds",
+        not the editor, whose files Gradio uploads each time it reads them), Inpaint's too (its source image
         doubles the output's tokens: another graph)."""
         try:
             count = min(len(file_paths(files, self.stored)), self.engine.max_references)
@@ -129,11 +129,18 @@ class EditingHandlers:
 
     @staticmethod
     def on_edit_image(image: str | None) -> tuple[Any, Any]:
-        """Open the shown result in the inpaint editor, and the editor's panel."""
+        """Open the shown result in the inpaint editor, which then holds an image (the page opens its panel:
+        page_js.EDIT_SCRIPT)."""
         if not image:
             gr.Warning("No image yet: generate one first.")
             return gr.skip(), gr.skip()
-        return {"background": image, "layers": [], "composite": image}, gr.Accordion(open=True)
+        return {"background": image, "layers": [], "composite": image}, True
+
+    @staticmethod
+    def on_history_pick(history: list[HistoryEntry], event: gr.SelectData) -> Any:
+        """A picked inpaint brings its image and mask back into the editor (ui.Handlers.on_select): it holds one."""
+        picked = history[event.index] if isinstance(event.index, int) and 0 <= event.index < len(history) else None
+        return True if picked is not None and picked.mode == "inpaint" and picked.editor else gr.skip()
 
     def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
@@ -202,7 +209,8 @@ class ReferencePanel(TypedDict):
 
 class InpaintTab(TypedDict):
     editor: gr.ImageEditor
-    loaded: gr.State
+    sent: gr.ImageEditor
+    holds: gr.Checkbox
     strength: gr.Slider
     button: gr.Button
 
@@ -229,22 +237,26 @@ def add_reference_panel(engine: EngineLike) -> ReferencePanel:
 
 
 def add_inpaint_tab() -> InpaintTab:
-    """The inpaint inputs: an image editor to paint the mask on, strength and a button; `loaded` says whether the
-    editor holds an image. Gradio 6.31's editor fires upload when an image comes into the empty editor (a file, the
-    camera, the clipboard, or a value set by the server: Edit this image, a history pick) and clear when the user
-    empties it; neither reads its files, where an event with the editor as input uploads them all again (issue 35:
-    about 24 uploads while a mask was painted). Queued: a State's change event follows a queued event only."""
+    """The inpaint inputs: an image editor to paint the mask on, strength and a button; `holds` (rendered, hidden)
+    says whether the editor holds an image, `sent` (hidden) is its value once its files are uploaded for Inpaint.
+
+    Gradio 6.31's editor uploads its background, composite and painted layers each time Gradio reads it (get_data,
+    @gradio/imageeditor): for every event it is an input or a trigger of (the event's args), at such an event's first
+    message, and at every status message of any event once it, or a block around it, has been an event's progress
+    target; the 2 s refresh timer made that about 24 uploads while a mask was painted (issue 35). So no event is
+    triggered by it, shows progress on it or updates the panel around it (blocks.py), and only Inpaint's first,
+    page-only step reads it: one upload of its files, its value handed to `sent`, which the request reads. `holds` is
+    set by the server where an image comes in by Edit this image or a history pick, and by the page for a file or a
+    clear (page_js.PAGE_SCRIPT)."""
     brush = gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed")
     editor = gr.ImageEditor(label="Paint over the part to redo", type="filepath", height=360, layers=False,
                             brush=brush, elem_id="inpaint-editor")
-    loaded = gr.State(False)
-    quiet: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private", "concurrency_limit": None}
-    editor.upload(lambda: True, None, loaded, **quiet)
-    editor.clear(lambda: False, None, loaded, **quiet)
+    sent = gr.ImageEditor(type="filepath", layers=False, visible=False)
+    holds = gr.Checkbox(False, label="the editor holds an image", visible="hidden", elem_id="editor-holds")
     strength = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Strength", elem_id="strength",
                          info="how much of the painted part is redone (1: from scratch)")
     button = gr.Button("Inpaint", variant="primary", elem_id="inpaint")
-    return {"editor": editor, "loaded": loaded, "strength": strength, "button": button}
+    return {"editor": editor, "sent": sent, "holds": holds, "strength": strength, "button": button}
 
 
 def add_result_buttons() -> ResultButtons:

@@ -1,39 +1,78 @@
 """The page's own scripts, run in the browser: what Gradio 6.31's events leave undone on this page (the DOM they
-read is Gradio 6.31's, as tests/test_browser_*.py read it: elem_ids, the status tracker's Clear button)."""
+read is Gradio 6.31's, as tests/test_browser_*.py read it: elem_ids, the status tracker's Clear button, the editor's
+canvas and Brush button, the accordion's toggle, the client's POST to /gradio_api/upload)."""
 
-# Run once when the page loads (demo.load): the red Error badge Gradio leaves on the image until its own Clear button
-# is clicked goes at the user's next action (typing, picking, clicking); and a click on Inpaint says, beside the
-# button, what the browser uploads before the request leaves (the editor's image and painted mask: seconds on a slow
-# link, with nothing else moving).
-PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true;
+# Run once when the page loads (demo.load):
+# - the red Error badge Gradio leaves on the image until its own Clear button is clicked goes at the user's next
+#   action (typing, picking, clicking);
+# - what the inpaint editor holds, as far as the page knows (window.neuronMask): 'empty' once an image came in by
+#   Edit this image or a file, 'painted' after a brush stroke on its canvas, 'unknown' otherwise (a history pick may
+#   restore a mask; the server checks every mask anyway); a file into the editor, or its Clear canvas button (named
+#   in English), ticks or clears the hidden #editor-holds box, so the layout hint knows with no event on the editor;
+# - a click on Inpaint with an empty mask is told at once beside the button and goes no further (nothing uploads:
+#   it took 5 s behind the device's queue); any other click says, beside the button, how the upload of the editor's
+#   files goes, file by file (seconds on a slow link, with nothing else moving), until INPAINT_SCRIPT runs.
+PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true; window.neuronMask = 'unknown';
     const clearError = (event) => {
         const clear = document.querySelector('#image [data-testid="status-tracker"] .clear-status button');
         if (clear && !clear.contains(event.target)) clear.click(); };
     for (const type of ['input', 'pointerdown', 'keydown']) document.addEventListener(type, clearError, true);
-    document.addEventListener('click', (event) => {
-        if (!event.target.closest?.('#inpaint')) return;
-        const button = document.querySelector('#inpaint');
+    document.addEventListener('pointerdown', (event) => {
+        const brush = document.querySelector('#inpaint-editor button[aria-label="Brush"]');
+        if (event.target.tagName === 'CANVAS' && event.target.closest('#inpaint-editor')
+            && brush?.classList.contains('highlight')) window.neuronMask = 'painted'; }, true);
+    const holds = (held) => { const box = document.querySelector('#editor-holds input');
+        if (box && box.checked !== held) box.click(); };
+    document.addEventListener('change', (event) => {
+        if (!event.target.closest?.('#inpaint-editor') || event.target.type !== 'file') return;
+        window.neuronMask = 'empty'; holds(true); }, true);
+    document.addEventListener('drop', (event) => {
+        if (event.target.closest?.('#inpaint-editor')) { window.neuronMask = 'empty'; holds(true); } }, true);
+    const say = (text) => { const button = document.querySelector('#inpaint');
         let note = document.getElementById('inpaint-note');
         if (!note) { note = document.createElement('p'); note.id = 'inpaint-note'; note.setAttribute('role', 'status');
                      button.insertAdjacentElement('afterend', note); }
-        note.textContent = 'Uploading the image and the painted mask…'; }, true); }"""
+        note.textContent = text; };
+    const size = (bytes) => bytes < 1e6 ? `${Math.ceil(bytes / 1e3)} KB` : `${(bytes / 1e6).toFixed(1)} MB`;
+    const tell = (up) => say(`Uploading the image and the painted mask: ${up.done} of ${up.files} files sent`
+        + ` (${size(up.sent)} of ${size(up.bytes)})…`);
+    document.addEventListener('click', (event) => {
+        if (event.target.closest?.('#history')) window.neuronMask = 'unknown';
+        if (event.target.closest?.('#inpaint-editor button[aria-label="Clear canvas"]')) {
+            window.neuronMask = 'unknown'; holds(false); }
+        if (!event.target.closest?.('#inpaint')) return;
+        if (window.neuronMask === 'empty') {
+            say('The mask is empty: paint over the part to redo, then click Inpaint.');
+            event.stopPropagation(); event.preventDefault(); return; }
+        window.neuronUpload = {files: 0, done: 0, bytes: 0, sent: 0};
+        say('Uploading the image and the painted mask…'); }, true);
+    const send = window.fetch;
+    window.fetch = (resource, init) => {
+        const up = window.neuronUpload;
+        if (!up || init?.method !== 'POST' || !/[/]gradio_api[/]upload([?]|$)/.test(String(resource?.url ?? resource)))
+            return send(resource, init);
+        const bytes = [...(init.body?.values?.() ?? [])].reduce((sum, file) => sum + (file.size ?? 0), 0);
+        up.files += 1; up.bytes += bytes; tell(up);
+        const failed = (why) => { if (window.neuronUpload !== up) return; window.neuronUpload = null;
+            say(`The upload failed (${why}): nothing was sent.`); };
+        return send(resource, init).then((response) => { up.done += 1; up.sent += bytes;
+            if (!response.ok) failed(`HTTP ${response.status}`); else if (window.neuronUpload === up) tell(up);
+            return response; }, (error) => { failed('the connection broke'); throw error; }); }; }"""
 
-# Run in the page before Inpaint's request, once the editor's files are uploaded (its inputs pass through): an empty
-# mask is told at once beside the button, and the request does not leave (the server's check stays as the guard; it
-# took 5 s behind the device's queue). Otherwise the image, where the progress shows, scrolls into view on any width:
-# Inpaint's button sits below the image's column on a wide page too.
-INPAINT_SCRIPT = """(...args) => { const note = document.getElementById('inpaint-note');
-    const editor = args[0];
-    window.neuronMaskEmpty = Boolean(editor?.background && !editor.layers?.length);
-    if (window.neuronMaskEmpty) {
-        if (note) note.textContent = 'The mask is empty: paint over the part to redo, then click Inpaint.';
-        throw new Error('the mask is empty'); }
+# Run in the page on Edit this image's click (its input passes through): the shown result comes into the editor with
+# nothing painted, and the Inpaint panel opens here, not by the server's update: an update to the panel makes Gradio
+# 6.31 read, and so upload, every component inside it (core's update_state: get_data on the node and its children).
+EDIT_SCRIPT = """(...args) => { if (!document.querySelector('#image img')) return args;  // the server says why
+    window.neuronMask = 'empty';
+    const toggle = document.querySelector('#inpaint-panel button.label-wrap');
+    if (toggle && !toggle.classList.contains('open')) toggle.click();
+    return args; }"""
+
+# Run in the page once Gradio has uploaded the editor's files for Inpaint (its value passes on, to the hidden editor
+# the request reads): the upload's note goes, and the image, where the progress shows, scrolls into view on any width
+# (Inpaint's button sits below the image's column on a wide page too).
+INPAINT_SCRIPT = """(editor) => { window.neuronUpload = null;
+    const note = document.getElementById('inpaint-note');
     if (note) note.textContent = '';
     document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'});
-    return args; }"""
-
-# Run in the page before Inpaint's failure handler (the line under the image): when the page refused an empty mask,
-# the words beside the button say it all and the line keeps what it said ("Not made: The message says why" named no
-# message); throwing skips the handler's request. Any other failure goes on to the server's reason.
-INPAINT_FAILED_SCRIPT = """(...args) => { if (window.neuronMaskEmpty) throw new Error('refused in the page');
-    return args; }"""
+    return editor; }"""
