@@ -586,13 +586,24 @@ def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_imag
 
     without = editing.on_layout("256x256", files, "512x512", False)
     assert f"{plain.tokens} image tokens" in without and "inpaint" not in without
-    hint = editing.on_layout("256x256", files, "512x512", True)  # the editor's upload event set its flag
+    hint = editing.on_layout("256x256", files, "512x512", True)  # the editor holds an image (#editor-holds)
     assert f"**inpaint 256x256 + 2 refs 512x512** ({inpaint.tokens} image tokens" in hint
     assert f"{plain.tokens} image tokens" in hint  # Generate's layout still said, after Inpaint's
     alone = editing.on_layout("256x256", None, "512x512", True)  # an image in the editor, no references
     assert alone.startswith("Inpaint: ") and "**inpaint 256x256** (512 image tokens" in alone
     # Issue 35: the size alone is the size hint's to say; said here too, "Ready..." showed twice on a wide page.
     assert editing.on_layout("256x256", [], "512x512", False) == ""
+
+
+def test_picking_an_inpaint_from_the_history_tells_the_hint_the_editor_holds_an_image():
+    """Issue 35: the hint's flag no longer comes from the editor's own events (each read of the editor uploads its
+    files again); a history pick sets it for an inpaint with its editor value, and leaves it for anything else."""
+    editor = EditorValue("a.png", ("mask.png",))
+    history = [HistoryEntry("a.png", "", "a fox", "256x256", 1, mode="inpaint", editor=editor),
+               HistoryEntry("b.png", "", "a fox", "256x256", 2)]
+    assert EditingHandlers.on_history_pick(history, select(0)) is True
+    for picked in (select(1), select(7)):  # a generated image; an index the history no longer has
+        assert not isinstance(EditingHandlers.on_history_pick(history, picked), bool)  # gr.skip(): left as it was
 
 
 def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):
