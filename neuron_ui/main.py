@@ -120,9 +120,10 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
         if engine is not None:
             engine.stop()  # while the server can still send the last answers (a torchrun rank 0's drain)
         server.stop()
-    # The interpreter's exit collects every object the model, torch and Gradio made: 2-15 s of gc_collect_main after
-    # the last line (py-spy, 2 shared cores). Nothing is left to free that the process's end does not free.
-    gc.freeze()
+        # The interpreter's exit collects every object the model, torch and Gradio made: 2-15 s of gc_collect_main
+        # after the last line (py-spy, 2 shared cores). Nothing is left to free that the process's end does not free.
+        # Here in `finally`: a torchrun rank 0 stopped by SIGTERM leaves by SystemExit, and torchrun waits for it.
+        gc.freeze()
     logger.info("stopped" if drained else "stopped, cutting short the image on the device")
     if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)
         os._exit(EXIT_CUT_SHORT)

@@ -6,6 +6,7 @@ torchrun the way it returns the Ray one. Ray is imported only on the replicas' b
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -68,7 +69,9 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
         return InProcess(settings)
     rank = torchrun_rank(settings, launch, runtime.device if runtime else "cpu")
     if not launch.is_leader:
-        sys.exit(rank.follow(build_follower_runner(settings, rank.form())))
+        code = rank.follow(build_follower_runner(settings, rank.form()))
+        gc.freeze()  # as main() does on its way out: the interpreter's exit need not collect the model (seconds)
+        sys.exit(code)
     return Torchrun(settings, rank)
 
 

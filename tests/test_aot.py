@@ -1,7 +1,8 @@
 """`--compile aot`: real AOTInductor packages on the tiny model on CPU.
 
 One cold process compiles the packages into a shared cache folder (module scope); a second, new process loads
-them without dynamo; the other tests copy that folder and damage or re-key it, or ship it in a bundle.
+them without dynamo; the other tests copy that folder and damage or re-key it (one compile for both cases; a package
+cut short is checked on the store, without compiling), or ship it in a bundle.
 """
 
 import json
@@ -22,6 +23,7 @@ from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile import aot
+from neuron_ui.compile.key import CompileKey
 from neuron_ui.compile.counters import COMPILED, DISK_HIT, MEMORY_HIT
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
@@ -99,6 +101,12 @@ def aot_engine(cache_dir: Path, name: str = "tiny") -> Engine:
                   compile_mode="aot", backend="inductor", cache=cache, manifest=CacheManifest(cache.manifest))
 
 
+def cold_key() -> CompileKey:
+    """The compile key the child processes' engines compiled under."""
+    settings = Settings(model="tiny", device="cpu", compile="aot", resolutions=parse_resolutions(RESOLUTION))
+    return key_for_settings(settings)
+
+
 def packages(cache_dir: Path) -> list[Path]:
     return sorted((cache_dir / "aot").rglob("*.pt2"))
 
@@ -130,38 +138,56 @@ def test_images_match_regional_torch_compile(warm, make_engine, tmp_path):
     assert difference.max() <= TOLERANCE, difference.max()
 
 
-def test_package_of_another_compile_key_is_not_loaded(warm, tmp_path, caplog):
+def test_packages_of_another_compile_key_or_unreadable_are_compiled_again(warm, tmp_path, caplog):
+    """One engine of another key (another model name) finds, under its own key's folder, the cold run's
+    single-stream package (whole, but built for the other key) and a double-stream file that is not a package:
+    both are compiled again (one compile for the two cases), the image is the cold run's, the new packages load."""
     root, _, _ = warm
     engine = aot_engine(tmp_path / "cache", name="tiny-other")
-    theirs = packages(root / "cache")
+    single, double = packages(root / "cache")
     ours = aot.package_folder(engine.cache, engine.key)
     ours.mkdir(parents=True)
-    for package in theirs:  # the names match (same blocks, same shapes); only the key inside differs
-        shutil.copy(package, ours / package.name)
+    shutil.copy(single, ours / single.name)  # the names match (same blocks, same shapes); only the key inside differs
+    (ours / double.name).write_bytes(b"not a package")
     result = engine.generate(GenerateRequest(**REQUEST))
     assert result.cache_event == COMPILED
-    assert "built for key" in caplog.text
-    assert [p.name for p in packages(tmp_path / "cache")] == [p.name for p in theirs]
-
-
-def test_corrupt_package_is_compiled_again(warm, tmp_path):
-    root, _, _ = warm
-    shutil.copytree(root / "cache" / "aot", tmp_path / "cache" / "aot")
-    single, double = packages(tmp_path / "cache")
-    single.write_bytes(single.read_bytes()[: single.stat().st_size // 2])  # cut short
-    double.write_bytes(b"not a package")
-    result = aot_engine(tmp_path / "cache").generate(GenerateRequest(**REQUEST))
-    assert result.cache_event == COMPILED
+    assert f"ignoring AOT package {ours / single.name}: built for key" in caplog.text
+    assert f"ignoring unreadable AOT package {ours / double.name}" in caplog.text
+    assert [p.name for p in packages(tmp_path / "cache")] == [single.name, double.name]
     assert (pixels(result.image) == pixels(root / "cold.png")).all()
     torch._dynamo.reset()
-    again = aot_engine(tmp_path / "cache").generate(GenerateRequest(**REQUEST))  # the rewritten packages load
-    assert again.cache_event == DISK_HIT
+    again = aot_engine(tmp_path / "cache", name="tiny-other").generate(GenerateRequest(**REQUEST))
+    assert again.cache_event == DISK_HIT  # the rewritten packages load
+
+
+class Exported(Exception):
+    """Raised by the export a store calls only when it must compile: it got as far as compiling."""
+
+
+def must_not_compile() -> torch.export.ExportedProgram:
+    raise Exported
+
+
+def test_a_package_cut_short_is_compiled_again_and_a_whole_one_is_not(warm, tmp_path):
+    """The store on its own (no compile here: the engine-level test above pays one): a package cut short goes to
+    export and compile; the same package whole loads."""
+    root, _, _ = warm
+    key = cold_key()
+    package = packages(root / "cache")[0]
+    name, signature = package.stem.rsplit("-", 1)
+    whole = aot.PackageStore(root / "cache" / "aot" / key.digest, key)
+    assert whole.path(name, signature) == package
+    assert whole.get(name, signature, must_not_compile) is not None  # loads: the control
+    shutil.copy(package, tmp_path / package.name)
+    short = tmp_path / package.name
+    short.write_bytes(short.read_bytes()[: short.stat().st_size // 2])
+    with pytest.raises(Exported):
+        aot.PackageStore(tmp_path, key).get(name, signature, must_not_compile)
 
 
 def test_bundle_carries_the_packages(warm, tmp_path):
     root, _, _ = warm
-    key = key_for_settings(Settings(model="tiny", device="cpu", compile="aot",
-                                            resolutions=parse_resolutions(RESOLUTION)))
+    key = cold_key()
     exported = export_bundle(configure_cache_env(root / "cache", environ={}), key, tmp_path / "b.tar.gz")
     assert sorted(f.path for f in exported.files) == [
         f"aot/{key.digest}/{p.name}" for p in packages(root / "cache")]  # its packages only, no inductor folder

@@ -7,7 +7,6 @@ broadcasts, every rank runs and compiles in lockstep, and deaths are reported in
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -186,11 +185,29 @@ def healthy_group(tmp_path_factory):
         stop([proc], timeout=60)  # SIGTERM to torchrun: it stops both ranks and exits
 
 
+class RestartingGroup:
+    """One torchrun group with two restarts, under inductor, for the kill tests: each kills a rank of the group of
+    the moment and waits for the next, so the two kills cost one launch (restart 1 of 2, then 2 of 2)."""
+
+    def __init__(self, torchrun: subprocess.Popen, client: Client, log: Path, url: str):
+        self.torchrun, self.client, self.log, self.url = torchrun, client, log, url
+        _, self.first = generate(client)  # 256x256 compiled into the cache folder and recorded in its manifest
+        self.restarts = 0
+
+    def restarted(self, old: dict[int, int]) -> Client:
+        """The client of the group that replaced `old`."""
+        self.client = wait_for_new_group(self.torchrun, old, self.url, self.log)
+        self.restarts += 1
+        return self.client
+
+
 @pytest.fixture(scope="module")
-def warm_cache(tmp_path_factory) -> Path:
-    """A cache folder the follower-kill test leaves warm (256x256 under inductor) for the rank 0 kill test to start
-    from; that test restarts from a warm cache either way, this only spares its first group a cold compile."""
-    return tmp_path_factory.mktemp("warm") / "cache"
+def restarting_group(tmp_path_factory):
+    with torchrun_app(tmp_path_factory.mktemp("restarting"), "--max-restarts=2", app_flags=INDUCTOR_FLAGS) as (
+            torchrun, client, log, url):
+        group = RestartingGroup(torchrun, client, log, url)
+        yield group
+        group.client.close()
 
 
 def test_two_ranks_match_one_process_and_compile_once_on_every_rank(healthy_group):
@@ -276,50 +293,46 @@ def test_a_hung_follower_is_bounded_and_named(tmp_path):
         client.close()
 
 
-def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(tmp_path, warm_cache):
-    with torchrun_app(tmp_path, "--max-restarts=2", app_flags=INDUCTOR_FLAGS) as (torchrun, client, log, url):
-        _, info = generate(client)  # 256x256 compiled into the cache folder and recorded in its manifest
-        assert info["cache_event"] == "compiled"
-        old = workers(torchrun)
-        job = start_long_request(client)
-        watch = HealthWatch(url)
-        killed_at = time.monotonic()
-        os.kill(old[1], signal.SIGKILL)
-        with pytest.raises(Exception, match=r"^a device process failed \(rank 1 died\); the server is restarting, "
-                                            r"try again in about \d+ s \(an estimate: this group's start-up "
-                                            r"plus 10 s\)$"):
-            job.result(timeout=60)
-        client.close()
-        client = wait_for_new_group(torchrun, old, url, log)
-        seen = watch.stop()
-        restarted_from_the_warm_cache(client, killed_at, "rank 1 killed")
-        client.close()
-    shutil.copytree(tmp_path / "cache", warm_cache, dirs_exist_ok=True)
+def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(restarting_group):
+    group = restarting_group
+    assert group.first["cache_event"] == "compiled"
+    left = 2 - group.restarts
+    old = workers(group.torchrun)
+    job = start_long_request(group.client)
+    watch = HealthWatch(group.url)
+    killed_at = time.monotonic()
+    os.kill(old[1], signal.SIGKILL)
+    with pytest.raises(Exception, match=r"^a device process failed \(rank 1 died\); the server is restarting, "
+                                        r"try again in about \d+ s \(an estimate: this group's start-up "
+                                        r"plus 10 s\)$"):
+        job.result(timeout=60)
+    group.client.close()
+    client = group.restarted(old)
+    seen = watch.stop()
+    restarted_from_the_warm_cache(client, killed_at, "rank 1 killed")
     print(f"/healthz from the kill on: {seen}")
-    text = log.read_text()
+    text = group.log.read_text()
     assert (503, "restarting") in seen and (0, "down") in seen and seen[-1] == (200, "ok"), text[-8000:]
-    assert "tensor-parallel group broken: rank 1 died; torchrun restarts the group (2 restart(s) left)" in text
-    assert re.search(r"serving after \d+ s \(restart 1 of 2\); back \d+ s after the group broke", text), text[-8000:]
+    assert f"tensor-parallel group broken: rank 1 died; torchrun restarts the group ({left} restart(s) left)" in text
+    assert re.search(rf"serving after \d+ s \(restart {group.restarts} of 2\); back \d+ s after the group broke",
+                     text), text[-8000:]
 
 
-def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(tmp_path, warm_cache):
-    with torchrun_app(tmp_path, "--max-restarts=2", app_flags=INDUCTOR_FLAGS, cache=warm_cache) as (torchrun, client,
-                                                                                                   log, url):
-        generate(client)
-        old = workers(torchrun)
-        job = start_long_request(client)
-        killed_at = time.monotonic()
-        os.kill(old[0], signal.SIGKILL)  # the server dies with it: its user's connection drops
-        with pytest.raises(CancelledError) as dropped:  # nothing is left to say more: the process serving HTTP died
-            job.result(timeout=60)
-        print(f"\nthe user in flight when rank 0 died got: {type(dropped.value).__name__}: {dropped.value!r}")
-        client.close()
-        client = wait_for_new_group(torchrun, old, url, log)
-        restarted_from_the_warm_cache(client, killed_at, "rank 0 killed")
-        client.close()
-    text = log.read_text()
-    assert re.search(r"serving after \d+ s \(restart 1 of 2\); back (\d+ s after the group broke$|about \d+ s after "
-                     r"the group broke \(from rank 0's last heartbeat\)$)", text, re.M), text[-8000:]
+def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(restarting_group):
+    group = restarting_group
+    old = workers(group.torchrun)
+    job = start_long_request(group.client)
+    killed_at = time.monotonic()
+    os.kill(old[0], signal.SIGKILL)  # the server dies with it: its user's connection drops
+    with pytest.raises(CancelledError) as dropped:  # nothing is left to say more: the process serving HTTP died
+        job.result(timeout=60)
+    print(f"\nthe user in flight when rank 0 died got: {type(dropped.value).__name__}: {dropped.value!r}")
+    group.client.close()
+    client = group.restarted(old)
+    restarted_from_the_warm_cache(client, killed_at, "rank 0 killed")
+    text = group.log.read_text()
+    assert re.search(rf"serving after \d+ s \(restart {group.restarts} of 2\); back (\d+ s after the group broke$|"
+                     r"about \d+ s after the group broke \(from rank 0's last heartbeat\)$)", text, re.M), text[-8000:]
 
 
 def test_the_mesh_hashes_alike_in_every_process_so_a_restart_finds_the_compile_cache(healthy_group):

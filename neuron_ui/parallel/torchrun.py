@@ -15,6 +15,8 @@ import threading
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
+import torch.distributed as dist
+
 from neuron_ui.parallel.follower import follow
 from neuron_ui.parallel.group import check_launch, count_devices, init_parallel
 from neuron_ui.parallel.leader import GroupHealth, LeaderRunner
@@ -58,8 +60,13 @@ class TorchrunRank:
         return self._group
 
     def follow(self, runner: Runner) -> int:
-        """A follower's life: the calls rank 0 broadcasts, until told to stop; the exit code."""
-        return follow(runner, self.group)
+        """A follower's life: the calls rank 0 broadcasts, until told to stop; the exit code. Its process groups
+        are ended here, in order: left to the exit they aborted it ("terminate called without an active exception",
+        rc -6) once the caller froze the heap for a quick exit."""
+        try:
+            return follow(runner, self.group)
+        finally:
+            dist.destroy_process_group()
 
     def lead(self, runner: Runner) -> Runner:
         """Rank 0's lockstep runner around the engine's own (the engine's `wrap_runner`)."""
