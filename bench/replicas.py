@@ -39,13 +39,14 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
+sys.path.insert(0, str(ROOT / "bench"))  # its neighbour replicas_cpu, also where a test loads this file by path
 
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.serving import build_engine, build_replicas, stop_replicas
 
-from replicas_cpu import CpuMeter, ceiling  # noqa: E402 - bench/ is on sys.path as this script's folder
+from replicas_cpu import CpuMeter, ceiling
 
 logger = logging.getLogger("bench.replicas")
 
