@@ -53,3 +53,11 @@ def test_a_local_ray_keeps_at_most_its_bound_of_task_events(board):
     from neuron_ui.replicas.ray_bridge import gcs_task_events_kept
 
     assert gcs_task_events_kept() == LOCAL_TASK_EVENTS_KEPT
+
+
+def test_a_local_ray_records_no_metrics_of_its_own(board):
+    """Nothing reads Ray's own metrics with its dashboard off (the app's /metrics are its own): their recording and
+    export took CPU from the engines' cores."""
+    from neuron_ui.replicas.ray_bridge import gcs_system_config
+
+    assert gcs_system_config().get("enable_metrics_collection") is False
