@@ -223,10 +223,12 @@ def test_the_routing_key_counts_the_calls_not_yet_placed_and_forgets_a_lost_repl
     assert routing.key(256) == "256"  # both replicas spoken for: wait for a holder
     routing.placed("a", 256)
     routing.placed("b", 256)
+    assert routing.running() == ["a", "b"]  # where this front's calls run now (the kill test finds its replica so)
     routing.ended(None)
     routing.lost("a")
     routing.ended("a")
     assert routing.key(256) == NO_KEY  # b busy, a forgotten: a free replica loads it
+    assert routing.running() == ["b"]
 
 
 def test_startup_stages_are_each_timed_from_the_end_of_the_one_before():
