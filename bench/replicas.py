@@ -3,13 +3,18 @@
     python bench/replicas.py --images 20 --out bench/results/replicas.json
 
   per_image   seconds per image at a compiled shape, one request at a time: in-process Engine.generate vs
-              ReplicaClient.generate (2 replicas), medians and spread; "Serve adds" is the difference of the medians
+              ReplicaClient.generate (2 replicas), medians and spread; "Serve adds" is the difference of the medians.
+              The two alternate image by image (in process then Ray, then Ray then in process, ...), so a load that
+              comes and goes on the shared machine falls on both alike
   stages_ms   where each image through Ray went (neuron_ui.replicas.timing.STAGES: the front's turn, the handle
               call, the replica's queue, the engine, the result's transfer, the front after), median/min/max in
               ms; step_trip_ms: a progress message's trip from the replica to the front
   startup     seconds per stage of the launch (Ray, Serve, the replicas, their first reports) and of each replica
               (imports, model load, cache import), and the RSS of this process and all it started once up
-  throughput  images a second with 4 clients at once: 2 replicas of one thread vs 1 replica of one thread
+  throughput  images a second with 4 clients at once: 2 replicas of one thread vs 1 replica of one thread; for each,
+              the engines' median ms an image and how busy they were (engine time / replicas x wall), and the CPU ms
+              an image by process group (bench/replicas_cpu.py); `ceiling`: the same engine in 2 plain processes
+              against 1, no Ray (what the machine allows)
   mix         the timed requests, then a scripted mix of sizes, one after another: compilations in the whole
               deployment against the number of distinct token counts among them
   (rss includes this process's own in-process engine from the first part)
@@ -34,11 +39,14 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is a folder of scripts, not a package
+sys.path.insert(0, str(ROOT / "bench"))  # its neighbour replicas_cpu, also where a test loads this file by path
 
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.serving import build_engine, build_replicas, stop_replicas
+
+from replicas_cpu import CpuMeter, ceiling
 
 logger = logging.getLogger("bench.replicas")
 
@@ -70,19 +78,26 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str
             "max": round(max(values) * scale, digits)}
 
 
-def per_image(engine, images: int, steps: int) -> list[float]:
-    engine.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))  # compiled before timing
-    times = []
+def paired_per_image(local, client, images: int, steps: int) -> tuple[list[float], list[float]]:
+    """Seconds per image in process and through Ray, alternating image by image (the order flipped each image)."""
+    for engine in (local, client):
+        engine.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))  # compiled before timing
+    times: dict[int, list[float]] = {id(local): [], id(client): []}
     for seed in range(images):
-        start = time.perf_counter()
-        engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed))
-        times.append(time.perf_counter() - start)
-    return times
+        for engine in (local, client) if seed % 2 == 0 else (client, local):
+            start = time.perf_counter()
+            engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed))
+            times[id(engine)].append(time.perf_counter() - start)
+    return times[id(local)], times[id(client)]
 
 
-def throughput(client, images: int, steps: int) -> float:
-    """Images a second with CLIENTS threads asking at once, `images` in all, at a compiled shape."""
+def throughput(client, images: int, steps: int) -> tuple[float, dict]:
+    """Images a second with CLIENTS threads asking at once, `images` in all, at a compiled shape; and where the
+    cores went meanwhile (the engines' time and how busy they kept, CPU ms an image by process group)."""
     client.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))
+    timings: list = []
+    client.calls.timing_listeners.append(timings.append)
+    meter = CpuMeter()
     seeds = iter(range(images))
     lock = threading.Lock()
 
@@ -95,12 +110,18 @@ def throughput(client, images: int, steps: int) -> float:
             client.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed, visitor=f"v{seed % CLIENTS}"))
 
     threads = [threading.Thread(target=ask) for _ in range(CLIENTS)]
+    meter.start()
     start = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return images / (time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    client.calls.timing_listeners.remove(timings.append)
+    engine = [t.ended - t.began for t in timings]
+    return images / wall, {"engine_ms": round(statistics.median(engine) * 1000, 1),
+                           "engines_busy": round(sum(engine) / (client.plan.replicas * wall), 3),
+                           "cpu_ms_per_image": meter.per_image(images)}
 
 
 def tree_rss_mib() -> float:
@@ -142,13 +163,21 @@ def print_report(report: dict) -> None:
     flow = report["throughput"]
     print(f"throughput, {flow['clients']} clients: 2 replicas {flow['two_replicas_ips']} images/s, "
           f"1 replica {flow['one_replica_ips']} images/s: {flow['ratio']}x")
+    for name in ("two_replicas", "one_replica"):
+        if part := flow.get(name):
+            cpu = ", ".join(f"{k} {v}" for k, v in part["cpu_ms_per_image"].items())
+            print(f"  {name}: engine {part['engine_ms']} ms an image, engines busy {part['engines_busy']:.0%}; "
+                  f"CPU ms an image: {cpu}")
+    if top := flow.get("ceiling"):
+        print(f"  the machine's ceiling, plain processes of one thread, no Ray: 2 {top['two_processes_ips']} "
+              f"images/s, 1 {top['one_process_ips']} images/s: {top['ratio']}x")
     print(f"compilations {report['mix']['compilations']} for {report['mix']['distinct_token_counts']} distinct "
           f"token counts")
     print(f"\nServe adds {report['serve_adds_ms']:+.1f} ms an image (median through Ray - median in process; the "
           f"replica's overhead outside its engine: {report['stages_ms']['overhead']['median']:.1f} ms)")
 
 
-def one_replica_throughput(settings, images: int, steps: int) -> float:
+def one_replica_throughput(settings, images: int, steps: int) -> tuple[float, dict]:
     """A second application of 1 replica of one thread on the same Ray: images a second with CLIENTS clients."""
     from neuron_ui.replicas.launch import launch, stop_app
     from neuron_ui.replicas.plan import plan_replicas
@@ -165,8 +194,10 @@ def one_replica_throughput(settings, images: int, steps: int) -> float:
 
 
 def summarize(args, threads: int, local_times: list[float], ray_times: list[float], timed: list, startup: dict,
-              replicas: dict, rss: float, throughput_ips: dict[str, float], compilations: list, distinct: int) -> dict:
-    """The results file's figures, from what main measured."""
+              replicas: dict, rss: float, throughput_ips: dict[str, float], compilations: list, distinct: int,
+              where: dict | None = None) -> dict:
+    """The results file's figures, from what main measured; `where`: the throughput runs' breakdown and the
+    machine's ceiling, as they are."""
     local_s, ray_s = statistics.median(local_times), statistics.median(ray_times)
     return {
         "replicas": args.replicas, "threads_per_replica": threads, "steps": args.steps, "images": args.images,
@@ -180,7 +211,8 @@ def summarize(args, threads: int, local_times: list[float], ray_times: list[floa
                     "replicas": replicas, "rss_mib_all_processes": rss},
         "throughput": {"clients": CLIENTS, "images": CLIENTS * 5,
                        **{k: round(v, 2) for k, v in throughput_ips.items()},
-                       "ratio": round(throughput_ips["two_replicas_ips"] / throughput_ips["one_replica_ips"], 2)},
+                       "ratio": round(throughput_ips["two_replicas_ips"] / throughput_ips["one_replica_ips"], 2),
+                       **(where or {})},
         "mix": {"requests": len(MIX) + args.images + 1, "distinct_token_counts": distinct,
                 "compilations": len(compilations), "events": compilations},
     }
@@ -191,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=20)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--ceiling-images", type=int, default=10,
+                        help="images per plain process for the machine's ceiling (0: not measured)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -202,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, (os.cpu_count() or 1) // args.replicas)
     torch.set_num_threads(threads)  # one replica's share, so the two paths run the same work alike
     local = build_engine(parse_settings([*flags, "--cache-dir", str(folder / "local")]))
-    local_times = per_image(local, args.images, args.steps)
-    del local
 
     settings = parse_settings([*flags, "--cache-dir", str(folder / "ray"), "--replicas", str(args.replicas)])
     client = build_replicas(settings)
@@ -212,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     client.observers.add(counter)
     timings: list = []
     client.calls.timing_listeners.append(timings.append)
-    ray_times = per_image(client, args.images, args.steps)
+    local_times, ray_times = paired_per_image(local, client, args.images, args.steps)
+    del local
     timed = timings[1:]  # the warm-up image is not timed
     client.calls.timing_listeners.clear()
     for seed, size in enumerate(MIX):
@@ -221,19 +254,22 @@ def main(argv: list[str] | None = None) -> int:
     from neuron_ui.replicas.launch import stop_app
 
     compilations = list(counter.events)
-    two = throughput(client, CLIENTS * 5, args.steps)
+    two, two_where = throughput(client, CLIENTS * 5, args.steps)
     replicas = {report.replica: report.startup for _, report in client.reports().values()}
     client.watcher.stop()
     stop_app()  # its replicas hold the cores: the one replica's deployment needs one of them
-    one = one_replica_throughput(settings, CLIENTS * 5, args.steps)
+    one, one_where = one_replica_throughput(settings, CLIENTS * 5, args.steps)
+    stop_replicas(settings)  # the cores free again for the plain processes
+    where = {"two_replicas": two_where, "one_replica": one_where}
+    if args.ceiling_images:
+        where["ceiling"] = ceiling(args.ceiling_images, args.steps, [*flags[:4], "--resolutions", "256x256"])
     report = summarize(args, threads, local_times, ray_times, timed, client.startup, replicas, rss,
-                       {"two_replicas_ips": two, "one_replica_ips": one}, compilations, distinct)
+                       {"two_replicas_ips": two, "one_replica_ips": one}, compilations, distinct, where)
     text = json.dumps(report, indent=1)
     print(text)
     print_report(report)
     if args.out:
         args.out.write_text(text + "\n")
-    stop_replicas(settings)
     return 0
 
 

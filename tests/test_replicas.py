@@ -349,13 +349,11 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     worker = threading.Thread(target=lambda: outcome.update(result=client.generate(slow, updates.append)),
                               daemon=True)
     worker.start()
-    # Once our image runs, the one busy replica is ours. A report from before the reference ended could still say
-    # its replica is busy: take only one made after our image began.
+    # Once our image runs, the front knows its replica (the stream's Started named it); reports give its pid. (A
+    # replica's report says busy at once only when it was idle: after the reference, back to back, it may not.)
     wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
-    running_since = time.monotonic()
-    busy = wait_until(lambda: next((report for age, report in client.reports().values()
-                                    if report.busy and time.monotonic() - age > running_since), None),
-                      "a report made while the image runs says its replica is busy", timeout=TIMEOUT)
+    ours = wait_until(lambda: client.calls.routing.running(), "the front knows the replica running the image")[0]
+    busy = next(report for _, report in client.reports().values() if report.replica == ours)
     assert "result" not in outcome  # still running when its replica is killed
     os.kill(busy.pid, signal.SIGKILL)
     killed_after = time.perf_counter() - sent

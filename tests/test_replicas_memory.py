@@ -53,3 +53,23 @@ def test_a_local_ray_keeps_at_most_its_bound_of_task_events(board):
     from neuron_ui.replicas.ray_bridge import gcs_task_events_kept
 
     assert gcs_task_events_kept() == LOCAL_TASK_EVENTS_KEPT
+
+
+def test_a_local_ray_records_no_metrics_of_its_own(board):
+    """Nothing reads Ray's own metrics with its dashboard off (the app's /metrics are its own): their recording and
+    export took CPU from the engines' cores."""
+    from neuron_ui.replicas.ray_bridge import gcs_system_config
+
+    assert gcs_system_config().get("enable_metrics_collection") is False
+
+
+def test_a_local_rays_serve_controller_runs_its_loop_every_half_second(board):
+    """Ray's processes (Serve's controller among them, once started) take the raylet's environment: there the
+    controller's loop runs every 0.5 s, not every 0.1 s (its CPU while idle, on the cores the engines share)."""
+    import psutil
+
+    from neuron_ui.replicas.launch import LOCAL_ENV
+
+    raylet = next(p for p in psutil.Process().children(recursive=True) if p.name() == "raylet")
+    assert LOCAL_ENV["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"
+    assert raylet.environ()["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.5"

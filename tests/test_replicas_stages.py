@@ -24,6 +24,7 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase as StopPhase
 from neuron_ui.contract.stopping import StopToken
+from neuron_ui.replicas.board import REPORT_SECONDS, ReportPacer
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Done, Progress, Started
 from neuron_ui.replicas.routing import NO_KEY, ShapeRouting
@@ -222,10 +223,12 @@ def test_the_routing_key_counts_the_calls_not_yet_placed_and_forgets_a_lost_repl
     assert routing.key(256) == "256"  # both replicas spoken for: wait for a holder
     routing.placed("a", 256)
     routing.placed("b", 256)
+    assert routing.running() == ["a", "b"]  # where this front's calls run now (the kill test finds its replica so)
     routing.ended(None)
     routing.lost("a")
     routing.ended("a")
     assert routing.key(256) == NO_KEY  # b busy, a forgotten: a free replica loads it
+    assert routing.running() == ["b"]
 
 
 def test_startup_stages_are_each_timed_from_the_end_of_the_one_before():
@@ -235,6 +238,21 @@ def test_startup_stages_are_each_timed_from_the_end_of_the_one_before():
     stages.mark("serve")
     stages.mark("replicas")
     assert stages.seconds == {"ray": 4.5, "serve": 0.5, "replicas": 7.25}
+
+
+def test_a_replica_reports_at_once_when_it_goes_busy_or_idle_and_not_for_each_of_images_back_to_back():
+    clock = SimpleNamespace(t=0.0)
+    pacer = ReportPacer(lambda: clock.t)
+    clock.t = 0.1
+    assert pacer.due(busy=True)  # an image began: busy shows now, not at the next tick
+    for _ in range(5):  # the next images follow at once: each start and end sees it busy still
+        clock.t += 0.09
+        assert not pacer.due(busy=True)
+    clock.t = 0.1 + REPORT_SECONDS
+    assert pacer.wait_seconds() == 0.0 and pacer.due(busy=True)  # the tick reports all the same
+    clock.t += 0.05
+    assert pacer.due(busy=False)  # idle at once
+    assert pacer.wait_seconds() == pytest.approx(REPORT_SECONDS)
 
 
 def test_the_replicas_bench_reports_each_stage_serves_cost_and_the_throughput():
@@ -248,9 +266,26 @@ def test_the_replicas_bench_reports_each_stage_serves_cost_and_the_throughput():
     args = Namespace(replicas=2, steps=4, images=3)
     report = bench.summarize(args, 1, [0.09, 0.091, 0.092], [0.094, 0.095, 0.096], timed, {"ray": 4.4, "serve": 1.0},
                              {"r1": {"imports": 6.0}}, 1500, {"two_replicas_ips": 18.0, "one_replica_ips": 10.0},
-                             [("256x256", "compiled")], 1)
+                             [("256x256", "compiled")], 1,
+                             {"ceiling": {"one_process_ips": 12.0, "two_processes_ips": 20.0, "ratio": 1.67}})
     assert report["serve_adds_ms"] == pytest.approx(4.0)
+    assert report["throughput"]["ceiling"]["ratio"] == 1.67
     assert set(report["stages_ms"]) == {*STAGES, "overhead", "step_trip"}
     assert report["stages_ms"]["engine"] == {"median": 87.0, "min": 86.0, "max": 88.0}
     assert report["throughput"]["ratio"] == 1.8 and report["startup"]["seconds"] == 5.4
     assert report["mix"]["compilations"] == report["mix"]["distinct_token_counts"] == 1
+
+
+def test_the_replicas_bench_counts_each_replicas_busiest_thread_as_its_engine_and_the_rest_apart():
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from replicas_cpu import CpuMeter
+
+    before = {("front", 1, 0): 1.0, ("replica", 7, 70): 2.0, ("replica", 7, 71): 0.5, ("replica", 8, 80): 0.1,
+              ("replica", 8, 81): 3.0, ("board", 9, 0): 0.0}
+    after = {("front", 1, 0): 1.2, ("replica", 7, 70): 3.0, ("replica", 7, 71): 0.55, ("replica", 8, 80): 0.2,
+             ("replica", 8, 81): 3.9, ("board", 9, 0): 0.03, ("ray_gcs", 10, 0): 0.01}
+    meter = CpuMeter()
+    meter.snapshot = iter([before, after]).__next__  # type: ignore[method-assign]
+    meter.start()
+    assert meter.per_image(10) == {"board": 3.0, "front": 20.0, "ray_gcs": 1.0, "replica": 15.0,
+                                   "replica_engine": 190.0, "outside_engines": 39.0}

@@ -27,7 +27,7 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract import stopping
 from neuron_ui.contract.stopping import StopToken
-from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, find_board
+from neuron_ui.replicas.board import ReplicaReport, ReportPacer, find_board
 from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Preview, Progress, Started,
                                          progress_message)
@@ -213,14 +213,17 @@ class EngineReplica:
             logger.debug("replica %s could not report", self.name, exc_info=True)
 
     def _report_loop(self) -> None:
-        """Every REPORT_SECONDS, and WOKEN_REPORT_DELAY after woken (an image began or ended)."""
+        """Every REPORT_SECONDS, and WOKEN_REPORT_DELAY after woken (an image began or ended) where that changed
+        busy (board.ReportPacer)."""
+        pacer = ReportPacer()
         while not self._stop.is_set():
-            if self._wake.wait(REPORT_SECONDS):  # the snapshot a moment later, off the loop sending the messages
+            if self._wake.wait(pacer.wait_seconds()):  # the snapshot a moment later, off the loop sending messages
                 self._stop.wait(WOKEN_REPORT_DELAY)
             self._wake.clear()
-            if not self._stop.is_set():
-                seen, self._was_busy = self._was_busy, False
-                self._report(busy=self.active or seen)
+            seen, self._was_busy = self._was_busy, False
+            busy = self.active or seen
+            if not self._stop.is_set() and pacer.due(busy):
+                self._report(busy=busy)
 
     def check_health(self) -> None:
         """Serve calls this every few seconds; raising gets the replica replaced (placement group and all): its

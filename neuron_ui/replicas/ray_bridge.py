@@ -86,3 +86,12 @@ def gcs_task_events_kept() -> int:
     import ray
 
     return ray._config.task_events_max_num_task_in_gcs()
+
+
+def gcs_system_config() -> dict[str, object]:
+    """The system settings the Ray this driver joined was started with, as its GCS holds them."""
+    # Ray 2.60.0: ray._private.state.state (GlobalState).get_system_config() asks the GCS for the JSON of the
+    # _system_config its head node was given; no public API returns it.
+    from ray._private.state import state
+
+    return state.get_system_config()

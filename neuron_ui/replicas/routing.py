@@ -39,6 +39,11 @@ class ShapeRouting:
             busy = len(self._running) + ahead
             return NO_KEY if busy < self.replicas else str(tokens)
 
+    def running(self) -> list[str]:
+        """The replicas a call of this front runs on now (its Started came, its Done not yet)."""
+        with self._lock:
+            return sorted(self._running)
+
     def placed(self, replica: str, tokens: int) -> None:
         """The call started on `replica`, which holds (or now loads) the graph of `tokens`."""
         with self._lock:
