@@ -53,6 +53,7 @@ def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
     page.locator("#grid-line").get_by_text(re.compile(r"Grid of 4 images at 256x256 · [\d.]+ s · 0 style switches"))\
         .wait_for()
     page.locator("#grid-image img").wait_for()
+    page.locator("#history .thumbnail-item").nth(4).wait_for()  # the cells follow the sheet (its event's .then)
     assert page.locator("#history .thumbnail-item").count() == 5  # the first image and the four cells
     sheet = page.locator("#grid-image img").evaluate("img => [img.naturalWidth, img.naturalHeight]")
     assert sheet[0] > 2 * 256 and sheet[1] > 2 * 256
