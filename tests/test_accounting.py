@@ -165,9 +165,9 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
     assert status.shape("256x256").estimate_seconds == pytest.approx(record["load_seconds"], abs=0.05)
     assert status.shape("256x256").recorded_load_seconds == record["load_seconds"]
     assert status.shape("256x256").load_seconds is None  # nothing loaded in this run yet
-    # 512x512 never loaded here: the other size's load is the best guess, far below its own compile time.
+    # 512x512 never loaded here: the other size's load is the best guess, not its own compile time. (Not compared
+    # with the compile's seconds: on 2 busy cores a traced load took 9 s where the compile before it took 7.4.)
     assert status.shape("512x512").estimate_seconds == pytest.approx(record["load_seconds"], abs=0.05)
-    assert status.shape("512x512").estimate_seconds < cold["512x512"].compile_seconds
     assert describe_state(status.shape("256x256")) == (
         f"cached on disk (loads in about {status.shape('256x256').estimate_seconds:.0f} s)")
     # A size with no graph on disk is still estimated from the cold compiles.
