@@ -81,10 +81,14 @@ def test_another_visitors_image_comes_between_cells_and_stop_ends_the_rest(app, 
     (("a fox", "256x256", None, None, None, None, "fox,"), "prompt variant 2 is empty"),
 ])
 def test_bad_axes_get_one_line_and_make_nothing(app, args, line):
+    assert_refused_before_anything_runs(app, "/grid", args, line)
+
+
+def assert_refused_before_anything_runs(app, api_name, args, line):
     served_app, client = app
     before = sum(s.images for s in served_app.engine.status().shapes)
     with pytest.raises(AppError) as error:
-        call(client, *args, api_name="/grid")
+        call(client, *args, api_name=api_name)
     assert str(error.value).startswith(line) and "\n" not in str(error.value)
     assert sum(s.images for s in served_app.engine.status().shapes) == before
 
@@ -168,12 +172,7 @@ def test_ab_is_one_request_whose_images_take_turns_with_another_visitors(app, tm
     (("a fox", "512x512", None, "seed=2"), "resolution 512x512 is not a preset"),
 ])
 def test_bad_ab_settings_get_one_line_and_make_nothing(app, args, line):
-    served_app, client = app
-    before = sum(s.images for s in served_app.engine.status().shapes)
-    with pytest.raises(AppError) as error:
-        call(client, *args, api_name="/ab")
-    assert str(error.value).startswith(line) and "\n" not in str(error.value)
-    assert sum(s.images for s in served_app.engine.status().shapes) == before
+    assert_refused_before_anything_runs(app, "/ab", args, line)
 
 
 def test_the_mcp_ab_tool_returns_a_and_b_side_by_side(app):
