@@ -10,6 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from fakes import made_image
 from PIL import Image
 
 from neuron_ui import cli
@@ -78,10 +79,7 @@ class Recorder:
             self.overlapped = True
         try:
             self.calls.append(request)
-            colour = (200, 40, 40) if len(self.calls) == 1 else (40, 40, 200)
-            return GenerateResult(Image.new("RGB", (256, 256), colour), request.prompt, request.resolution,
-                                  request.steps or 4, request.seed, None, "tiny", "memory_hit", 0.0, 0.1, 0.1,
-                                  lora=request.lora, lora_scale=request.lora_scale)
+            return made_image(request, (200, 40, 40) if len(self.calls) == 1 else (40, 40, 200))
         finally:
             self.busy.release()
 

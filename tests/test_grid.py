@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 
 import pytest
+from fakes import made_image
 import torch
 from PIL import Image
 
@@ -18,7 +19,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.contract.grid import estimate_seconds, plan_grid
-from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeState, ShapeStatus
+from neuron_ui.contract.results import EngineStatus, ShapeState, ShapeStatus
 from neuron_ui.contract.stopping import CANCELLED, DISCONNECTED, Stopped, StopToken
 from neuron_ui.engine.engine import Engine
 from neuron_ui.engine.grid import run_grid
@@ -141,10 +142,7 @@ class FakeEngine:
                     woken.wait(0.05)
                 if stop.stopped:
                     raise Stopped("stopped after step 1")
-            color = (len(self.calls) * 40 % 256, 90, 160)
-            return GenerateResult(Image.new("RGB", (256, 256), color), request.prompt, request.resolution,
-                                  request.steps or 4, request.seed, None, "tiny", "memory_hit", 0.0, 0.1, 0.1,
-                                  lora=request.lora, lora_scale=request.lora_scale)
+            return made_image(request, (len(self.calls) * 40 % 256, 90, 160))
         finally:
             self.busy.release()
 
