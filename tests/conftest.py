@@ -32,6 +32,15 @@ SMALL_PRESETS = "256x256,384x256,256x384,512x512"
 
 
 @pytest.fixture
+def environ():
+    """os.environ as it was: start-up and the CLI point the compile caches' variables at their --cache-dir."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
 def make_engine(tmp_path):
     """Build engines on the tiny model; dynamo is reset so no engine reuses another's graphs."""
 

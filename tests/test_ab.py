@@ -5,7 +5,6 @@ compared from their own parameters; the `ab` command in process. The API and MCP
 from __future__ import annotations
 
 import json
-import os
 import threading
 from types import SimpleNamespace
 
@@ -122,14 +121,6 @@ def test_two_pngs_are_compared_from_their_parameters(tmp_path):
     assert compare_files(old, plain).info["labels"] == ["A", "B"]
     with pytest.raises(ValueError, match="not an image that can be read"):
         compare_files(old, tmp_path)
-
-
-@pytest.fixture
-def environ():
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)  # the command pointed the compile caches at its --cache-dir
 
 
 def test_the_ab_command_makes_or_compares_and_refuses_in_one_line(tmp_path, capsys, environ):

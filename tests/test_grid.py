@@ -4,7 +4,6 @@ and one grid on the tiny engine, where nothing compiles but the size's one graph
 from __future__ import annotations
 
 import json
-import os
 import threading
 from dataclasses import dataclass
 
@@ -263,14 +262,6 @@ def test_a_grid_on_the_engine_compiles_one_graph_and_switches_styles_once(engine
                                     "to": {"style": None, "strength": None}}]
     assert engine.status().shape("256x256").images == 4 and engine.status().shape("512x512").state == "cold"
     assert grid.made[0].result.image.size == (256, 256) and not grid.stopped
-
-
-@pytest.fixture
-def environ():
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)  # the command pointed the compile caches at its --cache-dir
 
 
 def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(engine, tmp_path, capsys, environ):

@@ -7,9 +7,9 @@ Every file is written here, in tmp_path, with the tiny model's layer shapes and 
 
 import logging
 import math
-import os
 import socket
 
+import huggingface_hub
 import huggingface_hub.constants
 import pytest
 import safetensors
@@ -122,14 +122,6 @@ def test_a_failure_no_check_foresaw_is_still_one_line(transformer, state, tmp_pa
     assert [r.getMessage() for r in caplog.records] == [f"style not loaded: {path}: RuntimeError: a reader fault"]
 
 
-@pytest.fixture
-def environ():
-    saved = dict(os.environ)  # start-up and the command set the compile cache's variables
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def test_the_app_starts_with_the_good_style_and_one_line_per_bad_one(state, tmp_path, caplog, environ):
     good = write(tmp_path / "good.safetensors", state, '{"transformer.lora_alpha": 2}')
     bad = [write_case(tmp_path, state, name) for name in ("list", "alpha string", "rank 0 rslora", "alpha nan")]
@@ -215,6 +207,19 @@ def test_a_hub_that_never_answers_is_asked_once_within_the_bound(online):
     assert str(refused.value) == ("nobody/never-a-style: the Hub did not answer within 0.2 s, and it is not in the "
                                   "local Hugging Face cache")
     assert requests == [b"HEAD /nobody/never-a-style/resolve/main/pytorch_lora_weights.safetensors HTTP/1.1"]
+
+
+def test_the_requests_own_timeout_is_told_in_the_bounds_words(online, monkeypatch):
+    """httpx's read timeout is the same bound as the thread's join; whichever fires first, the line is one (a
+    fresh-clone run said "cannot be reached (ReadTimeout: timed out)" when httpx's came first)."""
+    import httpx
+
+    def times_out(*args, **kwargs):
+        raise httpx.ReadTimeout("timed out")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", times_out)
+    with pytest.raises(StyleError, match=r"^nobody/slow: the Hub did not answer within 0.2 s, and it is not in"):
+        download("nobody/slow", 0.2, "http://127.0.0.1:9")
 
 
 def test_a_hub_that_refuses_connections_is_one_line_at_once(online):

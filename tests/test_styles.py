@@ -7,7 +7,6 @@ loaded the documented way (load_lora_weights + set_adapters).
 
 import json
 import logging
-import os
 import pickle
 import threading
 
@@ -305,14 +304,6 @@ def test_replicas_get_every_style_through_their_settings(files):
     settings = pickle.loads(pickle.dumps(Settings(model="tiny", loras=(str(files["a"]),))))
     assert settings.loras == (str(files["a"]),)
     assert portable(request("ink", 0.3)).lora_scale == 0.3
-
-
-@pytest.fixture
-def environ():
-    saved = dict(os.environ)  # the command sets the compile cache's variables
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_random_lora_and_headless_generate_with_a_style(tmp_path, capsys, environ):

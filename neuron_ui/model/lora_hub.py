@@ -32,7 +32,8 @@ def hub_silence(repo: str, filename: str, timeout: float, endpoint: str | None =
         except HfHubHTTPError:
             pass  # an answer: no such repo or file, no access... the download's own error names it
         except Exception as error:  # noqa: BLE001 - a refused connection, a timeout, DNS: no answer
-            failures.append(first_line(error))
+            if not _is_timeout(error):  # the request's own timeout is our bound: say it in the bound's words
+                failures.append(first_line(error))
             return
         answered.set()
 
@@ -44,6 +45,20 @@ def hub_silence(repo: str, filename: str, timeout: float, endpoint: str | None =
     if failures:
         return f"the Hub cannot be reached ({failures[0]})"
     return f"the Hub did not answer within {timeout:g} s"
+
+
+def _is_timeout(error: BaseException) -> bool:
+    """httpx's and the socket's timeouts, whichever fires first, and any they were raised from."""
+    import httpx
+
+    chain: BaseException | None = error
+    for _ in range(8):  # a chain is short; a cycle in one must not hang the probe
+        if chain is None:
+            return False
+        if isinstance(chain, (TimeoutError, httpx.TimeoutException)):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
 
 
 def cached_file(repo: str, filename: str) -> Path | None:
