@@ -11,10 +11,10 @@
               ms; step_trip_ms: a progress message's trip from the replica to the front
   startup     seconds per stage of the launch (Ray, Serve, the replicas, their first reports) and of each replica
               (imports, model load, cache import), and the RSS of this process and all it started once up
-  throughput  images a second with 4 clients at once: 2 replicas of one thread vs 1 replica of one thread; for each,
-              the engines' median ms an image and how busy they were (engine time / replicas x wall), and the CPU ms
-              an image by process group (bench/replicas_cpu.py); `ceiling`: the same engine in 2 plain processes
-              against 1, no Ray (what the machine allows)
+  throughput  images a second with 4 clients at once (--flow-images in all, each replica warm first): 2 replicas of
+              one thread vs 1 replica of one thread; for each, the engines' median ms an image and how busy they were
+              (engine time / replicas x wall), and the CPU ms an image by process group (bench/replicas_cpu.py);
+              `ceiling`: the same engine in 2 plain processes against 1, no Ray (what the machine allows)
   mix         the timed requests, then a scripted mix of sizes, one after another: compilations in the whole
               deployment against the number of distinct token counts among them
   (rss includes this process's own in-process engine from the first part)
@@ -91,10 +91,35 @@ def paired_per_image(local, client, images: int, steps: int) -> tuple[list[float
     return times[id(local)], times[id(client)]
 
 
+def warm_every_replica(client, steps: int, rounds: int = 10) -> None:
+    """Each replica makes two 256x256 images before the timing: a replica's first image at a size costs what a
+    steady flow does not (in eager mode, its pages and kernels the first time), and one-at-a-time images go to the
+    replica holding the graph, so without this the other replica met its first 256x256 image inside the timed
+    flow (a tail of slow images, 86-110 ms of CPU an image against 64-70 once warm)."""
+    made: dict[str, int] = {}
+
+    def warm(seed: int) -> None:
+        result = client.generate(GenerateRequest("warm", "256x256", steps=steps, seed=seed, visitor=f"w{seed}"))
+        with lock:
+            made[result.replica] = made.get(result.replica, 0) + 1
+
+    lock = threading.Lock()
+    for _ in range(rounds):  # concurrent pairs: the second goes to the free replica (routing.py's spill)
+        pair = [threading.Thread(target=warm, args=(seed,)) for seed in range(client.plan.replicas)]
+        for thread in pair:
+            thread.start()
+        for thread in pair:
+            thread.join()
+        if len(made) == client.plan.replicas and min(made.values()) >= 2:
+            return
+    raise RuntimeError(f"not every replica made two warm-up images: {made}")
+
+
 def throughput(client, images: int, steps: int) -> tuple[float, dict]:
-    """Images a second with CLIENTS threads asking at once, `images` in all, at a compiled shape; and where the
-    cores went meanwhile (the engines' time and how busy they kept, CPU ms an image by process group)."""
-    client.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))
+    """Images a second with CLIENTS threads asking at once, `images` in all, at a compiled shape, every replica
+    warm; and where the cores went meanwhile (the engines' time and how busy they kept, CPU ms an image by process
+    group)."""
+    warm_every_replica(client, steps)
     timings: list = []
     client.calls.timing_listeners.append(timings.append)
     meter = CpuMeter()
@@ -209,7 +234,7 @@ def summarize(args, threads: int, local_times: list[float], ray_times: list[floa
         "messages_per_image": statistics.median(t.messages for t in timed),
         "startup": {"seconds": round(sum(startup.values()), 1), "stages": startup,
                     "replicas": replicas, "rss_mib_all_processes": rss},
-        "throughput": {"clients": CLIENTS, "images": CLIENTS * 5,
+        "throughput": {"clients": CLIENTS, "images": args.flow_images,
                        **{k: round(v, 2) for k, v in throughput_ips.items()},
                        "ratio": round(throughput_ips["two_replicas_ips"] / throughput_ips["one_replica_ips"], 2),
                        **(where or {})},
@@ -223,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=20)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--ceiling-images", type=int, default=10,
+    parser.add_argument("--flow-images", type=int, default=80,
+                        help="images in each throughput run, 4 clients at once (about 4-6 s each here)")
+    parser.add_argument("--ceiling-images", type=int, default=40,
                         help="images per plain process for the machine's ceiling (0: not measured)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -254,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     from neuron_ui.replicas.launch import stop_app
 
     compilations = list(counter.events)
-    two, two_where = throughput(client, CLIENTS * 5, args.steps)
+    two, two_where = throughput(client, args.flow_images, args.steps)
     replicas = {report.replica: report.startup for _, report in client.reports().values()}
     client.watcher.stop()
     stop_app()  # its replicas hold the cores: the one replica's deployment needs one of them
-    one, one_where = one_replica_throughput(settings, CLIENTS * 5, args.steps)
+    one, one_where = one_replica_throughput(settings, args.flow_images, args.steps)
     stop_replicas(settings)  # the cores free again for the plain processes
     where = {"two_replicas": two_where, "one_replica": one_where}
     if args.ceiling_images:

@@ -12,6 +12,7 @@ from PIL import Image
 from neuron_ui.compile import aot
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.compile.strategies import backend_name, compile_transformer, raise_recompile_limit
+from neuron_ui.config.host_memory import keep_freed_memory
 from neuron_ui.config.runtime import Runtime
 from neuron_ui.contract.layouts import Layouts
 from neuron_ui.contract.references import REFERENCE_SIZES
@@ -34,7 +35,9 @@ WARMUP_PROMPT = "warm-up"
 
 
 def load_for(settings: Settings, group: ParallelGroup | None = None) -> tuple[LoadedModel, Runtime]:
-    """Detect the device and load the model on the CPU (this rank's shard under torchrun)."""
+    """Detect the device and load the model on the CPU (this rank's shard under torchrun); this process keeps the
+    host memory its images free (config.host_memory)."""
+    keep_freed_memory()
     runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
     if settings.compile == "aot":  # before the model loads: say it at start-up
         aot.check_runtime(runtime.device, runtime.backend, group.degree if group else 1)
