@@ -150,7 +150,10 @@ def test_progress_streams_from_the_replica(deployment):
     updates = []
     result = deployment.engine.generate(request(steps=3), updates.append)
     stages = [u.stage for u in updates]
-    assert stages.count("denoising") == 3 and stages[-1] == "decoding", stages
+    # The first step at once, the decoding as it begins; the steps between, closer together than STEP_GAP on the
+    # tiny model, wait and are dropped by the decoding (replicas/pacing.py, test_replicas_pacing.py).
+    steps = [u.message for u in updates if u.stage == "denoising"]
+    assert steps[0] == "step 1/3" and 1 <= len(steps) <= 3 and stages[-1] == "decoding", stages
     assert result.image.size == (256, 256) and result.seed == 1
 
 

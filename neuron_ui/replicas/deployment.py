@@ -29,8 +29,9 @@ from neuron_ui.contract import stopping
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, find_board
 from neuron_ui.replicas.lease import ShapeLease
-from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Preview, Progress, Started,
+from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started,
                                          progress_message)
+from neuron_ui.replicas.pacing import GapUp, Line, paced
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.timing import StartupStages, now
@@ -130,17 +131,21 @@ class EngineReplica:
     async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
         """Stream Started, then Progress (and Preview) as they come, the Compiled ones, and Done or Failed last
         (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's request at its
-        next step. The messages carry the stamps of neuron_ui.replicas.timing."""
-        yield Started(self.name, now())
+        next step. The messages carry the stamps of neuron_ui.replicas.timing. Started goes once the engine's
+        thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the request
+        first waits for another replica's compile."""
+        started, told = Started(self.name, now()), False
         # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
         # either way this replica now holds the graph of `tokens`.
         model_id = serve.get_multiplexed_model_id() or str(tokens)
-        if self.lease(int(model_id)).held_elsewhere():
+        if self.engine.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere():
+            yield started
+            told = True
             yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"))
         lease = await self.hold_shape(model_id)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Progress | Preview | Done | Failed] = asyncio.Queue()  # progress, then the result
+        queue: asyncio.Queue[Line | GapUp] = asyncio.Queue()  # progress, then the result
 
         def report(update: ProgressUpdate) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, progress_message(update, now()))
@@ -174,8 +179,16 @@ class EngineReplica:
         # Where the request is (stopping's phases) goes with the next progress message, not in a message of its
         # own: the engine's QUEUED, which admits the request at the front, with its first line.
         phase = stopping.Phase.RECEIVED
+
+        def moved() -> bool:  # where the request is changed since the last line: the next one goes at once
+            return stop.phase != phase
+
         try:
-            while not isinstance(message := await queue.get(), (Done, Failed)):
+            if not told:
+                yield started
+            async for message in paced(queue, urgent=moved):  # few lines (pacing.py)
+                if isinstance(message, (Done, Failed)):
+                    break
                 if stop.phase != phase:
                     phase = stop.phase
                     message = replace(message, phase=phase)
