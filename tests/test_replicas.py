@@ -157,6 +157,16 @@ def test_progress_streams_from_the_replica(deployment):
     assert result.image.size == (256, 256) and result.seed == 1
 
 
+def test_each_replica_exports_serves_metrics_every_five_seconds_not_ten_times_a_second(deployment):
+    """Serve's metric export woke each replica's loop every 0.1 s, taking its engine's GIL (replicas/__init__)."""
+    import psutil
+
+    pids = [report.pid for _, report in deployment.engine.client.reports().values()]
+    assert len(pids) == 2
+    for pid in pids:
+        assert psutil.Process(pid).environ()["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "5000"
+
+
 def test_status_health_and_metrics_cover_the_replicas(deployment):
     client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
     made = client.generate(request("384x256", seed=9))

@@ -17,3 +17,10 @@ import os
 # actor calls instead (launch.py).
 GRPC_MESSAGE_BYTES = 256 * 2**20
 os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(GRPC_MESSAGE_BYTES))
+
+# Serve exports its own request metrics (counters, latency histograms) to Ray's metrics every this many ms (Ray 2.60:
+# 100): a wake of each replica's event loop ten times a second, taking the GIL its engine's thread needs, and of the
+# front's router loop. A local Ray here records no metrics at all (launch.LOCAL_SYSTEM_CONFIG), and a cluster's
+# Prometheus scrapes every 10-15 s, so every 5 s loses nothing. Read by Serve when first imported, as above; the
+# replicas take the front's value (launch.REPLICA_ENV). An operator's own value wins.
+METRICS_EXPORT_MS = os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "5000")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray import serve
 
-from neuron_ui.replicas import GRPC_MESSAGE_BYTES
+from neuron_ui.replicas import GRPC_MESSAGE_BYTES, METRICS_EXPORT_MS
 from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard, board_name
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.deployment import EngineReplica
@@ -54,7 +54,8 @@ LOCAL_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
 # thread, file locks in asyncio.to_thread). The front keeps its router in a loop of its own: it calls the handle
 # from plain threads, which Serve allows only so.
 REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-               "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(GRPC_MESSAGE_BYTES)}
+               "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(GRPC_MESSAGE_BYTES),
+               "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": METRICS_EXPORT_MS}
 
 
 def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
