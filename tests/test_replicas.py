@@ -150,10 +150,10 @@ def test_progress_streams_from_the_replica(deployment):
     updates = []
     result = deployment.engine.generate(request(steps=3), updates.append)
     stages = [u.stage for u in updates]
-    # The first step at once, the decoding as it begins; the steps between, closer together than STEP_GAP on the
-    # tiny model, wait and are dropped by the decoding (replicas/pacing.py, test_replicas_pacing.py).
+    # The first step at once (the request is running now); the lines after it, closer together than STEP_GAP on
+    # the tiny model, wait and are replaced by newer ones or dropped by the result (replicas/pacing.py).
     steps = [u.message for u in updates if u.stage == "denoising"]
-    assert steps[0] == "step 1/3" and 1 <= len(steps) <= 3 and stages[-1] == "decoding", stages
+    assert steps[0] == "step 1/3" and set(stages[stages.index("denoising"):]) <= {"denoising", "decoding"}, stages
     assert result.image.size == (256, 256) and result.seed == 1
 
 

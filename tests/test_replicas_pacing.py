@@ -1,6 +1,6 @@
-"""A replica's stream carries few lines (neuron_ui.replicas.pacing): a line that repeats its stage within the gap
-waits, a newer one replaces it, another kind of message drops it, and it goes when the gap is up. No Ray: the
-engine thread's queue is fed here, as the replica's report() feeds it."""
+"""A replica's stream carries few lines (neuron_ui.replicas.pacing): a line within the gap of the last one sent
+waits, a newer one replaces it, the result drops it, and it goes when the gap is up. No Ray: the engine thread's
+queue is fed here, as the replica's report() feeds it."""
 
 from __future__ import annotations
 
@@ -32,16 +32,17 @@ def lines(messages, gap: float = LONG, urgent=lambda: False) -> list:
     return asyncio.run(run())
 
 
-def test_a_burst_of_steps_sends_the_first_then_the_next_stage_and_the_result():
-    """The tiny model's 16 ms steps: 7 messages an image became 4 (Started, step 1, decoding, Done)."""
-    assert lines([step(1), step(2), step(3), step(4), DECODING, DONE]) == [step(1), DECODING, DONE]
+def test_a_burst_of_lines_sends_the_first_then_the_result():
+    """The tiny model's 16 ms steps: 7 messages an image became 3 (Started, step 1, Done)."""
+    assert lines([step(1), step(2), step(3), step(4), DECODING, DONE]) == [step(1), DONE]
 
 
-def test_a_failure_or_a_preview_says_more_than_the_step_held():
+def test_a_failure_drops_the_line_held_and_a_preview_is_held_as_a_line():
     failed = Failed("generation_failed", "the replica failed: boom")
     assert lines([step(1), step(2), failed]) == [step(1), failed]
     preview = Preview(3, 4, b"a step's png")
-    assert lines([step(1), step(2), preview, step(4), DONE]) == [step(1), preview, DONE]
+    assert lines([step(1), preview, DONE]) == [step(1), DONE]
+    assert lines([preview, step(4), DONE]) == [preview, DONE]
 
 
 def test_where_the_request_went_goes_at_once():
@@ -55,16 +56,16 @@ def test_a_line_held_goes_when_the_gap_is_up_and_only_the_newest():
         stream = paced(queue, gap=0.05)
         queue.put_nowait(step(1))
         first = await stream.__anext__()
-        for n in (2, 3):
-            queue.put_nowait(step(n))
-        # nothing more comes: the timer sends what is held, step 3, about 0.05 s after step 1 went
+        for line in (step(2), step(3), DECODING):
+            queue.put_nowait(line)
+        # nothing more comes: the timer sends what is held, the decoding, about 0.05 s after step 1 went
         late = await asyncio.wait_for(stream.__anext__(), 5.0)
-        queue.put_nowait(step(4))  # a new gap from step 3: held again, then the result drops it
+        queue.put_nowait(step(4))  # a new gap from the decoding: held again, then the result drops it
         queue.put_nowait(DONE)
         rest = [message async for message in stream]
         return [first, late, *rest]
 
-    assert asyncio.run(run()) == [step(1), step(3), DONE]
+    assert asyncio.run(run()) == [step(1), DECODING, DONE]
 
 
 def test_the_result_ends_the_stream_and_nothing_after_it_is_read():

@@ -1,13 +1,13 @@
-"""Few messages on a replica's stream: a progress line that only repeats its stage soon after the last one waits.
+"""Few messages on a replica's stream: at most one progress line every STEP_GAP, the newest, never later than that.
 
 Why: each message of a stream costs the replica's event loop some 0.3 ms of Python (Serve's wrappers, the gRPC
 write) while holding the GIL its engine thread also needs, and the front as much to read it. On the tiny model's
 16 ms steps, the four step lines and the decoding line slowed the replica's engine by about 1.6 ms an image against
 the same engine with none (docs/performance.md, "Replicas"). A person reads a line at most about ten times a second,
-so within STEP_GAP of the line last sent a line of the same stage (step 3 after step 2) is held; a newer one of that
-stage replaces it; it goes when the gap is up, unless another kind of message came first and said more (a later
-stage, a preview, the result), which then drops it. On a device whose steps take longer than the gap (a Trainium
-step of klein-4B, a CPU step of the real model) every line goes at once, as before.
+so a line that comes within STEP_GAP of the line last sent waits; a newer line replaces it (what it said is
+over); it goes when the gap is up, unless the result came first. A line that says where the request went (queued,
+compiling, running: what a Stop would save) goes at once. On a device whose steps take longer than the gap (a
+Trainium step of klein-4B, a CPU step of the real model) every line goes at once, as before.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from neuron_ui.contract.results import Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
 
 STEP_GAP = 0.1  # seconds: at most this much later than the step it shows does a held line go
@@ -38,26 +37,24 @@ async def paced(queue: asyncio.Queue[Line | GapUp], urgent: Callable[[], bool] =
     """The queue's messages up to the result (Done or Failed, the last one yielded), paced as the module says;
     `urgent()` true sends a line at once (where the request is changed: the front must know it now)."""
     loop = asyncio.get_running_loop()
-    held: Progress | None = None
+    held: Progress | Preview | None = None
     holds = 0  # each hold's number: a timer for a hold since sent or dropped finds another number
-    last_stage, last_sent = "", -math.inf
+    last_sent = -math.inf
     while True:
         message = await queue.get()
         if isinstance(message, GapUp):
             if held is None or message.hold != holds:
                 continue  # that hold was dropped
             message, held = held, None
-        elif (isinstance(message, Progress) and message.update.stage == last_stage
-              and loop.time() - last_sent < gap and not urgent()):
+        elif isinstance(message, (Progress, Preview)) and loop.time() - last_sent < gap and not urgent():
             if held is None:
                 holds += 1
                 loop.call_at(last_sent + gap, queue.put_nowait, GapUp(holds))
             held = message
             continue
         else:
-            held = None  # a newer kind of message says more than the line held
+            held = None  # the result, or a line sent at once: it says more than the line held
         if isinstance(message, (Progress, Preview)):
-            last_stage = message.update.stage if isinstance(message, Progress) else Stage.DENOISING
             last_sent = loop.time()
         yield message
         if isinstance(message, (Done, Failed)):
