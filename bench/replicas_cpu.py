@@ -2,7 +2,7 @@
 the machine's own ceiling for the throughput ratio (the same engine in 2 plain processes of one thread against 1,
 no Ray, no front), so a ratio short of 2x can be split into what the machine allows and what serving costs.
 
-    python bench/replicas_cpu.py --images 10    # the ceiling alone: 1 process, then 2 at once
+    python bench/replicas_cpu.py --images 40    # the ceiling alone: 1 process, then 2 at once
 """
 
 from __future__ import annotations

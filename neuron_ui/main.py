@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, NamedTuple
 from collections.abc import Callable, MutableMapping
 
-from neuron_ui.config.processes import limit_heap_arenas
+from neuron_ui.config.host_memory import limit_heap_arenas
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState

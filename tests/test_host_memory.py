@@ -12,8 +12,6 @@ import sys
 
 import pytest
 
-from neuron_ui.config.host_memory import keep_freed_memory
-
 # An image's temporaries, as the engine's worker thread makes them: 30 MiB in 5 MiB pieces, freed at its end.
 IMAGES = """
 import json, resource, sys, threading
@@ -55,8 +53,3 @@ def test_without_it_every_image_faults_its_pages_in_again():
     kept, faults = faults_per_image("default")
     assert kept is None
     assert min(faults[1:]) > 5_000, faults
-
-
-def test_elsewhere_it_says_it_did_nothing(monkeypatch):
-    monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
-    assert keep_freed_memory() is False

@@ -45,7 +45,7 @@ def test_per_session_and_per_event_records_stay_bounded(tmp_path):
 
 HEAP_CHURN = """
 import ctypes, sys, threading
-from neuron_ui.config.processes import limit_heap_arenas, release_free_heap
+from neuron_ui.config.host_memory import limit_heap_arenas, release_free_heap
 if sys.argv[1] == "capped":
     assert limit_heap_arenas(2)
 start = threading.Barrier(16)

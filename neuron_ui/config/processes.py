@@ -3,8 +3,6 @@ a call on a daemon thread. One copy each, for every layer that needs one."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import socket
 import threading
@@ -60,33 +58,3 @@ def in_daemon_thread(work: Callable[[], T], name: str) -> Future[T]:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
-
-
-M_ARENA_MAX = -8  # glibc's malloc.h
-
-
-def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (it has mallopt and malloc_trim), else None: elsewhere the two calls below
-    do nothing."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
-    except OSError:
-        return None
-
-
-def limit_heap_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's malloc arenas, as MALLOC_ARENA_MAX does at start. glibc gives a new thread an arena of its own
-    (up to 8 per core), and memory freed in an arena is reused only there: under a server's threads (Gradio's
-    workers, each request's pipeline thread) each arena keeps its own peak of images and tensors, and RSS creeps
-    up for as long as new threads come (docs/operations.md, "Memory over time"). Call it before threads start."""
-    libc = _glibc()
-    return bool(libc and libc.mallopt(M_ARENA_MAX, arenas))
-
-
-def release_free_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim(0)); they stay counted in RSS until
-    then. Cheap: it walks the free lists."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse
 from starlette.routing import Mount
 
-from neuron_ui.config.processes import release_free_heap
+from neuron_ui.config.host_memory import release_free_heap
 from neuron_ui.web.files import ASSETS
 
 if TYPE_CHECKING:
