@@ -63,19 +63,24 @@ def one_run(engine, resolution: str, steps: int, queued: int, fair: bool) -> dic
         thread.start()
         return thread
 
-    def until_waiting(count: int) -> None:
-        while engine.status().queue_depth < count:
+    def until_admitted(count: int) -> None:
+        """Until `count` requests are in the engine: waiting, on the device or done. Waiting alone was not enough:
+        at toy size an image can end before the next request joins, and the count of waiting ones then never came
+        (a fresh-clone run spun here until its 600 s timeout)."""
+        while True:
+            status = engine.status()
+            if status.queue_depth + int(status.busy) + len(results) >= count:
+                return
             time.sleep(0.001)
 
     started = time.perf_counter()
     threads = [ask("a0", "A" if fair else None, 0)]
-    while not engine.status().busy:
-        time.sleep(0.001)
+    until_admitted(1)
     for i in range(1, queued):
         threads.append(ask(f"a{i}", "A" if fair else None, i))
-        until_waiting(i)
+        until_admitted(i + 1)
     threads.append(ask("b0", "B" if fair else None, 100))
-    until_waiting(queued)
+    until_admitted(queued + 1)
     for thread in threads:
         thread.join()
     ended = time.perf_counter()
