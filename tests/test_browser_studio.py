@@ -123,8 +123,9 @@ def test_a_phone_sees_progress_where_it_tapped(browser, url, runner):
         page.locator("#generate").click()
         progress = page.locator("#image").get_by_text(re.compile(r"step \d+/60"))
         progress.wait_for()
-        box = progress.bounding_box()
-        assert box and 0 <= box["y"] and box["y"] + box["height"] <= 844, f"the progress is off screen: {box}"
+        # Read again while the page swaps the line's element (a fresh-clone run read None between two renders).
+        box = serving.wait_until(progress.bounding_box, "the progress line has a box on the page")
+        assert 0 <= box["y"] and box["y"] + box["height"] <= 844, f"the progress is off screen: {box}"
         shot(page, "40-phone-progress")
         runner.release()
         page.locator("#info").get_by_text(re.compile(r"seed")).wait_for()
