@@ -97,13 +97,13 @@ def warm_every_replica(client, steps: int, rounds: int = 10) -> None:
     replica holding the graph, so without this the other replica met its first 256x256 image inside the timed
     flow (a tail of slow images, 86-110 ms of CPU an image against 64-70 once warm)."""
     made: dict[str, int] = {}
+    lock = threading.Lock()
 
     def warm(seed: int) -> None:
         result = client.generate(GenerateRequest("warm", "256x256", steps=steps, seed=seed, visitor=f"w{seed}"))
         with lock:
             made[result.replica] = made.get(result.replica, 0) + 1
 
-    lock = threading.Lock()
     for _ in range(rounds):  # concurrent pairs: the second goes to the free replica (routing.py's spill)
         pair = [threading.Thread(target=warm, args=(seed,)) for seed in range(client.plan.replicas)]
         for thread in pair:

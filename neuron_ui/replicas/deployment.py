@@ -134,13 +134,13 @@ class EngineReplica:
         next step. The messages carry the stamps of neuron_ui.replicas.timing. Started goes once the engine's
         thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the request
         first waits for another replica's compile."""
-        started, told = Started(self.name, now()), False
+        started = Started(self.name, now())
         # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
         # either way this replica now holds the graph of `tokens`.
         model_id = serve.get_multiplexed_model_id() or str(tokens)
-        if self.engine.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere():
+        waits = self.engine.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()
+        if waits:
             yield started
-            told = True
             yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"))
         lease = await self.hold_shape(model_id)
@@ -184,7 +184,7 @@ class EngineReplica:
             return stop.phase != phase
 
         try:
-            if not told:
+            if not waits:
                 yield started
             async for message in paced(queue, urgent=moved):  # few lines (pacing.py)
                 if isinstance(message, (Done, Failed)):
