@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 from ray.exceptions import RayActorError
+from ray.serve.exceptions import RequestCancelledError
+from serving import wait_until
 from test_replicas_turns import StandInHandle, Stream
 
 from neuron_ui.compile.key import CompileKey
@@ -20,7 +22,8 @@ from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpd
 from neuron_ui.replicas.board import ReplicaReport
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Compiled, Done, Progress, Started
-from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
+from neuron_ui.contract.stopping import Stopped, StopToken
+from neuron_ui.replicas.stream import LOST_WAIT, RETRIED, STOPPED_AS_IT_BEGAN
 from neuron_ui.replicas.watcher import REPORT_SECONDS, ReplicaWatcher
 from neuron_ui.ui.words import describe_activity, describe_result
 
@@ -183,3 +186,65 @@ def test_stopping_the_watcher_waits_for_its_read_so_ray_can_go_after_it():
     stopping.join(10)
     assert stopped == [True]  # the thread has ended: no read after it
     assert calls == ["MainThread", "replica-watch"]
+
+
+def test_a_replica_running_a_call_of_this_front_is_busy_before_its_own_report_says_so(front, board):
+    """A replica reports busy at its next tick, not as the image starts (that report took its engine's GIL): the
+    front knows at once which replicas run its calls."""
+    idle = status_of(False)
+    board.update({"a": (0.3, snapshot("a", False, idle)), "b": (0.5, snapshot("b", False, idle))})
+    front.watcher.read()
+    front.calls.routing.key(256)
+    front.calls.routing.placed("a", 256)  # a call's Started came from replica a
+    status = front.status()
+    assert [(r["replica"], r["busy"]) for r in status.replicas] == [("a", True), ("b", False)]
+    assert describe_activity(status).startswith("**Replicas** 2 healthy, 1 busy (a busy, ")
+    front.calls.routing.ended("a")  # its Done came
+    assert not any(r["busy"] for r in front.status().replicas)
+
+
+class StoppableHandle(StandInHandle):
+    """A replica that starts the request, sends `lines`, then runs until the front cancels its stream."""
+
+    def __init__(self, lines: list[Progress]):
+        self.lines = lines
+
+    def _stream(self, request):
+        cancelled = threading.Event()
+
+        def messages():
+            yield Started("replica-a")
+            yield from self.lines
+            cancelled.wait(30)
+            raise RequestCancelledError("cancelled by the front")
+
+        stream = Stream(messages())
+        stream.cancel = cancelled.set
+        return stream
+
+
+@pytest.mark.parametrize("lines, words", [
+    ([], STOPPED_AS_IT_BEGAN),  # its first STEP_GAP on the replica: no line has said where it is yet
+    ([Progress(ProgressUpdate("denoising", "step 3/80", 3 / 80), phase="running")],
+     "stopped at the next step; no image was made"),
+])
+def test_a_stop_on_a_replica_says_where_the_request_was_as_far_as_the_front_heard(tmp_path, lines, words):
+    watcher = ReplicaWatcher(read_board=dict, read_states=dict)
+    client = ReplicaClient(StoppableHandle(lines), board=None, settings=Settings(model="tiny", cache_dir=str(tmp_path)),
+                           plan=SimpleNamespace(replicas=1), watcher=watcher)
+    stop, outcome = StopToken(), {}
+
+    def ask() -> None:
+        try:
+            client.generate(GenerateRequest("a lighthouse", "1024x1024", steps=80, seed=3), stop=stop)
+        except Stopped as error:
+            outcome["stopped"] = str(error)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    wait_until(lambda: client.calls.started() == 1 and stop.phase == (lines[-1].phase if lines else "received"),
+               "the request started on its replica")
+    stop.stop()
+    asker.join(30)
+    watcher.stop()
+    assert outcome == {"stopped": words}

@@ -1,6 +1,7 @@
-"""A replica's stream carries few lines (neuron_ui.replicas.pacing): a line within the gap of the last one sent
-waits, a newer one replaces it, the result drops it, and it goes when the gap is up. No Ray: the engine thread's
-queue is fed here, as the replica's report() feeds it."""
+"""A replica's stream carries few lines (neuron_ui.replicas.pacing): a line within the gap of the message before
+waits without waking the loop, a newer one replaces it, the result drops it, and it goes at the loop's next tick;
+a line that says the request waits, or comes after the gap, goes at once. No Ray: the lines are offered here as
+the replica's engine thread offers them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ import asyncio
 
 from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
-from neuron_ui.replicas.pacing import paced
+from neuron_ui.replicas.pacing import LinePacer
 
 LONG = 60.0  # a gap no test outlives: what is held stays held until something else comes
+
+
+class Clock:
+    """Seconds that pass only when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def step(n: int, of: int = 4) -> Progress:
@@ -18,55 +29,71 @@ def step(n: int, of: int = 4) -> Progress:
 
 
 DECODING = Progress(ProgressUpdate(Stage.DECODING, "decoding the image", 1.0))
+WAITING = Progress(ProgressUpdate(Stage.WAITING, "1 image ahead of yours"))
+COMPILING = Progress(ProgressUpdate(Stage.COMPILING, "compiling 256x256"))
 DONE = Done("the image")
 
 
-def lines(messages, gap: float = LONG, urgent=lambda: False) -> list:
-    """What the stream sends for these messages, all on the queue before it reads."""
+def sent(offers, clock: Clock | None = None) -> list:
+    """What the stream sends for these offers (lines, then the result), all made before it reads; `clock` may move
+    between offers: a callable in `offers` is called there."""
+    clock = clock or Clock()
+
     async def run() -> list:
-        queue: asyncio.Queue = asyncio.Queue()
-        for message in messages:
-            queue.put_nowait(message)
-        return [message async for message in paced(queue, urgent, gap)]
+        pacer = LinePacer(asyncio.get_running_loop(), LONG, clock)
+        for item in offers:
+            if callable(item):
+                item()
+            elif isinstance(item, (Done, Failed)):
+                pacer.finish(item)
+            else:
+                pacer.offer(item)
+        return [message async for message in pacer.messages()]
 
     return asyncio.run(run())
 
 
-def test_a_burst_of_lines_sends_the_first_then_the_result():
-    """The tiny model's 16 ms steps: 7 messages an image became 3 (Started, step 1, Done)."""
-    assert lines([step(1), step(2), step(3), step(4), DECODING, DONE]) == [step(1), DONE]
+def test_an_image_shorter_than_the_gap_sends_no_line_only_its_result():
+    """The tiny model's 16 ms steps: no message while its engine runs (one cost that engine about 2 ms)."""
+    assert sent([step(1), step(2), step(3), step(4), DECODING, DONE]) == [DONE]
 
 
 def test_a_failure_drops_the_line_held_and_a_preview_is_held_as_a_line():
     failed = Failed("generation_failed", "the replica failed: boom")
-    assert lines([step(1), step(2), failed]) == [step(1), failed]
-    preview = Preview(3, 4, b"a step's png")
-    assert lines([step(1), preview, DONE]) == [step(1), DONE]
-    assert lines([preview, step(4), DONE]) == [preview, DONE]
+    assert sent([step(1), step(2), failed]) == [failed]
+    assert sent([step(1), Preview(3, 4, b"a step's png"), DONE]) == [DONE]
 
 
-def test_where_the_request_went_goes_at_once():
-    """`urgent`: the front must hear a new phase (what a Stop would save) with the very next line."""
-    assert lines([step(1), step(2), step(3), DONE], urgent=lambda: True) == [step(1), step(2), step(3), DONE]
+def test_a_line_that_says_the_request_waits_goes_at_once_and_drops_the_older_one_held():
+    assert sent([step(1), WAITING, step(2), DONE]) == [WAITING, DONE]
+    assert sent([COMPILING, step(1), DONE]) == [COMPILING, DONE]
 
 
-def test_a_line_held_goes_when_the_gap_is_up_and_only_the_newest():
+def test_a_line_the_gap_after_the_message_before_goes_at_once():
+    """A Trainium step of klein-4B, or a CPU step of the real model, is longer than the gap: every line goes."""
+    clock = Clock()
+
+    def later() -> None:
+        clock.now += LONG
+
+    assert sent([step(1), later, step(2), later, step(3), step(4), DONE], clock) == [step(2), step(3), DONE]
+
+
+def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
     async def run() -> list:
-        queue: asyncio.Queue = asyncio.Queue()
-        stream = paced(queue, gap=0.05)
-        queue.put_nowait(step(1))
-        first = await stream.__anext__()
-        for line in (step(2), step(3), DECODING):
-            queue.put_nowait(line)
-        # nothing more comes: the timer sends what is held, the decoding, about 0.05 s after step 1 went
-        late = await asyncio.wait_for(stream.__anext__(), 5.0)
-        queue.put_nowait(step(4))  # a new gap from the decoding: held again, then the result drops it
-        queue.put_nowait(DONE)
+        pacer = LinePacer(asyncio.get_running_loop(), gap=0.05)
+        stream = pacer.messages()
+        for line in (step(1), step(2), DECODING):
+            pacer.offer(line)
+        # nothing more comes: the loop's tick sends what is held, the decoding, about 0.05 s after Started
+        first = await asyncio.wait_for(stream.__anext__(), 5.0)
+        pacer.offer(step(4))  # within the gap of the decoding: held again, then the result drops it
+        pacer.finish(DONE)
         rest = [message async for message in stream]
-        return [first, late, *rest]
+        return [first, *rest]
 
-    assert asyncio.run(run()) == [step(1), DECODING, DONE]
+    assert asyncio.run(run()) == [DECODING, DONE]
 
 
 def test_the_result_ends_the_stream_and_nothing_after_it_is_read():
-    assert lines([DONE, step(1)]) == [DONE]
+    assert sent([DONE, WAITING]) == [DONE]

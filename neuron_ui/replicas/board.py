@@ -24,9 +24,9 @@ DEPLOYMENT_NAME = "engine"  # its one deployment, of EngineReplica
 
 
 class ReportPacer:
-    """When a replica reports: every REPORT_SECONDS, and at once where it went busy or idle. Images back to back
-    keep it busy, so their starts and ends send nothing more (two reports an image were about 3 ms of CPU an image
-    between the replica and the board, on the cores the engines need)."""
+    """When a replica reports: every REPORT_SECONDS, and when asked between ticks (its image ended) only where
+    that made it idle. Images back to back keep it busy, so their ends send nothing more (two reports an image were
+    about 3 ms of CPU an image between the replica and the board, on the cores the engines need)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock = clock

@@ -175,8 +175,11 @@ class ReplicaClient(ServesOnceBuilt):
     # -- status ------------------------------------------------------------------------------------------
 
     def reports(self) -> Reports:
-        """Each replica's last report and its age in seconds, as the watcher last read them."""
-        return self.watcher.reports()
+        """Each replica's last report and its age in seconds, as the watcher last read them; busy also where a call
+        of this front runs on it now (a replica reports busy at its next tick, not as the image starts)."""
+        running = set(self.calls.routing.running())
+        return {key: (age, replace(report, busy=True) if report.replica in running else report)
+                for key, (age, report) in self.watcher.reports().items()}
 
     def wait_for_replicas(self, count: int, timeout: float) -> None:
         self.watcher.wait_for(count, timeout)
@@ -197,7 +200,7 @@ class ReplicaClient(ServesOnceBuilt):
 
     def status(self) -> EngineStatus:
         """One status over all replicas: each size ready on k of N, and a section per replica."""
-        reports = self.watcher.reports()
+        reports = self.reports()
         healthy = [report for age, report in reports.values() if age < STALE_SECONDS]
         if not healthy:
             if self._last is None:

@@ -31,7 +31,7 @@ from neuron_ui.replicas.board import ReplicaReport, ReportPacer, find_board
 from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started,
                                          progress_message)
-from neuron_ui.replicas.pacing import GapUp, Line, paced
+from neuron_ui.replicas.pacing import LinePacer
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.timing import StartupStages, now
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the process anyway
-# A report woken by an image's start or end waits this long: its snapshot (Python, holding the GIL) then no longer
-# competes with the first or last messages of the image's stream on the replica's loop.
+# A report woken by an image's end waits this long: its snapshot (Python, holding the GIL) then no longer competes
+# with the last messages of the image's stream on the replica's loop.
 WOKEN_REPORT_DELAY = 0.02
 
 
@@ -92,8 +92,7 @@ class EngineReplica:
             self.group.health.serving(None)  # no restart measured: a lost replica is Serve's to replace
         self.startup = stages.seconds
         self._stop = threading.Event()
-        self._wake = threading.Event()  # report now, on the reporter's thread, not on the request's path
-        self._was_busy = False  # busy since the last report: a short image still shows as busy once
+        self._wake = threading.Event()  # an image ended: report idle now, on the reporter's thread
         self._reporter = threading.Thread(target=self._report_loop, name="replica-report", daemon=True)
         self._reporter.start()
         self._report()  # the front waits for every replica's first report: now, not a tick later
@@ -144,17 +143,17 @@ class EngineReplica:
             yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"))
         lease = await self.hold_shape(model_id)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Line | GapUp] = asyncio.Queue()  # progress, then the result
+        pacer = LinePacer(asyncio.get_running_loop())  # few lines, none mid-image for a short image (pacing.py)
 
         def report(update: ProgressUpdate) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, progress_message(update, now()))
+            pacer.offer(progress_message(update, now()))
 
         stop = StopToken()
 
         def run() -> None:
-            self.active = self._was_busy = True
-            self._wake.set()  # busy now, not at the next tick (the reporter sends it beside the image)
+            # Busy goes with the next tick's report, not at once: a snapshot and a Ray call in the middle of the
+            # image took its engine's GIL (the front knows at once which replicas run its calls: client.reports).
+            self.active = True
             result: Done | Failed
             try:
                 began = now()
@@ -173,20 +172,16 @@ class EngineReplica:
                 lease.release()  # others may now load this graph from the cache
                 if stop.stopped:  # the front cancelled: idle now (else once the result is sent, below)
                     self._wake.set()
-            loop.call_soon_threadsafe(queue.put_nowait, result)  # after every progress message it reported
+            pacer.finish(result)  # after every line it offered
 
-        loop.run_in_executor(None, run)  # its result comes through the queue
-        # Where the request is (stopping's phases) goes with the next progress message, not in a message of its
-        # own: the engine's QUEUED, which admits the request at the front, with its first line.
+        asyncio.get_running_loop().run_in_executor(None, run)  # its result comes through the pacer
+        # Where the request is (stopping's phases) goes with the next line sent, not in a message of its own: the
+        # engine's QUEUED, which admits the request at the front, with the first line.
         phase = stopping.Phase.RECEIVED
-
-        def moved() -> bool:  # where the request is changed since the last line: the next one goes at once
-            return stop.phase != phase
-
         try:
             if not waits:
                 yield started
-            async for message in paced(queue, urgent=moved):  # few lines (pacing.py)
+            async for message in pacer.messages():
                 if isinstance(message, (Done, Failed)):
                     break
                 if stop.phase != phase:
@@ -226,15 +221,14 @@ class EngineReplica:
             logger.debug("replica %s could not report", self.name, exc_info=True)
 
     def _report_loop(self) -> None:
-        """Every REPORT_SECONDS, and WOKEN_REPORT_DELAY after woken (an image began or ended) where that changed
-        busy (board.ReportPacer)."""
+        """Every REPORT_SECONDS, and WOKEN_REPORT_DELAY after woken (an image ended) where that made it idle
+        (board.ReportPacer)."""
         pacer = ReportPacer()
         while not self._stop.is_set():
             if self._wake.wait(pacer.wait_seconds()):  # the snapshot a moment later, off the loop sending messages
                 self._stop.wait(WOKEN_REPORT_DELAY)
             self._wake.clear()
-            seen, self._was_busy = self._was_busy, False
-            busy = self.active or seen
+            busy = self.active
             if not self._stop.is_set() and pacer.due(busy):
                 self._report(busy=busy)
 

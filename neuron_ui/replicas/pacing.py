@@ -1,61 +1,86 @@
-"""Few messages on a replica's stream: at most one progress line every STEP_GAP, the newest, never later than that.
+"""Few messages on a replica's stream while its engine runs: at most one progress line every STEP_GAP, the newest,
+never later than that, and none at all for an image shorter than the gap.
 
-Why: each message of a stream costs the replica's event loop some 0.3 ms of Python (Serve's wrappers, the gRPC
-write) while holding the GIL its engine thread also needs, and the front as much to read it. On the tiny model's
-16 ms steps, the four step lines and the decoding line slowed the replica's engine by about 1.6 ms an image against
-the same engine with none (docs/performance.md, "Replicas"). A person reads a line at most about ten times a second,
-so a line that comes within STEP_GAP of the line last sent waits; a newer line replaces it (what it said is
-over); it goes when the gap is up, unless the result came first. A line that says where the request went (queued,
-compiling, running: what a Stop would save) goes at once. On a device whose steps take longer than the gap (a
-Trainium step of klein-4B, a CPU step of the real model) every line goes at once, as before.
+Why: a message sent while the engine's thread runs costs that engine far more than the message's own Python: on the
+tiny model one line in the middle of an image made the replica's engine about 2 ms slower (the replica's loop and
+gRPC take the GIL the engine needs, and the front's threads wake beside it; docs/performance.md, "Replicas"),
+whereas Started, sent as the engine's thread takes the work, cost nothing measurable. A person reads a line at most
+about ten times a second. So the engine's thread offers each line here without waking the replica's loop; the loop
+sends the line held at its next tick, STEP_GAP after the message before, a newer line replacing an older one (what
+it said is over) and the result dropping it. A line that comes STEP_GAP or more after the last message (a Trainium
+step of klein-4B, a CPU step of the real model) goes at once, as does one that says the request waits (in the
+replica's queue, or while its size compiles): a person waits on those. Where the request went (stopping's phases)
+rides on the next line sent (neuron_ui.replicas.deployment).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
+from neuron_ui.contract.results import Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
 
 STEP_GAP = 0.1  # seconds: at most this much later than the step it shows does a held line go
+WAITS = (Stage.WAITING, Stage.COMPILING)  # a line of these stages goes at once: the person waits on it
+
+Line = Progress | Preview  # what the engine's thread offers, before its result (Done or Failed)
 
 
-@dataclass(frozen=True)
-class GapUp:
-    """Put on the queue by the loop's timer: the gap after the line last sent is up (for hold number `hold`)."""
+class LinePacer:
+    """One request's lines between the engine's thread (offer, finish) and the replica's loop (messages)."""
 
-    hold: int
+    def __init__(self, loop: asyncio.AbstractEventLoop, gap: float = STEP_GAP,
+                 clock: Callable[[], float] = time.monotonic):
+        self.gap = gap
+        self._loop = loop
+        self._clock = clock
+        self._queue: asyncio.Queue[Line | Done | Failed] = asyncio.Queue()
+        self._lock = threading.Lock()  # held, last_sent: the engine's thread and the loop both read and set them
+        self._held: Line | None = None
+        self._last_sent = clock()  # Started went just now: the gap counts from it
+        self._timer: asyncio.TimerHandle | None = None  # the loop's next tick, while messages() runs
+        self._finished = False  # the result is in: no more ticks (also where the front stopped reading)
 
+    def offer(self, line: Line) -> None:
+        """From the engine's thread: send the line at once (it says the request waits, or the gap is up), else
+        hold it for the loop's next tick in place of the one held."""
+        with self._lock:
+            now = self._clock()
+            if (isinstance(line, Progress) and line.update.stage in WAITS) or now - self._last_sent >= self.gap:
+                self._held, self._last_sent = None, now  # the newer line says more than the one held
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, line)
+            else:
+                self._held = line
 
-Line = Progress | Preview | Done | Failed  # what the engine's thread puts on the queue: its lines, then the result
+    def finish(self, result: Done | Failed) -> None:
+        """From the engine's thread, after its last line: the result, which drops the line held."""
+        with self._lock:
+            self._held, self._finished = None, True
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, result)
 
+    async def messages(self) -> AsyncIterator[Line | Done | Failed]:
+        """On the loop: the lines as they go, then the result, the last one."""
+        self._timer = self._loop.call_later(self.gap, self._tick)
+        try:
+            while True:
+                message = await self._queue.get()
+                yield message
+                if isinstance(message, (Done, Failed)):
+                    return
+        finally:
+            self._timer.cancel()
 
-async def paced(queue: asyncio.Queue[Line | GapUp], urgent: Callable[[], bool] = lambda: False,
-                gap: float = STEP_GAP) -> AsyncIterator[Line]:
-    """The queue's messages up to the result (Done or Failed, the last one yielded), paced as the module says;
-    `urgent()` true sends a line at once (where the request is changed: the front must know it now)."""
-    loop = asyncio.get_running_loop()
-    held: Progress | Preview | None = None
-    holds = 0  # each hold's number: a timer for a hold since sent or dropped finds another number
-    last_sent = -math.inf
-    while True:
-        message = await queue.get()
-        if isinstance(message, GapUp):
-            if held is None or message.hold != holds:
-                continue  # that hold was dropped
-            message, held = held, None
-        elif isinstance(message, (Progress, Preview)) and loop.time() - last_sent < gap and not urgent():
-            if held is None:
-                holds += 1
-                loop.call_at(last_sent + gap, queue.put_nowait, GapUp(holds))
-            held = message
-            continue
-        else:
-            held = None  # the result, or a line sent at once: it says more than the line held
-        if isinstance(message, (Progress, Preview)):
-            last_sent = loop.time()
-        yield message
-        if isinstance(message, (Done, Failed)):
-            return
+    def _tick(self) -> None:
+        """The held line goes once the gap since the last message is up; then the next tick, a gap later."""
+        with self._lock:
+            if self._finished:
+                return
+            now = self._clock()
+            if self._held is not None and now - self._last_sent >= self.gap:
+                self._queue.put_nowait(self._held)
+                self._held, self._last_sent = None, now
+            wait = max(self._last_sent + self.gap - now, 0.0) or self.gap
+        self._timer = self._loop.call_later(wait, self._tick)
