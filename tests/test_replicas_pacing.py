@@ -6,6 +6,8 @@ the replica's engine thread offers them."""
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import replace
 
 from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
@@ -80,6 +82,8 @@ def test_a_line_the_gap_after_the_message_before_goes_at_once():
 
 
 def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
+    start = time.monotonic()
+
     async def run() -> list:
         pacer = LinePacer(asyncio.get_running_loop(), gap=0.05)
         stream = pacer.messages()
@@ -92,7 +96,9 @@ def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
         rest = [message async for message in stream]
         return [first, *rest]
 
-    assert asyncio.run(run()) == [DECODING, DONE]
+    first, done = asyncio.run(run())
+    assert (replace(first, at=0.0), done) == (DECODING, DONE)
+    assert first.at >= start + 0.05  # stamped when it went: a line's trip to the front is not its wait here
 
 
 def test_the_result_ends_the_stream_and_nothing_after_it_is_read():

@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from neuron_ui.contract.results import Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
@@ -79,8 +80,8 @@ class LinePacer:
             if self._finished:
                 return
             now = self._clock()
-            if self._held is not None and now - self._last_sent >= self.gap:
-                self._queue.put_nowait(self._held)
+            if self._held is not None and now - self._last_sent >= self.gap:  # stamped as it goes: its trip
+                self._queue.put_nowait(replace(self._held, at=now))  # to the front is not its wait here
                 self._held, self._last_sent = None, now
             wait = max(self._last_sent + self.gap - now, 0.0) or self.gap
         self._timer = self._loop.call_later(wait, self._tick)
