@@ -43,7 +43,7 @@ class LinePacer:
         self._held: Line | None = None
         self._last_sent = clock()  # Started went just now: the gap counts from it
         self._timer: asyncio.TimerHandle | None = None  # the loop's next tick, while messages() runs
-        self._finished = False  # the result is in: no more ticks (also where the front stopped reading)
+        self._finished = False  # the result is in (a stopped request's too, at its next step): no more ticks
 
     def offer(self, line: Line) -> None:
         """From the engine's thread: send the line at once (it says the request waits, or the gap is up), else
