@@ -23,7 +23,7 @@ from neuron_ui.replicas.board import ReplicaReport
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Compiled, Done, Progress, Started
 from neuron_ui.contract.stopping import Stopped, StopToken
-from neuron_ui.replicas.stream import LOST_WAIT, RETRIED, STOPPED_AS_IT_BEGAN
+from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
 from neuron_ui.replicas.watcher import REPORT_SECONDS, ReplicaWatcher
 from neuron_ui.ui.words import describe_activity, describe_result
 
@@ -224,7 +224,9 @@ class StoppableHandle(StandInHandle):
 
 
 @pytest.mark.parametrize("lines, words", [
-    ([], STOPPED_AS_IT_BEGAN),  # its first STEP_GAP on the replica: no line has said where it is yet
+    # its first STEP_GAP on the replica, before any line: told as a stop in the queue, as the Stop's own answer does
+    # (StopToken.stop says "queued" for a request not yet admitted)
+    ([], "stopped: you left the queue; no image was made"),
     ([Progress(ProgressUpdate("denoising", "step 3/80", 3 / 80), phase="running")],
      "stopped at the next step; no image was made"),
 ])

@@ -6,7 +6,6 @@ the replica's engine thread offers them."""
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import replace
 
 from neuron_ui.contract.results import ProgressUpdate, Stage
@@ -82,14 +81,14 @@ def test_a_line_the_gap_after_the_message_before_goes_at_once():
 
 
 def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
-    start = time.monotonic()
+    clock = Clock()  # the pacer's decisions on this clock; only its tick's timer runs in real time
 
     async def run() -> list:
-        pacer = LinePacer(asyncio.get_running_loop(), gap=0.05)
+        pacer = LinePacer(asyncio.get_running_loop(), gap=0.05, clock=clock)
         stream = pacer.messages()
         for line in (step(1), step(2), DECODING):
             pacer.offer(line)
-        # nothing more comes: the loop's tick sends what is held, the decoding, about 0.05 s after Started
+        clock.now += 0.05  # nothing more comes: the tick sends what is held, the decoding, once the gap is up
         first = await asyncio.wait_for(stream.__anext__(), 5.0)
         pacer.offer(step(4))  # within the gap of the decoding: held again, then the result drops it
         pacer.finish(DONE)
@@ -98,7 +97,7 @@ def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
 
     first, done = asyncio.run(run())
     assert (replace(first, at=0.0), done) == (DECODING, DONE)
-    assert first.at >= start + 0.05  # stamped when it went: a line's trip to the front is not its wait here
+    assert first.at == 0.05  # stamped when it went: a line's trip to the front is not its wait here
 
 
 def test_the_result_ends_the_stream_and_nothing_after_it_is_read():

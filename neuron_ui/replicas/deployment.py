@@ -128,22 +128,27 @@ class EngineReplica:
             yield item
 
     async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
-        """Stream Started, then Progress (and Preview) as they come, the Compiled ones, and Done or Failed last
-        (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's request at its
-        next step. The messages carry the stamps of neuron_ui.replicas.timing. Started goes once the engine's
-        thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the request
-        first waits for another replica's compile."""
+        """Stream Started, then Progress (and Preview) paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
+        or Failed last (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's
+        request at its next step. The messages carry the stamps of neuron_ui.replicas.timing. Started goes once the
+        engine's thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the
+        request first waits for another replica's compile."""
         started = Started(self.name, now())
         # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
         # either way this replica now holds the graph of `tokens`.
         model_id = serve.get_multiplexed_model_id() or str(tokens)
         waits = self.engine.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()
+        # Where the request is (stopping's phases) goes with the next line sent, not in a message of its own: the
+        # engine's QUEUED, which admits the request at the front, with the first line.
+        phase = stopping.Phase.COMPILING if waits else stopping.Phase.RECEIVED
         if waits:
             yield started
             yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
-                                                       "this one loads it from the cache when it is done"))
+                                                       "this one loads it from the cache when it is done"),
+                           now(), phase)
         lease = await self.hold_shape(model_id)
-        pacer = LinePacer(asyncio.get_running_loop())  # few lines, none mid-image for a short image (pacing.py)
+        loop = asyncio.get_running_loop()
+        pacer = LinePacer(loop)  # few lines, none mid-image for a short image (pacing.py)
 
         def report(update: ProgressUpdate) -> None:
             pacer.offer(progress_message(update, now()))
@@ -174,10 +179,7 @@ class EngineReplica:
                     self._wake.set()
             pacer.finish(result)  # after every line it offered
 
-        asyncio.get_running_loop().run_in_executor(None, run)  # its result comes through the pacer
-        # Where the request is (stopping's phases) goes with the next line sent, not in a message of its own: the
-        # engine's QUEUED, which admits the request at the front, with the first line.
-        phase = stopping.Phase.RECEIVED
+        loop.run_in_executor(None, run)  # its result comes through the pacer
         try:
             if not waits:
                 yield started
@@ -196,6 +198,7 @@ class EngineReplica:
             stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
             raise
         finally:
+            pacer.close()  # no more ticks, whether the result went or the front stopped reading
             self._wake.set()  # idle: reported once the result is on its way
 
     def snapshot(self, busy: bool) -> ReplicaReport:
@@ -225,10 +228,13 @@ class EngineReplica:
         (board.ReportPacer)."""
         pacer = ReportPacer()
         while not self._stop.is_set():
-            if self._wake.wait(pacer.wait_seconds()):  # the snapshot a moment later, off the loop sending messages
+            woken = self._wake.wait(pacer.wait_seconds())
+            if woken:  # the snapshot a moment later, off the loop sending the result
                 self._stop.wait(WOKEN_REPORT_DELAY)
             self._wake.clear()
             busy = self.active
+            if woken and busy:  # the next image runs already: busy goes with the next tick, not in its middle
+                continue
             if not self._stop.is_set() and pacer.due(busy):
                 self._report(busy=busy)
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from neuron_ui.contract.results import Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
+from neuron_ui.replicas.timing import now as stamp_clock
 
 STEP_GAP = 0.1  # seconds: at most this much later than the step it shows does a held line go
 WAITS = (Stage.WAITING, Stage.COMPILING)  # a line of these stages goes at once: the person waits on it
@@ -34,16 +34,17 @@ class LinePacer:
     """One request's lines between the engine's thread (offer, finish) and the replica's loop (messages)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gap: float = STEP_GAP,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = stamp_clock):
+        """`clock`: the clock of the messages' stamps (neuron_ui.replicas.timing); a held line is stamped as it goes."""
         self.gap = gap
         self._loop = loop
         self._clock = clock
         self._queue: asyncio.Queue[Line | Done | Failed] = asyncio.Queue()
         self._lock = threading.Lock()  # held, last_sent: the engine's thread and the loop both read and set them
         self._held: Line | None = None
-        self._last_sent = clock()  # Started went just now: the gap counts from it
+        self._last_sent = clock()  # the gap counts from now: Started goes as the engine's thread takes the work
         self._timer: asyncio.TimerHandle | None = None  # the loop's next tick, while messages() runs
-        self._finished = False  # the result is in (a stopped request's too, at its next step): no more ticks
+        self._finished = False  # the result is in, or the stream closed: no more ticks
 
     def offer(self, line: Line) -> None:
         """From the engine's thread: send the line at once (it says the request waits, or the gap is up), else
@@ -72,7 +73,15 @@ class LinePacer:
                 if isinstance(message, (Done, Failed)):
                     return
         finally:
-            self._timer.cancel()
+            self.close()
+
+    def close(self) -> None:
+        """No more ticks: the result went, or the front stopped reading (else they would go on until the engine
+        ends, a whole compile for a warm-up)."""
+        with self._lock:
+            self._finished = True
+            if self._timer is not None:
+                self._timer.cancel()
 
     def _tick(self) -> None:
         """The held line goes once the gap since the last message is up; then the next tick, a gap later."""
@@ -84,4 +93,4 @@ class LinePacer:
                 self._queue.put_nowait(replace(self._held, at=now))  # to the front is not its wait here
                 self._held, self._last_sent = None, now
             wait = max(self._last_sent + self.gap - now, 0.0) or self.gap
-        self._timer = self._loop.call_later(wait, self._tick)
+            self._timer = self._loop.call_later(wait, self._tick)

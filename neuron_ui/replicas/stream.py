@@ -39,8 +39,6 @@ STOPPED_WORDS = {
     stopping.Phase.COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
     stopping.Phase.RUNNING: "stopped at the next step; no image was made",
 }
-# Stopped on its replica before its first line said where it was (its first STEP_GAP: replicas/pacing.py).
-STOPPED_AS_IT_BEGAN = "stopped as it began on its replica; no image was made"
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
 RETRIED = "replica lost, retried on another"  # before every progress line of a retried request
 LOST_WAIT = "a lost replica, retried on another"
@@ -180,8 +178,6 @@ class StreamCaller:
                     self.observers.failed("shutting_down")
                     raise EngineError(SHUTTING_DOWN, kind="shutting_down") from None
                 self.observers.failed("stopped")
-                if started and stop.phase == stopping.Phase.RECEIVED:
-                    raise Stopped(STOPPED_AS_IT_BEGAN) from None
                 words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[stopping.Phase.QUEUED])
                 raise Stopped(words.format(layout=layout)) from None
             finally:
