@@ -20,6 +20,7 @@ import pytest
 
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
+from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.launch import launch, stop_app
 
 # A two-node Ray cluster and inductor compiling: about 2 minutes on 2 cores. Its own Ray (a cluster, not the other
@@ -128,8 +129,14 @@ def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(s
     assert len(set(nodes.values())) == 2, f"the 2 replicas did not land one per node: {nodes}"
 
     results: list = []
-    threads = [threading.Thread(target=lambda i=i: results.append(client.generate(request("384x256", seed=i))),
-                                daemon=True) for i in range(5)]
+    heard: list[tuple[str, str]] = []  # each line with where the front then knew its request was (a Stop's words)
+
+    def ask(seed: int) -> None:
+        stop = StopToken()
+        results.append(client.generate(request("384x256", seed=seed), lambda u: heard.append((u.message, stop.phase)),
+                                       stop))
+
+    threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(5)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -139,6 +146,9 @@ def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(s
     compiled = [node for event, node in events if event == "compiled"]
     assert len(compiled) == 1, f"compiled more than once in the cluster: {events}"
     assert any(event == "disk_hit" and node != compiled[0] for event, node in events), events
+    # A request that waited for the other node's compile was told so, and a Stop then would say the size compiles.
+    waits = [phase for line, phase in heard if line.startswith("another replica is compiling")]
+    assert waits and set(waits) == {"compiling"}, heard
 
 
 def test_a_warmup_compiles_once_and_a_bundle_starts_a_new_deployment_warm(shared, cluster, tmp_path):
