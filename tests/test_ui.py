@@ -440,6 +440,16 @@ def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
     assert history[0].references == () and history[0].editor is None
 
 
+def test_a_session_holds_a_whole_grid_of_the_default_size():
+    """A grid that finished while its page was away: every cell comes back with the reload (8 of 16 did)."""
+    from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
+
+    held = sessions.HeldResults()
+    for cell in range(DEFAULT_MAX_CELLS):
+        held.hold("session-000000000000", held_entry(f"cell-{cell}.png"))
+    assert len(held.results("session-000000000000")) == DEFAULT_MAX_CELLS
+
+
 def test_held_results_are_bounded_in_time_and_count(tmp_path):
     clock = [0.0]
     held = sessions.HeldResults(hold_seconds=600, max_sessions=3, max_held=2, clock=lambda: clock[0])

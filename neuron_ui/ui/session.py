@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
+
 if TYPE_CHECKING:
     from neuron_ui.ui.history import HistoryEntry
 
@@ -30,7 +32,7 @@ logger = logging.getLogger(__name__)
 STORAGE_KEY = "neuron-ui-session"
 HOLD_SECONDS = 600.0
 MAX_SESSIONS = 1024  # above the image store's 512 files and the device's queue (--max-queue up to 500)
-MAX_HELD = 8
+MAX_HELD = DEFAULT_MAX_CELLS  # a grid of the default size that finished while its page was away comes back whole
 ERROR_SECONDS = 10.0  # a failure's line is shown to each of its failure events (a cancel and the error can both fire)
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
