@@ -5,7 +5,7 @@
   per_image   seconds per image at a compiled shape, one request at a time: in-process Engine.generate vs
               ReplicaClient.generate (2 replicas), medians and spread; "Serve adds" is the difference of the medians.
               The two alternate image by image (in process then Ray, then Ray then in process, ...), so a load that
-              comes and goes on the shared machine falls on both alike
+              comes and goes on the shared machine falls on both alike; --previews: each asks for its step previews
   stages_ms   where each image through Ray went (neuron_ui.replicas.timing.STAGES: the front's turn, the handle
               call, the replica's queue, the engine, the result's transfer, the front after), median/min/max in
               ms; step_trip_ms: a progress message's trip from the replica to the front
@@ -78,15 +78,16 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str
             "max": round(max(values) * scale, digits)}
 
 
-def paired_per_image(local, client, images: int, steps: int) -> tuple[list[float], list[float]]:
-    """Seconds per image in process and through Ray, alternating image by image (the order flipped each image)."""
+def paired_per_image(local, client, images: int, steps: int, previews: bool = False) -> tuple[list[float], list[float]]:
+    """Seconds per image in process and through Ray, alternating image by image (the order flipped each image);
+    `previews`: each request asks for its step previews (both engines make them; a replica's go on its stream)."""
     for engine in (local, client):
         engine.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))  # compiled before timing
     times: dict[int, list[float]] = {id(local): [], id(client): []}
     for seed in range(images):
         for engine in (local, client) if seed % 2 == 0 else (client, local):
             start = time.perf_counter()
-            engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed))
+            engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed, preview=previews))
             times[id(engine)].append(time.perf_counter() - start)
     return times[id(local)], times[id(client)]
 
@@ -173,7 +174,8 @@ def stage_table(timings) -> dict[str, dict[str, float]]:
 
 def print_report(report: dict) -> None:
     image = report["per_image"]
-    print(f"\nper image, median of {report['images']} (min-max), ms:")
+    print(f"\nper image, median of {report['images']} (min-max), ms"
+          f"{', step previews asked for' if report['previews'] else ''}:")
     print(f"  in process  {image['in_process']['median'] * 1000:8.1f}  "
           f"({image['in_process']['min'] * 1000:.1f}-{image['in_process']['max'] * 1000:.1f})")
     print(f"  through Ray {image['ray']['median'] * 1000:8.1f}  ({image['ray']['min'] * 1000:.1f}-"
@@ -226,6 +228,7 @@ def summarize(args, threads: int, local_times: list[float], ray_times: list[floa
     local_s, ray_s = statistics.median(local_times), statistics.median(ray_times)
     return {
         "replicas": args.replicas, "threads_per_replica": threads, "steps": args.steps, "images": args.images,
+        "previews": args.previews,
         "per_image": {"in_process_s": round(local_s, 4), "ray_s": round(ray_s, 4),
                       "ratio": round(ray_s / local_s, 3), "difference_ms": round((ray_s - local_s) * 1000, 1),
                       "in_process": spread(local_times), "ray": spread(ray_times)},
@@ -252,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="images in each throughput run, 4 clients at once (about 4-6 s each here)")
     parser.add_argument("--ceiling-images", type=int, default=40,
                         help="images per plain process for the machine's ceiling (0: not measured)")
+    parser.add_argument("--previews", action="store_true",
+                        help="the timed images one at a time ask for their step previews (the studio's)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -271,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     client.observers.add(counter)
     timings: list = []
     client.calls.timing_listeners.append(timings.append)
-    local_times, ray_times = paired_per_image(local, client, args.images, args.steps)
+    local_times, ray_times = paired_per_image(local, client, args.images, args.steps, args.previews)
     del local
     timed = timings[1:]  # the warm-up image is not timed
     client.calls.timing_listeners.clear()

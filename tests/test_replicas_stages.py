@@ -263,7 +263,7 @@ def test_the_replicas_bench_reports_each_stage_serves_cost_and_the_throughput():
     timed = [Timing(called=0.0, turn=0.0, sent=0.001, received=0.003, began=0.004, ended=0.09 + i / 1000,
                     done_sent=0.091 + i / 1000, done_read=0.093 + i / 1000, returned=0.094 + i / 1000,
                     step_trips=[0.001], messages=8) for i in range(3)]
-    args = Namespace(replicas=2, steps=4, images=3, flow_images=40)
+    args = Namespace(replicas=2, steps=4, images=3, flow_images=40, previews=False)
     report = bench.summarize(args, 1, [0.09, 0.091, 0.092], [0.094, 0.095, 0.096], timed, {"ray": 4.4, "serve": 1.0},
                              {"r1": {"imports": 6.0}}, 1500, {"two_replicas_ips": 18.0, "one_replica_ips": 10.0},
                              [("256x256", "compiled")], 1,
