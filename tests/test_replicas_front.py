@@ -18,11 +18,11 @@ from test_replicas_turns import StandInHandle, Stream
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate
 from neuron_ui.replicas.board import ReplicaReport
 from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Compiled, Done, Progress, Started
-from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
 from neuron_ui.replicas.watcher import REPORT_SECONDS, ReplicaWatcher
 from neuron_ui.ui.words import describe_activity, describe_result

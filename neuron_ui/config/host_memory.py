@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 logger = logging.getLogger(__name__)
@@ -26,13 +27,18 @@ M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (it has mallopt and malloc_trim), else None."""
+    """The C library when it is glibc (it has mallopt and malloc_trim), else None. Found once: find_library runs
+    ldconfig in a subprocess, and the housekeeping trims the heap every 30 s."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
     except OSError:
         return None
+    if not (hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt")):
+        return None
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return libc
 
 
 def limit_heap_arenas(arenas: int = 2) -> bool:
@@ -57,7 +63,6 @@ def keep_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     kept = (libc.mallopt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES) == 1
             and libc.mallopt(M_MMAP_THRESHOLD, HEAP_BELOW_BYTES) == 1)
     if not kept:
