@@ -16,20 +16,12 @@ from torch._dynamo.utils import counters as dynamo_counters
 
 from neuron_ui.cache.estimates import estimate_compile_seconds
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.compile.counters import (
-    CACHE_COUNTERS,
-    COMPILED,
-    DISK_HIT,
-    EAGER,
-    MEMORY_HIT,
-    CompileCounters,
-    classify_event,
-    read_counters,
-)
+from neuron_ui.compile.counters import CACHE_COUNTERS, CompileCounters, classify_event, read_counters
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -50,19 +42,19 @@ def custom_backend(gm, example_inputs):
 
 
 @pytest.mark.parametrize("delta, mode, backend, event", [
-    (dict(), "eager", "inductor", EAGER),
-    (dict(), "regional", "inductor", MEMORY_HIT),
-    (dict(), "full", "neuron", MEMORY_HIT),
-    (dict(graphs=2, neffs=3), "regional", "neuron", COMPILED),
-    (dict(neffs=1), "full", "neuron", COMPILED),  # a new NEFF is the Neuron compiler running, traced or not
-    (dict(graphs=2, hits=5), "regional", "neuron", DISK_HIT),  # re-traced, no new NEFF: from the NEFF cache
-    (dict(graphs=2, hits=4), "regional", "inductor", DISK_HIT),
-    (dict(graphs=2, misses=4), "regional", "inductor", COMPILED),
-    (dict(graphs=2, hits=3, misses=1), "regional", "inductor", COMPILED),  # hits and a miss: the compiler ran
-    (dict(graphs=2, hits=3, bypasses=1), "regional", "inductor", COMPILED),  # a bypass compiles without the cache
-    (dict(graphs=1, bypasses=2), "full", "inductor", COMPILED),
-    (dict(graphs=2), "regional", "eager", COMPILED),  # no persistent cache: traced afresh
-    (dict(graphs=2), "full", custom_backend, COMPILED),
+    (dict(), "eager", "inductor", CacheEvent.EAGER),
+    (dict(), "regional", "inductor", CacheEvent.MEMORY_HIT),
+    (dict(), "full", "neuron", CacheEvent.MEMORY_HIT),
+    (dict(graphs=2, neffs=3), "regional", "neuron", CacheEvent.COMPILED),
+    (dict(neffs=1), "full", "neuron", CacheEvent.COMPILED),  # a new NEFF is the Neuron compiler running, traced or not
+    (dict(graphs=2, hits=5), "regional", "neuron", CacheEvent.DISK_HIT),  # re-traced, no new NEFF: from the NEFF cache
+    (dict(graphs=2, hits=4), "regional", "inductor", CacheEvent.DISK_HIT),
+    (dict(graphs=2, misses=4), "regional", "inductor", CacheEvent.COMPILED),
+    (dict(graphs=2, hits=3, misses=1), "regional", "inductor", CacheEvent.COMPILED),  # hits and a miss: compiled
+    (dict(graphs=2, hits=3, bypasses=1), "regional", "inductor", CacheEvent.COMPILED),  # a bypass: no cache
+    (dict(graphs=1, bypasses=2), "full", "inductor", CacheEvent.COMPILED),
+    (dict(graphs=2), "regional", "eager", CacheEvent.COMPILED),  # no persistent cache: traced afresh
+    (dict(graphs=2), "full", custom_backend, CacheEvent.COMPILED),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_every_branch_of_classify_event(delta, mode, backend, event):
     assert classify_event(seen(**delta), mode, backend) == event
@@ -101,7 +93,7 @@ def test_a_real_inductor_cache_bypass_is_counted_and_is_a_compile(tmp_path, monk
     delta = read_counters() - before
     torch._dynamo.reset()
     assert delta.cache_bypasses >= 1 and delta.graphs == 1, delta
-    assert classify_event(delta, "full", "inductor") == COMPILED
+    assert classify_event(delta, "full", "inductor") == CacheEvent.COMPILED
 
 
 # -- a load is not a compile ------------------------------------------------------------------------------
@@ -131,7 +123,7 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
     backend = FolderCacheBackend(tmp_path / "graphs")
     first = make_engine(backend=backend, cache_dir=tmp_path / "cache")
     cold = {size: first.generate(GenerateRequest("a fox", size, steps=1, seed=1)) for size in ("256x256", "512x512")}
-    assert {r.cache_event for r in cold.values()} == {COMPILED}
+    assert {r.cache_event for r in cold.values()} == {CacheEvent.COMPILED}
     compiled = first.status().shape("256x256").compile_seconds  # measured in this run, to the millisecond (issue 34)
     assert compiled == cold["256x256"].compile_seconds == round(compiled, 3) > 0
 
@@ -146,7 +138,7 @@ def test_a_size_cached_on_disk_is_announced_with_its_load_time_not_its_compile_t
     assert describe_state(shape) == "cached on disk (load time not measured yet)"
     updates = []
     loaded = restarted.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1), progress=updates.append)
-    assert loaded.cache_event == DISK_HIT
+    assert loaded.cache_event == CacheEvent.DISK_HIT
     assert loaded.compile_seconds < cold["256x256"].compile_seconds  # traced again, but no compiler ran
     assert updates[0].message == "loading 256x256 from the disk cache for the first time (load time not measured yet)"
     ready = restarted.status().shape("256x256")
@@ -191,10 +183,10 @@ def test_manifests_written_before_load_seconds_are_still_read(tmp_path):
     assert estimate_compile_seconds(records, "512x512", "inductor") == 2.5  # the key's loads, not its 30 s compile
     # not on disk: the cold compiles on the line through their token counts (768x768 is 2304 tokens)
     assert estimate_compile_seconds(records, "768x768", "inductor") == pytest.approx(30 + 10 * 1280 / 3072)
-    manifest.record(key, "512x512", 1024, 1.25, DISK_HIT)
+    manifest.record(key, "512x512", 1024, 1.25, CacheEvent.DISK_HIT)
     record = manifest.shapes(key)["512x512"]
     assert (record.seconds, record.cold_seconds, record.load_seconds) == (1.25, 30.0, 1.25)
-    manifest.record(key, "512x512", 1024, 29.0, COMPILED)
+    manifest.record(key, "512x512", 1024, 29.0, CacheEvent.COMPILED)
     record = manifest.shapes(key)["512x512"]
     assert (record.cold_seconds, record.load_seconds) == (29.0, 1.25)  # a recompile keeps the last load
 

@@ -24,7 +24,7 @@ from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile import aot
 from neuron_ui.compile.key import CompileKey
-from neuron_ui.compile.counters import COMPILED, DISK_HIT, MEMORY_HIT
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.runtime import Runtime, default_compile_backend, default_dtype
@@ -113,7 +113,7 @@ def packages(cache_dir: Path) -> list[Path]:
 
 def test_cold_process_compiles_one_package_per_block_class(warm):
     root, cold, _ = warm
-    assert cold["events"] == [COMPILED, MEMORY_HIT]
+    assert cold["events"] == [CacheEvent.COMPILED, CacheEvent.MEMORY_HIT]
     assert cold["status_mode"] == "aot"
     names = [p.name.split("-")[0] for p in packages(root / "cache")]
     assert names == ["Flux2SingleTransformerBlock", "Flux2TransformerBlock"]  # 2 + 4 blocks, 2 packages
@@ -122,7 +122,7 @@ def test_cold_process_compiles_one_package_per_block_class(warm):
 
 def test_new_process_loads_packages_without_dynamo(warm):
     root, cold, warm_run = warm
-    assert warm_run["events"] == [DISK_HIT, MEMORY_HIT]
+    assert warm_run["events"] == [CacheEvent.DISK_HIT, CacheEvent.MEMORY_HIT]
     assert warm_run["traced"] == {"frames": 0, "graphs": 0}
     assert warm_run["control_frames"] > 0  # the counter does count dynamo's frames when it traces
     assert warm_run["compile_s"] < cold["compile_s"] / 3, (warm_run, cold)
@@ -150,14 +150,14 @@ def test_packages_of_another_compile_key_or_unreadable_are_compiled_again(warm, 
     shutil.copy(single, ours / single.name)  # the names match (same blocks, same shapes); only the key inside differs
     (ours / double.name).write_bytes(b"not a package")
     result = engine.generate(GenerateRequest(**REQUEST))
-    assert result.cache_event == COMPILED
+    assert result.cache_event == CacheEvent.COMPILED
     assert f"ignoring AOT package {ours / single.name}: built for key" in caplog.text
     assert f"ignoring unreadable AOT package {ours / double.name}" in caplog.text
     assert [p.name for p in packages(tmp_path / "cache")] == [single.name, double.name]
     assert (pixels(result.image) == pixels(root / "cold.png")).all()
     torch._dynamo.reset()
     again = aot_engine(tmp_path / "cache", name="tiny-other").generate(GenerateRequest(**REQUEST))
-    assert again.cache_event == DISK_HIT  # the rewritten packages load
+    assert again.cache_event == CacheEvent.DISK_HIT  # the rewritten packages load
 
 
 class Exported(Exception):
@@ -194,7 +194,7 @@ def test_bundle_carries_the_packages(warm, tmp_path):
     fresh = configure_cache_env(tmp_path / "fresh", environ={})
     import_bundle(fresh, key, exported.path)
     result = aot_engine(tmp_path / "fresh").generate(GenerateRequest(**REQUEST))
-    assert result.cache_event == DISK_HIT
+    assert result.cache_event == CacheEvent.DISK_HIT
     assert (pixels(result.image) == pixels(root / "cold.png")).all()
 
 

@@ -41,7 +41,7 @@ from neuron_ui.cache.fetch import FetchPolicy
 from neuron_ui.cache.fetch_bounds import Watchdog
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.cache.warm_boot import import_at_start, import_bundles, kept_path
-from neuron_ui.compile.counters import COMPILED, DISK_HIT
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import free_port
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
@@ -547,7 +547,7 @@ def test_a_fresh_machine_makes_its_first_image_from_a_url_bundle_without_compili
     import json
 
     here, cold = compiled_here
-    assert cold["event"] == COMPILED
+    assert cold["event"] == CacheEvent.COMPILED
     from neuron_ui.compile.key import CompileKey
 
     key = CompileKey(**cold["key"])
@@ -564,7 +564,7 @@ def test_a_fresh_machine_makes_its_first_image_from_a_url_bundle_without_compili
 
     assert done.returncode == 0, done.stderr[-3000:]
     warm = json.loads(done.stdout.strip().splitlines()[-1])
-    assert warm["event"] == DISK_HIT, done.stderr[-3000:]
+    assert warm["event"] == CacheEvent.DISK_HIT, done.stderr[-3000:]
     assert len(server.gets("/b.tar.gz")) == 1
     print(f"first image: cold {cold['seconds']:.1f} s; fresh folder + URL bundle {warm['seconds']:.1f} s "
           f"({len(data)} bytes fetched)")

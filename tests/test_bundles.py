@@ -24,7 +24,7 @@ from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_format import BUNDLE_JSON, BundleError
 from neuron_ui.cache.bundle_import import import_bundle, inspect_bundle
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.compile.counters import COMPILED, DISK_HIT
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
@@ -50,7 +50,7 @@ def fabricate(root: Path, records: dict[CompileKey, list[str]], files: dict[str,
     manifest = CacheManifest(cache.manifest)
     for key, resolutions in records.items():
         for resolution in resolutions:
-            manifest.record(key, resolution, parse_resolution(resolution).tokens, 20.0, COMPILED)
+            manifest.record(key, resolution, parse_resolution(resolution).tokens, 20.0, CacheEvent.COMPILED)
     for name, data in files.items():
         section, _, rest = name.partition("/")
         path = getattr(cache, section) / rest
@@ -180,7 +180,7 @@ def test_export_refuses_when_nothing_is_compiled_for_the_key(source, tmp_path):
     with pytest.raises(ValueError, match="nothing to export"):
         export_bundle(configure_cache_env(tmp_path / "empty", environ={}), KEY, tmp_path / "b.tar.gz")
     aot = dataclasses.replace(KEY, backend="aot_eager")
-    CacheManifest(source.manifest).record(aot, "256x256", 256, 3.0, COMPILED)
+    CacheManifest(source.manifest).record(aot, "256x256", 256, 3.0, CacheEvent.COMPILED)
     with pytest.raises(ValueError, match="keeps no compiled artifacts"):
         export_bundle(source, aot, tmp_path / "b.tar.gz")
     assert not list(tmp_path.glob("*.tar.gz")) and not list(tmp_path.glob(".b.tar.gz*"))
@@ -523,7 +523,7 @@ def first_image(cache_dir: Path, resolution: str) -> dict:
 @pytest.mark.slow
 def test_an_imported_bundle_starts_a_new_process_warm(compiled_here, tmp_path):
     here, cold = compiled_here
-    assert cold["event"] == COMPILED  # the empty folder really was cold
+    assert cold["event"] == CacheEvent.COMPILED  # the empty folder really was cold
     key = key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
                                             resolutions=parse_resolutions("256x256")))
     assert dataclasses.asdict(key) == cold["key"]  # the CLI's key is the engine's key
@@ -534,7 +534,7 @@ def test_an_imported_bundle_starts_a_new_process_warm(compiled_here, tmp_path):
     import_bundle(fresh, key, tmp_path / "fleet.tar.gz")
     warm = first_image(fresh.root, "256x256")
 
-    assert warm["event"] == DISK_HIT
+    assert warm["event"] == CacheEvent.DISK_HIT
     assert warm["image"] == cold["image"]
     print(f"first image: cold {cold['seconds']:.1f} s, from the bundle {warm['seconds']:.1f} s")
 

@@ -8,7 +8,8 @@ import torch
 from diffusers import Flux2KleinPipeline
 
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.compile.counters import MEMORY_HIT, read_counters
+from neuron_ui.compile.counters import read_counters
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.contract.requests import GenerateRequest
@@ -155,7 +156,7 @@ def test_previews_never_recompile(cache):
         with torch._dynamo.config.patch(error_on_recompile=True), torch.compiler.set_stance("fail_on_recompile"):
             for steps, seed in ((2, 1), (3, 2)):
                 result, previews = generate(compiled, preview=True, steps=steps, seed=seed)
-                assert result.cache_event == MEMORY_HIT and len(previews) == steps - 1
+                assert result.cache_event == CacheEvent.MEMORY_HIT and len(previews) == steps - 1
         assert read_counters().graphs == before.graphs
     finally:
         torch._dynamo.reset()

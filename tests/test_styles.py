@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from neuron_ui import cli
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.compile.counters import EAGER, MEMORY_HIT
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
@@ -105,7 +105,7 @@ def test_every_switch_is_a_memory_hit_and_compiles_nothing(sequence, files):
     assert sequence["base"].cache_event == "compiled"
     for label, lora, _scale in SWITCHES[1:]:
         result = sequence[label]
-        assert result.cache_event == MEMORY_HIT, label
+        assert result.cache_event == CacheEvent.MEMORY_HIT, label
         assert result.lora == lora
     assert [sequence[k].lora_scale for k in ("ink", "bee", "bee strength", "none")] == [0.8, 0.5, 1.5, None]
     assert sequence["bee"].lora_sha256 == file_sha256(files["b"])
@@ -166,7 +166,7 @@ def test_two_users_with_different_styles_each_get_theirs(engine, sequence):
     for thread in threads:
         thread.join()
     for (lora, _), result in zip(asks, results):
-        assert result.lora == lora and result.cache_event == MEMORY_HIT
+        assert result.lora == lora and result.cache_event == CacheEvent.MEMORY_HIT
         assert max_diff(result.image, sequence[lora].image) == 0
 
 
@@ -179,7 +179,7 @@ def test_no_compile_mode_compiles_for_a_style(files, cache, mode):
     finally:
         torch._dynamo.reset()
     events = {results[label].cache_event for label, _, _ in switches[1:]}
-    assert events == {EAGER if mode == "eager" else MEMORY_HIT}
+    assert events == {CacheEvent.EAGER if mode == "eager" else CacheEvent.MEMORY_HIT}
     assert max_diff(results["none"].image, results["base"].image) <= TOLERANCE
     assert mean_diff(results["ink"].image, results["base"].image) > 3
 
@@ -193,7 +193,7 @@ def test_aot_packages_take_styles_as_weights(files, tmp_path):
     finally:
         torch._dynamo.reset()
     assert results["base"].cache_event == "compiled"
-    assert {results[label].cache_event for label, _, _ in SWITCHES[1:]} == {MEMORY_HIT}
+    assert {results[label].cache_event for label, _, _ in SWITCHES[1:]} == {CacheEvent.MEMORY_HIT}
     assert max_diff(results["none"].image, results["base"].image) <= TOLERANCE
     assert mean_diff(results["ink"].image, results["base"].image) > 3
 

@@ -6,8 +6,8 @@ import statistics
 from typing import TYPE_CHECKING
 
 from neuron_ui.cache.records import record_name_tokens
-from neuron_ui.compile.counters import COMPILED, DISK_HIT
 from neuron_ui.compile.strategies import backend_name
+from neuron_ui.contract.results import CacheEvent
 
 if TYPE_CHECKING:
     from neuron_ui.cache.records import ShapeRecord
@@ -23,14 +23,14 @@ def measured_load_seconds(record: ShapeRecord) -> float | None:
     """The latest load from the disk cache; manifests older than `load_seconds` kept it in `seconds`."""
     if record.load_seconds is not None:
         return record.load_seconds
-    return record.seconds if record.event == DISK_HIT else None
+    return record.seconds if record.event == CacheEvent.DISK_HIT else None
 
 
 def measured_cold_seconds(record: ShapeRecord) -> float | None:
     """The latest compile from scratch, if this record ever measured one."""
     if record.cold_seconds is not None:
         return record.cold_seconds
-    return record.seconds if record.event == COMPILED else None
+    return record.seconds if record.event == CacheEvent.COMPILED else None
 
 
 def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, backend: Backend,

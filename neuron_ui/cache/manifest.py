@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_ui.cache.records import MAX_MANIFEST_BYTES, ShapeRecord, load_json, parse_entries, parse_shape_record
-from neuron_ui.compile.counters import COMPILED, DISK_HIT
 from neuron_ui.contract.errors import first_line
+from neuron_ui.contract.results import CacheEvent
 
 if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
@@ -78,7 +78,7 @@ class CacheManifest:
             entry = self._data["entries"].get(key.digest, {})
             return {res: ShapeRecord(**rec) for res, rec in entry.get("shapes", {}).items()}
 
-    def record(self, key: CompileKey, resolution: str, tokens: int, seconds: float, event: str) -> None:
+    def record(self, key: CompileKey, resolution: str, tokens: int, seconds: float, event: CacheEvent) -> None:
         with self._lock:
             self._reload()
             entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
@@ -88,10 +88,10 @@ class CacheManifest:
                     resolution=resolution,
                     tokens=tokens,
                     seconds=round(seconds, 3),
-                    cold_seconds=round(seconds, 3) if event == COMPILED else previous.get("cold_seconds"),
+                    cold_seconds=round(seconds, 3) if event == CacheEvent.COMPILED else previous.get("cold_seconds"),
                     event=event,
                     date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    load_seconds=round(seconds, 3) if event == DISK_HIT else previous.get("load_seconds"),
+                    load_seconds=round(seconds, 3) if event == CacheEvent.DISK_HIT else previous.get("load_seconds"),
                 )
             )
             self._write()

@@ -7,17 +7,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.model.torch_bridge import dynamo_counters
 
 if TYPE_CHECKING:
     from neuron_ui.compile.strategies import Backend
-
-
-# What happened to the compile cache during one request.
-COMPILED = "compiled"  # compiled from scratch
-DISK_HIT = "disk_hit"  # traced again, but the persistent cache supplied the compiled artifacts
-MEMORY_HIT = "memory_hit"  # this process already had the graph
-EAGER = "eager"  # no compilation in this mode
 
 
 @dataclass(frozen=True)
@@ -59,7 +53,7 @@ def read_counters(neff_dir: Path | None = None) -> CompileCounters:
                            packages_loaded=counters["aot_package"]["loaded"], **cache)
 
 
-def classify_event(delta: CompileCounters, mode: str, backend: Backend) -> str:
+def classify_event(delta: CompileCounters, mode: str, backend: Backend) -> CacheEvent:
     """Name the cache event from what the counters saw.
 
     `disk_hit` only when every cache lookup hit: one miss or one bypass (inductor compiling a graph it cannot
@@ -67,12 +61,14 @@ def classify_event(delta: CompileCounters, mode: str, backend: Backend) -> str:
     With `aot` only AOTInductor packages count: one compiled is `compiled`, else one loaded is `disk_hit`.
     """
     if mode == "aot":
-        return COMPILED if delta.packages_compiled else DISK_HIT if delta.packages_loaded else MEMORY_HIT
+        if delta.packages_compiled:
+            return CacheEvent.COMPILED
+        return CacheEvent.DISK_HIT if delta.packages_loaded else CacheEvent.MEMORY_HIT
     if delta.graphs == 0 and delta.neff_files == 0:
-        return EAGER if mode == "eager" else MEMORY_HIT
+        return CacheEvent.EAGER if mode == "eager" else CacheEvent.MEMORY_HIT
     if backend == "neuron":
         # Dynamo always re-traces in a new process; only new NEFFs mean the Neuron compiler ran.
-        return COMPILED if delta.neff_files > 0 else DISK_HIT
+        return CacheEvent.COMPILED if delta.neff_files > 0 else CacheEvent.DISK_HIT
     if delta.cache_hits > 0 and delta.cache_misses == 0 and delta.cache_bypasses == 0:
-        return DISK_HIT
-    return COMPILED  # misses, bypasses, or a backend with no persistent cache (eager, aot_eager): traced afresh
+        return CacheEvent.DISK_HIT
+    return CacheEvent.COMPILED  # misses, bypasses, or a backend with no persistent cache (eager, aot_eager): traced

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.contract.errors import ErrorKind
     from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
+    from neuron_ui.contract.results import CacheEvent, EngineStatus, GenerateResult, ProgressFn, ShapeStatus
     from neuron_ui.contract.stopping import StopToken
 
 logger = logging.getLogger(__name__)
@@ -21,9 +22,9 @@ class EngineObserver(Protocol):
 
     def on_generated(self, result: GenerateResult) -> None: ...
 
-    def on_compiled(self, resolution: str, event: str, seconds: float) -> None: ...
+    def on_compiled(self, resolution: str, event: CacheEvent, seconds: float) -> None: ...
 
-    def on_failed(self, kind: str) -> None: ...
+    def on_failed(self, kind: ErrorKind) -> None: ...
 
 
 class Observers:
@@ -39,10 +40,10 @@ class Observers:
     def generated(self, result: GenerateResult) -> None:
         self._tell("on_generated", lambda observer: observer.on_generated(result))
 
-    def compiled(self, resolution: str, event: str, seconds: float) -> None:
+    def compiled(self, resolution: str, event: CacheEvent, seconds: float) -> None:
         self._tell("on_compiled", lambda observer: observer.on_compiled(resolution, event, seconds))
 
-    def failed(self, kind: str) -> None:
+    def failed(self, kind: ErrorKind) -> None:
         self._tell("on_failed", lambda observer: observer.on_failed(kind))
 
     def _tell(self, what: str, call: Callable[[EngineObserver], None]) -> None:

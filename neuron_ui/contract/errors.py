@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from neuron_ui.contract.kinds import Kind
+
 
 def first_line(error: BaseException) -> str:
     """An error as one line for a user or a log: its type and its first line, no stack trace, at most 300
@@ -11,9 +13,24 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:300]
 
 
+class ErrorKind(Kind):
+    """Why a request failed, by kind: the /metrics `kind` label (docs/operations.md lists them), and what survives
+    a replica's stream (replicas/messages.py Failed) so the front raises the engine's own error again."""
+
+    INVALID_REQUEST = "invalid_request"  # a ValueError: bad input
+    GENERATION_FAILED = "generation_failed"
+    COMPILE_FAILED = "compile_failed"
+    STOPPED = "stopped"  # Stop, /stop, a cancelled job or a client gone (stopping.Stopped)
+    VISITOR_QUEUE_FULL = "visitor_queue_full"  # refused: this visitor already has --max-per-visitor waiting
+    QUEUE_FULL = "queue_full"  # MCP's own admission (--max-queue)
+    SHUTTING_DOWN = "shutting_down"
+    NO_REPLICA = "no_replica"  # with --replicas: none answers or has reported yet
+    REPLICA_LOST = "replica_lost"  # with --replicas: the replica making the image went away
+
+
 class EngineError(RuntimeError):
     """A request failed on the server side; the message is safe to show to the user."""
 
-    def __init__(self, message: str, kind: str = "generation_failed"):
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.GENERATION_FAILED):
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind(kind)  # the member again for a word read back (one that crossed a process as text)

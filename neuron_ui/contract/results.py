@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -13,15 +12,14 @@ from collections.abc import Callable
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from neuron_ui.contract.kinds import Kind
 from neuron_ui.contract.png import write_png
+from neuron_ui.contract.stopping import Phase
 
 
-
-class ShapeState(str, Enum):
+class ShapeState(Kind):
     """A shape's state on this server; a cold one may still be on disk (ShapeStatus.on_disk). Text-valued: the
     JSON status and what crosses the seam keep the words."""
-
-    __str__ = str.__str__  # the word itself in messages, on every Python (a str-valued Enum's str() is its name)
 
     COLD = "cold"
     COMPILING = "compiling"
@@ -29,15 +27,29 @@ class ShapeState(str, Enum):
     FAILED = "failed"
 
 
-class Stage(str, Enum):
+class Stage(Kind):
     """Where a request is, as its progress tells it."""
-
-    __str__ = str.__str__  # the word itself in messages, on every Python (a str-valued Enum's str() is its name)
 
     WAITING = "waiting"
     COMPILING = "compiling"
     DENOISING = "denoising"
     DECODING = "decoding"
+
+
+class CacheEvent(Kind):
+    """What happened to the compile cache during one request (neuron_ui.compile.counters proves which)."""
+
+    COMPILED = "compiled"  # compiled from scratch
+    DISK_HIT = "disk_hit"  # traced again, but the persistent cache supplied the compiled artifacts
+    MEMORY_HIT = "memory_hit"  # this process already had the graph
+    EAGER = "eager"  # no compilation in this mode
+
+
+class Mode(Kind):
+    """What a request made: an image from a prompt, or an edit of the painted part of one."""
+
+    GENERATE = "generate"
+    INPAINT = "inpaint"
 
 
 MAX_PREVIEW_SIDE = 1024  # pixels: a preview is at the latents' resolution (1/8 of the image's side)
@@ -80,9 +92,9 @@ class ProgressUpdate:
     stage: Stage
     message: str
     fraction: float | None = None
-    # While compiling: the phase (tracing, compiling, loading: from the disk cache), the estimate of the whole
+    # While compiling: the phase (COMPILING, or LOADING from the disk cache), the estimate of the whole
     # wait, and whether that estimate is a built-in guess (nothing measured on this machine yet).
-    phase: str | None = None
+    phase: Phase | None = None
     estimate_seconds: float | None = None
     guess: bool = False
     # A step's estimate of the finished image, only for a request that asked for previews (sent on its own update,
@@ -110,11 +122,11 @@ class GenerateResult:
     seed: int
     guidance: float | None  # the guidance scale diffusers applied; None when it applied none (step-distilled model)
     model: str
-    cache_event: str
+    cache_event: CacheEvent
     compile_seconds: float
     run_seconds: float
     total_seconds: float
-    mode: str = "generate"  # or "inpaint"
+    mode: Mode = Mode.GENERATE
     strength: float | None = None  # inpaint only
     tokens: int | None = None  # the transformer's image sequence: output + source image + references
     inputs: list[dict[str, Any]] = field(default_factory=list)  # FittedImage.meta() of each input image

@@ -14,25 +14,35 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import Enum
-
-from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.errors import EngineError, ErrorKind
+from neuron_ui.contract.kinds import Kind
 
 # Where a request is when a stop reaches it. RECEIVED: not yet checked; the engine enters QUEUED once the request
 # is valid (admitted), and a stop before then is told as a stop in the queue (the request never reaches it).
-class Phase(str, Enum):
-    """Where a request is when a stop reaches it; text-valued, for the stop's JSON answer."""
-
-    __str__ = str.__str__  # the word itself in messages, on every Python (a str-valued Enum's str() is its name)
+class Phase(Kind):
+    """Where a request is when a stop reaches it; text-valued, for the stop's JSON answer. Also what holds the
+    device (COMPILING or RUNNING, engine.waiting) and what a wait for a graph is (COMPILING, or LOADING it from
+    the disk cache: engine.graphs' Claim, a progress update's `phase`); a request's stop phase is COMPILING for a
+    load too: neither can be cut short."""
 
     RECEIVED = "received"
     QUEUED = "queued"
     COMPILING = "compiling"
+    LOADING = "loading"
     RUNNING = "running"
     DONE = "done"
 
 
-STOPPED_BY_USER, CANCELLED, DISCONNECTED = "stopped", "cancelled", "disconnected"
+class StopReason(Kind):
+    """Why a request was stopped: a Stop (the button, /stop), a cancelled Gradio job, or its page gone away."""
+
+    STOPPED_BY_USER = "stopped"
+    CANCELLED = "cancelled"
+    DISCONNECTED = "disconnected"
+
+
+# The old spellings, for the modules other branches move this round (engine/grid_jobs.py); use StopReason.
+STOPPED_BY_USER, CANCELLED, DISCONNECTED = StopReason.STOPPED_BY_USER, StopReason.CANCELLED, StopReason.DISCONNECTED
 MAX_ON_BEHALF = 1024  # stop calls made for another session and not yet run
 
 
@@ -40,7 +50,7 @@ class Stopped(EngineError):
     """The request was stopped before its image was made; the message says what happened instead."""
 
     def __init__(self, message: str):
-        super().__init__(message, kind="stopped")
+        super().__init__(message, kind=ErrorKind.STOPPED)
 
 
 class StopToken:
@@ -52,14 +62,14 @@ class StopToken:
         self._listeners: list[Callable[[], None]] = []
         self.event_id = event_id  # the Gradio event it serves, so a cancel of that one event finds it
         self.phase: Phase = Phase.RECEIVED
-        self.reason: str | None = None
+        self.reason: StopReason | None = None
         self._on_admitted = on_admitted  # called once, when the engine has checked the request and queues it
 
     @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
-    def stop(self, reason: str = STOPPED_BY_USER) -> Phase:
+    def stop(self, reason: StopReason = StopReason.STOPPED_BY_USER) -> Phase:
         """Ask the request to stop; returns its phase then (what the stop can still save)."""
         with self._lock:
             if self.phase == Phase.DONE:
@@ -135,7 +145,8 @@ class SessionStops:
                 if not tokens:
                     self._tokens.pop(key, None)
 
-    def stop(self, session: str | None, reason: str = STOPPED_BY_USER, event_id: str | None = None) -> list[Phase]:
+    def stop(self, session: str | None, reason: StopReason = StopReason.STOPPED_BY_USER,
+             event_id: str | None = None) -> list[Phase]:
         """Stop every running request of `session` (only event `event_id`'s when given); the phases they were in.
 
         A browser that goes away while its size compiles does not stop the image: the compile cannot be cut
@@ -146,7 +157,7 @@ class SessionStops:
             session = self._on_behalf.pop(session, session)
             tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
         return [token.stop(reason) for token in tokens
-                if not (reason == DISCONNECTED and token.phase == Phase.COMPILING)]
+                if not (reason is StopReason.DISCONNECTED and token.phase in (Phase.COMPILING, Phase.LOADING))]
 
     def running(self, session: str | None) -> int:
         with self._lock:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.stopping import Stopped
 from neuron_ui.engine.turns import Ticket, Turns
 
@@ -78,7 +78,7 @@ class DeviceQueue:
         with `max_per_visitor` requests waiting is refused at once (EngineError, kind "visitor_queue_full")."""
         with self._cond:
             if self.max_per_visitor and self._turns.waiting_for(visitor) >= self.max_per_visitor:
-                raise EngineError(own_queue_full(self.max_per_visitor), kind="visitor_queue_full")
+                raise EngineError(own_queue_full(self.max_per_visitor), kind=ErrorKind.VISITOR_QUEUE_FULL)
             ticket = self._turns.join(job, visitor)
         forget = stop.listen(self._wake) if stop is not None else (lambda: None)
         try:
@@ -153,7 +153,7 @@ class DeviceQueue:
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
-            raise EngineError(SHUTTING_DOWN, kind="shutting_down")
+            raise EngineError(SHUTTING_DOWN, kind=ErrorKind.SHUTTING_DOWN)
 
     def _release(self) -> None:
         with self._cond:

@@ -22,7 +22,7 @@ from neuron_ui.compile.folder import CompileFolder
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
-from neuron_ui.contract.errors import EngineError, first_line
+from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import (
@@ -32,7 +32,7 @@ from neuron_ui.contract.requests import (
     validate_request,
     validate_resolution,
 )
-from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate, Stage
+from neuron_ui.contract.results import EngineStatus, GenerateResult, Mode, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.graphs import GraphBook
@@ -179,7 +179,7 @@ class Engine(ServesOnceBuilt):
         try:
             yield
         except ValueError:
-            self.observers.failed("invalid_request")
+            self.observers.failed(ErrorKind.INVALID_REQUEST)
             raise
         except EngineError as error:
             self.observers.failed(error.kind)
@@ -232,7 +232,7 @@ class Engine(ServesOnceBuilt):
             compile_seconds=round(compile_seconds, 3),
             run_seconds=round(end - run_start, 3),
             total_seconds=round(end - start, 3),
-            mode="inpaint" if layout.inpaint else "generate",
+            mode=Mode.INPAINT if layout.inpaint else Mode.GENERATE,
             strength=valid.strength if layout.inpaint else None,
             tokens=layout.tokens,
             inputs=[f.meta() for f in valid.inputs],
@@ -304,7 +304,7 @@ class Engine(ServesOnceBuilt):
             self._watch.idle()
             self.graphs.failed(layout, reason)
             raise EngineError(f"compiling {layout} failed: {reason}. Try again, or pick another size.",
-                              kind="compile_failed") from error
+                              kind=ErrorKind.COMPILE_FAILED) from error
         seconds = time.perf_counter() - start
         event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
         self._watch.idle()

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from neuron_ui.cache.estimates import estimate_compile_seconds, measured_cold_seconds, measured_load_seconds
-from neuron_ui.compile.counters import DISK_HIT, MEMORY_HIT
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.contract.results import ShapeState, ShapeStatus
+from neuron_ui.contract.results import CacheEvent, ShapeState, ShapeStatus
+from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
     from neuron_ui.cache.manifest import CacheManifest
@@ -32,7 +32,7 @@ class GraphState:
     compiled_by: Layout
     seconds: float | None = None
     error: str | None = None
-    event: str | None = None  # compiled or disk_hit, once ready
+    event: CacheEvent | None = None  # compiled or disk_hit, once ready
 
 
 @dataclass
@@ -52,8 +52,8 @@ class Claim:
     guess: bool = False  # the estimate is the built-in default: nothing measured on this machine yet
 
     @property
-    def phase(self) -> str:
-        return "loading" if self.loading else "compiling"
+    def phase(self) -> Phase:
+        return Phase.LOADING if self.loading else Phase.COMPILING
 
     def describe(self) -> str:
         where = " from the disk cache" if self.loading else ""
@@ -93,7 +93,7 @@ class GraphBook:
         with self._lock:
             self._graphs[layout.tokens] = GraphState(ShapeState.FAILED, compiled_by=layout, error=reason)
 
-    def ready(self, layout: Layout, seconds: float, event: str, persistent: bool) -> None:
+    def ready(self, layout: Layout, seconds: float, event: CacheEvent, persistent: bool) -> None:
         """The graph is held; recorded in the manifest only when it was compiled into the persistent folder."""
         with self._lock:
             self._graphs[layout.tokens] = GraphState(ShapeState.READY, compiled_by=layout, seconds=round(seconds, 3),
@@ -101,11 +101,11 @@ class GraphBook:
         if persistent:
             self.manifest.record(self.key, str(layout), layout.tokens, seconds, event)
 
-    def image(self, layout: Layout, event: str, latency: float) -> None:
+    def image(self, layout: Layout, event: CacheEvent, latency: float) -> None:
         with self._lock:
             stats = self._stats.setdefault(layout, LayoutStats())
             stats.images += 1
-            stats.hits += event == MEMORY_HIT
+            stats.hits += event == CacheEvent.MEMORY_HIT
             stats.last_latency = round(latency, 3)
 
     def seen(self, layout: Layout) -> None:
@@ -162,7 +162,7 @@ class GraphBook:
             if graph.compiled_by != layout:
                 shape.shares_graph_with = str(graph.compiled_by)
             # A size that shares a graph gives the graph's time too: /status and the table read this one field.
-            if graph.event == DISK_HIT:
+            if graph.event == CacheEvent.DISK_HIT:
                 shape.load_seconds = graph.seconds
             else:
                 shape.compile_seconds = graph.seconds

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.stopping import DISCONNECTED, STOPPED_BY_USER, Phase, StopToken
+from neuron_ui.contract.stopping import DISCONNECTED, STOPPED_BY_USER, Phase, StopReason, StopToken
 from neuron_ui.engine.grid import run_grid
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class GridJob(Generic[R]):
     def running(self) -> bool:
         return self.ended is None
 
-    def stop(self, reason: str = STOPPED_BY_USER) -> Phase:
+    def stop(self, reason: StopReason = STOPPED_BY_USER) -> Phase:
         """End the rest of the grid (the cell on the device stops at its next step); the phase it was in."""
         return self._token.stop(reason)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract.results import ProgressUpdate, Stage
+from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
     from neuron_ui.contract.layouts import Layout
@@ -24,7 +25,7 @@ MOST_OF_A_WAIT = 0.99  # the bar never reads 100% while the request still waits
 class OnDevice:
     """What holds the device now, for the users waiting behind it: a compile or an image, and since when."""
 
-    kind: str  # "compile" or "image"
+    kind: Phase  # COMPILING (or loading) a graph, or RUNNING an image
     layout: Layout
     started: float  # the watch's clock
     expected: float | None  # seconds it should take in all, from the engine's estimates; None when unknown
@@ -61,11 +62,11 @@ class DeviceWatch:
 
     def compiling(self, layout: Layout, estimate: float | None) -> None:
         with self._lock:
-            self._on_device = OnDevice("compile", layout, self.clock(), estimate)
+            self._on_device = OnDevice(Phase.COMPILING, layout, self.clock(), estimate)
 
     def running(self, layout: Layout, started: float) -> None:
         with self._lock:
-            self._on_device = OnDevice("image", layout, started, self._image_estimate(layout))
+            self._on_device = OnDevice(Phase.RUNNING, layout, started, self._image_estimate(layout))
 
     def idle(self) -> None:
         with self._lock:
@@ -89,8 +90,8 @@ class DeviceWatch:
         parts: list[str] = []
         left = None if current is None or current.expected is None else max(
             current.expected - (now - current.started), 0.0)
-        image_on_device = current is not None and current.kind == "image"
-        if current is not None and current.kind == "compile":
+        image_on_device = current is not None and current.kind is Phase.RUNNING
+        if current is not None and current.kind is Phase.COMPILING:
             waited.what = f"{current.layout} to compile"
             about = "compile time not measured yet" if left is None else f"about {seconds_text(left)} (estimate)"
             parts.append(f"waiting for {current.layout} to compile, {about}")

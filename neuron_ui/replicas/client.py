@@ -17,7 +17,7 @@ import ray
 
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
-from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.images import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.lifecycle import ServesOnceBuilt
@@ -92,14 +92,14 @@ class ReplicaClient(ServesOnceBuilt):
                                  inpaint=request.image is not None or request.mask is not None)
             request = portable(request)
         except ValueError:
-            self.observers.failed("invalid_request")
+            self.observers.failed(ErrorKind.INVALID_REQUEST)
             raise
         if request.seed is None:
             request = replace(request, seed=secrets.randbelow(2**32))
         try:
             result = self._call("generate", request, layout, progress, stop, request.visitor, timing)
         except EngineError as error:
-            if error.kind == "visitor_queue_full":  # refused at the front: counted here, as the engine does
+            if error.kind is ErrorKind.VISITOR_QUEUE_FULL:  # refused at the front: counted here, as the engine does
                 self.observers.failed(error.kind)
             raise
         self.observers.generated(result)
@@ -110,7 +110,7 @@ class ReplicaClient(ServesOnceBuilt):
         if self._tokenizer is None:
             self._tokenizer = ray.get(self.board.tokenizer.remote(), timeout=10)
         if self._tokenizer is None:
-            raise EngineError("no replica has shared its tokenizer yet", kind="no_replica")
+            raise EngineError("no replica has shared its tokenizer yet", kind=ErrorKind.NO_REPLICA)
         return count_prompt_tokens(self._tokenizer, text)
 
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
@@ -119,7 +119,7 @@ class ReplicaClient(ServesOnceBuilt):
         try:
             require_inpaint_inputs(request)
         except ValueError:
-            self.observers.failed("invalid_request")
+            self.observers.failed(ErrorKind.INVALID_REQUEST)
             raise
         return self.generate(request, progress, stop)
 
@@ -164,7 +164,7 @@ class ReplicaClient(ServesOnceBuilt):
               stop: StopToken | None = None, visitor: str | None = None, timing: Timing | None = None) -> Any:
         """One call to the deployment once its visitor's turn comes at the front."""
         if self._closed:
-            raise EngineError(SHUTTING_DOWN, kind="shutting_down")
+            raise EngineError(SHUTTING_DOWN, kind=ErrorKind.SHUTTING_DOWN)
         report = progress or (lambda update: None)
         timing = timing or Timing(called=now())
         with self.turns.user(stop, job=layout, visitor=visitor,
@@ -188,7 +188,7 @@ class ReplicaClient(ServesOnceBuilt):
         """One layout over all healthy replicas, e.g. for the line under the editing form before the click."""
         healthy = self.watcher.healthy()
         if not healthy:
-            raise EngineError("no replica is answering; try again in a minute", kind="no_replica")
+            raise EngineError("no replica is answering; try again in a minute", kind=ErrorKind.NO_REPLICA)
         return self._merge(layout, healthy, build_book(healthy[0], self.manifest_path), self.warmup_presets())
 
     def warmup_presets(self) -> list[Resolution]:
@@ -204,7 +204,7 @@ class ReplicaClient(ServesOnceBuilt):
         healthy = [report for age, report in reports.values() if age < STALE_SECONDS]
         if not healthy:
             if self._last is None:
-                raise EngineError("no replica has reported yet", kind="no_replica")
+                raise EngineError("no replica has reported yet", kind=ErrorKind.NO_REPLICA)
             return replace(self._last, busy=False, replicas=replica_rows(reports, self.plan.replicas),
                            replica_states=self.watcher.states())
         book = build_book(healthy[0], self.manifest_path)

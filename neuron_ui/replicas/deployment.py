@@ -24,7 +24,7 @@ import ray
 from ray import serve
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
+from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract import stopping
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, find_board
@@ -99,7 +99,7 @@ class EngineReplica:
         logger.info("replica %s serving %s on %s", self.name, self.engine.loaded.name, self.devices)
 
     # observer of its own engine: compilations go back to the front with the request that caused them
-    def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
+    def on_compiled(self, resolution: str, event: CacheEvent, seconds: float) -> None:
         self.compiles.append(Compiled(resolution, event, seconds))
 
     def on_generated(self, result: GenerateResult) -> None:

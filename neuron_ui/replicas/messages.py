@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import ProgressUpdate, Stage, StepPreview
+from neuron_ui.contract.errors import EngineError, ErrorKind
+from neuron_ui.contract.results import CacheEvent, ProgressUpdate, Stage, StepPreview
 from neuron_ui.contract.stopping import Stopped
 
 
@@ -69,7 +69,7 @@ class Compiled:
     """A compilation on the replica, told to the front's observers (e.g. /metrics) as the engine told it."""
 
     resolution: str
-    event: str
+    event: CacheEvent
     seconds: float
 
 
@@ -87,23 +87,23 @@ class Done:
 class Failed:
     """Last on a stream that failed: the engine's error by kind and one line, raised again at the front."""
 
-    kind: str
+    kind: ErrorKind
     message: str
 
     @classmethod
     def of(cls, error: Exception) -> Failed:
         """ValueError is bad input, EngineError (Stopped included) keeps its kind, anything else is one line."""
         if isinstance(error, ValueError):
-            return cls("invalid_request", str(error))
+            return cls(ErrorKind.INVALID_REQUEST, str(error))
         if isinstance(error, EngineError):
             return cls(error.kind, str(error))
-        return cls("generation_failed", f"the replica failed: {type(error).__name__}: {error}")
+        return cls(ErrorKind.GENERATION_FAILED, f"the replica failed: {type(error).__name__}: {error}")
 
     def error(self) -> Exception:
         """The error to raise at the front: the engine's own types, so callers cannot tell replicas from an engine."""
-        if self.kind == "invalid_request":
+        if self.kind == ErrorKind.INVALID_REQUEST:
             return ValueError(self.message)
-        if self.kind == "stopped":
+        if self.kind == ErrorKind.STOPPED:
             return Stopped(self.message)
         return EngineError(self.message, kind=self.kind)
 

@@ -16,7 +16,7 @@ import ray
 from ray.serve.exceptions import RequestCancelledError
 
 from neuron_ui.contract import stopping
-from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started
@@ -114,9 +114,9 @@ class StreamCaller:
         try:
             value = self._timed(method, argument, layout, lambda update: report(retried(update)), stop, timing)
         except REPLICA_LOST as error:
-            self.observers.failed("replica_lost")
+            self.observers.failed(ErrorKind.REPLICA_LOST)
             raise EngineError("the replica making this image stopped twice; try again in a minute",
-                              kind="replica_lost") from error
+                              kind=ErrorKind.REPLICA_LOST) from error
         if isinstance(value, GenerateResult):  # the whole wait: the lost attempt is time before this one ran
             value = replace(value, waited_seconds=round(lost + value.waited_seconds, 3), waited_for=LOST_WAIT)
         return value
@@ -175,14 +175,14 @@ class StreamCaller:
                 raise
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
-                    self.observers.failed("shutting_down")
-                    raise EngineError(SHUTTING_DOWN, kind="shutting_down") from None
-                self.observers.failed("stopped")
+                    self.observers.failed(ErrorKind.SHUTTING_DOWN)
+                    raise EngineError(SHUTTING_DOWN, kind=ErrorKind.SHUTTING_DOWN) from None
+                self.observers.failed(ErrorKind.STOPPED)
                 words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[stopping.Phase.QUEUED])
                 raise Stopped(words.format(layout=layout)) from None
             finally:
                 forget()
-            raise EngineError(f"the replica ended {method} without a result", kind="replica_lost")
+            raise EngineError(f"the replica ended {method} without a result", kind=ErrorKind.REPLICA_LOST)
         finally:
             # The replica is free for this front's routing once its Done is in: its image is made.
             self.routing.ended(replica if started else None)

@@ -229,7 +229,7 @@ class Gate:
             return replay(body, receive), refusal
         session, fn_index, event_id = data.get("session_hash"), data.get("fn_index"), data.get("event_id")
         if isinstance(session, str) and isinstance(event_id, str) and isinstance(fn_index, int):
-            stops.stop(session, stopping.CANCELLED, event_id)
+            stops.stop(session, stopping.StopReason.CANCELLED, event_id)
             await gradio_bridge.cancel_event_task(session, fn_index, event_id)
             body = json.dumps({**data, "fn_index": gradio_bridge.NO_FUNCTION}).encode()
         return replay(body, receive), None
@@ -273,7 +273,7 @@ def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: Ses
     async def watched() -> dict:
         message = await receive()
         if message["type"] == "http.disconnect" and session and not send.finished:
-            stops.stop(session, stopping.DISCONNECTED)
+            stops.stop(session, stopping.StopReason.DISCONNECTED)
         return message
 
     return watched

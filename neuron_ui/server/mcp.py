@@ -32,7 +32,7 @@ from mcp import types
 from mcp.server.lowlevel import Server as McpServer
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.engine.ab import build_ab, run_ab
@@ -158,7 +158,7 @@ class McpEndpoint:
             admitted = self.device_events()
             if admitted > self.settings.max_queue:
                 raise EngineError(f"Queue is full: {admitted - 1} requests are waiting for the device; try again in "
-                                  "a moment", kind="queue_full")
+                                  "a moment", kind=ErrorKind.QUEUE_FULL)
             self.in_flight += 1
 
     async def _on_device(self, name: str, arguments: dict[str, Any]) -> list[types.ContentBlock]:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.results import GenerateResult
+    from neuron_ui.contract.errors import ErrorKind
+    from neuron_ui.contract.results import CacheEvent, GenerateResult
 
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
@@ -70,11 +71,11 @@ class EngineMetrics:
         if result.replica:
             self.replica_images.labels(result.replica).inc()
 
-    def on_compiled(self, resolution: str, event: str, seconds: float) -> None:
+    def on_compiled(self, resolution: str, event: CacheEvent, seconds: float) -> None:
         self.compilations.labels(resolution, event).inc()
         self.compile_seconds.labels(resolution).inc(seconds)
 
-    def on_failed(self, kind: str) -> None:
+    def on_failed(self, kind: ErrorKind) -> None:
         self.errors.labels(kind).inc()
 
     def render(self) -> bytes:

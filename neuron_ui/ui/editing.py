@@ -18,6 +18,7 @@ from PIL import Image
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.images import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.results import Mode
 from neuron_ui.ui.history import EditorValue, HistoryEntry  # at run time: Gradio reads the handlers' hints
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import describe_size
@@ -140,7 +141,7 @@ class EditingHandlers:
     def on_history_pick(history: list[HistoryEntry], event: gr.SelectData) -> Any:
         """A picked inpaint brings its image and mask back into the editor (ui.Handlers.on_select): it holds one."""
         picked = history[event.index] if isinstance(event.index, int) and 0 <= event.index < len(history) else None
-        return True if picked is not None and picked.mode == "inpaint" and picked.editor else gr.skip()
+        return True if picked is not None and picked.mode == Mode.INPAINT and picked.editor else gr.skip()
 
     def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,

@@ -17,6 +17,7 @@ from typing import Any
 
 from neuron_ui.contract.references import FIT_MODES
 from neuron_ui.contract.requests import GUIDANCE, SEED, STEPS, STRENGTH, STYLE_SCALE
+from neuron_ui.contract.results import Mode
 
 MAX_PATHS = 16  # references or editor layers of one history entry: more than any request takes
 MAX_INFO = 2000  # characters of the line under the image
@@ -45,7 +46,7 @@ class HistoryEntry:
     seed: int
     steps: int | None = None
     guidance: float | None = None
-    mode: str = "generate"  # or "inpaint"
+    mode: Mode = Mode.GENERATE
     strength: float | None = None
     lora: str | None = None
     lora_scale: float | None = None
@@ -87,7 +88,7 @@ class HistoryEntry:
             seed=int(SEED.check(seed)),
             steps=_kept(data.get("steps"), STEPS.accepts, int),
             guidance=_kept(data.get("guidance"), GUIDANCE.accepts, float),
-            mode="inpaint" if data.get("mode") == "inpaint" else "generate",
+            mode=Mode.INPAINT if data.get("mode") == Mode.INPAINT else Mode.GENERATE,
             strength=_kept(data.get("strength"), STRENGTH.accepts, float),
             lora=data["lora"] if isinstance(data.get("lora"), str) else None,
             lora_scale=_kept(data.get("lora_scale"), STYLE_SCALE.accepts, float),

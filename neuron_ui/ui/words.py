@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
-from neuron_ui.contract.results import ShapeState
+from neuron_ui.contract.results import Mode, ShapeState
 from neuron_ui.contract.stopping import Phase
 from neuron_ui.web.progress import GUESS, CompileWait
 
@@ -263,7 +263,7 @@ def tiny_banner(status: EngineStatus) -> str:
 def describe_inputs(result: Any) -> str:
     """What the line under the image adds for an edit: the mode, the references, each normalisation."""
     parts = []
-    if result.mode == "inpaint":
+    if result.mode == Mode.INPAINT:
         parts.append(f"inpaint, strength {result.strength:g}")
     fitted = [i for i in result.inputs if i["role"].startswith("reference")]
     if fitted:
