@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.kinds import Kind
+from neuron_ui.contract.registry import BoundedRegistry
 
 # Where a request is when a stop reaches it. RECEIVED: not yet checked; the engine enters QUEUED once the request
 # is valid (admitted), and a stop before then is told as a stop in the queue (the request never reaches it).
@@ -112,7 +112,8 @@ class SessionStops:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokens: dict[str, list[StopToken]] = {}
-        self._on_behalf: OrderedDict[str, str] = OrderedDict()  # a stop call's own session -> the one it stops
+        # a stop call's own session -> the one it stops
+        self._on_behalf: BoundedRegistry[str, str] = BoundedRegistry(MAX_ON_BEHALF)
 
     def on_behalf(self, session: str) -> str:
         """A session id of its own for a stop call that names `session` (a raw POST /call/stop): its answer then
@@ -121,8 +122,6 @@ class SessionStops:
         own = f"stop-{secrets.token_hex(12)}"
         with self._lock:
             self._on_behalf[own] = session
-            while len(self._on_behalf) > MAX_ON_BEHALF:
-                self._on_behalf.popitem(last=False)
         return own
 
     @contextmanager

@@ -19,9 +19,10 @@ their own lock.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+from neuron_ui.contract.registry import BoundedRegistry
 
 REMEMBERED_VISITORS = 4096  # when each was last served; the oldest are forgotten (they rank by when they came)
 
@@ -46,10 +47,9 @@ class Turns:
 
     def __init__(self, remembered: int = REMEMBERED_VISITORS) -> None:
         self._waiting: list[Ticket] = []  # in arrival order
-        self._last_served: OrderedDict[Any, int] = OrderedDict()  # visitor -> number of its latest turn
+        self._last_served: BoundedRegistry[Any, int] = BoundedRegistry(remembered)  # visitor -> its latest turn
         self._clock = 0  # turns given, to anyone (a request without a visitor too)
         self._arrivals = 0
-        self._remembered = remembered
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -75,9 +75,6 @@ class Turns:
         if ticket.visitor is None:
             return
         self._last_served[ticket.visitor] = self._clock
-        self._last_served.move_to_end(ticket.visitor)
-        while len(self._last_served) > self._remembered:
-            self._last_served.popitem(last=False)
 
     def waiting_for(self, visitor: str | None) -> int:
         """Requests of `visitor` waiting (0 for nobody: a request without a visitor is its own)."""

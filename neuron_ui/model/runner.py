@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable
@@ -11,6 +10,7 @@ import torch
 from PIL import Image
 
 from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.contract.results import ProgressUpdate, Stage
 from neuron_ui.contract.stopping import Stopped
 from neuron_ui.model.torch_bridge import execution_device
@@ -132,8 +132,7 @@ class PipelineRunner:
     def __init__(self, pipe, cache_size: int = 8):
         self.pipe = pipe
         self.inpaint_pipe = build_inpaint_pipeline(pipe)
-        self.cache_size = cache_size
-        self._embeds: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._embeds: BoundedRegistry[str, torch.Tensor] = BoundedRegistry(cache_size)
 
     def __call__(self, call: PipelineCall, callback=None) -> Image.Image:
         return run_pipeline(self.pipe, call, callback, prompt_embeds=self.prompt_embeds(call.prompt),
@@ -143,14 +142,12 @@ class PipelineRunner:
         return None  # one process: no group behind it
 
     def prompt_embeds(self, prompt: str) -> torch.Tensor:
-        if prompt in self._embeds:
-            self._embeds.move_to_end(prompt)
-            return self._embeds[prompt]
+        cached = self._embeds.use(prompt)
+        if cached is not None:
+            return cached
         with torch.no_grad():
             embeds, _ = self.pipe.encode_prompt(prompt=prompt, device=execution_device(self.pipe))
         self._embeds[prompt] = embeds
-        while len(self._embeds) > self.cache_size:
-            self._embeds.popitem(last=False)
         return embeds
 
 
