@@ -7,10 +7,11 @@ members; `GateServer` is all they may read, and `Mounted` is the UI as the serve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import gradio as gr
+    from gradio.routes import App
 
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.files import StoredFiles
@@ -24,7 +25,7 @@ class Mounted:
     registry of running requests by session, which a client's cancel or disconnect stops."""
 
     demo: gr.Blocks
-    gradio_app: Any
+    gradio_app: App
     stops: SessionStops
 
 

@@ -10,11 +10,14 @@ sends every mounted route without a login).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from neuron_ui.server.asgi import Refusal
 from neuron_ui.web import gradio_bridge
+
+if TYPE_CHECKING:
+    import gradio as gr
 
 # Answered without a login (docs/operations.md, "Without a login"): what the login page loads (a browser's
 # requests, recorded), and the files every site serves. GET and HEAD only; the login form's POST besides.
@@ -44,7 +47,7 @@ def open_without_login(path: str, method: str) -> bool:
     return bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES)
 
 
-def refusal(scope: dict, demo: Any) -> Refusal | None:
+def refusal(scope: dict, demo: gr.Blocks) -> Refusal | None:
     """A route this app does not serve, or a request naming a page, event or session Gradio does not have (Gradio
     answered a 500 for an unknown page, and began a 200 stream it then broke for an unknown event or session)."""
     path, method = scope["path"], scope["method"]

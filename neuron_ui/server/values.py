@@ -24,7 +24,7 @@ import inspect
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -32,12 +32,14 @@ from neuron_ui.web import gradio_bridge
 
 if TYPE_CHECKING:
     from gradio.block_function import BlockFunction
+    from gradio.blocks import Block
+    from gradio.routes import App
 
 FILE_SHAPE = '{"path": ..., "meta": {"_type": "gradio.FileData"}}'  # what gradio_client's handle_file sends
 SHOWN = 40  # characters of a refused value shown back
 
 
-def call_problem(gradio_app: Any, fn: BlockFunction, data: Any, by_name: bool) -> str | None:
+def call_problem(gradio_app: App, fn: BlockFunction, data: object, by_name: bool) -> str | None:
     """Why a call's values do not fit the function's inputs (one line), or None. `data` is the call's body: its
     "data" list, or with `by_name` (/call/v2) the values by parameter name."""
     if fn.fn is None:  # a page-only step (js=): Gradio answered a call of it with a 500 and a traceback
@@ -61,7 +63,7 @@ def call_problem(gradio_app: Any, fn: BlockFunction, data: Any, by_name: bool) -
     return None
 
 
-def value_problem(block: Any, value: Any, preprocessed: bool) -> str | None:
+def value_problem(block: Block, value: object, preprocessed: bool) -> str | None:
     """What the component takes and what came instead, when `value` is not that; None when it fits (or the component
     is of no kind known here)."""
     fits = gradio_bridge.fits_data_model(block, value)
@@ -77,7 +79,7 @@ def value_problem(block: Any, value: Any, preprocessed: bool) -> str | None:
     return None if problem is None else f"{problem}, got {shown(value)}"
 
 
-def plain_problem(block: Any, value: Any) -> str | None:
+def plain_problem(block: Block, value: object) -> str | None:
     if value is None:
         return None if isinstance(block, gr.Number) or may_be_empty(block) else "takes a value"
     if isinstance(block, (gr.Dropdown, gr.Radio, gr.CheckboxGroup)):
@@ -95,14 +97,14 @@ def plain_problem(block: Any, value: Any) -> str | None:
     return None
 
 
-def may_be_empty(block: Any) -> bool:
+def may_be_empty(block: Block) -> bool:
     """A component whose own value may be None (nothing chosen yet) takes None; one that always holds a value never
     sends None from the page."""
     value = getattr(block, "value", None)
     return value is None or callable(value)
 
 
-def choice_problem(block: Any, value: Any) -> str | None:
+def choice_problem(block: gr.Dropdown | gr.Radio | gr.CheckboxGroup, value: object) -> str | None:
     choices = [choice[1] if isinstance(choice, (tuple, list)) else choice for choice in block.choices or []]
     many = getattr(block, "multiselect", False) or isinstance(block, gr.CheckboxGroup)
     chosen = value if many and isinstance(value, list) else [value] if not many else None
@@ -115,7 +117,7 @@ def choice_problem(block: Any, value: Any) -> str | None:
     return f"takes {'choices' if many else 'one'} of {listed}" if choices else "has no choices"
 
 
-def number_problem(block: Any, value: Any) -> str | None:
+def number_problem(block: Block, value: object) -> str | None:
     low, high = getattr(block, "minimum", None), getattr(block, "maximum", None)
     fits = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and (low is None or value >= low) and (high is None or value <= high))
@@ -127,14 +129,14 @@ def number_problem(block: Any, value: Any) -> str | None:
         f" of at most {high:g}" if high is not None else "")
 
 
-def files_wanted(block: Any) -> str:
+def files_wanted(block: Block) -> str:
     many = getattr(block, "file_count", "single") != "single"
     if isinstance(block, (gr.File, gr.Image)):
         return f"takes {'a list of files, each' if many else 'a file'} as {FILE_SHAPE} (upload it first)"
     return f"takes its value of files, each as {FILE_SHAPE} (upload them first)"
 
 
-def file_type_problem(block: Any, value: Any) -> str | None:
+def file_type_problem(block: Block, value: object) -> str | None:
     """A file whose name is not of the types the component takes (gr.File's file_types)."""
     types: list[str] = getattr(block, "file_types", None) or []
     items = value if isinstance(value, list) else [value]
@@ -145,11 +147,11 @@ def file_type_problem(block: Any, value: Any) -> str | None:
     return f"takes {', '.join(types)} files only, got {shown(os.path.basename(wrong[0]))}"
 
 
-def label(block: Any, index: int) -> str:
+def label(block: Block, index: int) -> str:
     return str(getattr(block, "label", None) or f"input {index + 1}")
 
 
-def kind(value: Any) -> str:
+def kind(value: object) -> str:
     """What a refused file value is, without its paths."""
     if isinstance(value, dict):
         return f"an object with {', '.join(shown(key) for key in list(value)[:5]) or 'nothing'}"
@@ -158,23 +160,24 @@ def kind(value: Any) -> str:
     return {str: "a string", bool: "true or false"}.get(type(value), "a number")
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """A value as the caller sent it, cut short: one line, never long."""
     text = json.dumps(value, default=str)
     return text if len(text) <= SHOWN else text[:SHOWN] + "..."
 
 
-def called(demo: gr.Blocks, data: Any, api_name: str | None) -> BlockFunction | None:
+def called(demo: gr.Blocks, data: object, api_name: str | None) -> BlockFunction | None:
     """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
     index = data.get("fn_index") if isinstance(data, dict) else None
     return gradio_bridge.called_function(demo, api_name, index)
 
 
-def with_defaults(data: Any, fn: BlockFunction | None) -> Any:
+def with_defaults(data: object, fn: BlockFunction | None) -> object:
     """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
     /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
-    values = data.get("data") if isinstance(data, dict) and fn is not None else None
-    defaults = gradio_bridge.input_defaults(fn) if fn is not None else []
+    if not isinstance(data, dict) or fn is None:
+        return data
+    values, defaults = data.get("data"), gradio_bridge.input_defaults(fn)
     if not isinstance(values, list) or len(values) >= len(defaults):
         return data
     missing = defaults[len(values):]

@@ -16,6 +16,9 @@ from gradio.block_function import BlockFunction
 
 
 if TYPE_CHECKING:
+    from gradio.blocks import Block, BlockContext
+    from gradio.components import Component
+    from gradio.routes import App
 
     from neuron_ui.contract.engine_like import EngineLike
 
@@ -42,7 +45,9 @@ def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
     files when its API schema holds a FileData (gradio_client's value_is_file, as the client decides to upload)."""
     from gradio_client.utils import value_is_file
 
-    def takes_files(block: Any) -> bool:
+    def takes_files(block: Component | BlockContext) -> bool:
+        if not isinstance(block, gr.components.Component):  # a layout block: no value at all
+            return False
         try:
             return value_is_file(block.api_info())
         except Exception:  # noqa: BLE001 - a component without an API schema takes no file
@@ -205,7 +210,7 @@ def serve_in_place(folder: Path) -> None:
         gr.set_static_paths([folder])
 
 
-def session_inputs(gradio_app: Any, fn: BlockFunction, session: object) -> list[Any]:
+def session_inputs(gradio_app: App, fn: BlockFunction, session: object) -> list[Any]:
     """The function's input components as Gradio preprocesses them for this session: the session's own copy where an
     event updated one (its choices, say), else the demo's. Gradio 6.31 (blocks.py, Blocks.preprocess_data): `if
     block._id in state: block = state[block._id]`, the state from App.state_holder.session_data by session hash; an
@@ -232,7 +237,7 @@ def parameter_names(fn: BlockFunction) -> list[str]:
     return [parameter.name for parameter in _parameters(fn)]
 
 
-def fits_data_model(block: Any, value: Any) -> bool | None:
+def fits_data_model(block: Block, value: object) -> bool | None:
     """Whether `value` is what the component's data model takes (a FileData, an editor's value, a gallery...), checked
     as Gradio 6.31 checks it in Blocks.preprocess_data, for every function, preprocessed or not:
     `block.data_model.model_validate(value, context={"validate_meta": True})`, whose ValidationError escaped as a
@@ -251,7 +256,7 @@ def fits_data_model(block: Any, value: Any) -> bool | None:
     return _paths_named(checked)
 
 
-def _paths_named(item: Any) -> bool:
+def _paths_named(item: object) -> bool:
     """Every pydantic model in a validated value that has a `path` field (FileData, ImageData) names it as a string."""
     from pydantic import BaseModel, RootModel
 

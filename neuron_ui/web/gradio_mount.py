@@ -24,6 +24,7 @@ from neuron_ui.web.files import ASSETS
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from gradio.routes import App
 
     from neuron_ui.config.settings import Settings
 
@@ -69,7 +70,7 @@ def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str,
     return mounted.app
 
 
-async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack, limits: GradioLimits) -> None:
+async def start(demo: gr.Blocks, gradio_app: App, lifespan: AsyncExitStack, limits: GradioLimits) -> None:
     """What mount_gradio_app does in the parent app's lifespan, which has already run here (the server started
     before the model loaded): enter Gradio's lifespan and run its start-up events, on the server's loop, where the
     queue's tasks live. `startup_events_triggered` keeps Gradio's /startup-events route from starting a second
@@ -87,7 +88,7 @@ async def start(demo: gr.Blocks, gradio_app: Any, lifespan: AsyncExitStack, limi
     lifespan.push_async_callback(_cancel, asyncio.create_task(housekeeping))
 
 
-async def _housekeeping(demo: gr.Blocks, gradio_app: Any, seconds: float) -> None:
+async def _housekeeping(demo: gr.Blocks, gradio_app: App, seconds: float) -> None:
     """Every `seconds`, on the server's loop (where Gradio changes these): forget() what Gradio 6.31
     keeps of finished events and deleted files, then hand the C heap's free pages back (images and tensors freed
     since are counted in RSS until then)."""
@@ -101,7 +102,7 @@ async def _cancel(task: asyncio.Task) -> None:
     task.cancel()
 
 
-def forget(demo: gr.Blocks, gradio_app: Any) -> None:
+def forget(demo: gr.Blocks, gradio_app: App) -> None:
     """Drop what Gradio 6.31 never frees: the event ids of sessions whose message queue it already evicted
     (Queue.pending_event_ids_session loses a session's ids only as its stream reads them: a client that never reads
     leaves them for good), ids of cancelled generators never resumed (App.iterators_to_reset), and the path of every
@@ -116,7 +117,7 @@ def forget(demo: gr.Blocks, gradio_app: Any) -> None:
         files.difference_update([path for path in files if not os.path.exists(path)])
 
 
-def held(demo: gr.Blocks, gradio_app: Any) -> dict[str, int]:
+def held(demo: gr.Blocks, gradio_app: App) -> dict[str, int]:
     """How many of each per-session and per-event record Gradio holds (for /metrics and the tests)."""
     queue = demo._queue
     return {"sessions": len(gradio_app.state_holder.session_data),
@@ -127,7 +128,7 @@ def held(demo: gr.Blocks, gradio_app: Any) -> dict[str, int]:
             "file_paths": sum(map(len, list(demo.temp_file_sets)))}
 
 
-def stop(demo: gr.Blocks, gradio_app: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+def stop(demo: gr.Blocks, gradio_app: App, loop: asyncio.AbstractEventLoop | None) -> None:
     """What demo.close() does for a launched app, for the mounted one: stop the queue, and end the open heartbeat
     streams (they wait on the App's stop_event, gradio/routes.py 6.31), so uvicorn need not wait for them."""
     demo.close(verbose=False)
@@ -158,7 +159,7 @@ async def end_events(demo: gr.Blocks, error: str, within: float = 2.0) -> int:
     return len(events)
 
 
-def logged_in(gradio_app: Any, scope: dict) -> bool:
+def logged_in(gradio_app: App, scope: dict) -> bool:
     """Gradio's own login check (gradio/routes.py get_current_user, 6.31): its cookie names a token it issued."""
     cookies = Request(scope).cookies
     token = (cookies.get(f"access-token-{gradio_app.cookie_id}")
