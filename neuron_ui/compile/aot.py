@@ -42,6 +42,8 @@ from neuron_ui.model.torch_bridge import (
 )
 
 if TYPE_CHECKING:
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.config.cache_paths import CachePaths
 
@@ -81,10 +83,10 @@ class PackageStore:
     def __init__(self, folder: Path, key: CompileKey):
         self.folder = Path(folder)
         self.key = key
-        self._loaded: dict[str, Any] = {}  # signature -> AOTICompiledModel
+        self._loaded: dict[str, AOTICompiledModel] = {}  # by signature
         self._lock = threading.Lock()
 
-    def get(self, name: str, signature: str, export: Callable[[], torch.export.ExportedProgram]) -> Any:
+    def get(self, name: str, signature: str, export: Callable[[], torch.export.ExportedProgram]) -> AOTICompiledModel:
         """The package for this signature; `export()` gives the ExportedProgram when it must be compiled."""
         with self._lock:
             package = self._loaded.get(signature)
@@ -96,7 +98,7 @@ class PackageStore:
     def path(self, name: str, signature: str) -> Path:
         return self.folder / f"{name}-{signature}.pt2"
 
-    def _load(self, name: str, signature: str) -> Any | None:
+    def _load(self, name: str, signature: str) -> AOTICompiledModel | None:
         """The package on disk when it is whole and made for this key and signature; else None (it is recompiled)."""
         path = self.path(name, signature)
         if not path.is_file():
@@ -117,7 +119,7 @@ class PackageStore:
         logger.info("loaded AOT package %s", path.name)
         return package
 
-    def _compile(self, name: str, signature: str, program: torch.export.ExportedProgram) -> Any:
+    def _compile(self, name: str, signature: str, program: torch.export.ExportedProgram) -> AOTICompiledModel:
         """AOTInductor into a temp file, renamed into place: a process killed mid-compile leaves no half package."""
         path = self.path(name, signature)
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -191,10 +193,10 @@ class AOTBlock:
         package = self.store.get(f"{self.name}-{_sequence(inputs)}", signature, export)
         return package(weights, inputs)
 
-    def signature(self, weights: tuple[torch.Tensor, ...], inputs: dict[str, Any], fixed: dict[str, Any]) -> str:
+    def signature(self, weights: tuple[torch.Tensor, ...], inputs: dict[str, object], fixed: dict[str, object]) -> str:
         """Everything a package is specialized on: class, machine, weight and input shapes/dtypes/devices, fixed
         arguments."""
-        def describe(value: Any) -> str:
+        def describe(value: object) -> str:
             if isinstance(value, torch.Tensor):
                 return f"{tuple(value.shape)}:{value.dtype}:{value.device.type}"
             if isinstance(value, (tuple, list)):
@@ -208,13 +210,13 @@ class AOTBlock:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _is_tensors(value: Any) -> bool:
+def _is_tensors(value: object) -> bool:
     if isinstance(value, torch.Tensor):
         return True
     return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
 
 
-def _sequence(inputs: dict[str, Any]) -> int:
+def _sequence(inputs: dict[str, object]) -> int:
     """The block's sequence length (image tokens, plus the text for single-stream blocks): the file name shows it."""
     hidden = inputs.get("hidden_states")
     return int(hidden.shape[1]) if isinstance(hidden, torch.Tensor) and hidden.dim() >= 2 else 0

@@ -63,7 +63,7 @@ def validate_fit(fit: object) -> str:
     return fit
 
 
-def fit_image(image: Image.Image, size: Resolution, fit: str, fill: Any = PAD_COLOR,
+def fit_image(image: Image.Image, size: Resolution, fit: str, fill: int | tuple[int, int, int] = PAD_COLOR,
               resample: Image.Resampling = Image.Resampling.LANCZOS) -> Image.Image:
     """Exactly `size`: scale to cover and cut the centre (crop), or scale to fit inside and pad (pad)."""
     target = (size.width, size.height)

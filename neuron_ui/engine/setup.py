@@ -4,7 +4,7 @@ under torchrun), on its device, and compiled lazily for every sequence a request
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -21,6 +21,8 @@ from neuron_ui.model.runner import PipelineCall, PipelineRunner
 from neuron_ui.model.torch_bridge import share_cpu_kernels_across_thread_counts
 
 if TYPE_CHECKING:
+    from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+
     from neuron_ui.compile.strategies import Backend
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.resolutions import Resolution
@@ -63,8 +65,9 @@ def compile_plan(model: str, compile_mode: str, backend: Backend, dtype: str, tp
     return key, Layouts(presets, reference_sizes, max_references)
 
 
-def prepare_pipeline(pipe: Any, *, device: str, compile_mode: str, backend: Backend, cache: CachePaths | None,
-                     key: CompileKey, layouts: Layouts, tp_degree: int = 1) -> Any:
+def prepare_pipeline(pipe: DiffusionPipeline, *, device: str, compile_mode: str, backend: Backend,
+                     cache: CachePaths | None, key: CompileKey, layouts: Layouts,
+                     tp_degree: int = 1) -> DiffusionPipeline:
     """Move the pipeline to its device and set up compilation: the repeated blocks from AOTInductor packages
     (--compile aot, made or loaded per shape), else torch.compile, lazily per shape. Dynamo may keep one graph
     per sequence a request can make: each preset plain or inpainted, with 0..max references of one size."""

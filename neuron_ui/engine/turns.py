@@ -24,6 +24,7 @@ from typing import Any
 
 from neuron_ui.contract.registry import BoundedRegistry
 
+VisitorKey = str | tuple[str, int]  # a visitor's name, or ("anonymous", arrival) for a request that names nobody
 REMEMBERED_VISITORS = 4096  # when each was last served; the oldest are forgotten (they rank by when they came)
 
 
@@ -38,7 +39,7 @@ class Ticket:
     turns_before: int
 
     @property
-    def key(self) -> Any:
+    def key(self) -> VisitorKey:
         return self.visitor if self.visitor is not None else ("anonymous", self.arrival)
 
 
@@ -47,7 +48,7 @@ class Turns:
 
     def __init__(self, remembered: int = REMEMBERED_VISITORS) -> None:
         self._waiting: list[Ticket] = []  # in arrival order
-        self._last_served: BoundedRegistry[Any, int] = BoundedRegistry(remembered)  # visitor -> its latest turn
+        self._last_served: BoundedRegistry[VisitorKey, int] = BoundedRegistry(remembered)  # visitor -> latest turn
         self._clock = 0  # turns given, to anyone (a request without a visitor too)
         self._arrivals = 0
 
@@ -86,14 +87,14 @@ class Turns:
 
     def first(self) -> Ticket | None:
         """The request that gets the device next: the first one of the visitor whose turn came longest ago."""
-        heads: dict[Any, Ticket] = {}
+        heads: dict[VisitorKey, Ticket] = {}
         for ticket in self._waiting:
             heads.setdefault(ticket.key, ticket)
         return min(heads.values(), key=lambda t: _rank(t, self._last_served.get(t.key)), default=None)
 
     def order(self) -> list[Ticket]:
         """Every waiting request in the order it would get the device if nobody else came: turns played out."""
-        queues: dict[Any, list[Ticket]] = {}
+        queues: dict[VisitorKey, list[Ticket]] = {}
         for ticket in self._waiting:
             queues.setdefault(ticket.key, []).append(ticket)
         last = {key: self._last_served.get(key) for key in queues}

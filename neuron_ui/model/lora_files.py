@@ -96,7 +96,7 @@ def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None
                          f"{str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")) from None
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], Any]:
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
     """The tensors and diffusers' LoRA config as JSON from the header (any JSON value: lora_config checks it);
     StyleError for a file that is not safetensors."""
     from safetensors import SafetensorError, safe_open
@@ -155,12 +155,12 @@ JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boole
 PATTERN_KEY = re.compile(r"[\w.]{1,200}")  # a layer name or its end: no regex operators, so no catastrophic match
 
 
-def described(value: Any) -> str:
+def described(value: object) -> str:
     """A JSON value in a few words for a one-line error: its kind and a short repr."""
     return f"{JSON_KINDS.get(type(value), type(value).__name__)} ({reprlib.repr(value)})"
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -171,7 +171,7 @@ def is_finite(number: float) -> bool:
         return False
 
 
-def lora_config(path: Path, header: Any) -> dict[str, Any] | None:
+def lora_config(path: Path, header: object) -> dict[str, Any] | None:
     """The transformer's LoRA config from diffusers' header (None without one), checked for every value
     `scalings` reads: a header of the wrong shape is one line (StyleError), never an exception that stops the app."""
     if header is None:

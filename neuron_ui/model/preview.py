@@ -77,7 +77,7 @@ def build_preview(now: torch.Tensor, before: torch.Tensor, sigma_now: float, sig
     return StepPreview(step, steps, pixels.shape[1], pixels.shape[0], pixels.numpy().tobytes())
 
 
-def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], Any]]:
+def copy_to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], object]]:
     """A host copy of the tensor, and what to call before reading it. On CUDA the copy is queued behind the step
     (pinned, non-blocking) with an event to wait on, so the next step is queued without a wait; elsewhere a plain
     copy (the device has finished the step when the callback runs)."""
@@ -105,7 +105,7 @@ class StepPreviews:
     def __enter__(self) -> StepPreviews:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def take(self, pipe: Any, step: int, latents: torch.Tensor) -> None:
@@ -125,7 +125,7 @@ class StepPreviews:
         else:
             self._pool.submit(self._make, step, copy, ready, sigma)
 
-    def _make(self, step: int, copy: torch.Tensor, ready: Callable[[], Any], sigma: float) -> None:
+    def _make(self, step: int, copy: torch.Tensor, ready: Callable[[], object], sigma: float) -> None:
         try:
             ready()
             now, before = copy.float(), self._before

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     # From diffusers.models, not diffusers: mypy reads diffusers 0.42's top-level names as their torch-less dummies.
     from diffusers.models import ModelMixin, TensorParallelConfig
 
@@ -19,13 +21,13 @@ def check_heads(degree: int, attention_heads: int) -> None:
                          f"{attention_heads} attention heads; use one of {divisors}")
 
 
-def tensor_parallel_config(mesh: Any) -> TensorParallelConfig:
+def tensor_parallel_config(mesh: DeviceMesh) -> TensorParallelConfig:
     from diffusers.models import TensorParallelConfig
 
     return TensorParallelConfig(mesh=mesh)
 
 
-def shard_transformer(transformer: ModelMixin, mesh: Any) -> None:
+def shard_transformer(transformer: ModelMixin, mesh: DeviceMesh) -> None:
     """Shard a transformer built in memory (the tiny model) over `mesh`; real weights shard while loading instead."""
     config = tensor_parallel_config(mesh)
     if mesh.device_type == "cpu":

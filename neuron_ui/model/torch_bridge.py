@@ -6,15 +6,22 @@ new source, and the tests named beside each use fail if one moved."""
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.export.pt2_archive._package import AOTICompiledModel
 
-def dynamo_counters() -> Any:
+
+def dynamo_counters() -> defaultdict[str, Counter[str]]:
     """torch._dynamo.utils.counters: the per-process tallies (graphs made, FX/AOTAutograd cache hits and misses)
     that prove what a call compiled (compile/counters.py; tests/test_accounting.py reads them back)."""
     from torch._dynamo.utils import counters
@@ -22,7 +29,7 @@ def dynamo_counters() -> Any:
     return counters
 
 
-def set_for_every_thread(config: Any, name: str, value: Any) -> None:
+def set_for_every_thread(config: ModuleType, name: str, value: object) -> None:
     """A torch config value that every thread reads, not only this one.
 
     torch 2.13's configs (torch/utils/_config_module.py) keep an assigned value in a ContextVar, seen only by the
@@ -69,7 +76,7 @@ def aoti_compile_and_package(program: torch.export.ExportedProgram, path: str, m
                                              inductor_configs={"aot_inductor.metadata": metadata})
 
 
-def load_aoti_package(path: Path) -> Any:
+def load_aoti_package(path: Path) -> AOTICompiledModel:
     """`aoti_load_package` without its machine check, which costs 2.7 s per process on CPU in torch 2.13: it
     compiles and runs ten probe programs to list the CPU's vector ISAs (`get_device_information` ->
     `pick_vec_isa`). The caller names every package after the machine it was compiled for instead, so a package
@@ -101,7 +108,7 @@ def repeated_block_classes(transformer: torch.nn.Module) -> set[str]:
     return set(getattr(transformer, "_repeated_blocks", None) or ())
 
 
-def stabilise_mesh_hash(mesh: Any) -> None:
+def stabilise_mesh_hash(mesh: DeviceMesh) -> None:
     """A restarted group must find its graphs in the compile cache. torch 2.13 pickles the mesh's cached `_hash`
     into inductor's FX graph and AOTAutograd cache keys (it rides on DTensor inputs), and DeviceMesh computes it
     as hash((..., "cpu", None, None)): Python's per-process string hash seed and, on 3.11, id(None), which moves
@@ -130,6 +137,6 @@ def allow_cpu_tensor_parallelism() -> Iterator[None]:
         tensor_parallel._SUPPORTED_TP_DEVICES, torch.accelerator.device_count = supported, device_count
 
 
-def execution_device(pipe: Any) -> torch.device:
+def execution_device(pipe: DiffusionPipeline) -> torch.device:
     """Where a diffusers pipeline runs its text encoder (DiffusionPipeline._execution_device)."""
     return pipe._execution_device

@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.contract.files import ForeignFile, StoredFiles
 from neuron_ui.server.asgi import Refusal, Send
@@ -42,7 +42,7 @@ class FileDoors:
         self.lacks_login = lacks_login
         self._file_inputs: dict[BlockFunction, tuple[frozenset[int], frozenset[str]]] = {}  # per function, found once
 
-    def full_paths(self, data: Any, fn: BlockFunction | None = None, by_name: bool = False) -> Any:
+    def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
         """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
 
         Where an input takes files (`fn`'s file inputs, by position, or by parameter name for /call/v2) every
@@ -84,7 +84,7 @@ class FileDoors:
             self._file_inputs[fn] = gradio_bridge.file_inputs(fn)
         return self._file_inputs[fn]
 
-    def stored(self, value: Any) -> Any:
+    def stored(self, value: object) -> object:
         """A value sent where a file goes: each path in it must be one of the app's files (its retention restarts)."""
         if isinstance(value, list):
             return [self.stored(item) for item in value]
@@ -100,7 +100,7 @@ class FileDoors:
             return self.stored_files.use(value)
         return value  # None, a number: the handler refuses what is not a file
 
-    def meta_paths(self, value: Any) -> Any:
+    def meta_paths(self, value: object) -> object:
         if isinstance(value, list):
             return [self.meta_paths(item) for item in value]
         if not isinstance(value, dict):

@@ -15,13 +15,15 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.config.cache_paths import is_disk_full
 from neuron_ui.config.processes import pid_alive
 from neuron_ui.contract.errors import EngineError
 
 if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
     from neuron_ui.contract.grid_sheet import GridResult
     from neuron_ui.contract.results import GenerateResult
 
@@ -148,7 +150,7 @@ def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
 PRIVATE_FOLDER = re.compile(r"neuron-ui-(\d+)-\w+")
 
 
-def private_file_folder(environ: Any = os.environ) -> Path:
+def private_file_folder(environ: MutableMapping[str, str] = os.environ) -> Path:
     """This process's own folder for every file Gradio serves, made once (mode 0700) and removed at exit.
 
     Gradio's file route serves everything under GRADIO_TEMP_DIR (default <temp>/gradio: other apps' and other
