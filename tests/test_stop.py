@@ -8,7 +8,7 @@ import pytest
 from serving import GatedRunner
 
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.contract.stopping import DISCONNECTED, SessionStops, Stopped, StopToken
+from neuron_ui.contract.stopping import SessionStops, Stopped, StopReason, StopToken
 from neuron_ui.ui.words import describe_result
 
 LONG = 100  # steps: a request that runs for seconds on the tiny model
@@ -106,8 +106,8 @@ def test_a_disconnect_does_not_stop_a_compile_but_a_stop_does():
     with stops.track("s1") as compiling, stops.track("s2") as running:
         compiling.enter("compiling")
         running.enter("running")
-        assert stops.stop("s1", DISCONNECTED) == [] and not compiling.stopped
-        assert stops.stop("s2", DISCONNECTED) == ["running"] and running.stopped
+        assert stops.stop("s1", StopReason.DISCONNECTED) == [] and not compiling.stopped
+        assert stops.stop("s2", StopReason.DISCONNECTED) == ["running"] and running.stopped
         assert stops.stop("s1") == ["compiling"] and compiling.stopped
         assert stops.stop("nobody") == []
     assert stops.running("s1") == 0 and stops.stop("s1") == []

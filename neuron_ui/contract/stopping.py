@@ -156,7 +156,7 @@ class SessionStops:
             session = self._on_behalf.pop(session, session)
             tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
         return [token.stop(reason) for token in tokens
-                if not (reason is StopReason.DISCONNECTED and token.phase in (Phase.COMPILING, Phase.LOADING))]
+                if not (reason == StopReason.DISCONNECTED and token.phase == Phase.COMPILING)]
 
     def running(self, session: str | None) -> int:
         with self._lock:
