@@ -132,8 +132,6 @@ def main(argv: list[str] | None = None, load: Callable[[Settings], EngineLike] |
         return run_cache(args, settings, cache)
     if args.command == "lora":
         return run_lora(args)
-    if args.command == "ab" and args.images:
-        return compare_command(args)
     if args.command == "generate" and len(settings.loras) > 1:
         print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
         return 2
@@ -141,6 +139,8 @@ def main(argv: list[str] | None = None, load: Callable[[Settings], EngineLike] |
     if problem:  # before the model loads (seconds to minutes), naming the path
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.command == "ab" and args.images:
+        return compare_command(args)
     from neuron_ui.contract.errors import EngineError
 
     with opened(settings, load) as studio:
@@ -230,12 +230,6 @@ def compare_command(args: argparse.Namespace) -> int:
     from neuron_ui.studio.ab_sheet import compare_files
 
     out = Path(args.out).expanduser()
-    if any(value is not None for value in (args.prompt, args.resolution, args.a, args.b)) or len(args.images) != 2:
-        print(f"error: {AB_USAGE}", file=sys.stderr)
-        return 2
-    if not out.parent.is_dir():
-        print(f"error: --out {args.out}: the folder {out.parent} does not exist", file=sys.stderr)
-        return 2
     try:
         compared = compare_files(Path(args.images[0]), Path(args.images[1]))
     except ValueError as error:
@@ -247,9 +241,12 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def check_command(args: argparse.Namespace) -> str | None:
-    """`grid` and `ab` (making): what is wrong with the command before the model loads; None if nothing."""
-    if args.command == "ab" and not (args.prompt and args.resolution):
-        return AB_USAGE
+    """`grid` and `ab`: what is wrong with the command before the model loads (or two PNGs are read); None if
+    nothing."""
+    if args.command == "ab":
+        making = any(value is not None for value in (args.prompt, args.resolution, args.a, args.b))
+        if len(args.images) != (0 if making else 2) or (making and not (args.prompt and args.resolution)):
+            return AB_USAGE
     out = Path(args.out).expanduser()
     return None if out.parent.is_dir() else f"--out {args.out}: the folder {out.parent} does not exist"
 
