@@ -1,4 +1,4 @@
-"""`python -m neuron_ui`: the engine without the UI, and the compile cache.
+"""`python -m neuron_ui`: the studio without the UI (another door: it only translates), and the compile cache.
 
     python -m neuron_ui generate --prompt "a lighthouse at dusk" --resolution 512x512 --seed 1 --out out.png
     python -m neuron_ui generate --prompt "this, at night" --resolution 512x512 --reference photo.jpg
@@ -29,20 +29,24 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
-from neuron_ui.contract.ab import SETTINGS_WORDS
-from neuron_ui.contract.grid import AXIS_HELP
+from neuron_ui.studio.ab_plan import SETTINGS_WORDS
+from neuron_ui.studio.grid_plan import AXIS_HELP
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
-    from neuron_ui.engine.engine import Engine
+    from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.studio.grid_sheet import GridResult
+    from neuron_ui.studio.studio import Studio
+
+AB_USAGE = "give two PNGs to compare, or --prompt, --resolution and --b to make A and B"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], Engine] | None = None) -> int:
-    """The command's exit code; `load` builds `generate`'s engine (Engine.from_settings by default)."""
+def main(argv: list[str] | None = None, load: Callable[[Settings], EngineLike] | None = None) -> int:
+    """The command's exit code; `load` builds the engine of `generate`, `grid` and `ab` (by default the app's own
+    way: serving's one chooser, so --replicas or a torchrun launch serve the command as they serve the app)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -127,101 +132,123 @@ def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], E
         return run_cache(args, settings, cache)
     if args.command == "lora":
         return run_lora(args)
-    if args.command == "grid":
-        return run_grid_command(args, settings, cache, load)
-    if args.command == "ab":
-        return run_ab_command(args, settings, cache, load)
-    if len(settings.loras) > 1:
+    if args.command == "generate" and len(settings.loras) > 1:
         print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
         return 2
-    problem = check_files(args)
+    problem = check_files(args) if args.command == "generate" else check_command(args)
     if problem:  # before the model loads (seconds to minutes), naming the path
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.command == "ab" and args.images:
+        return compare_command(args)
     from neuron_ui.contract.errors import EngineError
-    from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.engine.engine import Engine
 
-    engine = (load or Engine.from_settings)(settings, cache)
-    if settings.loras and not engine.styles.styles:  # the app starts without a bad style; this image asked for it
-        print(f"error: style not loaded: {engine.styles.refused[settings.loras[0]]}", file=sys.stderr)
+    with opened(settings, load) as studio:
+        try:
+            return {"generate": generate_command, "grid": grid_command, "ab": ab_command}[args.command](
+                args, settings, studio)
+        except (ValueError, EngineError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+
+
+@contextmanager
+def opened(settings: Settings, load: Callable[[Settings], EngineLike] | None) -> Iterator[Studio]:
+    """A studio over the engine the app would serve, stopped after the command (Ray's replicas with it); an engine
+    a test hands in (`load`) is its own to stop."""
+    from neuron_ui.studio.studio import Studio
+
+    if load is not None:
+        yield Studio(load(settings), max_grid_cells=settings.max_grid_cells)
+        return
+    from neuron_ui.contract.loading import LoadingState
+    from neuron_ui.serving import choose_serving
+
+    engine = choose_serving(settings).load(LoadingState())
+    try:
+        yield Studio(engine, max_grid_cells=settings.max_grid_cells)
+    finally:
+        engine.stop()
+
+
+def generate_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
+    """`generate`: one image (an inpaint with --image and --mask) written to --out, its info as JSON."""
+    from neuron_ui.contract.requests import GenerateRequest
+
+    loaded = [style["name"] for style in studio.engine.status().styles]
+    if settings.loras and not loaded:  # the app starts without a bad style; this image asked for it
+        print(f"error: style not loaded: {refused_style(studio.engine, settings.loras[0])}", file=sys.stderr)
         return 2
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
                               references=args.reference, reference_size=args.reference_size, fit=args.fit,
                               image=args.image, mask=args.mask, strength=args.strength,
-                              lora=next(iter(engine.styles.styles), None), lora_scale=args.lora_scale)
-    try:
-        result = engine.generate(request)
-    except (ValueError, EngineError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+                              lora=next(iter(loaded), None), lora_scale=args.lora_scale)
+    result = studio.generate(request).result  # an inpaint too, with --image and --mask
     result.save_png(args.out)
     print(json.dumps({**result.info(), "out": args.out}, indent=1))
     return 0
 
 
-def run_grid_command(args: argparse.Namespace, settings: Settings, cache: CachePaths,
-                     load: Callable[[Settings, CachePaths], Engine] | None = None) -> int:
+def refused_style(engine: EngineLike, spec: str) -> str:
+    """Why the engine left the style `spec` out at load: the in-process engine keeps the reason beside its styles
+    (engine/styles.py StyleBook.refused); any other engine said it in the log above."""
+    refused = getattr(getattr(engine, "styles", None), "refused", None)
+    return str(refused[spec]) if isinstance(refused, dict) and spec in refused else f"{spec} (the log above says why)"
+
+
+def grid_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
     """`grid`: the axes checked against the loaded engine before any image, then every cell in turn; the sheet at
     --out, each cell beside it (<out>-<n>.png, n its place on the sheet from 1), the info as JSON."""
-    from neuron_ui.contract.errors import EngineError
-    from neuron_ui.engine.engine import Engine
-    from neuron_ui.engine.grid import build_plan, run_grid
-
     out = Path(args.out).expanduser()
-    if not out.parent.is_dir():
-        print(f"error: --out {args.out}: the folder {out.parent} does not exist", file=sys.stderr)
-        return 2
-    engine = (load or Engine.from_settings)(settings, cache)
-    try:
-        plan = build_plan(engine, settings.max_grid_cells, args.prompt, args.resolution,
-                          {axis: getattr(args, axis) for axis in AXIS_HELP})
-        grid = run_grid(engine, plan)
-    except (ValueError, EngineError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    axes = {axis: getattr(args, axis) for axis in AXIS_HELP}
+    grid = studio.grid(studio.plan_grid(args.prompt, args.resolution, axes))
+    return write_sheet(grid.grid, out, lambda index: f"{index + 1}")
+
+
+def ab_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
+    """`ab`: A and B checked against the loaded engine before either is made, then made in turn; A and B side by
+    side at --out (each beside it, <out>-A.png), the info as JSON."""
+    out = Path(args.out).expanduser()
+    made = studio.ab(studio.plan_ab(args.prompt, args.resolution, args.a, args.b))
+    return write_sheet(made.grid, out, lambda index: "AB"[index])
+
+
+def write_sheet(grid: GridResult, out: Path, name: Callable[[int], str]) -> int:
+    """Each cell made beside the sheet (<out>-<name>.png; a repeated cell shares its file), the sheet at `out`,
+    the info as JSON."""
     paths: dict[int, str] = {}
     for done in grid.made:
-        path = out.with_name(f"{out.stem}-{done.cell.index + 1}.png")
+        path = out.with_name(f"{out.stem}-{name(done.cell.index)}.png")
         paths[done.cell.index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
     grid.save_png(out)
     print(json.dumps({**grid.info(paths), "out": str(out)}, indent=1))
     return 0
 
 
-def run_ab_command(args: argparse.Namespace, settings: Settings, cache: CachePaths,
-                   load: Callable[[Settings, CachePaths], Engine] | None = None) -> int:
-    """`ab`: two PNGs compared from their parameters, or A and B checked against the loaded engine before either
-    is made, then made in turn; A and B side by side at --out (each beside it, <out>-A.png), the info as JSON."""
-    from neuron_ui.contract.ab_sheet import compare_files
-    from neuron_ui.contract.errors import EngineError
-    from neuron_ui.engine.ab import build_ab, run_ab
-    from neuron_ui.engine.engine import Engine
+def compare_command(args: argparse.Namespace) -> int:
+    """`ab` with two PNGs made here: compared from their parameters, nothing made."""
+    from neuron_ui.studio.ab_sheet import compare_files
 
     out = Path(args.out).expanduser()
-    making = any(value is not None for value in (args.prompt, args.resolution, args.a, args.b))
-    if len(args.images) != (0 if making else 2) or (making and not (args.prompt and args.resolution)):
-        print("error: give two PNGs to compare, or --prompt, --resolution and --b to make A and B", file=sys.stderr)
-        return 2
-    if not out.parent.is_dir():
-        print(f"error: --out {args.out}: the folder {out.parent} does not exist", file=sys.stderr)
-        return 2
     try:
-        if args.images:
-            compared = compare_files(Path(args.images[0]), Path(args.images[1]))
-            compared.save_png(out)
-            print(json.dumps({**compared.info, "out": str(out)}, indent=1))
-            return 0
-        engine = (load or Engine.from_settings)(settings, cache)
-        made = run_ab(engine, build_ab(engine, args.prompt, args.resolution, args.a, args.b))
-    except (ValueError, EngineError) as error:
+        compared = compare_files(Path(args.images[0]), Path(args.images[1]))
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    paths = {done.cell.index: str(done.result.save_png(out.with_name(f"{out.stem}-{'AB'[done.cell.index]}.png")))
-             for done in made.made}
-    made.save_png(out)
-    print(json.dumps({**made.info(paths), "out": str(out)}, indent=1))
+    compared.save_png(out)
+    print(json.dumps({**compared.info, "out": str(out)}, indent=1))
     return 0
+
+
+def check_command(args: argparse.Namespace) -> str | None:
+    """`grid` and `ab`: what is wrong with the command before the model loads (or two PNGs are read); None if
+    nothing."""
+    if args.command == "ab":
+        making = any(value is not None for value in (args.prompt, args.resolution, args.a, args.b))
+        if len(args.images) != (0 if making else 2) or (making and not (args.prompt and args.resolution)):
+            return AB_USAGE
+    out = Path(args.out).expanduser()
+    return None if out.parent.is_dir() else f"--out {args.out}: the folder {out.parent} does not exist"
 
 
 def check_files(args: argparse.Namespace) -> str | None:

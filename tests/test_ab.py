@@ -5,19 +5,16 @@ compared from their own parameters; the `ab` command in process. The API and MCP
 from __future__ import annotations
 
 import json
-import threading
-from types import SimpleNamespace
 
 import pytest
-from fakes import made_image
+from fakes import Recorder
 from PIL import Image
 
 from neuron_ui import cli
 from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.contract.ab import plan_ab
-from neuron_ui.contract.ab_sheet import compare_files
+from neuron_ui.studio.ab_plan import plan_ab
+from neuron_ui.studio.ab_sheet import compare_files
 from neuron_ui.contract.results import GenerateResult
-from neuron_ui.engine.ab import build_ab, run_ab
 
 PRESETS = parse_resolutions("256x256,384x256")
 STYLES = {"ink": 0.8}
@@ -62,46 +59,6 @@ def test_bad_settings_are_one_line(a, b, resolution, line):
     assert str(error.value) == line
 
 
-class Recorder:
-    """An engine that records each request and never has two at once (the pair is one request in the engine)."""
-
-    presets = PRESETS
-
-    def __init__(self, stop_after=99):
-        self.calls, self.busy, self.overlapped, self.stop_after = [], threading.Lock(), False, stop_after
-
-    def status(self):
-        return SimpleNamespace(styles=[{"name": "ink", "default_scale": 0.8}], default_steps=4)
-
-    def generate(self, request, progress=None, stop=None):
-        if not self.busy.acquire(blocking=False):
-            self.overlapped = True
-        try:
-            self.calls.append(request)
-            return made_image(request, (200, 40, 40) if len(self.calls) == 1 else (40, 40, 200))
-        finally:
-            self.busy.release()
-
-
-def test_a_then_b_one_at_a_time_side_by_side_with_labels_and_parameters(tmp_path):
-    engine, told = Recorder(), []
-    made = run_ab(engine, build_ab(engine, PROMPT, "256x256", "seed=3", "seed=3 style=ink"), visitor="v",
-                  on_cell=told.append)
-    assert [(r.seed, r.lora, r.lora_scale, r.visitor) for r in engine.calls] == [(3, None, None, "v"),
-                                                                                 (3, "ink", 0.8, "v")]
-    assert not engine.overlapped and [done.cell.index for done in told] == [0, 1]  # each to the history
-    info = made.info({0: "/images/a.png", 1: "/images/b.png"})
-    assert info["differs"] == ["style", "strength"] and info["labels"] == ["A: no style", "B: ink · strength 0.8"]
-    assert (info["a"]["image"], info["b"]["image"], info["b"]["style"]) == ("/images/a.png", "/images/b.png", "ink")
-    assert info["b"]["cache_event"] == "memory_hit" and info["b"]["seconds"] == 0.1
-    sheet = Image.open(made.save_png(tmp_path / "ab.png", fast=True))
-    assert json.loads(sheet.text["B"])["parameters"]["lora"] == "ink"
-    assert json.loads(sheet.text["A"])["seed"] == 3 and json.loads(sheet.text["ab"])["differs"] == ["style", "strength"]
-    assert sheet.width > 2 * 256 and sheet.getpixel((20, sheet.height - 20)) == (200, 40, 40)  # A left, B right
-    assert sheet.getpixel((sheet.width - 20, sheet.height - 20)) == (40, 40, 200)
-    assert min(sheet.crop((0, 0, sheet.width // 2, 30)).convert("L").getdata()) < 100  # A's label, in ink
-
-
 def saved(tmp_path, name, size=(256, 256), **fields):
     result = GenerateResult(Image.new("RGB", size, (90, 90, 90)), fields.get("prompt", PROMPT), f"{size[0]}x{size[1]}",
                             4, fields.get("seed", 1), None, "tiny", "eager", 0.0, 0.1, 0.1, lora=fields.get("lora"),
@@ -128,7 +85,7 @@ def test_the_ab_command_makes_or_compares_and_refuses_in_one_line(tmp_path, caps
     common = ["ab", "--model", "tiny", "--compile", "eager", "--resolutions", "256x256,384x256", "--cache-dir",
               str(tmp_path / "cache")]
     code = cli.main([*common, "--prompt", PROMPT, "--resolution", "256x256", "--a", "seed=3", "--b", "replace=fox,cat",
-                     "--out", str(tmp_path / "ab.png")], load=lambda settings, cache: engine)
+                     "--out", str(tmp_path / "ab.png")], load=lambda settings: engine)
     info = json.loads(capsys.readouterr().out)
     assert code == 0 and info["labels"] == ["A: fox", "B: cat"] and info["out"] == str(tmp_path / "ab.png")
     assert info["b"]["image"] == str(tmp_path / "ab-B.png")
@@ -137,7 +94,7 @@ def test_the_ab_command_makes_or_compares_and_refuses_in_one_line(tmp_path, caps
     assert code == 0 and json.loads(capsys.readouterr().out)["differs"] == ["prompt"]
     assert json.loads(Image.open(tmp_path / "c.png").text["ab"])["labels"] == ["A: fox", "B: cat"]
     code = cli.main([*common, "--prompt", PROMPT, "--resolution", "256x256", "--b", "style=chalk",
-                     "--out", str(tmp_path / "bad.png")], load=lambda settings, cache: engine)
+                     "--out", str(tmp_path / "bad.png")], load=lambda settings: engine)
     assert code == 2 and capsys.readouterr().err == "error: b: lora 'chalk' is not a style loaded here; allowed: " \
         "None, ink\n"
     assert len(engine.calls) == 2 and not (tmp_path / "bad.png").exists()  # nothing ran

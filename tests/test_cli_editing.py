@@ -62,7 +62,7 @@ def test_bad_editing_input_exits_2_with_one_line(run, tmp_path):
 def test_missing_files_are_named_before_the_model_loads(run, tmp_path):
     """Issue 22, item 13: a missing --reference was "the uploaded file cannot be read", after the model loaded."""
 
-    def no_load(settings, cache):
+    def no_load(settings):
         raise AssertionError("the model was loaded before the files were checked")
 
     good = picture(tmp_path / "a.png", 64, 64)

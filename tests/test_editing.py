@@ -15,7 +15,7 @@ from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.contract.images import UploadLimits
+from neuron_ui.images.decode import UploadLimits
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import GenerateRequest

@@ -2,10 +2,14 @@
 their collaborators, so both are built here from plain objects, without a server, Gradio or a model."""
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import pytest
 
 from neuron_ui.config.settings import Settings
+from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
+from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.file_doors import FileDoors
 from neuron_ui.server.gate import LOADING_PAGE, Gate
@@ -24,9 +28,10 @@ class Doors:
     mounted: Mounted | None = None
     draining: bool = False
     events: int = 0
+    admission: Admission = field(init=False)
 
-    def device_events(self) -> int:
-        return self.events
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.settings.max_queue, lambda: self.events)
 
 
 def doors(tmp_path, budget: int = 1000) -> Doors:
@@ -121,3 +126,20 @@ def test_each_kind_of_component_takes_its_own_values_and_an_unknown_kind_anythin
     assert value_problem(gr.File(file_types=["image"]), {**file, "path": "a.pdf"}, preprocessed=False) is None
     assert value_problem(gr.Image(), None, preprocessed=True) is None  # an empty image: the handler says what it needs
     assert value_problem(gr.HTML(), {"any": "thing"}, preprocessed=True) is None  # a kind not known here: unchanged
+
+
+def test_one_count_bounds_the_device_for_every_door():
+    """The gate's bound and MCP's are one count: Gradio's device events and MCP's calls running, against
+    --max-queue waiting plus the one on the device; a refusal is one line (no app needed: the count alone)."""
+    events = [2]
+    admission = Admission(2, lambda: events[0])
+    with admission.admitted():  # two admitted (one on the device, one waiting): a third may wait
+        assert admission.count() == 3 and admission.refusal() == (
+            "Queue is full: 2 requests are waiting for the device; try again in a moment")
+        events[0] = 3
+        with pytest.raises(EngineError, match=r"^Queue is full: 3 requests are waiting for the device; try again"):
+            with admission.admitted():
+                pass
+        assert admission.calls == 1
+    assert admission.calls == 0 and admission.refusal(arriving=1) is not None and Admission(2).refusal() is None
+

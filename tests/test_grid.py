@@ -17,12 +17,12 @@ from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
-from neuron_ui.contract.grid import estimate_seconds, plan_grid
+from neuron_ui.studio.grid_plan import estimate_seconds, plan_grid
 from neuron_ui.contract.results import EngineStatus, ShapeState, ShapeStatus
 from neuron_ui.contract.stopping import CANCELLED, DISCONNECTED, Stopped, StopToken
 from neuron_ui.engine.engine import Engine
-from neuron_ui.engine.grid import run_grid
-from neuron_ui.engine.grid_jobs import GridJobs
+from neuron_ui.studio.grid import run_grid
+from neuron_ui.studio.grid_jobs import GridJobs
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.lora_random import write_random_lora
@@ -268,7 +268,7 @@ def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(eng
     argv = ["grid", "--model", "tiny", "--compile", "eager", "--resolutions", "256x256,512x512", "--cache-dir",
             str(tmp_path / "cache"), "--prompt", "a grey heron", "--resolution", "256x256", "--steps", "1"]
     code = cli.main([*argv, "--seeds", "3+2", "--styles", "none,ink", "--out", str(tmp_path / "g.png")],
-                    load=lambda settings, cache: engine)
+                    load=lambda settings: engine)
     out, _ = capsys.readouterr()
     info = json.loads(out)
     assert code == 0 and [(c["seed"], c["style"]) for c in info["cells"]] == [(3, None), (4, None), (3, "ink"),
@@ -279,7 +279,7 @@ def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(eng
 
     made = engine.status().shape("256x256").images
     code = cli.main([*argv, "--seeds", "1+5", "--steps", "1,2,3,4", "--max-grid-cells", "16",
-                     "--out", str(tmp_path / "big.png")], load=lambda settings, cache: engine)
+                     "--out", str(tmp_path / "big.png")], load=lambda settings: engine)
     _, err = capsys.readouterr()
     assert code == 2 and err == "error: a grid of 4 steps x 5 seeds = 20 images is more than 16, this server's " \
         "limit (--max-grid-cells): take fewer values\n"

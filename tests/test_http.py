@@ -168,7 +168,7 @@ def test_a_dead_process_folder_is_swept_at_start(tmp_path):
 
 
 def test_uploads_are_capped(gated):
-    from neuron_ui.contract.images import MAX_UPLOAD_BYTES
+    from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 
     photo = post(gated, "/gradio_api/upload", files={"files": ("photo.jpg", b"x" * (3 << 20))})
     assert photo.status_code == 200, photo.text  # a designer's photo as a reference fits

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from neuron_ui.config.resolutions import parse_resolution
-from neuron_ui.contract import images
+from neuron_ui.images import decode as images
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.files import ForeignFile, StoredFiles
 from neuron_ui.web.uploads import FILE_COST, UploadFolder

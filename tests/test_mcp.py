@@ -191,22 +191,6 @@ def test_a_client_that_goes_away_mid_image_stops_it_at_the_next_step(app):
     assert not app.engine.status().busy
 
 
-def test_a_tool_call_over_the_queue_bound_is_refused_in_one_line():
-    """The bound the gate keeps for Gradio's requests, kept for MCP's too (no app needed: the endpoint alone)."""
-    from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.errors import EngineError
-    from neuron_ui.server.mcp import McpEndpoint
-
-    events = [2]
-    endpoint = McpEndpoint(Settings(max_queue=2), lambda: events[0], lambda scope: False)
-    endpoint._admit()  # two admitted (one on the device, one waiting): a third may wait
-    assert endpoint.in_flight == 1
-    events[0] = 3
-    with pytest.raises(EngineError, match=r"^Queue is full: 2 requests are waiting for the device; try again"):
-        endpoint._admit()
-    assert endpoint.in_flight == 1
-
-
 def rpc(method: str, params: dict | None = None) -> dict:
     return {"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params is not None else {})}
 

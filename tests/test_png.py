@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neuron_ui.contract.png import stored_deflate, write_png
+from neuron_ui.images.png import stored_deflate, write_png
 from neuron_ui.contract.results import GenerateResult
 from neuron_ui.web.files import ImageStore
 

@@ -173,34 +173,6 @@ def test_no_previews_turns_them_off_for_the_whole_server():
     assert not parsed(environ={"NEURON_UI_NO_PREVIEWS": "1"}).previews
 
 
-def test_previews_go_to_the_slot_not_the_bar_and_a_watched_call_yields_them_then_its_value():
-    from neuron_ui.contract.results import ProgressUpdate, Stage
-    from neuron_ui.web.progress import Finished, ProgressReporter, watch
-
-    preview = StepPreview(2, 3, 1, 1, b"abc")
-    bar, shown = [], []
-    reporter = ProgressReporter(lambda fraction, desc="", **_: bar.append(desc), on_preview=shown.append)
-    for update in (ProgressUpdate(Stage.DENOISING, "step 1/3", 1 / 3),
-                   ProgressUpdate(Stage.DENOISING, "step 2/3", 2 / 3, preview=preview),
-                   ProgressUpdate(Stage.DENOISING, "step 3/3", 1.0),
-                   ProgressUpdate(Stage.DECODING, "decoding the image", 1.0)):
-        reporter(update)
-    assert bar == ["step 1/3", "step 3/3", "decoding the image"] and shown == [preview]
-
-    def work(sink):
-        sink(preview)
-        return "the image"
-
-    items = list(watch(work))
-    assert items[-1] == Finished("the image") and set(items[:-1]) <= {preview}
-
-    def failing(sink):
-        raise ValueError("prompt is empty")
-
-    with pytest.raises(ValueError, match="prompt is empty"):
-        list(watch(failing))
-
-
 def test_preview_files_keep_the_newest_and_a_full_disk_loses_only_the_preview(tmp_path):
     from neuron_ui.web.previews import PreviewFiles
 

@@ -196,9 +196,9 @@ def test_engine_messages_become_gr_errors(handlers):
     with pytest.raises(gr.Error, match="allowed: 256x256, 384x256, 256x384, 512x512"):
         handlers.on_generate("a fox", "640x480", 1, 1, False, 1.0, [])
     with pytest.raises(gr.Error, match="steps must be a whole number from 1 to 100"):
-        handlers.api_generate("a fox", "256x256", 2.5, None)
+        handlers.api.api_generate("a fox", "256x256", 2.5, None)
     with pytest.raises(gr.Error, match="allowed:"):
-        handlers.api_warmup("2048x2048")
+        handlers.api.api_warmup("2048x2048")
 
 
 @pytest.mark.parametrize("value", ["../../etc/passwd", "/etc/passwd", "C:\\Windows\\win.ini"])
@@ -207,7 +207,7 @@ def test_a_users_own_bad_value_is_echoed_as_sent(handlers, value):
         handlers.on_generate("a fox", value, 1, 1, False, 1.0, [])
     assert f"resolution {value!r} is not of the form WIDTHxHEIGHT" in raised.value.message
     with pytest.raises(gr.Error) as raised:
-        handlers.api_warmup(value)
+        handlers.api.api_warmup(value)
     assert repr(value) in raised.value.message and "<path>" not in raised.value.message
 
 
@@ -402,23 +402,23 @@ def test_ui_does_not_import_torch():
 
 
 def test_a_reload_finds_the_form_the_history_and_the_image_finished_meanwhile(handlers, tmp_path):
-    session, *form, history, gallery, image, info, collect = handlers.on_restore(None)  # a first visit
+    session, *form, history, gallery, image, info, collect = handlers.session.on_restore(None)  # a first visit
     assert re.fullmatch(r"[\w-]{16,}", session["id"]) and form == [gr.skip()] * 6
     assert history == [] and gallery == [] and image == info == gr.skip() and collect.active is False
 
     # The browser keeps the form (on_save), the request runs, and the page reloads before its image is done.
-    kept = handlers.on_save(session, "a red fox", "384x256", 2, 7, False, 1.0, [])
+    kept = handlers.session.on_save(session, "a red fox", "384x256", 2, 7, False, 1.0, [])
     assert kept["id"] == session["id"] and kept["prompt"] == "a red fox" and kept["history"] == []
     handlers.on_generate("a red fox", "384x256", 2, 7, False, 1.0, [], session=kept)
     session2, prompt, resolution, steps, seed, randomize, guidance, history, gallery, image, info, _ = \
-        handlers.on_restore(kept)
+        handlers.session.on_restore(kept)
     assert session2["id"] == session["id"]
     assert (prompt, resolution, steps, seed, randomize, guidance) == ("a red fox", "384x256", 2, 7, False, 1.0)
     assert [e.seed for e in history] == [7] and image == history[0].path and "**seed** 7" in info
     assert gallery == [(image, "384x256")]
 
     # Another browser (another id) finds nothing of it.
-    other = handlers.on_restore({"id": "x" * 20})
+    other = handlers.session.on_restore({"id": "x" * 20})
     assert other[0]["id"] == "x" * 20 and other[7] == []
 
 
@@ -434,7 +434,7 @@ def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
                   {"path": ours, "seed": 3, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1,
                    "references": ["/etc/passwd"], "editor": {"background": "/etc/passwd", "layers": []}},
                   "not a dict"]}
-    session, *form, history, gallery, image, info, _ = handlers.on_restore(forged)
+    session, *form, history, gallery, image, info, _ = handlers.session.on_restore(forged)
     assert form == [gr.skip()] * 5 + [2.0]  # only the well-formed guidance is kept
     assert [e.path for e in history] == [ours] and image == ours
     assert history[0].references == () and history[0].editor is None
@@ -442,7 +442,7 @@ def test_a_session_from_the_browser_is_untrusted(handlers, tmp_path):
 
 def test_a_session_holds_a_whole_grid_of_the_default_size():
     """A grid that finished while its page was away: every cell comes back with the reload (8 of 16 did)."""
-    from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
+    from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 
     held = sessions.HeldResults()
     for cell in range(DEFAULT_MAX_CELLS):
@@ -503,7 +503,7 @@ def test_a_forged_made_in_the_history_sorts_as_zero(handlers):
     ours = handlers.store.save(result_with("memory_hit"))
     entry = {"path": ours, "seed": 1, "resolution": "256x256", "info": "ours", "prompt": "p", "steps": 1}
     forged = {"id": "f" * 20, "history": [{**entry, "made": "x"}, {**entry, "made": 1.0}, {**entry, "made": None}]}
-    assert [e.made for e in handlers.on_restore(forged)[7]] == [1.0, 0.0, 0.0]
+    assert [e.made for e in handlers.session.on_restore(forged)[7]] == [1.0, 0.0, 0.0]
 
 
 def test_a_huge_history_is_cut_before_it_is_cleaned(handlers):
@@ -522,7 +522,7 @@ def test_a_huge_history_is_cut_before_it_is_cleaned(handlers):
 
     kept = clean_history(huge["history"], handlers.store.folder, handlers.uploads, HISTORY_SIZE, read=counted)
     assert len(kept) == HISTORY_SIZE and len(cleaned) == HISTORY_SIZE
-    assert len(handlers.on_restore(huge)[7]) == HISTORY_SIZE  # the restore reads through clean_history
+    assert len(handlers.session.on_restore(huge)[7]) == HISTORY_SIZE  # the restore reads through clean_history
 
 
 def test_history_entries_round_trip_through_the_browser_and_old_ones_load_or_drop(handlers, tmp_path):
@@ -539,7 +539,7 @@ def test_history_entries_round_trip_through_the_browser_and_old_ones_load_or_dro
     older = {"path": ours, "info": "seed 3", "cache_event": "compiled", "prompt": "a cat", "resolution": "256x256",
              "steps": 4, "seed": 3, "guidance": 1.0, "made": 4.0}
     broken = [{**older, "seed": None}, {**older, "resolution": 256}, {**older, "steps": "many", "seed": 1}]
-    restored = handlers.on_restore({"id": "o" * 20, "history": [stored, older, *broken]})[7]
+    restored = handlers.session.on_restore({"id": "o" * 20, "history": [stored, older, *broken]})[7]
     assert [e.seed for e in restored] == [7, 3, 1]  # newest first; the last kept without its malformed steps
     assert restored[1] == HistoryEntry(ours, "seed 3", "a cat", "256x256", 3, steps=4, guidance=1.0,
                                        cache_event="compiled", made=4.0)
@@ -549,20 +549,20 @@ def test_history_entries_round_trip_through_the_browser_and_old_ones_load_or_dro
 def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
     session = {"id": "z" * 20}
     handlers.held.start(session["id"], "256x256")
-    *_, info, collect = handlers.on_restore(session)
+    *_, info, collect = handlers.session.on_restore(session)
     assert "still being made" in info and "256x256" in info and collect.active is True
-    assert handlers.on_collect(session, []) == (gr.skip(),) * 6  # still running: the timer goes on
+    assert handlers.session.on_collect(session, []) == (gr.skip(),) * 6  # still running: the timer goes on
     handlers.on_generate("a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
-    image, info, seed, history, gallery, collect = handlers.on_collect(session, [])
+    image, info, seed, history, gallery, collect = handlers.session.on_collect(session, [])
     assert seed == 11 and image == history[0].path and "**seed** 11" in info and len(gallery) == 1
     assert collect.active is False  # shown once, then the timer stops
-    *_, collect = handlers.on_collect({"id": "n" * 20}, [])  # nothing asked, nothing running: stop
+    *_, collect = handlers.session.on_collect({"id": "n" * 20}, [])  # nothing asked, nothing running: stop
     assert collect.active is False
 
 
 def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_path):
     handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
-    editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors, True, handlers.stored)
+    editing_handlers = EditingHandlers(handlers.studio, handlers.run, user_errors, True, handlers.stored)
     source, reference, layer = tmp_path / "source.png", tmp_path / "ref.png", tmp_path / "layer.png"
     Image.new("RGB", (300, 200), (10, 200, 30)).save(source)
     Image.new("RGB", (640, 480), (200, 10, 30)).save(reference)
@@ -574,8 +574,8 @@ def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_pa
     *_, history, _ = editing_handlers.on_inpaint(editor, "at night", "256x256", 0.5, 2, 3, False, 1.0,
                                                  [str(reference)], "512x512", "pad", [], session)
     # Through the browser's storage and back, then picked from the history.
-    kept = handlers.on_save(session, "at night", "256x256", 2, 3, False, 1.0, history)
-    restored_history = handlers.on_restore(kept)[7]
+    kept = handlers.session.on_save(session, "at night", "256x256", 2, 3, False, 1.0, history)
+    restored_history = handlers.session.on_restore(kept)[7]
     *_, refs, ref_size, fit, restored_editor, strength = handlers.on_select(restored_history, select(0))
     assert refs == [str(reference)] and ref_size == "512x512" and fit == "pad" and strength == 0.5
     assert restored_editor == {"background": str(source), "layers": [str(layer)], "composite": None}
@@ -585,7 +585,7 @@ def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_imag
     """Issue 22, item 8: after uploading to the inpaint editor (and painting) the hint named nothing, and with 2
     references it announced Generate's layout while Inpaint compiled another, its source doubling the tokens."""
     handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
-    editing = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors, True, handlers.stored)
+    editing = EditingHandlers(handlers.studio, handlers.run, user_errors, True, handlers.stored)
     files = []
     for name in ("a.png", "b.png"):
         Image.new("RGB", (64, 48), (200, 10, 30)).save(tmp_path / name)

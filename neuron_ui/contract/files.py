@@ -1,4 +1,4 @@
-"""Which files a caller may name, and opening one safely; no torch, no Gradio.
+"""Which files a caller may name; no torch, no Gradio.
 
 A file value from a caller (an API call's FileData with or without "meta", a bare path, a reference list, the image
 editor's background and layers) names a path on the server. Only files this app stored may be read: its uploads
@@ -6,18 +6,15 @@ and its results, all inside one private folder (web/files.py, private_file_folde
 to the images' folder in the cache folder). `StoredFiles.resolve` decides
 that from the string alone, before anything touches the disk, so a refusal is the same for a file that exists and
 one that does not. The server's gate and the UI's handlers both call it: this is the one copy of the rule.
-`open_regular` then refuses what is not a regular file (a FIFO would hold the request open, a device never ends),
-and the reader counts bytes as they come: stat() says 0 for a FIFO or a device, so it is never trusted for size.
+Opening one is neuron_ui/images/decode.py's (`open_regular`: regular files only).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 MAX_PATH_CHARS = 4096
 
@@ -64,22 +61,3 @@ class StoredFiles:
         except (OSError, NotImplementedError):
             pass  # gone, or never there: the read that follows says so in one line
         return full
-
-
-def open_regular(path: str | Path, role: str) -> BinaryIO:
-    """The file opened for reading if it is a regular file; ValueError (one line) otherwise.
-
-    O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it, and any device, unread."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except (OSError, ValueError):
-        raise ValueError(f"{role}: the uploaded file cannot be read (it may have expired: upload it again)") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{role} is not a regular file: upload an image file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise

@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.contract.checks import check_size
-from neuron_ui.contract.images import LIMITS, ImageSource, UploadLimits, band_range, decoded, on_decoder, to_8bit
+from neuron_ui.images.decode import LIMITS, ImageSource, UploadLimits, band_range, decoded, on_decoder, to_8bit
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from neuron_ui.config.resolutions import Resolution
-    from neuron_ui.contract.images import ImageSource
+    from neuron_ui.images.decode import ImageSource
     from neuron_ui.contract.references import FittedImage
 
 

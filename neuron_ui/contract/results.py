@@ -13,8 +13,8 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from neuron_ui.contract.kinds import Kind
-from neuron_ui.contract.png import write_png
 from neuron_ui.contract.stopping import Phase
+from neuron_ui.images.png import write_png
 
 
 class ShapeState(Kind):
@@ -107,7 +107,7 @@ ProgressFn = Callable[[ProgressUpdate], None]
 
 # zlib level 1, not PIL's 6, for the PNGs nobody waits on in a round trip (the headless command's, MCP's): on a
 # 1024x1024 photo level 1 took 0.14 s against 0.21 s for a file 15% larger (1.44 MB vs 1.25 MB). The images the
-# UI and the API serve are written uncompressed instead (save_png(fast=True), contract/png.py).
+# UI and the API serve are written uncompressed instead (save_png(fast=True), images/png.py).
 PNG_COMPRESS_LEVEL = 1
 
 
@@ -162,7 +162,7 @@ class GenerateResult:
 
     def save_png(self, path: Path | str, fast: bool = False) -> Path:
         """The PNG with its parameters; `fast` for one a user waits on: uncompressed, written in milliseconds
-        (contract/png.py), else deflated at PNG_COMPRESS_LEVEL (the headless command's file)."""
+        (images/png.py), else deflated at PNG_COMPRESS_LEVEL (the headless command's file)."""
         if fast:
             return write_png(self.image, path, self.png_text())
         path = Path(path)

@@ -18,7 +18,7 @@ import ray
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind
-from neuron_ui.contract.images import read_file
+from neuron_ui.images.decode import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.lifecycle import ServesOnceBuilt
 from neuron_ui.contract.requests import count_prompt_tokens, require_inpaint_inputs
@@ -239,7 +239,7 @@ class ReplicaClient(ServesOnceBuilt):
 
 def portable(request: GenerateRequest) -> GenerateRequest:
     """The request with its files read into bytes: a replica on another node cannot open this machine's paths.
-    Read as the engine reads them (contract/images.py): regular files only, the size capped while reading."""
+    Read as the engine reads them (images/decode.py): regular files only, the size capped while reading."""
     def read(source, role: str):
         return read_file(source, role) if isinstance(source, (str, Path)) else source
 

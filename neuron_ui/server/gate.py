@@ -212,10 +212,9 @@ class Gate:
             return receive, Refusal(422, problem), False
         if not gradio_bridge.runs_on_device(fn):
             return receive, None, False
-        admitted = self.server.device_events() + self.admitting  # the one on the device and those waiting
-        if admitted > self.server.settings.max_queue:
-            message = f"Queue is full: {admitted - 1} requests are waiting for the device; try again in a moment"
-            return receive, Refusal(503, message, (("retry-after", "5"),)), False
+        full = self.server.admission.refusal(self.admitting)  # the one on the device and those waiting
+        if full is not None:
+            return receive, Refusal(503, full, (("retry-after", "5"),)), False
         return receive, None, True
 
     async def stop_cancelled(self, receive: Receive, stops: SessionStops) -> tuple[Receive, Refusal | None]:

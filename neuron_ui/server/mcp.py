@@ -7,11 +7,12 @@ and api_stop, which would stop every MCP client's work: they all share one sessi
 one gradio_client of its own, created without the login (under NEURON_UI_AUTH every call failed: "credentials
 were not provided") and shared by every MCP client (one visitor for all of them); the image came back as a text
 dump of Gradio's file record, not as an image; and its progress says only Gradio's queue positions. So the
-server's mount keeps it off, and this one calls the engine the way the UI does:
+server's mount keeps it off, and this one calls the studio the way the UI does:
 
 - login: with NEURON_UI_AUTH a request needs HTTP Basic credentials (or the browser's login cookie), else a 401
   in one line;
-- the queue bound: a device call counts with the Gradio requests against --max-queue ("Queue is full" otherwise);
+- the queue bound: a device call counts with the Gradio requests against --max-queue ("Queue is full" otherwise),
+  in the server's one count (server/admission.py);
 - fair turns: the caller is a visitor, the logged-in user or else its MCP session;
 - progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
   every second, steps) as MCP progress notifications when the client asks for them;
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,14 +32,14 @@ from mcp import types
 from mcp.server.lowlevel import Server as McpServer
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from neuron_ui.contract.errors import EngineError, ErrorKind
+from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
-from neuron_ui.engine.ab import build_ab, run_ab
-from neuron_ui.engine.grid import build_plan, run_grid
 from neuron_ui.server import mcp_bridge, mcp_tools
 from neuron_ui.server.asgi import Refusal, reply
 from neuron_ui.server.mcp_sessions import SessionBound
+from neuron_ui.studio.bridge import Bridge, Finished
+from neuron_ui.studio.studio import Asker, Studio
 from neuron_ui.web.errors import public_status, redact_paths
 from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.web.visitors import visitor_name
@@ -47,6 +47,7 @@ from neuron_ui.web.visitors import visitor_name
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.server.admission import Admission
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,11 @@ class McpEndpoint:
     """The ASGI app at /gradio_api/mcp/: login, then the MCP session manager. `running()` belongs in the server's
     lifespan; `serve(engine)` once the model is loaded (before, the gate answers "loading")."""
 
-    def __init__(self, settings: Settings, device_events: Callable[[], int], authorized: Callable[[dict], bool]):
+    def __init__(self, settings: Settings, admission: Admission, authorized: Callable[[dict], bool]):
         self.settings = settings
-        self.device_events = device_events  # device requests accepted and not finished: Gradio's and ours
+        self.admission = admission  # the server's one count of device work against --max-queue, Gradio's and ours
         self.authorized = authorized  # the request carries the login (NEURON_UI_AUTH set)
-        self.engine: EngineLike | None = None
-        self.in_flight = 0  # device calls from MCP clients, counted against --max-queue
-        self._lock = threading.Lock()
+        self.studio: Studio | None = None
         self.server = self._build_server()
         # The library's own session bound refuses newcomers (503) while strangers' sessions are open: off, the
         # bound is kept by closing the session idle longest (SessionBound).
@@ -77,7 +76,7 @@ class McpEndpoint:
         mcp_bridge.quiet_session_logs()
 
     def serve(self, engine: EngineLike) -> None:
-        self.engine = engine
+        self.studio = Studio(engine, max_grid_cells=self.settings.max_grid_cells)  # MCP sends its results: no store
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -85,7 +84,7 @@ class McpEndpoint:
             yield
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if self.engine is None:
+        if self.studio is None:
             await reply(send, Refusal(503, "the model is loading; try again in a moment", (("retry-after", "5"),)))
             return
         if self.settings.auth and not self.authorized(scope):
@@ -126,25 +125,21 @@ class McpEndpoint:
 
         return server
 
-    def _engine(self) -> EngineLike:
-        """The engine the tools call: requests reach them only once serve() gave it (__call__ answers 503 before)."""
-        assert self.engine is not None, "an MCP call before serve()"
-        return self.engine
+    def _studio(self) -> Studio:
+        """The studio the tools call: requests reach them only once serve() gave it (__call__ answers 503 before)."""
+        assert self.studio is not None, "an MCP call before serve()"
+        return self.studio
 
     async def _tools(self) -> list[types.Tool]:
-        return mcp_tools.build_tools(await asyncio.to_thread(self._engine().status))
+        return mcp_tools.build_tools(await asyncio.to_thread(self._studio().engine.status))
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         try:
             mcp_tools.check_arguments(name, arguments, await self._tools())
             if name == "status":
-                return _ok(mcp_tools.json_result(public_status(await asyncio.to_thread(self._engine().status))))
-            self._admit()
-            try:
+                return _ok(mcp_tools.json_result(public_status(await asyncio.to_thread(self._studio().engine.status))))
+            with self.admission.admitted():  # the same bound as the gate's, in the same count
                 return _ok(await self._on_device(name, arguments))
-            finally:
-                with self._lock:
-                    self.in_flight -= 1
         except (ValueError, EngineError) as error:
             line = str(error) if isinstance(error, ValueError) else redact_paths(str(error))
             return _failed(line.splitlines()[0] if line else type(error).__name__)
@@ -152,77 +147,50 @@ class McpEndpoint:
             logger.exception("MCP tool %s failed", name)
             return _failed(UNEXPECTED)
 
-    def _admit(self) -> None:
-        """The same bound as the gate's: --max-queue waiting plus the one on the device, Gradio's and ours."""
-        with self._lock:
-            admitted = self.device_events()
-            if admitted > self.settings.max_queue:
-                raise EngineError(f"Queue is full: {admitted - 1} requests are waiting for the device; try again in "
-                                  "a moment", kind=ErrorKind.QUEUE_FULL)
-            self.in_flight += 1
-
     async def _on_device(self, name: str, arguments: dict[str, Any]) -> list[types.ContentBlock]:
-        """Run the tool on a thread of its own (it may wait its turn a long while), forwarding its progress; a
-        cancelled call stops the engine's request at its next step (or takes it out of the queue)."""
+        """Run the tool on a thread of its own through the studio's bridge (it may wait its turn a long while),
+        forwarding its progress; a cancelled call stops the engine's request at its next step (or takes it out of
+        the queue): the bridge stops its token when this reader leaves."""
         context = self.server.request_context
         visitor = self._visitor(context.request)
         token = context.meta.progressToken if context.meta is not None else None
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[str] = asyncio.Queue()
-        done: asyncio.Future = loop.create_future()
         stop = StopToken()
 
-        def progress(fraction: float | None = None, desc: str = "", **_: Any) -> None:
-            loop.call_soon_threadsafe(updates.put_nowait, desc)
+        def work(tell: Callable[[str], None]) -> list[types.ContentBlock]:
+            with ProgressReporter(lambda fraction=None, desc="", **_: tell(desc)) as reporter:
+                return self._run(name, arguments, Asker(visitor, progress=reporter, stop=stop))
 
-        def work() -> None:
-            try:
-                with ProgressReporter(progress) as reporter:
-                    value = self._run(name, arguments, reporter, stop, visitor)
-                loop.call_soon_threadsafe(_settle, done, value, None)
-            except BaseException as error:  # noqa: BLE001 - handed to the caller's task, which tells it
-                loop.call_soon_threadsafe(_settle, done, None, error)
-
-        threading.Thread(target=work, name=f"mcp-{name}", daemon=True).start()
         sent = 0
-        try:
-            while not done.done() or not updates.empty():
-                getter = asyncio.ensure_future(updates.get())
-                await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    continue
+        async with contextlib.aclosing(Bridge(work, stop, f"mcp-{name}").__aiter__()) as items:
+            async for item in items:
+                if isinstance(item, Finished):
+                    return item.value
                 if token is not None:
                     sent += 1
                     await context.session.send_progress_notification(
-                        token, sent, message=getter.result(), related_request_id=str(context.request_id))
-        except asyncio.CancelledError:
-            stop.stop()  # the client cancelled or went away: free the device for the next visitor
-            done.cancel()  # what the thread still ends with is dropped
-            raise
-        return done.result()
+                        token, sent, message=item, related_request_id=str(context.request_id))
+        raise EngineError("the call ended without a result")  # a Bridge always ends with one, or raises
 
-    def _run(self, name: str, arguments: dict[str, Any], report: Any, stop: StopToken,
-             visitor: str | None) -> list[types.ContentBlock]:
-        engine = self._engine()
+    def _run(self, name: str, arguments: dict[str, Any], asker: Asker) -> list[types.ContentBlock]:
+        studio = self._studio()
+        prompt: Any = arguments.get("prompt")  # every tool but warmup requires it (check_arguments)
+        resolution = arguments["resolution"]
         if name == "warmup":
-            return mcp_tools.json_result(engine.warmup(arguments["resolution"], report, visitor=visitor))
-        if name == "grid":  # one request against --max-queue: its cells run one at a time (engine/grid.py)
+            return mcp_tools.json_result(studio.warmup(resolution, asker))
+        if name == "grid":  # one request against --max-queue: its cells run one at a time (studio/grid.py)
             axes = {axis: arguments.get(axis) for axis in mcp_tools.AXIS_HELP}
-            plan = build_plan(engine, self.settings.max_grid_cells, arguments["prompt"], arguments["resolution"], axes)
-            return mcp_tools.grid_result(run_grid(engine, plan, progress=report, stop=stop, visitor=visitor))
+            return mcp_tools.grid_result(studio.grid(studio.plan_grid(prompt, resolution, axes), asker).grid)
         if name == "ab":  # a two-cell grid: one request too
-            pair = build_ab(engine, arguments["prompt"], arguments["resolution"], arguments.get("a"), arguments["b"])
-            return mcp_tools.grid_result(run_ab(engine, pair, progress=report, stop=stop, visitor=visitor))
+            plan = studio.plan_ab(prompt, resolution, arguments.get("a"), arguments["b"])
+            return mcp_tools.grid_result(studio.ab(plan, asker).grid)
         inpaint = name == "inpaint"
-        request = GenerateRequest(arguments["prompt"], arguments["resolution"], arguments.get("steps"),
-                                  arguments.get("seed"), arguments.get("guidance"), lora=arguments.get("lora"),
-                                  lora_scale=arguments.get("lora_scale"), visitor=visitor,
+        request = GenerateRequest(prompt, resolution, arguments.get("steps"), arguments.get("seed"),
+                                  arguments.get("guidance"), lora=arguments.get("lora"),
+                                  lora_scale=arguments.get("lora_scale"),
                                   image=mcp_tools.decode_image(arguments["image"], "image") if inpaint else None,
                                   mask=mcp_tools.decode_image(arguments["mask"], "mask") if inpaint else None,
                                   strength=arguments.get("strength") if inpaint else None)
-        call = engine.inpaint if inpaint else engine.generate
-        return mcp_tools.image_result(call(request, report, stop))
+        return mcp_tools.image_result((studio.inpaint if inpaint else studio.generate)(request, asker).result)
 
     def _visitor(self, request: Any) -> str | None:
         """The logged-in user (the one NEURON_UI_AUTH names), else this client's MCP session."""
@@ -230,15 +198,6 @@ class McpEndpoint:
             return visitor_name(user=self.settings.auth[0])
         session = request.headers.get("mcp-session-id") if request is not None else None
         return f"mcp:{session}" if session else None
-
-
-def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
 
 
 def _ok(content: list[types.ContentBlock]) -> types.CallToolResult:

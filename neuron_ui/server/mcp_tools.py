@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from mcp import types
 from PIL.PngImagePlugin import PngInfo
 
-from neuron_ui.contract.ab import SETTINGS_WORDS
-from neuron_ui.contract.grid import AXIS_HELP
-from neuron_ui.contract.images import MAX_UPLOAD_BYTES
+from neuron_ui.studio.ab_plan import SETTINGS_WORDS
+from neuron_ui.studio.grid_plan import AXIS_HELP
+from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.contract.results import PNG_COMPRESS_LEVEL, ShapeState
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.grid_sheet import GridResult
+    from neuron_ui.studio.grid_sheet import GridResult
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
 
 TOOLS = ("ab", "generate", "grid", "inpaint", "status", "warmup")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.stopping import SessionStops
+    from neuron_ui.server.admission import Admission
     from neuron_ui.web.uploads import UploadFolder
 
 
@@ -38,7 +39,4 @@ class GateServer(Protocol):
     uploads: UploadFolder  # the uploads' disk budget
     mounted: Mounted | None  # None while the model loads
     draining: bool  # shutting down: no new work
-
-    def device_events(self) -> int:
-        """Device requests accepted and not finished, Gradio's and MCP's."""
-        ...
+    admission: Admission  # the device's bound (--max-queue), over Gradio's requests and MCP's

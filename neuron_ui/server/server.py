@@ -27,8 +27,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Route
 
 from neuron_ui.contract.files import StoredFiles
-from neuron_ui.contract.images import MAX_UPLOAD_BYTES
+from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
+from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import folder_prefix
 from neuron_ui.server.gate import SHUTTING_DOWN, Gate
 from neuron_ui.server.metrics import EngineMetrics
@@ -78,6 +79,9 @@ class Server:
         self.stored = StoredFiles(folder)  # the only files a request may name: uploads and results
         self.uploads = UploadFolder(folder, settings.upload_budget_mb * 2**20, settings.upload_retention)
         self.draining = False
+        # the device's one bound over every door: Gradio's events (once mounted) and MCP's calls
+        self.admission = Admission(settings.max_queue,
+                                   lambda: device_events(self.mounted.demo) if self.mounted is not None else 0)
         self._drain_requested = threading.Event()
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
@@ -141,7 +145,7 @@ class Server:
         """The MCP tools (--mcp): imported only then (the `mcp` package)."""
         from neuron_ui.server.mcp import McpEndpoint
 
-        return McpEndpoint(self.settings, self.device_events, self._logged_in)
+        return McpEndpoint(self.settings, self.admission, self._logged_in)
 
     def _logged_in(self, scope: dict) -> bool:
         """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
@@ -201,9 +205,8 @@ class Server:
 
     def device_events(self) -> int:
         """Device requests accepted and not finished, from Gradio and MCP clients (the Gate and the MCP endpoint
-        bound them by --max-queue + 1)."""
-        mcp = self.mcp.in_flight if self.mcp is not None else 0
-        return (device_events(self.mounted.demo) if self.mounted is not None else 0) + mcp
+        bound them by --max-queue + 1: Admission)."""
+        return self.admission.count()
 
     def request_drain(self) -> None:
         """Safe in a signal handler: serve_forever() drains and returns."""

@@ -68,7 +68,7 @@ def build_demo(engine: EngineLike, settings: Settings,
     store = build_image_store(settings.cache_dir)  # kept across restarts: the browsers' histories show them again
     serve_in_place(store.folder)
     handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder(),
-                        stops=stops, max_grid_cells=settings.max_grid_cells)
+                        stops=stops, max_grid_cells=settings.max_grid_cells, max_grids=settings.max_queue + 1)
     serve_in_place(handlers.previews.folder)
     first = str(engine.presets[0])
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
@@ -177,16 +177,16 @@ def build_demo(engine: EngineLike, settings: Settings,
         timer.tick(**refresh)
         # A reload or a new tab: the form, the history and any image finished meanwhile come back.
         collect = gr.Timer(REFRESH_SECONDS, active=False)
-        demo.load(handlers.on_restore, [session], [session, *form, history, history_gallery, image, info, collect],
-                  **hidden).then(**refresh)
+        demo.load(handlers.session.on_restore, [session],
+                  [session, *form, history, history_gallery, image, info, collect], **hidden).then(**refresh)
         demo.load(None, js=PAGE_SCRIPT)
-        collect.tick(handlers.on_collect, [session, history], [*made, collect], **hidden)
+        collect.tick(handlers.session.on_collect, [session, history], [*made, collect], **hidden)
         changes = [prompt.change, resolution.change, steps.change, seed.change, randomize.change, guidance.change,
                    history.change]
-        gr.on(changes, handlers.on_save, [session, *form, history], [session],
+        gr.on(changes, handlers.session.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
-        editing_handlers = EditingHandlers(engine, handlers.run, handlers.store.save, user_errors,
-                                           handlers.distilled, handlers.stored)
+        editing_handlers = EditingHandlers(handlers.studio, handlers.run, user_errors, handlers.distilled,
+                                           handlers.stored)
         history_gallery.select(handlers.on_select, [history],
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], show_progress_on=[image], **hidden)
@@ -218,8 +218,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         inpainted.failure(**failed)
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
-        compared = wire_compare(CompareHandlers(engine, store, handlers.held, handlers.stops, settings.max_grid_cells,
-                                                not handlers.distilled, settings.max_queue + 1), compare,
+        compared = wire_compare(CompareHandlers(handlers.studio, handlers.held, not handlers.distilled), compare,
                                 [prompt, resolution], history, history_gallery, session, demo, on_device, hidden)
         stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
         # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
@@ -235,12 +234,12 @@ def build_demo(engine: EngineLike, settings: Settings,
             api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
             api_trigger = gr.Button()
         # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).
-        api_trigger.click(handlers.api_generate_watched, api_inputs, api_outputs, api_name="generate", preprocess=False,
-                          **on_device)
+        api_trigger.click(handlers.api.api_generate_watched, api_inputs, api_outputs, api_name="generate",
+                          preprocess=False, **on_device)
         add_inpaint_api(editing_handlers, on_device)
-        add_grid_api(handlers.api_grid, on_device)
-        add_ab_api(handlers.api_ab, on_device)
-        gr.api(handlers.api_warmup, api_name="warmup", **on_device)
-        gr.api(handlers.api_status, api_name="status", concurrency_limit=None)
-        gr.api(handlers.api_stop, api_name="stop", concurrency_limit=None)
+        add_grid_api(handlers.api.api_grid, on_device)
+        add_ab_api(handlers.api.api_ab, on_device)
+        gr.api(handlers.api.api_warmup, api_name="warmup", **on_device)
+        gr.api(handlers.api.api_status, api_name="status", concurrency_limit=None)
+        gr.api(handlers.api.api_stop, api_name="stop", concurrency_limit=None)
     return demo, handlers

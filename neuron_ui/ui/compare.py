@@ -1,8 +1,7 @@
 """The Compare panel: one prompt at one size along up to three axes, its count and estimated time shown before it
-starts, made as a grid that runs as its visitor's job (engine/grid_jobs.py) and outlives the page: the page only watches
-it, a reload (or another tab of the same visitor) finds it still running, any of that visitor's pages can stop it;
-its cells join the history; and
-the saving of a grid that the /grid API shares."""
+starts, made as a grid that runs as its visitor's job in the studio (studio/grid_jobs.py) and outlives the page: the
+page only watches it, a reload (or another tab of the same visitor) finds it still running, any of that visitor's
+pages can stop it; its cells join the history."""
 
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-from neuron_ui.contract.grid import AXIS_HELP, DEFAULT_MAX_CELLS, GridPlan, estimate_seconds
-from neuron_ui.engine.grid import build_plan
-from neuron_ui.engine.grid_jobs import GridJob, GridJobs
+from neuron_ui.studio.grid_plan import AXIS_HELP, GridPlan, estimate_seconds
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.history import HistoryEntry, gallery_items, merge_history
 from neuron_ui.ui.session_events import HISTORY_SIZE
 from neuron_ui.ui.styles import describe_style
+from neuron_ui.ui.session import BrowserSession
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
@@ -28,14 +26,12 @@ from neuron_ui.web.gradio_bridge import current_event
 from neuron_ui.web.progress import ProgressReporter
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.grid_sheet import CellResult, GridResult
-    from neuron_ui.contract.stopping import SessionStops
-    from neuron_ui.web.files import ImageStore
+    from neuron_ui.studio.grid_jobs import GridJob
+    from neuron_ui.studio.grid_sheet import CellResult, GridResult
+    from neuron_ui.studio.studio import Sheet, Studio
 
 AXIS_KINDS = tuple(AXIS_HELP)  # the /grid API takes them in this order, after prompt and resolution
 NO_AXIS = "—"
-DEFAULT_MAX_RUNNING = 17  # grids at once on a server: --max-queue's default + 1, as many as the device's events
 
 
 def axis_values(*pairs: str | None) -> dict[str, str]:
@@ -78,30 +74,6 @@ def cell_entry(done: CellResult, path: str, show_guidance: bool) -> HistoryEntry
                         lora_scale=result.lora_scale, cache_event=result.cache_event, made=time.time())
 
 
-class GridSaver:
-    """Saves each cell as it is made (once: a repeated cell shares the file), then the sheet; `on_entry` hears
-    each new history entry (the page's session holds it for a reload)."""
-
-    def __init__(self, store: ImageStore, show_guidance: bool = False,
-                 on_entry: Callable[[HistoryEntry], None] | None = None):
-        self.store, self.show_guidance, self.on_entry = store, show_guidance, on_entry
-        self.paths: dict[int, str] = {}
-        self.entries: list[HistoryEntry] = []
-
-    def __call__(self, done: CellResult) -> None:
-        if done.same_as is not None:
-            self.paths[done.cell.index] = self.paths[done.same_as]
-            return
-        path = self.paths[done.cell.index] = self.store.save(done.result)
-        entry = cell_entry(done, path, self.show_guidance)
-        self.entries.insert(0, entry)
-        if self.on_entry is not None:
-            self.on_entry(entry)
-
-    def finish(self, grid: GridResult) -> tuple[str, dict[str, Any]]:
-        return self.store.save(grid), grid.info(self.paths)
-
-
 @dataclass(frozen=True)
 class GridShown:
     """What a finished grid shows on its visitor's pages: the saved sheet, its line, the cells' history entries."""
@@ -122,19 +94,16 @@ def describe_running(job: GridJob[GridShown], seconds: float | None) -> str:
 
 
 class CompareHandlers:
-    """The panel's events. A grid runs as a job of its visitor's (engine/grid_jobs.py), outside any page's event:
+    """The panel's events. A grid runs as a job of its visitor's (studio/grid_jobs.py), outside any page's event:
     the event that starts it, and any page of the same visitor loaded while it runs, only watch it; a page that goes
     away leaves it running, a Stop from any of that visitor's pages ends the rest."""
 
-    def __init__(self, engine: EngineLike, store: ImageStore, held: sessions.HeldResults, stops: SessionStops,
-                 max_cells: int = DEFAULT_MAX_CELLS, show_guidance: bool = False,
-                 max_running: int = DEFAULT_MAX_RUNNING):
-        self.engine, self.store, self.held, self.stops = engine, store, held, stops
-        self.max_cells, self.show_guidance = max_cells, show_guidance
-        self.jobs: GridJobs[GridShown] = GridJobs(engine, max_running)
+    def __init__(self, studio: Studio, held: sessions.HeldResults, show_guidance: bool = False):
+        self.studio, self.engine, self.held, self.stops = studio, studio.engine, held, studio.stops
+        self.jobs, self.show_guidance = studio.jobs, show_guidance
 
     def plan(self, prompt: str, resolution: str, *pairs: str | None) -> GridPlan:
-        return build_plan(self.engine, self.max_cells, prompt, resolution, axis_values(*pairs))
+        return self.studio.plan_grid(prompt, resolution, axis_values(*pairs))
 
     def on_plan(self, prompt: str, resolution: str, *pairs: str | None) -> str:
         """The line before the click: the count and the estimated time, or what is wrong, in one line."""
@@ -147,18 +116,28 @@ class CompareHandlers:
         return describe_plan(plan, estimate_seconds(plan, self.engine.status()))
 
     def on_grid(self, prompt: str, resolution: str, kind1: str, values1: str, kind2: str, values2: str, kind3: str,
-                values3: str, session: Any = None, progress: gr.Progress = gr.Progress()):
+                values3: str, session: BrowserSession | None = None, progress: gr.Progress = gr.Progress()):
         """The grid from the panel, started as this visitor's job and watched: the sheet and its line (on_cells
         then puts every cell in the history). Bad axes, or a grid of theirs still running: one line."""
         sid = sessions.session_id(session)
+        entries: list[HistoryEntry] = []
+
+        def saved(done: CellResult, path: str) -> None:
+            # Each cell is held for the browser session too: its other pages' history finds them (session_events).
+            entry = cell_entry(done, path, self.show_guidance)
+            entries.insert(0, entry)
+            self.held.hold(sid, entry)
+
+        def finish(sheet: Sheet) -> GridShown:
+            """In the job's thread, once the grid ends and its sheet is saved (the cells already are)."""
+            return GridShown(str(sheet.path), describe_grid(sheet.grid), list(entries))
+
         with user_errors():
             plan = self.plan(prompt, resolution, kind1, values1, kind2, values2, kind3, values3)
-            # Each cell is held for the browser session too: its other pages' history finds them (session_events).
-            saver = GridSaver(self.store, self.show_guidance, lambda entry: self.held.hold(sid, entry))
-            job = self.jobs.start(owner(session), plan, lambda grid: self._finish(saver, grid), saver)
+            job = self.studio.start_grid(owner(session), plan, finish, saved)
         return self._watch(job, progress)
 
-    def on_watch(self, session: Any, progress: gr.Progress = gr.Progress()):
+    def on_watch(self, session: BrowserSession | None, progress: gr.Progress = gr.Progress()):
         """After every page load: while the visitor's grid runs (a reload, another tab), its progress, then its
         sheet, and that it followed it (on_cells then adds its cells); nothing when none runs."""
         job = self.jobs.find(owner(session))
@@ -176,12 +155,7 @@ class CompareHandlers:
         shown = job.outcome
         return (shown.sheet, shown.line) if shown is not None else (gr.skip(), gr.skip())
 
-    def _finish(self, saver: GridSaver, grid: GridResult) -> GridShown:
-        """In the job's thread, once the grid ends: the sheet saved (the cells already are)."""
-        sheet, _ = saver.finish(grid)
-        return GridShown(sheet, describe_grid(grid), list(saver.entries))
-
-    def on_cells(self, session: Any, history: list[HistoryEntry], followed: bool = True):
+    def on_cells(self, session: BrowserSession | None, history: list[HistoryEntry], followed: bool = True):
         """After a watch that `followed` the grid to its end: its cells join the history as it is now."""
         job = self.jobs.find(owner(session))
         if not followed or job is None or job.outcome is None:
@@ -189,13 +163,13 @@ class CompareHandlers:
         history = merge_history(history, [e for e in job.outcome.entries if Path(e.path).is_file()], HISTORY_SIZE)
         return history, gallery_items(history)
 
-    def on_stop(self, session: Any) -> None:
+    def on_stop(self, session: BrowserSession | None) -> None:
         """The panel's Stop, from any page of the visitor: the rest of their grid is not made."""
         phase = self.jobs.stop(owner(session))
         gr.Info("Nothing to stop: no grid of yours is being made." if phase is None else
                 "Stopping the grid: the image being made stops at its next step and the rest are not made.")
 
-    def on_restore(self, session: Any):
+    def on_restore(self, session: BrowserSession | None):
         """On page load: the visitor's grid, still running (its line; on_watch follows) or finished (its sheet and
         line). Outputs: image, line, poll timer."""
         job = self.jobs.find(owner(session))
@@ -206,7 +180,7 @@ class CompareHandlers:
                 gr.Timer(active=False)
         return (*self._shown(job), gr.Timer(active=False))
 
-    def on_poll(self, session: Any, history: list[HistoryEntry]):
+    def on_poll(self, session: BrowserSession | None, history: list[HistoryEntry]):
         """After a watch failed (a cancel, a refusal while the grid runs): once the grid ends, its sheet and line
         show, its cells join the history, and the timer stops."""
         job = self.jobs.find(owner(session))
@@ -233,7 +207,7 @@ def failure_words(error: Exception | None) -> str:
         return str(told.message)
 
 
-def owner(session: Any) -> str:
+def owner(session: BrowserSession | None) -> str:
     """Whose grid: the visitor of this event (a login, else the browser's signed session id; web/visitors.py)."""
     return current_visitor(session) or "anonymous"
 
@@ -262,7 +236,7 @@ def add_compare_panel(styles: list[str]) -> dict[str, Any]:
 
 
 def wire_compare(handlers: CompareHandlers, parts: dict[str, Any], form: list[Any], history: Any, gallery: Any,
-                 session: Any, demo: gr.Blocks, on_device: dict[str, Any], hidden: dict[str, Any]) -> Any:
+                 session: gr.BrowserState, demo: gr.Blocks, on_device: dict[str, Any], hidden: dict[str, Any]) -> Any:
     """The panel's events; returns the grid's event (the form's Stop cancels it, which stops the grid too).
     `form`: prompt, resolution."""
     axes = [parts[f"{part}{n}"] for n in (1, 2, 3) for part in ("kind", "values")]

@@ -16,16 +16,18 @@ import gradio as gr
 from PIL import Image
 
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.images import decoded, on_decoder
+from neuron_ui.images.decode import decoded, on_decoder
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import Mode
 from neuron_ui.ui.history import EditorValue, HistoryEntry  # at run time: Gradio reads the handlers' hints
-from neuron_ui.ui.visitors import current_visitor
+from neuron_ui.ui.session import BrowserSession
+from neuron_ui.ui.visitors import asker
 from neuron_ui.ui.words import describe_size
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.files import StoredFiles
+    from neuron_ui.studio.studio import Studio
 
 
 DEFAULT_STRENGTH = 0.9
@@ -51,7 +53,7 @@ def file_paths(values: Any, stored: StoredFiles) -> list[str]:
 def painted_mask(background: str, layers: list[str]) -> Image.Image:
     """The editor's painted layers merged into one mask (L, painted = 255) the size of its background.
 
-    Each is read like any upload (contract/images.py: size, pixels, what it is, the decoding threads). The layers
+    Each is read like any upload (images/decode.py: size, pixels, what it is, the decoding threads). The layers
     are the editor's canvas size; they are scaled to the background's size so the mask always fits it."""
     with decoded(background, "image") as (image, _, _):
         size = image.size  # after EXIF orientation, as the engine fits it
@@ -68,16 +70,19 @@ def painted_mask(background: str, layers: list[str]) -> Image.Image:
 
 @dataclass
 class EditingHandlers:
-    """Handlers for the editing inputs. `run` is ui.Handlers.run (generate, save, remember; the Generate
-    button's outputs), `save` the image store's, `errors` ui.user_errors (ui imports this module), `stored` the
-    rule for the files a request may name."""
+    """Handlers for the editing inputs. `run` is ui.Handlers.run (inpaint, save, remember; the Generate
+    button's outputs), `studio` the one /inpaint calls, `errors` ui.user_errors (ui imports this module), `stored`
+    the rule for the files a request may name."""
 
-    engine: EngineLike
+    studio: Studio
     run: Callable[..., tuple]
-    save: Callable[[Any], str]
     errors: Callable[[], Any]
     distilled: bool
     stored: StoredFiles
+
+    @property
+    def engine(self) -> EngineLike:
+        return self.studio.engine
 
     # -- previews and status ---------------------------------------------------------------------
 
@@ -145,8 +150,8 @@ class EditingHandlers:
 
     def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
-                   fit: str, history: list[HistoryEntry], session: Any = None, lora: str | None = None,
-                   lora_scale: float | None = None, progress: gr.Progress = gr.Progress()):
+                   fit: str, history: list[HistoryEntry], session: BrowserSession | None = None,
+                   lora: str | None = None, lora_scale: float | None = None, progress: gr.Progress = gr.Progress()):
         with self.errors():  # the editor's files get the upload checks and one line each, like /inpaint's
             image, layers = self.editor_files(editor)
             mask = painted_mask(image, layers) if image else None
@@ -184,10 +189,9 @@ class EditingHandlers:
             request = GenerateRequest(prompt, resolution, steps, seed,
                                       references=file_paths(references, self.stored),
                                       reference_size=reference_size or None, image=image, mask=mask,
-                                      strength=strength, lora=lora, lora_scale=lora_scale,
-                                      visitor=current_visitor())
-            result = self.engine.inpaint(request)
-            return self.save(result), result.info()
+                                      strength=strength, lora=lora, lora_scale=lora_scale)
+            made = self.studio.inpaint(request, asker())
+            return str(made.path), made.result.info()
 
 
 def api_reference_inputs() -> list[gr.Component]:

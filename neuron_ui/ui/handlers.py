@@ -1,31 +1,32 @@
-"""The UI's handlers: they translate between Gradio values and engine requests and results; the form's events here."""
+"""The form's handlers: they translate between Gradio values and studio calls and their answers."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
 from neuron_ui.contract.files import StoredFiles
-from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
 from neuron_ui.contract.requests import MAX_SEED, GenerateRequest
 from neuron_ui.contract.stopping import SessionStops
+from neuron_ui.studio.bridge import Bridge, Finished
+from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
+from neuron_ui.studio.studio import DEFAULT_MAX_GRIDS, PreviewSink, Studio
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.editing import file_paths
 from neuron_ui.ui.history import EditorValue, HistoryEntry, gallery_items
 from neuron_ui.ui.named_api import NamedApi
+from neuron_ui.ui.session import BrowserSession
 from neuron_ui.ui.session_events import HISTORY_SIZE, SessionEvents
 from neuron_ui.web.errors import user_errors
-from neuron_ui.web.gradio_bridge import current_event
 from neuron_ui.web.previews import PreviewFiles
-from neuron_ui.web.progress import Finished, PreviewSink, ProgressReporter, watch
+from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
-from neuron_ui.ui.visitors import current_visitor
+from neuron_ui.ui.visitors import asker
 from neuron_ui.ui.words import (
     describe_activity,
     describe_inputs,
@@ -42,6 +43,7 @@ from neuron_ui.ui.words import (
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.results import EngineStatus
     from neuron_ui.web.files import ImageStore
     from neuron_ui.ui.words import CompileWait
 
@@ -50,25 +52,27 @@ FAILED_WAIT = 120.0  # seconds the error line waits for a stopped request's reas
 MAX_VARIATIONS = 4
 
 
-class Handlers(SessionEvents, NamedApi):
-    """The app's event handlers: UI values in, one engine call, UI values out. The form's events are here; the
-    session's save and restore (ui/session_events.py) and the named API (ui/named_api.py) are their own rooms."""
+class Handlers:
+    """The form's events: UI values in, one studio call, UI values out. The browser session's save and restore
+    (`session`, ui/session_events.py) and the named API (`api`, ui/named_api.py) are objects of their own over the
+    same studio, built here with what they share."""
 
     def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
                  held: sessions.HeldResults | None = None, uploads: Path | None = None,
-                 stops: SessionStops | None = None, max_grid_cells: int = DEFAULT_MAX_CELLS):
-        self.engine = engine
-        self.max_grid_cells = max_grid_cells  # images one grid may make (/grid, the Compare panel)
-        self.store = store
-        self.waiting = waiting or (lambda: 0)  # requests in Gradio's queue, not yet in the engine
-        # the running requests of each Gradio session, for Stop, /stop and disconnects (the server's gate too)
-        self.stops = SessionStops() if stops is None else stops
+                 stops: SessionStops | None = None, max_grid_cells: int = DEFAULT_MAX_CELLS,
+                 max_grids: int = DEFAULT_MAX_GRIDS):
+        # the running requests of each Gradio session, for Stop, /stop and disconnects (the server's gate too), are
+        # the studio's; so are the grid jobs the Compare panel starts
+        self.studio = Studio(engine, store, stops, max_grid_cells, max_grids)
+        self.engine, self.store, self.stops = engine, store, self.studio.stops
         self.distilled = engine.status().distilled
         self.held = sessions.HeldResults() if held is None else held  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
         self.stored = StoredFiles(self.uploads)  # the rule for every file a request names (contract/files.py)
         self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
         self.previews = PreviewFiles()  # the steps' estimates the page and the API are shown, the newest kept
+        self.session = SessionEvents(engine, store, self.held, self.uploads)
+        self.api = NamedApi(self.studio, self.stored, self.previews, waiting or (lambda: 0))
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
                  guidance: float | None, references: Any = None, reference_size: str | None = None,
@@ -80,34 +84,29 @@ class Handlers(SessionEvents, NamedApi):
                                reference_size=reference_size or None, fit=fit, lora=lora, lora_scale=lora_scale)
 
     def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
-              session: Any = None, editor: EditorValue | None = None,
+              session: BrowserSession | None = None, editor: EditorValue | None = None,
               on_preview: PreviewSink | None = None, before: HistoryEntry | None = None) -> HistoryEntry:
-        """Generate, save the PNG, and return the history entry for it, held for the session's page too (it may
-        have reloaded by the time the image is done). `editor`: an inpaint's editor value, kept in the entry;
-        `on_preview`: hears each step's estimate of the image (the request asks for them); `before`: the visitor's
-        previous image (its style, for the line's words on a switch)."""
+        """Generate (or inpaint, for a request with an image) through the studio, which saves the PNG, and return
+        the history entry for it, held for the session's page too (it may have reloaded by the time the image is
+        done). `editor`: an inpaint's editor value, kept in the entry; `on_preview`: hears each step's estimate of
+        the image; `before`: the visitor's previous image (its style, for the line's words on a switch)."""
         sid = sessions.session_id(session)
-        request = replace(request, visitor=current_visitor(session),  # visitors take turns on the device
-                          preview=on_preview is not None)
         what = request.resolution if isinstance(request.resolution, str) else ""
-
-        def admitted() -> None:  # held only once the engine has checked the request: bad ones take no room
-            self.held.start(sid, what)
-
+        make = self.studio.inpaint if request.image is not None else self.studio.generate
         self.held.begin(sid)  # its failure's line waits for its reason (on_failed)
         try:
-            with (user_errors(),
-                  ProgressReporter(progress, prefix, self._on_compile, on_preview=on_preview) as reporter,
-                  self.stops.track(*current_event(), on_admitted=admitted) as stop):
-                result = self.engine.generate(request, progress=reporter, stop=stop)
-                path = self.store.save(result)  # a full disk is told like any other server failure
+            with user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter:
+                # held only once the engine has checked the request: bad ones take no room
+                made = make(request, asker(session, progress=reporter, on_admitted=lambda: self.held.start(sid, what),
+                                           on_preview=on_preview))
         except gr.Error as error:
             self.held.fail(sid, error.message)
             raise
         finally:
             self.held.end(sid)
+        result = made.result
         entry = HistoryEntry(
-            path=str(path),
+            path=str(made.path),
             info=describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
             + describe_style(result, before),
             prompt=result.prompt, resolution=result.resolution, seed=result.seed, steps=result.steps,
@@ -129,7 +128,7 @@ class Handlers(SessionEvents, NamedApi):
 
     def on_generate(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                     guidance: float, history: list[HistoryEntry], references: Any = None,
-                    reference_size: str | None = None, fit: str = "crop", session: Any = None,
+                    reference_size: str | None = None, fit: str = "crop", session: BrowserSession | None = None,
                     style: str | None = None, style_strength: float | None = None,
                     progress: gr.Progress = gr.Progress(), on_preview: PreviewSink | None = None):
         """One image from the form; the seed box then shows the seed actually used."""
@@ -140,7 +139,7 @@ class Handlers(SessionEvents, NamedApi):
 
     def on_generate_watched(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                             guidance: float, history: list[HistoryEntry], references: Any = None,
-                            reference_size: str | None = None, fit: str = "crop", session: Any = None,
+                            reference_size: str | None = None, fit: str = "crop", session: BrowserSession | None = None,
                             style: str | None = None, style_strength: float | None = None,
                             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
         """The Generate button: on_generate, with the image slot showing each step's estimate of the image (at the
@@ -150,14 +149,15 @@ class Handlers(SessionEvents, NamedApi):
             return self.on_generate(prompt, resolution, steps, seed, randomize, guidance, history, references,
                                     reference_size, fit, session, style, style_strength, progress, on_preview)
 
-        for item in watch(work):
+        for item in Bridge(work):
             if isinstance(item, Finished):
                 yield item.value
             elif path := self.previews.save(item):
                 yield path, *[gr.skip()] * 4
 
     def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
-            session: Any = None, editor: EditorValue | None = None, on_preview: PreviewSink | None = None):
+            session: BrowserSession | None = None, editor: EditorValue | None = None,
+            on_preview: PreviewSink | None = None):
         """One request (generate or inpaint) into the Generate button's outputs."""
         entry = self._make(request, progress, session=session, editor=editor, on_preview=on_preview,
                            before=next(iter(history), None))
@@ -165,7 +165,7 @@ class Handlers(SessionEvents, NamedApi):
         return entry.path, entry.info, entry.seed, history, gallery_items(history)
 
     def on_variations(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                      guidance: float, count: float, history: list[HistoryEntry], session: Any = None,
+                      guidance: float, count: float, history: list[HistoryEntry], session: BrowserSession | None = None,
                       style: str | None = None, style_strength: float | None = None,
                       progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
         """N images at consecutive seeds, one after another at batch 1 (no new shape), each shown when done; the
@@ -188,10 +188,11 @@ class Handlers(SessionEvents, NamedApi):
             history = self._remember(entry, history)
             yield entry.path, entry.info, entry.seed, list(gallery), history, gallery_items(history)
 
-    def on_warmup(self, resolution: str, session: Any = None, progress: gr.Progress = gr.Progress()) -> str:
+    def on_warmup(self, resolution: str, session: BrowserSession | None = None,
+                  progress: gr.Progress = gr.Progress()) -> str:
         """Compile the chosen size now, so the first image at it is fast."""
         with user_errors(), ProgressReporter(progress, on_compile=self._on_compile) as reporter:
-            return describe_size(self.engine.warmup(resolution, progress=reporter, visitor=current_visitor(session)))
+            return describe_size(self.studio.warmup(resolution, asker(session, progress=reporter)))
 
     def on_select(self, history: list[HistoryEntry], event: gr.SelectData):
         """Restore a history entry's parameters (and show its image) so it can be made again or varied: prompt,
@@ -211,7 +212,7 @@ class Handlers(SessionEvents, NamedApi):
         """A typed seed is the seed used: typing one unticks Randomize (emptying the box ticks it)."""
         return seed is None
 
-    async def on_failed(self, session: Any) -> str:
+    async def on_failed(self, session: BrowserSession | None) -> str:
         """The line under the image after an error: it says the error, never the previous image's parameters. A Stop
         fails the event before its request ends (at its next step, or once a load or compile is done): the line
         waits for the reason (HeldResults.settled) without holding a thread."""
@@ -221,7 +222,7 @@ class Handlers(SessionEvents, NamedApi):
         why = f" {error}{'' if error.endswith(('.', '!', '?')) else '.'}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
 
-    async def on_settled(self, session: Any) -> None:
+    async def on_settled(self, session: BrowserSession | None) -> None:
         """Returns once the session's requests here have ended: a cancelled event ends in the page before its request
         does, and what follows it must see the request's end."""
         await self._settled(sessions.session_id(session))
@@ -256,6 +257,10 @@ class Handlers(SessionEvents, NamedApi):
         under the image is the failure event's alone (on_failed: the stopped request's reason): two writers to it
         raced, and the stop's line overwrote the reason in 8 of 20 stops here (tests/test_browser_studio.py)."""
         gr.Info(describe_stop(self.stops.stop(request.session_hash)).replace("**", ""))
+
+    def status(self) -> EngineStatus:
+        """The engine's status, its queue depth counting the requests still in Gradio's queue too (the API's)."""
+        return self.api.status()
 
     def on_resolution(self, resolution: str) -> str:
         return describe_size_of(self.engine.status(), resolution)

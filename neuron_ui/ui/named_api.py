@@ -1,5 +1,5 @@
 """The named API for gradio_client (/generate, /grid, /ab, /warmup, /stop, /status): its own inputs, so the engine,
-not the UI's widgets, checks them. One room of the app's handlers (ui/handlers.py joins them; /inpaint is editing's)."""
+not the UI's widgets, checks them; each endpoint one studio call (/inpaint is editing's)."""
 
 from __future__ import annotations
 
@@ -9,41 +9,30 @@ from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
-from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.engine.ab import build_ab, run_ab
-from neuron_ui.engine.grid import build_plan, run_grid
-from neuron_ui.ui.compare import GridSaver
+from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.ui.editing import file_paths
 from neuron_ui.web.errors import public_status, user_errors
-from neuron_ui.web.gradio_bridge import current_event
-from neuron_ui.web.progress import Finished, PreviewSink, watch
-from neuron_ui.ui.visitors import current_visitor
+from neuron_ui.ui.visitors import asker
 from neuron_ui.ui.words import describe_stop
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.files import StoredFiles
-    from neuron_ui.contract.results import EngineStatus
-    from neuron_ui.contract.stopping import SessionStops
-    from neuron_ui.web.files import ImageStore
+    from neuron_ui.contract.results import EngineStatus, StepPreview
+    from neuron_ui.studio.studio import PreviewSink, Studio
     from neuron_ui.web.previews import PreviewFiles
 
 
 class NamedApi:
-    """The endpoints gradio_client calls by name; MCP's tools are named after these methods (server/mcp.py)."""
+    """The endpoints gradio_client calls by name; MCP's tools are named after these methods (server/mcp.py).
+    `waiting`: the requests in Gradio's queue, not yet in the engine's."""
 
-    engine: EngineLike
-    store: ImageStore
-    previews: PreviewFiles
-    stored: StoredFiles
-    stops: SessionStops
-    waiting: Callable[[], int]
-    max_grid_cells: int = DEFAULT_MAX_CELLS
+    def __init__(self, studio: Studio, stored: StoredFiles, previews: PreviewFiles, waiting: Callable[[], int]):
+        self.studio, self.stored, self.previews, self.waiting = studio, stored, previews, waiting
 
     def status(self) -> EngineStatus:
         """The engine's status, its queue depth counting the requests still in Gradio's queue too."""
-        status = self.engine.status()
+        status = self.studio.engine.status()
         return replace(status, queue_depth=status.queue_depth + self.waiting())
 
     def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
@@ -57,14 +46,9 @@ class NamedApi:
         with user_errors():
             request = GenerateRequest(prompt, resolution, steps, seed, guidance,
                                       references=file_paths(references, self.stored),
-                                      reference_size=reference_size or None,
-                                      lora=lora, lora_scale=lora_scale, visitor=current_visitor(),
-                                      preview=on_preview is not None)
-            sink = on_preview or (lambda preview: None)
-            with self.stops.track(*current_event()) as stop:
-                result = self.engine.generate(request, progress=lambda u: sink(u.preview) if u.preview else None,
-                                              stop=stop)
-            return self.store.save(result), result.info()
+                                      reference_size=reference_size or None, lora=lora, lora_scale=lora_scale)
+            made = self.studio.generate(request, asker(on_preview=on_preview))
+            return str(made.path), made.result.info()
 
     def api_generate_watched(self, prompt: str, resolution: str, steps: float | None = None,
                              seed: float | None = None, guidance: float | None = None, references: Any = None,
@@ -79,43 +63,40 @@ class NamedApi:
         if not preview:
             yield self.api_generate(*args)
             return
-        for item in watch(lambda sink: self.api_generate(*args, on_preview=sink)):
+        bridge: Bridge[StepPreview, tuple[str, dict[str, Any]]] = Bridge(
+            lambda sink: self.api_generate(*args, on_preview=sink))
+        for item in bridge:
             if isinstance(item, Finished):
                 yield item.value
             elif path := self.previews.save(item):
                 yield path, {"preview": {"step": item.step, "steps": item.steps}}
+
     def api_grid(self, prompt: str, resolution: str, seeds: str | None = None, styles: str | None = None,
                  strengths: str | None = None, steps: str | None = None,
                  prompts: str | None = None) -> tuple[str, dict[str, Any]]:
-        """A grid of images along up to three axes (contract/grid.py), one cell at a time like any other image: the
-        sheet's PNG, and info: each cell (parameters, cache_event, seconds, image) and the style switches made."""
+        """A grid of images along up to three axes (studio/grid_plan.py), one cell at a time like any other image:
+        the sheet's PNG, and info: each cell (parameters, cache_event, seconds, image) and the style switches made."""
         with user_errors():
             axes = {"seeds": seeds, "styles": styles, "strengths": strengths, "steps": steps, "prompts": prompts}
-            plan = build_plan(self.engine, self.max_grid_cells, prompt, resolution, axes)
-            saver = GridSaver(self.store)
-            with self.stops.track(*current_event()) as stop:
-                grid = run_grid(self.engine, plan, stop=stop, visitor=current_visitor(), on_cell=saver)
-            return saver.finish(grid)
+            sheet = self.studio.grid(self.studio.plan_grid(prompt, resolution, axes), asker())
+            return str(sheet.path), sheet.info()
 
     def api_ab(self, prompt: str, resolution: str, a: str | None = None,
                b: str | None = None) -> tuple[str, dict[str, Any]]:
-        """Two images that differ in named settings (contract/ab.py), side by side: the labelled PNG, and info: `a`
-        and `b` (parameters, cache_event, seconds, image) and `differs`. Made as a two-cell grid: one request."""
+        """Two images that differ in named settings (studio/ab_plan.py), side by side: the labelled PNG, and info:
+        `a` and `b` (parameters, cache_event, seconds, image) and `differs`. Made as a two-cell grid: one request."""
         with user_errors():
-            plan = build_ab(self.engine, prompt, resolution, a, b)
-            saver = GridSaver(self.store)
-            with self.stops.track(*current_event()) as stop:
-                made = run_ab(self.engine, plan, stop=stop, visitor=current_visitor(), on_cell=saver)
-            return saver.finish(made)
+            sheet = self.studio.ab(self.studio.plan_ab(prompt, resolution, a, b), asker())
+            return str(sheet.path), sheet.info()
 
     def api_warmup(self, resolution: str) -> dict[str, Any]:
         """Compile one preset without making an image; returns its status."""
         with user_errors():
-            return asdict(self.engine.warmup(resolution, visitor=current_visitor()))
+            return asdict(self.studio.warmup(resolution, asker()))
 
     def api_stop(self, request: gr.Request) -> dict[str, Any]:
         """Stop this client's requests (its session): a running image at the next step, a queued one at once."""
-        phases = self.stops.stop(request.session_hash)
+        phases = self.studio.stops.stop(request.session_hash)
         return {"stopped": phases, "message": describe_stop(phases).replace("**", "")}
 
     def api_status(self) -> dict[str, Any]:

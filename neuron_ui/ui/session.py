@@ -20,9 +20,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from neuron_ui.contract.grid import DEFAULT_MAX_CELLS
+from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 
 if TYPE_CHECKING:
     from neuron_ui.ui.history import HistoryEntry
@@ -37,11 +37,25 @@ ERROR_SECONDS = 10.0  # a failure's line is shown to each of its failure events 
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
+class BrowserSession(TypedDict, total=False):
+    """The page's gr.BrowserState value as the browser sends it back: untrusted, each field checked where it is read
+    (session_id, SessionEvents._restore_form, clean_history)."""
+
+    id: str
+    prompt: str
+    resolution: str
+    steps: float
+    seed: float | None
+    randomize: bool
+    guidance: float
+    history: list[dict[str, Any]]
+
+
 def new_session_id() -> str:
     return secrets.token_urlsafe(16)
 
 
-def session_id(session: Any) -> str | None:
+def session_id(session: BrowserSession | None) -> str | None:
     """The id the browser keeps, if it sent a well-formed one."""
     value = session.get("id") if isinstance(session, dict) else None
     return value if isinstance(value, str) and _SESSION_ID.fullmatch(value) else None

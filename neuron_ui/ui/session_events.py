@@ -1,5 +1,5 @@
 """The browser session's events: what a reload or a new tab finds (the form, the history, the results that finished
-while the page was away), and what the browser keeps. One room of the app's handlers (ui/handlers.py joins them)."""
+while the page was away), and what the browser keeps: an object of its own beside the form's (ui/handlers.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import gradio as gr
 
 from neuron_ui.contract.requests import GUIDANCE, MAX_PROMPT_CHARS, SEED, STEPS
 from neuron_ui.ui import session as sessions
+from neuron_ui.ui.session import BrowserSession
 from neuron_ui.ui.history import HistoryEntry, clean_history, gallery_items, merge_history, to_json
 
 if TYPE_CHECKING:
@@ -24,16 +25,15 @@ class SessionEvents:
     """Restore on page load, save on every change, collect what finished meanwhile; the form's fields are checked
     with the request's own checks (contract.requests), the browser's copy being untrusted."""
 
-    engine: EngineLike
-    store: ImageStore
-    held: sessions.HeldResults
-    uploads: Path
+    def __init__(self, engine: EngineLike, store: ImageStore, held: sessions.HeldResults, uploads: Path):
+        self.engine, self.store, self.held = engine, store, held
+        self.uploads = uploads  # the only files a browser's session may name
 
-    def on_restore(self, session: Any):
+    def on_restore(self, session: BrowserSession | None):
         """On page load: the form and history the browser kept, with the results that finished while it was away;
         the newest image shows. Outputs: session, prompt, resolution, steps, seed, randomize, guidance, history,
         history gallery, image, info, and the collect timer: active while a request from before the load runs."""
-        saved = session if isinstance(session, dict) else {}
+        saved: BrowserSession = session if isinstance(session, dict) else {}
         sid = sessions.session_id(saved) or sessions.new_session_id()
         kept = clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
         held = self.held.results(sid)
@@ -53,7 +53,7 @@ class SessionEvents:
         return (new_session, *(form.get(k, gr.skip()) for k in FORM_FIELDS), history, gallery_items(history), image,
                 info, gr.Timer(active=bool(running)))
 
-    def _restore_form(self, saved: dict[str, Any]) -> dict[str, Any]:
+    def _restore_form(self, saved: BrowserSession) -> dict[str, Any]:
         """The form fields the browser kept, each only if well-formed (the browser's copy is untrusted)."""
         presets = [str(p) for p in self.engine.presets]
         checks = {
@@ -64,11 +64,11 @@ class SessionEvents:
             "randomize": lambda v: isinstance(v, bool),
             "guidance": GUIDANCE.accepts,
         }
-        return {k: saved[k] for k, check in checks.items() if k in saved and check(saved[k])}
+        return {k: saved.get(k) for k, check in checks.items() if k in saved and check(saved.get(k))}
 
     @staticmethod
-    def on_save(session: Any, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                guidance: float, history: list[HistoryEntry]) -> Any:
+    def on_save(session: BrowserSession | None, prompt: str, resolution: str, steps: float, seed: float | None,
+                randomize: bool, guidance: float, history: list[HistoryEntry]) -> BrowserSession | Any:
         """The form and history into the browser's storage, under the session's id (given by on_restore: a change
         before it is not saved, or it would save under another id)."""
         sid = sessions.session_id(session)
@@ -77,7 +77,7 @@ class SessionEvents:
         values = dict(zip(FORM_FIELDS, (prompt, resolution, steps, seed, randomize, guidance)))
         return {**values, "id": sid, "history": to_json(history)}
 
-    def on_collect(self, session: Any, history: list[HistoryEntry]):
+    def on_collect(self, session: BrowserSession | None, history: list[HistoryEntry]):
         """The collect timer's tick, active only while the page awaits a request from before its load (it reloaded
         while the image was being made; an event that outputs to the image, even skipped, takes its progress display
         away from a request that runs): once done, the results the page has not shown are shown and the timer stops.

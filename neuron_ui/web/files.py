@@ -24,7 +24,7 @@ from neuron_ui.contract.errors import EngineError
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
 
-    from neuron_ui.contract.grid_sheet import GridResult
+    from neuron_ui.studio.grid_sheet import GridResult
     from neuron_ui.contract.results import GenerateResult
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class ImageStore:
 
 
 def write_png_file(result: GenerateResult | GridResult, path: Path) -> Path:
-    """The PNG a user waits on, uncompressed (contract/png.py); nothing half-written is left behind."""
+    """The PNG a user waits on, uncompressed (images/png.py); nothing half-written is left behind."""
     try:
         result.save_png(path, fast=True)
     except OSError:

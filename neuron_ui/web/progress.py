@@ -1,24 +1,19 @@
-"""Progress as users read it, for Gradio's bar and MCP's notifications: stages, a ticker while a compile runs, and
-the step previews of a call watched from a generator."""
+"""Progress as users read it, for Gradio's bar and MCP's notifications: stages, and a ticker while a compile runs
+(the step previews go their own way: studio.Asker.tell, and the stream of studio/bridge.py)."""
 
 from __future__ import annotations
 
 import contextvars
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from neuron_ui.contract.results import Stage, StepPreview
+from neuron_ui.contract.results import Stage
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.results import ProgressFn, ProgressUpdate
-
-R = TypeVar("R")
-PreviewSink = Callable[[StepPreview], None]
-
+    from neuron_ui.contract.results import ProgressUpdate
 
 TICK_SECONDS = 1.0  # how often a compile's elapsed time is re-reported while it runs
 GUESS = "a guess: nothing measured on this machine yet"
@@ -57,19 +52,16 @@ class ProgressReporter:
     A compile reports once, at its start, then blocks for its whole length: a ticker thread re-reports it every
     TICK_SECONDS with the time elapsed against the estimate, so the bar moves and says how long (it sat at 0.0%).
     `on_compile` hears the compile start (a CompileWait) and end (None), for the line every browser sees;
-    `clock` and `tick` are the time it reads and how often it re-reports (a test's own); `on_preview` hears each step
-    preview (they come from the engine's preview thread, and touch nothing else here).
+    `clock` and `tick` are the time it reads and how often it re-reports (a test's own).
     Use it as a context manager, so the ticker stops when the request ends, however it ends.
     """
 
     def __init__(self, progress: Callable[..., Any], prefix: str = "",
                  on_compile: Callable[[CompileWait | None], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, tick: float = TICK_SECONDS,
-                 on_preview: PreviewSink | None = None):
+                 clock: Callable[[], float] = time.monotonic, tick: float = TICK_SECONDS):
         self.progress = progress
         self.prefix = prefix
         self.on_compile = on_compile or (lambda wait: None)
-        self.on_preview = on_preview or (lambda preview: None)
         self.clock = clock
         self.tick = tick
         self.compile: CompileWait | None = None
@@ -83,9 +75,6 @@ class ProgressReporter:
         self.close()
 
     def __call__(self, update: ProgressUpdate) -> None:
-        if update.preview is not None:  # an image for the slot, not a line for the bar
-            self.on_preview(update.preview)
-            return
         self._stop_ticker()
         if update.stage == Stage.COMPILING:
             started = self.compile.started if self.compile else self.clock()  # a new phase of the same wait
@@ -126,48 +115,3 @@ class ProgressReporter:
         if self._ticker is not None and self._ticker is not threading.current_thread():
             self._ticker.join(timeout=2)
         self._ticker = None
-
-
-def progress_reporter(progress: Callable[..., Any], prefix: str = "") -> ProgressFn:
-    """A ProgressReporter without a compile listener (the CLI-style callers and tests)."""
-    return ProgressReporter(progress, prefix)
-
-
-@dataclass(frozen=True)
-class Finished(Generic[R]):
-    """The end of a watched call: its value."""
-
-    value: R
-
-
-@dataclass(frozen=True)
-class _Raised:
-    error: BaseException
-
-
-def watch(work: Callable[[PreviewSink], R]) -> Iterator[StepPreview | Finished[R]]:
-    """Run `work` on a thread of its own, in a copy of this context (Gradio finds its progress bar and event there),
-    handing it a sink for step previews; yield each preview as it comes (the latest, when several wait), then
-    Finished(its value). Its error is raised here. For a generator handler: Gradio shows each yield."""
-    items: queue.SimpleQueue[StepPreview | Finished[R] | _Raised] = queue.SimpleQueue()
-
-    def run() -> None:
-        try:
-            items.put(Finished(work(items.put)))
-        except BaseException as error:  # raised again in the generator, where Gradio reports it
-            items.put(_Raised(error))
-
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="watched-call", daemon=True)
-    thread.start()
-    while True:
-        item = items.get()
-        while isinstance(item, StepPreview) and not items.empty():
-            item = items.get()  # a slow reader skips to the newest
-        if isinstance(item, StepPreview):
-            yield item
-            continue
-        thread.join()
-        if isinstance(item, _Raised):
-            raise item.error
-        yield item
-        return

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.stopping import DISCONNECTED, STOPPED_BY_USER, Phase, StopReason, StopToken
-from neuron_ui.engine.grid import run_grid
+from neuron_ui.studio.grid import run_grid
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.grid import GridPlan
-    from neuron_ui.contract.grid_sheet import CellResult, GridResult
+    from neuron_ui.studio.grid_plan import GridPlan
+    from neuron_ui.studio.grid_sheet import CellResult, GridResult
     from neuron_ui.contract.results import ProgressFn, ProgressUpdate
 
 logger = logging.getLogger(__name__)

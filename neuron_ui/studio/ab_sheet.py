@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image, ImageOps, UnidentifiedImageError
 from PIL.PngImagePlugin import PngInfo
 
-from neuron_ui.contract.ab import side_labels
-from neuron_ui.contract.grid import Axis, GridCell, GridPlan
-from neuron_ui.contract.grid_sheet import BACKGROUND, GridResult, draw_sheet
+from neuron_ui.studio.ab_plan import side_labels
+from neuron_ui.studio.grid_plan import Axis, GridCell, GridPlan
+from neuron_ui.studio.grid_sheet import BACKGROUND, GridResult, draw_sheet
 from neuron_ui.contract.results import PNG_COMPRESS_LEVEL
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from neuron_ui.contract.grid_sheet import CellResult
+    from neuron_ui.studio.grid_sheet import CellResult
 
 SIDES = ("a", "b")
 PLACE = ("index", "column", "row", "block", "same_as")  # a grid cell's place: nothing to an A/B

@@ -1,11 +1,12 @@
-"""Input images read and decoded within bounds: bytes, pixels and how many are decoded at once; no torch.
+"""Input images opened, read and decoded within bounds: bytes, pixels and how many are decoded at once; no torch.
 
 Every input image (a reference, the image to inpaint, its mask, a layer painted in the editor) is read here. The
 file's bytes are hashed as they stream in, never held whole, and refused past MAX_UPLOAD_BYTES while reading; the
 header is checked (MAX_PIXELS) before any pixel is decoded; and decoding runs in DECODERS threads (`on_decoder`),
 so many large uploads at once wait their turn here instead of holding gigabytes: 12 requests of two 39.7 MP 16-bit
 PNGs (77 KB each on the wire) once took 8.6 GB (bench/decode_memory.py measures it). Each way a file can be bad gets
-its own one-line ValueError.
+its own one-line ValueError. `open_regular` refuses what is not a regular file (a FIFO would hold the request
+open, a device never ends), and the reader counts bytes as they come: stat() says 0 for a FIFO or a device.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import os
+import stat
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,8 +27,6 @@ from typing import BinaryIO, ParamSpec, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
-
-from neuron_ui.contract.files import open_regular
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # a decompression bomb is refused before it is decoded
@@ -51,6 +52,25 @@ class UploadLimits:
 
 
 LIMITS = UploadLimits()
+
+
+def open_regular(path: str | Path, role: str) -> BinaryIO:
+    """The file opened for reading if it is a regular file; ValueError (one line) otherwise.
+
+    O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it, and any device, unread."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError):
+        raise ValueError(f"{role}: the uploaded file cannot be read (it may have expired: upload it again)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{role} is not a regular file: upload an image file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def on_decoder(fn: Callable[P, T]) -> Callable[P, T]:

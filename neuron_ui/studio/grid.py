@@ -1,34 +1,26 @@
-"""Making a grid: its cells one at a time through the engine interface's generate, so each cell takes its turn on
-the device like any other image (other visitors' images come between them) and a grid never has more than one
-request in the engine (it counts as one against --max-queue and the per-visitor cap). Typed on EngineLike: the
-same in this process, under torchrun and with replicas."""
+"""Making a grid (or an A/B, a two-cell grid): its cells one at a time through the engine interface's generate,
+so each cell takes its turn on the device like any other image (other visitors' images come between them) and a grid
+never has more than one request in the engine (it counts as one against --max-queue and the per-visitor cap). Typed
+on EngineLike: the same in this process, under torchrun and with replicas."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from neuron_ui.contract.grid import plan_grid
-from neuron_ui.contract.grid_sheet import CellResult, GridResult
+from neuron_ui.studio.grid_sheet import CellResult, GridResult
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import Stopped, StopToken
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.grid import GridCell, GridPlan
+    from neuron_ui.studio.grid_plan import GridCell, GridPlan
     from neuron_ui.contract.results import ProgressFn, ProgressUpdate
 
 logger = logging.getLogger(__name__)
-
-
-def build_plan(engine: EngineLike, max_cells: int, prompt: object, resolution: object,
-               axes: Mapping[str, Any]) -> GridPlan:
-    """The grid's plan against this engine's sizes and loaded styles; ValueError in one line before anything runs."""
-    loaded = {style["name"]: style["default_scale"] for style in engine.status().styles}
-    return plan_grid(prompt, resolution, presets=engine.presets, loaded=loaded, max_cells=max_cells, **axes)
 
 
 def cell_request(plan: GridPlan, cell: GridCell, visitor: str | None) -> GenerateRequest:

@@ -1,6 +1,6 @@
 """A grid: one prompt at one size, varied along up to three axes (seeds, prompt variants, steps, styles and their
 strengths), parsed and checked in full before anything runs, and its cells put in the order that switches styles
-the fewest times. Plain values: the engine's runner (engine/grid.py) makes the images, grid_sheet.py draws them."""
+the fewest times. Plain values: the engine's runner (studio/grid.py) makes the images, grid_sheet.py draws them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An A/B: two images of one prompt at one size that differ in named settings, as a two-cell grid (contract/grid.py)
+"""An A/B: two images of one prompt at one size that differ in named settings, as a two-cell grid (studio/grid_plan.py)
 so the grid's runner makes them and its sheet draws them. Plain values: the settings parsed and checked in full,
 and refused in one line, before anything runs.
 
@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.contract.grid import (
+from neuron_ui.studio.grid_plan import (
     MAX_AXIS_TEXT,
     Axis,
     GridCell,

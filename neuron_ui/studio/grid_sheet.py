@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from neuron_ui.contract.png import write_png
+from neuron_ui.images.png import write_png
 from neuron_ui.contract.results import PNG_COMPRESS_LEVEL
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.grid import GridCell, GridPlan
+    from neuron_ui.studio.grid_plan import GridCell, GridPlan
     from neuron_ui.contract.results import GenerateResult
 
 MAX_CELL_SIDE = 512  # pixels a cell takes on the sheet at most: 16 cells at 1024x1024 would be 16k x 16k otherwise
@@ -80,7 +80,7 @@ class GridResult:
         return text
 
     def save_png(self, path: Path | str, fast: bool = False) -> Path:
-        """The sheet with its text; `fast` uncompressed (contract/png.py), else deflated like the CLI's images."""
+        """The sheet with its text; `fast` uncompressed (images/png.py), else deflated like the CLI's images."""
         if fast:
             return write_png(self.image, path, self.png_text())
         from PIL.PngImagePlugin import PngInfo

@@ -1,0 +1,135 @@
+"""The one bridge from a blocking call to a stream: every door that shows a call while it runs uses it.
+
+The call runs on a thread of its own, in a copy of the caller's context (Gradio finds its progress bar and event
+there), and is handed `tell`; what it tells on the way (step previews, progress lines) comes out in order, then
+Finished(its value), or its error is raised to the reader. A generator handler iterates it (Gradio shows each
+yield); MCP's async tool `async for`s it without holding a thread. A slow reader skips to the newest step preview.
+A reader that leaves early (a cancelled MCP call) stops the call through its `stop` token, if it was given one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from neuron_ui.contract.results import StepPreview
+from neuron_ui.contract.stopping import StopToken
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Finished(Generic[R]):
+    """The end of a bridged call: its value."""
+
+    value: R
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: BaseException
+
+
+class Bridge(Generic[T, R]):
+    """`work(tell)` on a thread, as a stream of what it tells and then Finished(its value); iterate it once."""
+
+    def __init__(self, work: Callable[[Callable[[T], None]], R], stop: StopToken | None = None,
+                 name: str = "studio-call"):
+        self.work, self.stop, self.name = work, stop, name
+        self._items: deque[T | Finished[R] | _Raised] = deque()
+        self._ready = threading.Condition()
+        self._wake: Callable[[], None] = lambda: None  # an async reader's loop hears each item
+        self._thread: threading.Thread | None = None
+
+    def __iter__(self) -> Iterator[T | Finished[R]]:
+        self._start()
+        ended = False
+        try:
+            while True:
+                with self._ready:
+                    self._ready.wait_for(lambda: bool(self._items))
+                    item = self._take()
+                told = self._deliver(item)
+                ended = isinstance(told, Finished)
+                yield told
+                if ended:
+                    return
+        finally:
+            if not ended:
+                self._leave()
+
+    async def __aiter__(self) -> AsyncGenerator[T | Finished[R], None]:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(ready.set)
+            except RuntimeError:  # the loop has closed: no reader is left to wake
+                pass
+
+        self._wake = wake
+        self._start()
+        ended = False
+        try:
+            while True:
+                with self._ready:
+                    item = self._take() if self._items else None
+                if item is None:
+                    await ready.wait()
+                    ready.clear()  # an item put since is in the deque already: the loop finds it
+                    continue
+                told = self._deliver(item)
+                ended = isinstance(told, Finished)
+                yield told
+                if ended:
+                    return
+        finally:
+            if not ended:
+                self._leave()
+
+    def _start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a Bridge is read once")
+
+        def run() -> None:
+            try:
+                self._put(Finished(self.work(self._put)))
+            except BaseException as error:  # raised again to the reader, where its door reports it
+                self._put(_Raised(error))
+
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name=self.name,
+                                        daemon=True)
+        self._thread.start()
+
+    def _put(self, item: T | Finished[R] | _Raised) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify_all()
+        self._wake()
+
+    def _take(self) -> T | Finished[R] | _Raised:
+        """The next item (the lock held); a step preview with anything behind it is skipped."""
+        item = self._items.popleft()
+        while isinstance(item, StepPreview) and self._items:
+            item = self._items.popleft()
+        return item
+
+    def _deliver(self, item: T | Finished[R] | _Raised) -> T | Finished[R]:
+        """The item for the reader; at the end the call's thread is joined first, and its error is raised here."""
+        if isinstance(item, (Finished, _Raised)) and self._thread is not None:
+            self._thread.join()
+        if isinstance(item, _Raised):
+            raise item.error
+        return item
+
+    def _leave(self) -> None:
+        """The reader left before the end: the call is stopped (when it has a token); what it ends with is dropped."""
+        if self.stop is not None:
+            self.stop.stop()  # the device is free for the next visitor

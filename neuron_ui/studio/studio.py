@@ -1,0 +1,186 @@
+"""The studio: what a user asks for, made through the engine seam, whichever door asked.
+
+`Studio` offers generate, inpaint, warmup, grid and ab (and grid jobs that outlive their page), each the same for
+the page, the named API, MCP and the CLI: the door says who asks and what hears the call (`Asker`), the studio puts
+the visitor on the request (visitors take turns on the device), keys its stop token to the asker's session and event
+(Stop, /stop, a cancel or a disconnect find it), runs it, and saves the result in its store when it has one. A grid
+or an A/B is planned against this engine's sizes and styles, then made one cell at a time (studio/grid.py), so it is
+one request against --max-queue and the per-visitor cap. Typed on EngineLike: the same in this process, under
+torchrun and with replicas. No Gradio here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from neuron_ui.contract.stopping import SessionStops, StopToken
+from neuron_ui.studio.ab_plan import plan_ab
+from neuron_ui.studio.ab_sheet import ABResult
+from neuron_ui.studio.grid import run_grid
+from neuron_ui.studio.grid_jobs import GridJob, GridJobs
+from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS, plan_grid
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.requests import GenerateRequest
+    from neuron_ui.contract.results import GenerateResult, ProgressFn, ProgressUpdate, ShapeStatus, StepPreview
+    from neuron_ui.studio.ab_plan import ABPlan
+    from neuron_ui.studio.grid_plan import GridPlan
+    from neuron_ui.studio.grid_sheet import CellResult, GridResult
+
+R = TypeVar("R")
+DEFAULT_MAX_GRIDS = 17  # grids at once on a server: --max-queue's default + 1, as many as the device's events
+PreviewSink = Callable[["StepPreview"], None]
+
+
+class ResultStore(Protocol):
+    """Where the studio saves what it made (web/files.py's ImageStore): the saved file's path."""
+
+    def save(self, result: GenerateResult | GridResult) -> str: ...
+
+
+@dataclass(frozen=True)
+class Asker:
+    """Who asks, and what hears the call: a door's part of every studio call. `session` and `event` key the call's
+    stop token in the studio's SessionStops; a door with a stop of its own (MCP's cancel) passes `stop` instead.
+    `on_admitted` runs once the engine has checked the request; `on_preview` hears each step's estimate."""
+
+    visitor: str | None = None
+    session: str | None = None
+    event: str | None = None
+    progress: ProgressFn | None = None
+    on_admitted: Callable[[], None] | None = None
+    on_preview: PreviewSink | None = None
+    stop: StopToken | None = None
+
+    def tell(self, update: ProgressUpdate) -> None:
+        """The engine's update to what hears it: a step preview to on_preview, anything else to progress."""
+        if update.preview is not None:
+            if self.on_preview is not None:
+                self.on_preview(update.preview)
+        elif self.progress is not None:
+            self.progress(update)
+
+
+@dataclass(frozen=True)
+class Made:
+    """One image as made for its asker, and where the studio saved it (None without a store)."""
+
+    result: GenerateResult
+    path: str | None
+
+
+@dataclass
+class Sheet:
+    """A grid or an A/B as made, with where the studio saved its sheet and each cell (by cell index)."""
+
+    grid: GridResult
+    path: str | None = None
+    cells: dict[int, str] = field(default_factory=dict)
+
+    def info(self) -> dict[str, Any]:
+        return self.grid.info(self.cells)
+
+
+class CellSaver:
+    """Saves each cell as it is made (once: a repeated cell shares the file), then the sheet; `on_saved` hears each
+    newly saved cell and its path (the page's history)."""
+
+    def __init__(self, store: ResultStore | None, on_saved: Callable[[CellResult, str], None] | None = None):
+        self.store, self.on_saved = store, on_saved
+        self.cells: dict[int, str] = {}
+
+    def __call__(self, done: CellResult) -> None:
+        if self.store is None:
+            return
+        if done.same_as is not None:
+            self.cells[done.cell.index] = self.cells[done.same_as]
+            return
+        path = self.cells[done.cell.index] = self.store.save(done.result)
+        if self.on_saved is not None:
+            self.on_saved(done, path)
+
+    def finish(self, grid: GridResult) -> Sheet:
+        return Sheet(grid, None if self.store is None else self.store.save(grid), dict(self.cells))
+
+
+class Studio:
+    """generate, inpaint, warmup, grid and ab over one engine, with a store to save in (None: the caller keeps the
+    results: MCP sends them, the CLI writes them where it is told), the running calls by session (`stops`, shared
+    with the server's gate) and the grid jobs of every visitor."""
+
+    def __init__(self, engine: EngineLike, store: ResultStore | None = None, stops: SessionStops | None = None,
+                 max_grid_cells: int = DEFAULT_MAX_CELLS, max_grids: int = DEFAULT_MAX_GRIDS):
+        self.engine, self.store = engine, store
+        self.stops = SessionStops() if stops is None else stops
+        self.max_grid_cells = max_grid_cells  # images one grid may make
+        self.jobs: GridJobs[Any] = GridJobs(engine, max_grids)
+
+    @contextmanager
+    def _token(self, asker: Asker) -> Iterator[StopToken]:
+        if asker.stop is not None:
+            yield asker.stop
+            return
+        with self.stops.track(asker.session, asker.event, on_admitted=asker.on_admitted) as token:
+            yield token
+
+    def generate(self, request: GenerateRequest, asker: Asker = Asker()) -> Made:
+        """One image, saved in the store."""
+        return self._make(self.engine.generate, request, asker)
+
+    def inpaint(self, request: GenerateRequest, asker: Asker = Asker()) -> Made:
+        """Redo the masked part of the request's image (the engine refuses one without image and mask)."""
+        return self._make(self.engine.inpaint, request, asker)
+
+    def _make(self, call: Callable[..., GenerateResult], request: GenerateRequest, asker: Asker) -> Made:
+        request = replace(request, visitor=asker.visitor, preview=asker.on_preview is not None)
+        with self._token(asker) as stop:
+            result = call(request, progress=asker.tell, stop=stop)
+        return Made(result, None if self.store is None else self.store.save(result))  # a full disk: one line
+
+    def warmup(self, resolution: str, asker: Asker = Asker()) -> ShapeStatus:
+        """Compile one preset without making an image; its status."""
+        return self.engine.warmup(resolution, asker.progress, visitor=asker.visitor)
+
+    def plan_grid(self, prompt: object, resolution: object, axes: Mapping[str, Any]) -> GridPlan:
+        """The grid's plan against this engine's sizes and loaded styles; ValueError in one line before anything
+        runs."""
+        loaded = {style["name"]: style["default_scale"] for style in self.engine.status().styles}
+        return plan_grid(prompt, resolution, presets=self.engine.presets, loaded=loaded,
+                         max_cells=self.max_grid_cells, **axes)
+
+    def plan_ab(self, prompt: object, resolution: object, a: object, b: object) -> ABPlan:
+        """The A/B's plan against this engine's sizes, loaded styles and default steps; ValueError in one line."""
+        status = self.engine.status()
+        loaded = {style["name"]: style["default_scale"] for style in status.styles}
+        return plan_ab(prompt, resolution, a, b, presets=self.engine.presets, loaded=loaded,
+                       default_steps=status.default_steps)
+
+    def grid(self, plan: GridPlan, asker: Asker = Asker(),
+             on_saved: Callable[[CellResult, str], None] | None = None) -> Sheet:
+        """The plan's cells in cost order (styles switched the fewest times), each saved as it is made; a Stop ends
+        the rest (the sheet says so)."""
+        saver = CellSaver(self.store, on_saved)
+        with self._token(asker) as stop:
+            grid = run_grid(self.engine, plan, progress=asker.progress, stop=stop, visitor=asker.visitor,
+                            on_cell=saver)
+        return saver.finish(grid)
+
+    def ab(self, plan: ABPlan, asker: Asker = Asker()) -> Sheet:
+        """A, then B, as a two-cell grid (one request); a Stop after A returns A alone, `stopped` saying so."""
+        saver = CellSaver(self.store)
+        with self._token(asker) as stop:
+            grid = run_grid(self.engine, plan.grid, progress=asker.progress, stop=stop, visitor=asker.visitor,
+                            on_cell=saver)
+        return saver.finish(ABResult.from_grid(grid, plan.differs))
+
+    def start_grid(self, owner: str, plan: GridPlan, finish: Callable[[Sheet], R],
+                   on_saved: Callable[[CellResult, str], None] | None = None) -> GridJob[R]:
+        """`owner`'s grid as a job on a thread of its own (studio/grid_jobs.py), saved as it is made; `finish` makes
+        what its pages show of the sheet. ValueError in one line while one of theirs runs, or too many do."""
+        saver = CellSaver(self.store, on_saved)
+        job: GridJob[R] = self.jobs.start(owner, plan, lambda grid: finish(saver.finish(grid)), saver)
+        return job
