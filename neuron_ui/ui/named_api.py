@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.ui.editing import file_paths
 from neuron_ui.web.errors import public_status, user_errors
 from neuron_ui.ui.visitors import asker
@@ -18,7 +17,7 @@ from neuron_ui.ui.words import describe_stop
 
 if TYPE_CHECKING:
     from neuron_ui.contract.files import StoredFiles
-    from neuron_ui.contract.results import EngineStatus, StepPreview
+    from neuron_ui.contract.results import EngineStatus
     from neuron_ui.studio.studio import PreviewSink, Studio
     from neuron_ui.web.previews import PreviewFiles
 
@@ -63,13 +62,8 @@ class NamedApi:
         if not preview:
             yield self.api_generate(*args)
             return
-        bridge: Bridge[StepPreview, tuple[str, dict[str, Any]]] = Bridge(
-            lambda sink: self.api_generate(*args, on_preview=sink))
-        for item in bridge:
-            if isinstance(item, Finished):
-                yield item.value
-            elif path := self.previews.save(item):
-                yield path, {"preview": {"step": item.step, "steps": item.steps}}
+        yield from self.previews.shown(lambda sink: self.api_generate(*args, on_preview=sink),
+                                       lambda path, item: (path, {"preview": {"step": item.step, "steps": item.steps}}))
 
     def api_grid(self, prompt: str, resolution: str, seeds: str | None = None, styles: str | None = None,
                  strengths: str | None = None, steps: str | None = None,
