@@ -98,10 +98,21 @@ class NamedApi:
         return public_status(self.status())
 
 
-def add_ab_api(api_ab: Callable[..., Any], on_device: dict[str, Any]) -> None:
-    """/ab for gradio_client: prompt, resolution, a, b -> (ab_png, info)."""
+def add_api(name: str, fn: Callable[..., Any], inputs: Callable[[], list[gr.Component]], image: str,
+            on_device: dict[str, Any]) -> None:
+    """/`name` for gradio_client: its own hidden `inputs` (made here, inside the hidden column), so the engine, not
+    the UI's widgets, checks them: preprocess=False, the values as sent (a number for the prompt is refused, not
+    made text); it answers the PNG (labelled `image`) and the info."""
     with gr.Column(visible=False):
-        inputs = [gr.Textbox(label=name) for name in ("prompt", "resolution", "a", "b")]
-        outputs = [gr.Image(label="ab_png", type="filepath", format="png"), gr.JSON(label="info")]
+        given = inputs()
+        outputs = [gr.Image(label=image, type="filepath", format="png"), gr.JSON(label="info")]
         trigger = gr.Button()
-    trigger.click(api_ab, inputs, outputs, api_name="ab", preprocess=False, **on_device)
+    trigger.click(fn, given, outputs, api_name=name, preprocess=False, **on_device)
+
+
+def texts(*labels: str) -> list[gr.Component]:
+    return [gr.Textbox(label=label) for label in labels]
+
+
+def numbers(*labels: str) -> list[gr.Component]:
+    return [gr.Number(label=label) for label in labels]
