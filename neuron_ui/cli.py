@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.studio.grid_sheet import GridResult
     from neuron_ui.studio.studio import Studio
 
 AB_USAGE = "give two PNGs to compare, or --prompt, --resolution and --b to make A and B"
@@ -53,13 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m neuron_ui", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="make one image and print its info as JSON")
-    add_engine_arguments(generate)
-    generate.add_argument("--prompt", required=True)
-    generate.add_argument("--resolution", required=True, help="one of the presets, e.g. 512x512")
+    grid = commands.add_parser("grid", help="a grid of images along up to three axes; prints its info as JSON")
+    ab = commands.add_parser("ab", help="A and B: two images that differ in named settings (or two PNGs) side by "
+                             "side; prints the info as JSON")
+    for command, default, out in ((generate, "out.png", "the PNG"), (grid, "grid.png", "the sheet"),
+                                  (ab, "ab.png", "A and B side by side")):
+        add_engine_arguments(command)
+        command.add_argument("--prompt", required=command is not ab)  # ab compares two PNGs without one
+        command.add_argument("--resolution", required=command is not ab, help="one of the presets, e.g. 512x512")
+        command.add_argument("--out", default=default, help=f"where to write {out} (default {default})")
     generate.add_argument("--steps", type=int)
     generate.add_argument("--seed", type=int)
     generate.add_argument("--guidance", type=float)
-    generate.add_argument("--out", default="out.png", help="where to write the PNG (default out.png)")
     generate.add_argument("--reference", action="append", default=[], metavar="PATH",
                           help="a reference image (repeatable, up to --max-references)")
     generate.add_argument("--reference-size", help="the size every reference is fitted to (default the first)")
@@ -68,25 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--mask", metavar="PATH", help="white where --image is redone, black where it is kept")
     generate.add_argument("--strength", type=float, help="inpaint strength, above 0 up to 1 (default 1)")
     generate.add_argument("--lora-scale", type=float, help="the --lora style's strength, 0-2 (default: its own)")
-
-    grid = commands.add_parser("grid", help="a grid of images along up to three axes; prints its info as JSON")
-    add_engine_arguments(grid)
-    grid.add_argument("--prompt", required=True)
-    grid.add_argument("--resolution", required=True, help="one of the presets, e.g. 512x512")
     for axis, words in AXIS_HELP.items():
         grid.add_argument(f"--{axis}", help=words)
     grid.add_argument("--max-grid-cells", type=int, help="images the grid may make (default 16)")
-    grid.add_argument("--out", default="grid.png", help="where to write the sheet (default grid.png)")
-
-    ab = commands.add_parser("ab", help="A and B: two images that differ in named settings (or two PNGs) side by "
-                             "side; prints the info as JSON")
-    add_engine_arguments(ab)
     ab.add_argument("images", nargs="*", metavar="PNG", help="two PNGs made here: compared, nothing is made")
-    ab.add_argument("--prompt")
-    ab.add_argument("--resolution", help="one of the presets, e.g. 512x512")
     ab.add_argument("--a", help=f"A's settings, {SETTINGS_WORDS}")
     ab.add_argument("--b", help="B's settings, e.g. \"seed=4\" or \"style=ink strength=0.8\"")
-    ab.add_argument("--out", default="ab.png", help="where to write A and B side by side (default ab.png)")
 
     lora = commands.add_parser("lora", help="styles: write a random LoRA for a model (to try styles offline)")
     lora_actions = lora.add_subparsers(dest="action", required=True)
@@ -125,31 +116,31 @@ def main(argv: list[str] | None = None, load: Callable[[Settings], EngineLike] |
     try:
         settings = settings_from_args(args)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     cache = configure_cache_env(settings.cache_dir)  # before torch loads: it reads the cache env vars then
     if args.command == "cache":
         return run_cache(args, settings, cache)
     if args.command == "lora":
         return run_lora(args)
-    if args.command == "generate" and len(settings.loras) > 1:
-        print("error: generate makes its image with one style: give --lora once", file=sys.stderr)
-        return 2
-    problem = check_files(args) if args.command == "generate" else check_command(args)
-    if problem:  # before the model loads (seconds to minutes), naming the path
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    if problem := check_inputs(args, settings):  # before the model loads (seconds to minutes), naming the path
+        return fail(problem)
     if args.command == "ab" and args.images:
         return compare_command(args)
     from neuron_ui.contract.errors import EngineError
 
     with opened(settings, load) as studio:
         try:
-            return {"generate": generate_command, "grid": grid_command, "ab": ab_command}[args.command](
-                args, settings, studio)
+            if args.command == "generate":
+                return generate_command(args, settings, studio)
+            return sheet_command(args, studio)
         except (ValueError, EngineError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+            return fail(error)
+
+
+def fail(error: object) -> int:
+    """A command's one-line error, and its exit code."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 @contextmanager
@@ -177,8 +168,7 @@ def generate_command(args: argparse.Namespace, settings: Settings, studio: Studi
 
     loaded = [style["name"] for style in studio.engine.status().styles]
     if settings.loras and not loaded:  # the app starts without a bad style; this image asked for it
-        print(f"error: style not loaded: {refused_style(studio.engine, settings.loras[0])}", file=sys.stderr)
-        return 2
+        return fail(f"style not loaded: {refused_style(studio.engine, settings.loras[0])}")
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
                               references=args.reference, reference_size=args.reference_size, fit=args.fit,
                               image=args.image, mask=args.mask, strength=args.strength,
@@ -196,29 +186,20 @@ def refused_style(engine: EngineLike, spec: str) -> str:
     return str(refused[spec]) if isinstance(refused, dict) and spec in refused else f"{spec} (the log above says why)"
 
 
-def grid_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
-    """`grid`: the axes checked against the loaded engine before any image, then every cell in turn; the sheet at
-    --out, each cell beside it (<out>-<n>.png, n its place on the sheet from 1), the info as JSON."""
+def sheet_command(args: argparse.Namespace, studio: Studio) -> int:
+    """`grid` and `ab`: the plan checked against the loaded engine before any image, then every cell in turn; the
+    sheet at --out, each cell made beside it (<out>-<n>.png for a grid, n its place on the sheet from 1; <out>-A.png
+    and <out>-B.png for an A/B; a repeated cell shares its file), the info as JSON."""
     out = Path(args.out).expanduser()
-    axes = {axis: getattr(args, axis) for axis in AXIS_HELP}
-    grid = studio.grid(studio.plan_grid(args.prompt, args.resolution, axes))
-    return write_sheet(grid.grid, out, lambda index: f"{index + 1}")
-
-
-def ab_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
-    """`ab`: A and B checked against the loaded engine before either is made, then made in turn; A and B side by
-    side at --out (each beside it, <out>-A.png), the info as JSON."""
-    out = Path(args.out).expanduser()
-    made = studio.ab(studio.plan_ab(args.prompt, args.resolution, args.a, args.b))
-    return write_sheet(made.grid, out, lambda index: "AB"[index])
-
-
-def write_sheet(grid: GridResult, out: Path, name: Callable[[int], str]) -> int:
-    """Each cell made beside the sheet (<out>-<name>.png; a repeated cell shares its file), the sheet at `out`,
-    the info as JSON."""
+    if args.command == "grid":
+        axes = {axis: getattr(args, axis) for axis in AXIS_HELP}
+        grid, labels = studio.grid(studio.plan_grid(args.prompt, args.resolution, axes)).grid, None
+    else:
+        grid, labels = studio.ab(studio.plan_ab(args.prompt, args.resolution, args.a, args.b)).grid, "AB"
     paths: dict[int, str] = {}
     for done in grid.made:
-        path = out.with_name(f"{out.stem}-{name(done.cell.index)}.png")
+        index = done.cell.index
+        path = out.with_name(f"{out.stem}-{labels[index] if labels else index + 1}.png")
         paths[done.cell.index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
     grid.save_png(out)
     print(json.dumps({**grid.info(paths), "out": str(out)}, indent=1))
@@ -233,29 +214,26 @@ def compare_command(args: argparse.Namespace) -> int:
     try:
         compared = compare_files(Path(args.images[0]), Path(args.images[1]))
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     compared.save_png(out)
     print(json.dumps({**compared.info, "out": str(out)}, indent=1))
     return 0
 
 
-def check_command(args: argparse.Namespace) -> str | None:
-    """`grid` and `ab`: what is wrong with the command before the model loads (or two PNGs are read); None if
-    nothing."""
+def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
+    """What is wrong with the command before the model loads (or two PNGs are read): `ab`'s usage, `generate`'s
+    one style, the first input image that is not a readable file, an --out in a folder that is not there; None if
+    nothing. What is inside the files the engine checks as it checks an upload."""
     if args.command == "ab":
         making = any(value is not None for value in (args.prompt, args.resolution, args.a, args.b))
         if len(args.images) != (0 if making else 2) or (making and not (args.prompt and args.resolution)):
             return AB_USAGE
-    out = Path(args.out).expanduser()
-    return None if out.parent.is_dir() else f"--out {args.out}: the folder {out.parent} does not exist"
-
-
-def check_files(args: argparse.Namespace) -> str | None:
-    """The first input image that is not a readable file, or an --out in a folder that is not there; None if all
-    are well. What is inside the files the engine checks as it checks an upload."""
-    inputs = [("--reference", path) for path in args.reference]
-    inputs += [(flag, path) for flag, path in (("--image", args.image), ("--mask", args.mask)) if path]
+    if args.command == "generate" and len(settings.loras) > 1:
+        return "generate makes its image with one style: give --lora once"
+    inputs = []
+    if args.command == "generate":
+        inputs = [("--reference", path) for path in args.reference]
+        inputs += [(flag, path) for flag, path in (("--image", args.image), ("--mask", args.mask)) if path]
     for flag, path in inputs:
         file = Path(path).expanduser()
         if not file.exists():
@@ -267,9 +245,7 @@ def check_files(args: argparse.Namespace) -> str | None:
         except OSError as error:
             return f"{flag} {path}: cannot be read ({error.strerror})"
     folder = Path(args.out).expanduser().parent
-    if not folder.is_dir():
-        return f"--out {args.out}: the folder {folder} does not exist"
-    return None
+    return None if folder.is_dir() else f"--out {args.out}: the folder {folder} does not exist"
 
 
 def run_lora(args: argparse.Namespace) -> int:
@@ -285,8 +261,7 @@ def run_lora(args: argparse.Namespace) -> int:
         transformer = loaded.pipe.transformer
         out = write_random_lora(transformer, Path(args.out), args.rank, args.seed, args.alpha)
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     print(f"wrote {out}: a random rank-{args.rank} LoRA for {loaded.name}'s transformer (seed {args.seed})")
     return 0
 
@@ -318,8 +293,7 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths, h
             result = clear_cache(cache, key, shapes)
             print(f"cleared {len(result.removed_shapes)} shape record(s), {result.removed_files} file(s)")
     except (ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(error)
     return 0
 
 
@@ -333,7 +307,7 @@ def import_command(settings: Settings, cache: CachePaths) -> int:
                               FetchPolicy.from_settings(settings))
     for o in outcomes:
         if o.info is None:
-            print(f"error: not importing: {o.problem}", file=sys.stderr)
+            fail(f"not importing: {o.problem}")
             continue
         print(f"imported {o.source}: added {', '.join(o.info.added_shapes) or 'nothing new'}"
               + (f"; kept this cache's own {', '.join(o.info.kept_shapes)}" if o.info.kept_shapes else ""))

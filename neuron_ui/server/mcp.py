@@ -55,7 +55,6 @@ MAX_BODY = 48 * 2**20  # an inpaint's image and mask as base64: up to the upload
 LOGIN = ("login required: send the NEURON_UI_AUTH user and password as HTTP Basic credentials "
          "(header Authorization: Basic base64(user:password))")
 UNEXPECTED = "the server failed unexpectedly; the details are in the server log"
-DEVICE_TOOLS = ("generate", "inpaint", "warmup")
 
 
 class McpEndpoint:
@@ -179,10 +178,10 @@ class McpEndpoint:
             return mcp_tools.json_result(studio.warmup(resolution, asker))
         if name == "grid":  # one request against --max-queue: its cells run one at a time (studio/grid.py)
             axes = {axis: arguments.get(axis) for axis in mcp_tools.AXIS_HELP}
-            return mcp_tools.grid_result(studio.grid(studio.plan_grid(prompt, resolution, axes), asker).grid)
+            return mcp_tools.png_result(studio.grid(studio.plan_grid(prompt, resolution, axes), asker).grid)
         if name == "ab":  # a two-cell grid: one request too
             plan = studio.plan_ab(prompt, resolution, arguments.get("a"), arguments["b"])
-            return mcp_tools.grid_result(studio.ab(plan, asker).grid)
+            return mcp_tools.png_result(studio.ab(plan, asker).grid)
         inpaint = name == "inpaint"
         request = GenerateRequest(prompt, resolution, arguments.get("steps"), arguments.get("seed"),
                                   arguments.get("guidance"), lora=arguments.get("lora"),
@@ -190,7 +189,7 @@ class McpEndpoint:
                                   image=mcp_tools.decode_image(arguments["image"], "image") if inpaint else None,
                                   mask=mcp_tools.decode_image(arguments["mask"], "mask") if inpaint else None,
                                   strength=arguments.get("strength") if inpaint else None)
-        return mcp_tools.image_result((studio.inpaint if inpaint else studio.generate)(request, asker).result)
+        return mcp_tools.png_result((studio.inpaint if inpaint else studio.generate)(request, asker).result)
 
     def _visitor(self, request: Any) -> str | None:
         """The logged-in user (the one NEURON_UI_AUTH names), else this client's MCP session."""

@@ -1,6 +1,5 @@
-"""What an AI assistant sees of the studio over MCP: exactly six tools (ab, generate, grid, inpaint, status,
-warmup), their
-inputs, and descriptions a model can act on, written from the engine's status when a client lists them (which
+"""What an AI assistant sees of the studio over MCP: exactly six tools (ab, generate, grid, inpaint, status, warmup),
+their inputs, and descriptions a model can act on, written from the engine's status when a client lists them (which
 sizes are ready, which compile on first use and about how long, what a cache event means).
 
 Plain values and the `mcp` package's types; the calls themselves are neuron_ui.server.mcp's.
@@ -155,17 +154,17 @@ def ab_tool(prompt: dict[str, Any], resolution: dict[str, Any], sizes: str, mode
         f"text chunks), and JSON: a and b (each one's parameters, cache_event, seconds) and differs. {TURNS}"))
 
 
-def grid_result(grid: GridResult) -> list[types.ContentBlock]:
-    """The sheet (a grid's or an A/B's) as image content, its cells' parameters in its text chunks, then its info as
-    JSON."""
+def png_result(made: GenerateResult | GridResult) -> list[types.ContentBlock]:
+    """The PNG (an image's parameters, or a grid's or an A/B's cells', in its text chunks) as image content, then
+    its info as JSON text."""
     buffer = io.BytesIO()
     meta = PngInfo()
-    for key, value in grid.png_text():
+    for key, value in made.png_text():
         meta.add_text(key, value)
-    grid.image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+    made.image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return [types.ImageContent(type="image", data=data, mimeType="image/png"),
-            types.TextContent(type="text", text=json.dumps(grid.info()))]
+            types.TextContent(type="text", text=json.dumps(made.info()))]
 
 
 def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -198,15 +197,6 @@ def decode_image(value: Any, role: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"{role} is not base64: send the image file's bytes as base64 text") from None
-
-
-def image_result(result: GenerateResult) -> list[types.ContentBlock]:
-    """The PNG (its parameters in its metadata) as image content, then the result dict as JSON text."""
-    buffer = io.BytesIO()
-    result.image.save(buffer, format="PNG", pnginfo=result.png_info(), compress_level=PNG_COMPRESS_LEVEL)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return [types.ImageContent(type="image", data=data, mimeType="image/png"),
-            types.TextContent(type="text", text=json.dumps(result.info()))]
 
 
 def json_result(value: Any) -> list[types.ContentBlock]:

@@ -148,39 +148,40 @@ class Studio:
     def plan_grid(self, prompt: object, resolution: object, axes: Mapping[str, Any]) -> GridPlan:
         """The grid's plan against this engine's sizes and loaded styles; ValueError in one line before anything
         runs."""
-        loaded = {style["name"]: style["default_scale"] for style in self.engine.status().styles}
-        return plan_grid(prompt, resolution, presets=self.engine.presets, loaded=loaded,
+        return plan_grid(prompt, resolution, presets=self.engine.presets, loaded=self._styles()[0],
                          max_cells=self.max_grid_cells, **axes)
 
     def plan_ab(self, prompt: object, resolution: object, a: object, b: object) -> ABPlan:
         """The A/B's plan against this engine's sizes, loaded styles and default steps; ValueError in one line."""
-        status = self.engine.status()
-        loaded = {style["name"]: style["default_scale"] for style in status.styles}
+        loaded, default_steps = self._styles()
         return plan_ab(prompt, resolution, a, b, presets=self.engine.presets, loaded=loaded,
-                       default_steps=status.default_steps)
+                       default_steps=default_steps)
+
+    def _styles(self) -> tuple[dict[str, float], int]:
+        """The loaded styles' default strengths by name, and the model's default steps."""
+        status = self.engine.status()
+        return {style["name"]: style["default_scale"] for style in status.styles}, status.default_steps
 
     def grid(self, plan: GridPlan, asker: Asker = Asker(),
              on_saved: Callable[[CellResult, str], None] | None = None) -> Sheet:
         """The plan's cells in cost order (styles switched the fewest times), each saved as it is made; a Stop ends
         the rest (the sheet says so)."""
-        saver = CellSaver(self.store, on_saved)
-        with self._token(asker) as stop:
-            grid = run_grid(self.engine, plan, progress=asker.progress, stop=stop, visitor=asker.visitor,
-                            on_cell=saver)
-        return saver.finish(grid)
+        return self._sheet(plan, asker, CellSaver(self.store, on_saved))
 
     def ab(self, plan: ABPlan, asker: Asker = Asker()) -> Sheet:
         """A, then B, as a two-cell grid (one request); a Stop after A returns A alone, `stopped` saying so."""
-        saver = CellSaver(self.store)
+        return self._sheet(plan.grid, asker, CellSaver(self.store), lambda grid: ABResult.from_grid(grid, plan.differs))
+
+    def _sheet(self, plan: GridPlan, asker: Asker, saver: CellSaver,
+               sheet: Callable[[GridResult], GridResult] = lambda grid: grid) -> Sheet:
         with self._token(asker) as stop:
-            grid = run_grid(self.engine, plan.grid, progress=asker.progress, stop=stop, visitor=asker.visitor,
+            grid = run_grid(self.engine, plan, progress=asker.progress, stop=stop, visitor=asker.visitor,
                             on_cell=saver)
-        return saver.finish(ABResult.from_grid(grid, plan.differs))
+        return saver.finish(sheet(grid))
 
     def start_grid(self, owner: str, plan: GridPlan, finish: Callable[[Sheet], R],
                    on_saved: Callable[[CellResult, str], None] | None = None) -> GridJob[R]:
         """`owner`'s grid as a job on a thread of its own (studio/grid_jobs.py), saved as it is made; `finish` makes
         what its pages show of the sheet. ValueError in one line while one of theirs runs, or too many do."""
         saver = CellSaver(self.store, on_saved)
-        job: GridJob[R] = self.jobs.start(owner, plan, lambda grid: finish(saver.finish(grid)), saver)
-        return job
+        return self.jobs.start(owner, plan, lambda grid: finish(saver.finish(grid)), saver)

@@ -11,13 +11,13 @@ from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.ab import add_ab_button, add_ab_panel, wire_ab
-from neuron_ui.ui.compare import CompareHandlers, add_compare_panel, add_grid_api, wire_compare
+from neuron_ui.ui.compare import AXIS_KINDS, CompareHandlers, add_compare_panel, wire_compare
 from neuron_ui.ui.editing import (
     EditingHandlers,
-    add_inpaint_api,
     add_inpaint_tab,
     add_reference_panel,
     add_result_buttons,
+    api_inpaint_inputs,
     api_reference_inputs,
     api_style_inputs,
 )
@@ -25,7 +25,7 @@ from neuron_ui.web.errors import user_errors
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
-from neuron_ui.ui.named_api import add_ab_api
+from neuron_ui.ui.named_api import add_api, numbers, texts
 from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
@@ -227,18 +227,13 @@ def build_demo(engine: EngineLike, settings: Settings,
                 editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
-        with gr.Column(visible=False):
-            api_inputs = [gr.Textbox(label="prompt"), gr.Textbox(label="resolution"), gr.Number(label="steps"),
-                          gr.Number(label="seed"), gr.Number(label="guidance"), *api_reference_inputs(),
-                          *api_style_inputs(), gr.Checkbox(label="preview")]
-            api_outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
-            api_trigger = gr.Button()
-        # preprocess=False: the engine sees the values as sent (a number for the prompt is refused, not made text).
-        api_trigger.click(handlers.api.api_generate_watched, api_inputs, api_outputs, api_name="generate",
-                          preprocess=False, **on_device)
-        add_inpaint_api(editing_handlers, on_device)
-        add_grid_api(handlers.api.api_grid, on_device)
-        add_ab_api(handlers.api.api_ab, on_device)
+        api = handlers.api
+        add_api("generate", api.api_generate_watched, lambda: [
+            *texts("prompt", "resolution"), *numbers("steps", "seed", "guidance"), *api_reference_inputs(),
+            *api_style_inputs(), gr.Checkbox(label="preview")], "image", on_device)
+        add_api("inpaint", editing_handlers.api_inpaint, api_inpaint_inputs, "image", on_device)
+        add_api("grid", api.api_grid, lambda: texts("prompt", "resolution", *AXIS_KINDS), "grid_png", on_device)
+        add_api("ab", api.api_ab, lambda: texts("prompt", "resolution", "a", "b"), "ab_png", on_device)
         gr.api(handlers.api.api_warmup, api_name="warmup", **on_device)
         gr.api(handlers.api.api_status, api_name="status", concurrency_limit=None)
         gr.api(handlers.api.api_stop, api_name="stop", concurrency_limit=None)

@@ -6,7 +6,6 @@ pages can stop it; its cells join the history."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -262,12 +261,3 @@ def wire_compare(handlers: CompareHandlers, parts: dict[str, Any], form: list[An
     parts["stop"].click(handlers.on_stop, [session], None, **{**hidden, "queue": True, "concurrency_limit": None})
     parts["timer"].tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts["timer"]], **hidden)
     return made
-
-
-def add_grid_api(api_grid: Callable[..., Any], on_device: dict[str, Any]) -> None:
-    """/grid for gradio_client: prompt, resolution, seeds, styles, strengths, steps, prompts -> (grid_png, info)."""
-    with gr.Column(visible=False):
-        inputs = [gr.Textbox(label=name) for name in ("prompt", "resolution", *AXIS_KINDS)]
-        outputs = [gr.Image(label="grid_png", type="filepath", format="png"), gr.JSON(label="info")]
-        trigger = gr.Button()
-    trigger.click(api_grid, inputs, outputs, api_name="grid", preprocess=False, **on_device)

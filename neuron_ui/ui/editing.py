@@ -1,6 +1,6 @@
 """Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
 
-`build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `add_inpaint_api` inside its Blocks; the
+`build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `api_inpaint_inputs` inside its Blocks; the
 handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
 file value names one of the app's files or is refused unread (contract/files.py, the rule the gate applies too);
 the engine checks and fits the images (contract/references.py), and the editor's layers are read the same way.
@@ -272,12 +272,8 @@ def add_result_buttons() -> ResultButtons:
     return {"use": use, "edit": edit}
 
 
-def add_inpaint_api(handlers: EditingHandlers, on_device: dict[str, Any]) -> None:
-    """/inpaint for gradio_client: image, mask, prompt, strength, resolution, steps, seed, optional references."""
-    with gr.Column(visible=False):
-        inputs = [gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"),
-                  gr.Textbox(label="prompt"), gr.Number(label="strength"), gr.Textbox(label="resolution"),
-                  gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs(), *api_style_inputs()]
-        outputs = [gr.Image(label="image", type="filepath", format="png"), gr.JSON(label="info")]
-        trigger = gr.Button()
-    trigger.click(handlers.api_inpaint, inputs, outputs, api_name="inpaint", preprocess=False, **on_device)
+def api_inpaint_inputs() -> list[gr.Component]:
+    """/inpaint's inputs: image, mask, prompt, strength, resolution, steps, seed, optional references and style."""
+    return [gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"),
+            gr.Textbox(label="prompt"), gr.Number(label="strength"), gr.Textbox(label="resolution"),
+            gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs(), *api_style_inputs()]

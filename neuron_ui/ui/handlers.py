@@ -13,7 +13,6 @@ import gradio as gr
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.requests import MAX_SEED, GenerateRequest
 from neuron_ui.contract.stopping import SessionStops
-from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 from neuron_ui.studio.studio import DEFAULT_MAX_GRIDS, PreviewSink, Studio
 from neuron_ui.ui import session as sessions
@@ -43,7 +42,6 @@ from neuron_ui.ui.words import (
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.results import EngineStatus
     from neuron_ui.web.files import ImageStore
     from neuron_ui.ui.words import CompileWait
 
@@ -95,7 +93,7 @@ class Handlers:
         make = self.studio.inpaint if request.image is not None else self.studio.generate
         self.held.begin(sid)  # its failure's line waits for its reason (on_failed)
         try:
-            with user_errors(), ProgressReporter(progress, prefix, self._on_compile) as reporter:
+            with user_errors(), ProgressReporter(progress, prefix, self.on_compile) as reporter:
                 # held only once the engine has checked the request: bad ones take no room
                 made = make(request, asker(session, progress=reporter, on_admitted=lambda: self.held.start(sid, what),
                                            on_preview=on_preview))
@@ -118,7 +116,8 @@ class Handlers:
         self.held.hold(sid, entry)
         return entry
 
-    def _on_compile(self, wait: CompileWait | None) -> None:
+    def on_compile(self, wait: CompileWait | None) -> None:
+        """The compile a request here waits for (None once it is done), for the line of what the device does now."""
         self.compile_wait = wait
 
     @staticmethod
@@ -149,11 +148,7 @@ class Handlers:
             return self.on_generate(prompt, resolution, steps, seed, randomize, guidance, history, references,
                                     reference_size, fit, session, style, style_strength, progress, on_preview)
 
-        for item in Bridge(work):
-            if isinstance(item, Finished):
-                yield item.value
-            elif path := self.previews.save(item):
-                yield path, *[gr.skip()] * 4
+        yield from self.previews.shown(work, lambda path, _: (path, *[gr.skip()] * 4))
 
     def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
             session: BrowserSession | None = None, editor: EditorValue | None = None,
@@ -191,7 +186,7 @@ class Handlers:
     def on_warmup(self, resolution: str, session: BrowserSession | None = None,
                   progress: gr.Progress = gr.Progress()) -> str:
         """Compile the chosen size now, so the first image at it is fast."""
-        with user_errors(), ProgressReporter(progress, on_compile=self._on_compile) as reporter:
+        with user_errors(), ProgressReporter(progress, on_compile=self.on_compile) as reporter:
             return describe_size(self.studio.warmup(resolution, asker(session, progress=reporter)))
 
     def on_select(self, history: list[HistoryEntry], event: gr.SelectData):
@@ -258,17 +253,13 @@ class Handlers:
         raced, and the stop's line overwrote the reason in 8 of 20 stops here (tests/test_browser_studio.py)."""
         gr.Info(describe_stop(self.stops.stop(request.session_hash)).replace("**", ""))
 
-    def status(self) -> EngineStatus:
-        """The engine's status, its queue depth counting the requests still in Gradio's queue too (the API's)."""
-        return self.api.status()
-
     def on_resolution(self, resolution: str) -> str:
         return describe_size_of(self.engine.status(), resolution)
 
     def on_tick(self, resolution: str, last: Any):
         """Status table, activity line, dropdown labels, hint and the line of what the device does now, for every
         open browser; skipped when unchanged (a compile's elapsed seconds change it every tick)."""
-        status = self.status()
+        status = self.api.status()  # its queue depth counts the requests still in Gradio's queue too
         now = describe_now(status, self.compile_wait)
         signature = {**status.to_dict(), "now": now}
         if signature == last:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.ui.editing import file_paths
 from neuron_ui.web.errors import public_status, user_errors
 from neuron_ui.ui.visitors import asker
@@ -18,7 +17,7 @@ from neuron_ui.ui.words import describe_stop
 
 if TYPE_CHECKING:
     from neuron_ui.contract.files import StoredFiles
-    from neuron_ui.contract.results import EngineStatus, StepPreview
+    from neuron_ui.contract.results import EngineStatus
     from neuron_ui.studio.studio import PreviewSink, Studio
     from neuron_ui.web.previews import PreviewFiles
 
@@ -63,13 +62,8 @@ class NamedApi:
         if not preview:
             yield self.api_generate(*args)
             return
-        bridge: Bridge[StepPreview, tuple[str, dict[str, Any]]] = Bridge(
-            lambda sink: self.api_generate(*args, on_preview=sink))
-        for item in bridge:
-            if isinstance(item, Finished):
-                yield item.value
-            elif path := self.previews.save(item):
-                yield path, {"preview": {"step": item.step, "steps": item.steps}}
+        yield from self.previews.shown(lambda sink: self.api_generate(*args, on_preview=sink),
+                                       lambda path, item: (path, {"preview": {"step": item.step, "steps": item.steps}}))
 
     def api_grid(self, prompt: str, resolution: str, seeds: str | None = None, styles: str | None = None,
                  strengths: str | None = None, steps: str | None = None,
@@ -104,10 +98,21 @@ class NamedApi:
         return public_status(self.status())
 
 
-def add_ab_api(api_ab: Callable[..., Any], on_device: dict[str, Any]) -> None:
-    """/ab for gradio_client: prompt, resolution, a, b -> (ab_png, info)."""
+def add_api(name: str, fn: Callable[..., Any], inputs: Callable[[], list[gr.Component]], image: str,
+            on_device: dict[str, Any]) -> None:
+    """/`name` for gradio_client: its own hidden `inputs` (made here, inside the hidden column), so the engine, not
+    the UI's widgets, checks them: preprocess=False, the values as sent (a number for the prompt is refused, not
+    made text); it answers the PNG (labelled `image`) and the info."""
     with gr.Column(visible=False):
-        inputs = [gr.Textbox(label=name) for name in ("prompt", "resolution", "a", "b")]
-        outputs = [gr.Image(label="ab_png", type="filepath", format="png"), gr.JSON(label="info")]
+        given = inputs()
+        outputs = [gr.Image(label=image, type="filepath", format="png"), gr.JSON(label="info")]
         trigger = gr.Button()
-    trigger.click(api_ab, inputs, outputs, api_name="ab", preprocess=False, **on_device)
+    trigger.click(fn, given, outputs, api_name=name, preprocess=False, **on_device)
+
+
+def texts(*labels: str) -> list[gr.Component]:
+    return [gr.Textbox(label=label) for label in labels]
+
+
+def numbers(*labels: str) -> list[gr.Component]:
+    return [gr.Number(label=label) for label in labels]

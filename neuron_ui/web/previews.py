@@ -8,13 +8,18 @@ import logging
 import secrets
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.web.files import private_file_folder
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import StepPreview
+
+R = TypeVar("R")
+F = TypeVar("F")
 
 logger = logging.getLogger(__name__)
 
@@ -47,3 +52,13 @@ class PreviewFiles:
         for oldest in dropped:
             oldest.unlink(missing_ok=True)
         return str(path)
+
+    def shown(self, work: Callable[[Callable[[StepPreview], None]], R],
+              frame: Callable[[str, StepPreview], F]) -> Iterator[R | F]:
+        """`work(on_preview)` through the studio's bridge, for a generator handler: each step's estimate of the image
+        saved and yielded as `frame(its file, it)` (a slow reader skips to the newest), then work's value."""
+        for item in Bridge(work):
+            if isinstance(item, Finished):
+                yield item.value
+            elif path := self.save(item):
+                yield frame(path, item)
