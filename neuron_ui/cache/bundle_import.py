@@ -39,16 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def inspect_bundle(bundle: Path) -> BundleInfo:
-    """Read only bundle.json: what a bundle claims to hold, without verifying or extracting anything."""
-    try:
-        with (open_bundle(bundle, str(bundle)) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz,
-              tarfile.open(fileobj=gz, mode="r|") as tar):
-            return bundle_info(Path(bundle), read_header(tar, Path(bundle)))
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
-        raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)})") from error
-
-
 def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None,
                   label: str | None = None) -> BundleInfo:
     """Verify a bundle against this machine's compile key and its own checksums, then add it to the cache.
