@@ -154,8 +154,8 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
             usage = folder_usage(folder)
             result.removed_files += usage.files
             result.freed_bytes += usage.bytes
-            if folder.is_dir():
-                _empty(folder)
+            for child in folder.iterdir() if folder.is_dir() else ():
+                remove_path(child)
         sweep_staging(cache.root)  # left by imports that were killed
     logger.info("cleared %d shapes, %d files (%s)", len(result.removed_shapes), result.removed_files,
                 human_bytes(result.freed_bytes))
@@ -170,7 +170,3 @@ def describe_holdings(cache: CachePaths) -> str:
     return "it holds " + "; ".join(f"{describe_key(e.get('key', {}))}: {', '.join(sorted(e.get('shapes', {})))}"
                                    for e in entries.values())
 
-
-def _empty(folder: Path) -> None:
-    for child in folder.iterdir():
-        remove_path(child)

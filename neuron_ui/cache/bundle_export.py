@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import os
-import platform
 import tarfile
 import tempfile
 import time
@@ -23,6 +22,7 @@ from neuron_ui.cache.bundle_format import (
     BundleInfo,
     artifact_folders,
     bundle_name,
+    this_machine,
 )
 from neuron_ui.cache.files import HashingReader, Readable, hash_file, walk_files
 from neuron_ui.cache.manifest import CacheManifest
@@ -71,19 +71,11 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
         resolutions=chosen,
         files=files,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        built_on={"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()},
+        built_on=this_machine(),
     )
-    manifest_entries = {key.digest: {"key": asdict(key), "shapes": {r: recorded[r] for r in chosen}}}
-    header = {
-        "format": BUNDLE_FORMAT,
-        "created": info.created,
-        "key": info.key,
-        "digest": key.digest,
-        "resolutions": chosen,
-        "entries": manifest_entries,
-        "built_on": info.built_on,
-        "files": [asdict(f) for f in files],
-    }
+    header = {"format": BUNDLE_FORMAT, "created": info.created, "key": info.key, "digest": key.digest,
+              "resolutions": chosen, "built_on": info.built_on, "files": [asdict(f) for f in files],
+              "entries": {key.digest: {"key": asdict(key), "shapes": {r: recorded[r] for r in chosen}}}}
     _write_tar(out, header, files, sources)
     logger.info("exported %s: %s, %d files, %s", out, ", ".join(chosen), len(files), human_bytes(info.bytes))
     return info

@@ -45,7 +45,7 @@ class BundleFile:
 
 @dataclass
 class BundleInfo:
-    """What a bundle holds (export, inspect) or what an import did with it."""
+    """What a bundle holds (export) or what an import did with it."""
 
     path: Path
     key: dict
@@ -60,6 +60,11 @@ class BundleInfo:
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+
+def this_machine() -> dict[str, str]:
+    """What a bundle records of the machine that built it; another one only risks cache misses."""
+    return {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
 
 
 def bundle_name(key: CompileKey) -> str:
@@ -157,7 +162,7 @@ def check_key(header: dict, key: CompileKey, bundle: str | Path) -> None:
     if header.get("digest") != key.digest:
         raise BundleError(f"{bundle}: its digest {header.get('digest')} does not match its key; nothing was changed")
     built_on = header.get("built_on", {})
-    here = {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
+    here = this_machine()
     other = {k: v for k, v in built_on.items() if here.get(k) not in (None, v)}
     if other:  # the compile key covers what changes a graph; these only risk cache misses
         logger.warning("%s was built on %s, this machine is %s: expect cache misses", bundle, other, here)

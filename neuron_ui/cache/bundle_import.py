@@ -29,6 +29,7 @@ from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
 from neuron_ui.config.settings import parse_sha256
 from neuron_ui.contract.errors import first_line
+from neuron_ui.images.decode import open_regular
 
 if TYPE_CHECKING:
     from neuron_ui.cache.bundle_format import BundleFile, BundleInfo
@@ -36,16 +37,6 @@ if TYPE_CHECKING:
     from neuron_ui.config.cache_paths import CachePaths
 
 logger = logging.getLogger(__name__)
-
-
-def inspect_bundle(bundle: Path) -> BundleInfo:
-    """Read only bundle.json: what a bundle claims to hold, without verifying or extracting anything."""
-    try:
-        with (open_bundle(bundle, str(bundle)) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz,
-              tarfile.open(fileobj=gz, mode="r|") as tar):
-            return bundle_info(Path(bundle), read_header(tar, Path(bundle)))
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
-        raise BundleError(f"{bundle} is not a readable bundle ({first_line(error)})") from error
 
 
 def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str | None = None,
@@ -104,30 +95,25 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
                 info.kept_files += 1
     finally:
         remove_path(staging)
-    _merge_entries(cache, key, header["entries"][key.digest]["shapes"], info)
+    # this cache's own records win, as they were measured here
+    added, kept = CacheManifest(cache.manifest).merge(key, header["entries"][key.digest]["shapes"])
+    info.added_shapes.extend(added)
+    info.kept_shapes.extend(kept)
     logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", shown, len(info.files),
                 info.kept_files, info.added_shapes or "none", info.kept_shapes or "none")
     return info
 
 
 def open_bundle(bundle: Path, shown: str) -> BinaryIO:
-    """The bundle opened for reading if it is a regular file; BundleError (one line) otherwise.
+    """The bundle opened for reading if it is a regular file (images/decode.py's open_regular, which says why a FIFO
+    cannot hang start-up); BundleError (one line) otherwise."""
 
-    O_NONBLOCK, as contract/files.py opens a request's file: opening a FIFO does not wait for a writer (start-up
-    would hang), and fstat then refuses it, or a device, unread."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(bundle, flags)
-    try:
-        kind = os.fstat(fd).st_mode
-        if not stat.S_ISREG(kind):
-            what = "a FIFO" if stat.S_ISFIFO(kind) else "a folder" if stat.S_ISDIR(kind) else "not a regular file"
-            raise BundleError(f"{shown} is {what}: a bundle is a regular file, as `cache export` writes it; "
-                              "nothing was changed")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    def refuse(kind: int) -> BundleError:
+        what = "a FIFO" if stat.S_ISFIFO(kind) else "a folder" if stat.S_ISDIR(kind) else "not a regular file"
+        return BundleError(f"{shown} is {what}: a bundle is a regular file, as `cache export` writes it; "
+                           "nothing was changed")
+
+    return open_regular(bundle, shown, refuse)
 
 
 def _check_sha256(got: str, expected: str, bundle: str) -> None:
@@ -206,9 +192,3 @@ def _place(source: Path, dest: Path) -> bool:
             raise
     return False
 
-
-def _merge_entries(cache: CachePaths, key: CompileKey, shapes: dict, info: BundleInfo) -> None:
-    """Add the bundle's shape records; this cache's own records win, as they were measured here."""
-    added, kept = CacheManifest(cache.manifest).merge(key, shapes)
-    info.added_shapes.extend(added)
-    info.kept_shapes.extend(kept)

@@ -9,6 +9,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from neuron_ui.compile.key import key_digest
+from neuron_ui.contract.checks import shown
 from neuron_ui.config.resolutions import parse_resolution
 
 
@@ -88,7 +89,7 @@ def parse_shape_record(name: str, raw: object) -> ShapeRecord:
             raise ValueError(f"field {f.name!r} is missing")
     low, high = record_name_tokens(name)
     if raw["resolution"] != name:
-        raise ValueError(f"field 'resolution' is {_shown(raw['resolution'])}, not its name")
+        raise ValueError(f"field 'resolution' is {shown(raw['resolution'], 60)}, not its name")
     tokens = _whole(raw, "tokens")
     if not low <= tokens <= high:
         expected = low if low == high else f"{low} to {high}"
@@ -113,14 +114,14 @@ def parse_entries(raw: object) -> tuple[dict[str, dict], list[str]]:
         try:
             key = _check_entry(digest, entry)
         except ValueError as error:
-            problems.append(f"entry {_shown(digest)}: {error}")
+            problems.append(f"entry {shown(digest, 60)}: {error}")
             continue
         shapes = {}
         for name, record in entry["shapes"].items():
             try:
                 shapes[name] = asdict(parse_shape_record(name, record))
             except ValueError as error:
-                problems.append(f"record {_shown(name)} of key {digest}: {error}")
+                problems.append(f"record {shown(name, 60)} of key {digest}: {error}")
         entries[digest] = {"key": key, "shapes": shapes}
     return entries, problems
 
@@ -144,25 +145,20 @@ def _check_entry(digest: str, entry: object) -> dict:
 def _whole(raw: dict, name: str) -> int:
     value = raw[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"field {name!r} must be a whole number, got {_shown(value)}")
+        raise ValueError(f"field {name!r} must be a whole number, got {shown(value, 60)}")
     return value
 
 
 def _seconds(raw: dict, name: str) -> float:
     value = raw[name]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"field {name!r} must be a number of seconds, got {_shown(value)}")
+        raise ValueError(f"field {name!r} must be a number of seconds, got {shown(value, 60)}")
     return float(value)
 
 
 def _text(raw: dict, name: str, pattern: re.Pattern) -> str:
     value = raw[name]
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ValueError(f"field {name!r} must match {pattern.pattern}, got {_shown(value)}")
+        raise ValueError(f"field {name!r} must match {pattern.pattern}, got {shown(value, 60)}")
     return value
 
-
-def _shown(value: object) -> str:
-    """A value from a file, quoted and cut short, safe to put in a log line or an error."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -26,6 +26,7 @@ from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy, discard, fetch_bundle
 from neuron_ui.cache.files import hash_file
 from neuron_ui.contract.errors import first_line
+from neuron_ui.contract.loading import LoadingState
 
 if TYPE_CHECKING:
     from neuron_ui.cache.bundle_format import BundleInfo
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.loading import LoadingState
 
 logger = logging.getLogger(__name__)
 
@@ -152,17 +152,11 @@ def _import_one(cache: CachePaths, key: CompileKey, text: str, pin: str, policy:
 def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, pin: str, policy: FetchPolicy,
                       loading: LoadingState | None) -> BundleInfo:
     """Download to a staging file, import it, and keep it by digest only once imported: a refused one leaves nothing."""
-
-    def progress(done: int, total: int | None) -> None:
-        if loading is not None:
-            loading.set(FETCHING, done, total)
-
-    if loading is not None:
-        loading.set(FETCHING, 0, None)
-    staged = fetch_bundle(source, pin, cache, key, policy, progress)
+    state = loading or LoadingState()  # nobody reads it: a plain `cache import`
+    state.set(FETCHING, 0, None)
+    staged = fetch_bundle(source, pin, cache, key, policy, lambda done, total: state.set(FETCHING, done, total))
     try:
-        if loading is not None:
-            loading.set(IMPORTING)
+        state.set(IMPORTING)
         info = import_bundle(cache, key, staged, pin, label=source.label)
         kept = kept_path(cache, pin)
         try:
@@ -173,6 +167,5 @@ def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, 
                            first_line(error))
     finally:
         discard(staged)
-        if loading is not None:
-            loading.clear()
+        state.clear()
     return info

@@ -83,32 +83,27 @@ class Settings:
         if self.compile == "aot" and (self.device == "neuron" or self.compile_backend not in (None, "inductor")):
             raise ValueError("--compile aot (AOTInductor packages) is for CUDA and CPU with the inductor backend; "
                              "on Neuron the NEFF cache already restores compiled graphs: use --compile regional")
-        if self.tp_timeout <= 0:
-            raise ValueError(f"--tp-timeout must be positive, got {self.tp_timeout}")
-        if self.max_queue < 1:
-            raise ValueError(f"--max-queue must be at least 1, got {self.max_queue}")
-        if self.max_queue_per_user < 1:
-            raise ValueError(f"--max-queue-per-user must be at least 1, got {self.max_queue_per_user}")
-        if not 1 <= self.max_grid_cells <= MAX_GRID_CELLS:
-            raise ValueError(f"--max-grid-cells must be 1 to {MAX_GRID_CELLS}, got {self.max_grid_cells}")
-        if not 0 <= self.max_references <= 5:
-            raise ValueError(f"--max-references must be 0 to 5, got {self.max_references}")
         self.cache_dir = Path(self.cache_dir).expanduser()
         self.cache_bundle, self.cache_bundle_sha256 = pair_bundle_pins(self.cache_bundle, self.cache_bundle_sha256)
-        if self.cache_bundle_timeout <= 0:
-            raise ValueError(f"--cache-bundle-timeout must be positive, got {self.cache_bundle_timeout}")
+        for flag, value, ok, rule in (
+                ("tp-timeout", self.tp_timeout, self.tp_timeout > 0, "positive"),
+                ("max-queue", self.max_queue, self.max_queue >= 1, "at least 1"),
+                ("max-queue-per-user", self.max_queue_per_user, self.max_queue_per_user >= 1, "at least 1"),
+                ("max-grid-cells", self.max_grid_cells, 1 <= self.max_grid_cells <= MAX_GRID_CELLS,
+                 f"1 to {MAX_GRID_CELLS}"),
+                ("max-references", self.max_references, 0 <= self.max_references <= 5, "0 to 5"),
+                ("cache-bundle-timeout", self.cache_bundle_timeout, self.cache_bundle_timeout > 0, "positive"),
+                ("upload-budget-mb", self.upload_budget_mb, self.upload_budget_mb >= 1, "at least 1"),
+                ("upload-retention", self.upload_retention, self.upload_retention > 0, "positive"),
+                ("replicas", self.replicas, self.replicas >= 0, "0 (no Ray) or more")):
+            if not ok:
+                raise ValueError(f"--{flag} must be {rule}, got {value}")
         if self.cache_bundle_deadline <= 0 or self.cache_bundle_min_rate < 0 or self.cache_bundle_max_mb < 1:
             raise ValueError("--cache-bundle-deadline must be positive, --cache-bundle-min-rate 0 or more, "
                              "--cache-bundle-max-mb at least 1")
-        if self.upload_budget_mb < 1:
-            raise ValueError(f"--upload-budget-mb must be at least 1, got {self.upload_budget_mb}")
         if self.mcp_sessions < 1 or self.mcp_session_idle <= 0:
             raise ValueError(f"--mcp-sessions must be at least 1 and --mcp-session-idle positive, got "
                              f"{self.mcp_sessions} and {self.mcp_session_idle}")
-        if self.upload_retention <= 0:
-            raise ValueError(f"--upload-retention must be positive, got {self.upload_retention}")
-        if self.replicas < 0:
-            raise ValueError(f"--replicas must be 0 (no Ray) or more, got {self.replicas}")
         self.loras = tuple(self.loras)
         if self.loras and (self.tp or 1) > 1:
             raise ValueError("--lora with --tp: styles are fused into the weights whole, and tensor parallelism "
@@ -240,6 +235,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "NEURON_UI_LORAS, comma-separated); see docs/styles.md")
 
 
+# The number flags and the env var each falls back to; the type is the default's.
+NUMBER_ENV = {"port": "GRADIO_SERVER_PORT", "max_queue": "NEURON_UI_MAX_QUEUE",
+              "max_queue_per_user": "NEURON_UI_MAX_QUEUE_PER_USER", "max_grid_cells": "NEURON_UI_MAX_GRID_CELLS",
+              "hub_timeout": "NEURON_UI_HUB_TIMEOUT", "tp_timeout": "NEURON_UI_TP_TIMEOUT",
+              "max_references": "NEURON_UI_MAX_REFERENCES", "replicas": "NEURON_UI_REPLICAS",
+              "cache_bundle_timeout": "NEURON_UI_CACHE_BUNDLE_TIMEOUT",
+              "cache_bundle_deadline": "NEURON_UI_CACHE_BUNDLE_DEADLINE",
+              "cache_bundle_min_rate": "NEURON_UI_CACHE_BUNDLE_MIN_RATE",
+              "cache_bundle_max_mb": "NEURON_UI_CACHE_BUNDLE_MAX_MB", "upload_budget_mb": "NEURON_UI_UPLOAD_BUDGET_MB",
+              "upload_retention": "NEURON_UI_UPLOAD_RETENTION", "mcp_sessions": "NEURON_UI_MCP_SESSIONS",
+              "mcp_session_idle": "NEURON_UI_MCP_SESSION_IDLE"}
+
+
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Flags win over env vars, env vars over defaults."""
 
@@ -274,27 +282,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         host=text("host", "GRADIO_SERVER_NAME") or Settings.host,
         ray_address=text("ray_address", "NEURON_UI_RAY_ADDRESS"),
         resolutions=presets,
-        port=number("port", "GRADIO_SERVER_PORT", int, Settings.port),
-        max_queue=number("max_queue", "NEURON_UI_MAX_QUEUE", int, Settings.max_queue),
-        max_queue_per_user=number("max_queue_per_user", "NEURON_UI_MAX_QUEUE_PER_USER", int,
-                                  Settings.max_queue_per_user),
-        max_grid_cells=number("max_grid_cells", "NEURON_UI_MAX_GRID_CELLS", int, Settings.max_grid_cells),
-        hub_timeout=number("hub_timeout", "NEURON_UI_HUB_TIMEOUT", float, Settings.hub_timeout),
-        tp_timeout=number("tp_timeout", "NEURON_UI_TP_TIMEOUT", float, Settings.tp_timeout),
-        max_references=number("max_references", "NEURON_UI_MAX_REFERENCES", int, Settings.max_references),
-        replicas=number("replicas", "NEURON_UI_REPLICAS", int, Settings.replicas),
-        cache_bundle_timeout=number("cache_bundle_timeout", "NEURON_UI_CACHE_BUNDLE_TIMEOUT", float,
-                                    Settings.cache_bundle_timeout),
-        cache_bundle_deadline=number("cache_bundle_deadline", "NEURON_UI_CACHE_BUNDLE_DEADLINE", float,
-                                     Settings.cache_bundle_deadline),
-        cache_bundle_min_rate=number("cache_bundle_min_rate", "NEURON_UI_CACHE_BUNDLE_MIN_RATE", float,
-                                     Settings.cache_bundle_min_rate),
-        cache_bundle_max_mb=number("cache_bundle_max_mb", "NEURON_UI_CACHE_BUNDLE_MAX_MB", int,
-                                   Settings.cache_bundle_max_mb),
-        upload_budget_mb=number("upload_budget_mb", "NEURON_UI_UPLOAD_BUDGET_MB", int, Settings.upload_budget_mb),
-        upload_retention=number("upload_retention", "NEURON_UI_UPLOAD_RETENTION", float, Settings.upload_retention),
-        mcp_sessions=number("mcp_sessions", "NEURON_UI_MCP_SESSIONS", int, Settings.mcp_sessions),
-        mcp_session_idle=number("mcp_session_idle", "NEURON_UI_MCP_SESSION_IDLE", float, Settings.mcp_session_idle),
+        **{name: number(name, env, type(getattr(Settings, name)), getattr(Settings, name))
+           for name, env in NUMBER_ENV.items()},
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
         cache_bundle=split_list(bundle) if bundle else (),
         cache_bundle_sha256=split_list(pin) if pin else (),

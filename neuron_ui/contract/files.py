@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_ui.contract.checks import shown
+
 MAX_PATH_CHARS = 4096
 
 
@@ -24,8 +26,7 @@ class ForeignFile(ValueError):
 
 
 def foreign(path: object) -> ForeignFile:
-    shown = repr(path) if len(repr(path)) <= 80 else repr(path)[:79] + "…"
-    return ForeignFile(f"{shown} is not a file of this app: upload it first (POST /gradio_api/upload)")
+    return ForeignFile(f"{shown(path, 80)} is not a file of this app: upload it first (POST /gradio_api/upload)")
 
 
 @dataclass(frozen=True)

@@ -54,18 +54,23 @@ class UploadLimits:
 LIMITS = UploadLimits()
 
 
-def open_regular(path: str | Path, role: str) -> BinaryIO:
-    """The file opened for reading if it is a regular file; ValueError (one line) otherwise.
+def open_regular(path: str | Path, role: str,
+                 refuse: Callable[[int], Exception] | None = None) -> BinaryIO:
+    """The file opened for reading if it is a regular file; ValueError (one line) otherwise, or `refuse(st_mode)`
+    for what is not a regular file (a bundle's own words; a bundle that cannot be opened is its OSError).
 
     O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it, and any device, unread."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
     except (OSError, ValueError):
+        if refuse is not None:
+            raise
         raise ValueError(f"{role}: the uploaded file cannot be read (it may have expired: upload it again)") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{role} is not a regular file: upload an image file")
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise refuse(kind) if refuse else ValueError(f"{role} is not a regular file: upload an image file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
