@@ -141,15 +141,19 @@ def main(argv: list[str] | None = None, load: Callable[[Settings, CachePaths], E
     from neuron_ui.contract.errors import EngineError
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.engine.engine import Engine
+    from neuron_ui.engine.local import LocalRunner
 
     engine = (load or Engine.from_settings)(settings, cache)
-    if settings.loras and not engine.styles.styles:  # the app starts without a bad style; this image asked for it
-        print(f"error: style not loaded: {engine.styles.refused[settings.loras[0]]}", file=sys.stderr)
+    styles = engine.runner.styles if isinstance(engine.runner, LocalRunner) else None
+    # the app starts without a bad style; this image asked for it
+    if settings.loras and styles is not None and not styles.styles:
+        print(f"error: style not loaded: {styles.refused[settings.loras[0]]}", file=sys.stderr)
         return 2
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
                               references=args.reference, reference_size=args.reference_size, fit=args.fit,
                               image=args.image, mask=args.mask, strength=args.strength,
-                              lora=next(iter(engine.styles.styles), None), lora_scale=args.lora_scale)
+                              lora=next((s["name"] for s in engine.status().styles), None),
+                              lora_scale=args.lora_scale)
     try:
         result = engine.generate(request)
     except (ValueError, EngineError) as error:

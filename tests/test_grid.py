@@ -239,9 +239,9 @@ def engine(tmp_path_factory):
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
     style = write_random_lora(loaded.pipe.transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors", rank=2,
                               seed=1)
-    yield Engine(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
-                 manifest=CacheManifest(cache.manifest, error=cache.problem), max_queue_per_user=1,
-                 styles=StyleBook.load([f"{style}@0.8"], loaded.pipe.transformer))
+    yield Engine.local(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
+                       manifest=CacheManifest(cache.manifest, error=cache.problem), max_queue_per_user=1,
+                       styles=StyleBook.load([f"{style}@0.8"], loaded.pipe.transformer))
     torch._dynamo.reset()
 
 

@@ -191,7 +191,9 @@ class ShapeStatus:
 
 
 @dataclass
-class EngineStatus:
+class EngineFacts:
+    """What an engine's status says that never changes while it serves."""
+
     model: str
     device: str
     dtype: str
@@ -203,6 +205,12 @@ class EngineStatus:
     default_steps: int
     default_guidance: float
     cache_dir: str
+
+
+@dataclass
+class EngineStatus(EngineFacts):
+    """The facts, and what changes: the cache, the device's queue, every size's state (the /status API's JSON)."""
+
     persistent_cache: bool
     cache_error: str | None
     busy: bool
