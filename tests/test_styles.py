@@ -298,9 +298,9 @@ def test_lora_flags_and_environment():
 
 
 def test_replicas_get_every_style_through_their_settings(files):
-    """Each replica builds its engine with Engine.from_settings(settings): the styles travel in the settings (Ray
-    pickles them) and in each request (the client pickles it whole)."""
-    from neuron_ui.replicas.client import portable
+    """Each replica builds its runner with LocalRunner.from_settings(settings): the styles travel in the settings (Ray
+    pickles them) and in each request (the front pickles it whole)."""
+    from neuron_ui.replicas.runner import portable
 
     settings = pickle.loads(pickle.dumps(Settings(model="tiny", loras=(str(files["a"]),))))
     assert settings.loras == (str(files["a"]),)
