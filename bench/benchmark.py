@@ -108,7 +108,8 @@ class Bench:
 
     def submit(self, client, steps: int | None = None, seed: int | None = None):
         seed = next(self.seeds) if seed is None else seed
-        return client.submit(PROMPT, self.resolution, steps or self.engine.default_steps, seed, api_name="/generate")
+        return client.submit(PROMPT, self.resolution, steps or self.engine.runner.default_steps, seed,
+                             api_name="/generate")
 
     def wait_until(self, condition, what: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -171,14 +172,14 @@ def overhead(bench: Bench, runs: int) -> dict:
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.model.runner import PipelineCall, run_pipeline
 
-    engine, resolution, steps = bench.engine, bench.resolution, bench.engine.default_steps
+    engine, resolution, steps = bench.engine, bench.resolution, bench.engine.runner.default_steps
     width, height = map(int, resolution.split("x"))
     client = bench.client()
     http = httpx.Client(base_url=bench.url, timeout=600)
     before_load = os.getloadavg()[0]
 
     def plain():
-        run_pipeline(engine.pipe, PipelineCall(PROMPT, width, height, steps, next(bench.seeds), 1.0))
+        run_pipeline(engine.runner.pipe, PipelineCall(PROMPT, width, height, steps, next(bench.seeds), 1.0))
 
     def generate():
         engine.generate(GenerateRequest(PROMPT, resolution, steps, next(bench.seeds)))
@@ -254,14 +255,14 @@ def throughput(bench: Bench, runs: int, images: int, clients: int = 4) -> dict:
     its previous image arrived) against a plain loop of the same number of pipeline calls; interleaved rounds."""
     from neuron_ui.model.runner import PipelineCall, run_pipeline
 
-    engine, steps = bench.engine, bench.engine.default_steps
+    engine, steps = bench.engine, bench.engine.runner.default_steps
     width, height = map(int, bench.resolution.split("x"))
     pool = [bench.client() for _ in range(clients)]
 
     def plain_loop() -> float:
         start = time.perf_counter()
         for _ in range(images):
-            run_pipeline(engine.pipe, PipelineCall(PROMPT, width, height, steps, next(bench.seeds), 1.0))
+            run_pipeline(engine.runner.pipe, PipelineCall(PROMPT, width, height, steps, next(bench.seeds), 1.0))
         return images / (time.perf_counter() - start)
 
     def served_clients() -> float:

@@ -61,7 +61,7 @@ engine = Engine.from_settings(settings, cache)
 ready = time.time()
 result = engine.generate(GenerateRequest("a lighthouse at dusk", resolution, seed=7))
 done = time.time()
-print(json.dumps({"event": result.cache_event, "key": asdict(engine.key), "ttfi_s": done - spawned,
+print(json.dumps({"event": result.cache_event, "key": asdict(engine.runner.key), "ttfi_s": done - spawned,
                   "startup_s": ready - spawned, "interpreter_s": started - spawned, "generate_s": done - ready,
                   "compile_s": result.compile_seconds, "run_s": result.run_seconds,
                   "image": hashlib.sha256(result.image.tobytes()).hexdigest()[:16]}))

@@ -49,8 +49,9 @@ def build_engine(resolution: str, queued: int):
     cache = configure_cache_env(Path(tempfile.mkdtemp(prefix="fair-turns-")), environ={})
     torch.manual_seed(0)
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-    return Engine(loaded, presets=parse_resolutions(resolution), compile_mode="eager", backend="eager", cache=cache,
-                  max_queue_per_user=queued)
+    return Engine.local(loaded,
+                        presets=parse_resolutions(resolution), compile_mode="eager", backend="eager", cache=cache,
+                        max_queue_per_user=queued)
 
 
 def one_run(engine, resolution: str, steps: int, queued: int, fair: bool) -> dict:

@@ -2,13 +2,13 @@
 
     python bench/replicas.py --images 20 --out bench/results/replicas.json
 
-  per_image   seconds per image at a compiled shape, one request at a time: in-process Engine.generate vs
-              ReplicaClient.generate (2 replicas), medians and spread; "Serve adds" is the difference of the medians.
+  per_image   seconds per image at a compiled shape, one request at a time: the in-process engine vs the same
+              front over 2 replicas, medians and spread; "Serve adds" is the difference of the medians.
               The two alternate image by image (in process then Ray, then Ray then in process, ...), so a load that
               comes and goes on the shared machine falls on both alike; --previews: each asks for its step previews
-  stages_ms   where each image through Ray went (neuron_ui.replicas.timing.STAGES: the front's turn, the handle
-              call, the replica's queue, the engine, the result's transfer, the front after), median/min/max in
-              ms; step_trip_ms: a progress message's trip from the replica to the front
+  stages_ms   where each image through Ray went: `engine`, the replica's engine (its result's total_seconds),
+              and `overhead`, the rest of the call as the bench timed it (the front, Serve, the transfers),
+              median/min/max in ms
   startup     seconds per stage of the launch (Ray, Serve, the replicas, their first reports) and of each replica
               (imports, model load, cache import), and the RSS of this process and all it started once up
   throughput  images a second with 4 clients at once (--flow-images in all, each replica warm first): 2 replicas of
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # its neighbour replicas_cpu, also wher
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
+from neuron_ui.engine.engine import Engine
 from neuron_ui.serving import build_engine, build_replicas, stop_replicas
 
 from replicas_cpu import CpuMeter, ceiling
@@ -78,18 +79,23 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str
             "max": round(max(values) * scale, digits)}
 
 
-def paired_per_image(local, client, images: int, steps: int, previews: bool = False) -> tuple[list[float], list[float]]:
-    """Seconds per image in process and through Ray, alternating image by image (the order flipped each image);
-    `previews`: each request asks for its step previews (both engines make them; a replica's go on its stream)."""
+def paired_per_image(local, client, images: int, steps: int,
+                     previews: bool = False) -> tuple[list[float], list[float], list[tuple[float, float]]]:
+    """Seconds per image in process and through Ray, alternating image by image (the order flipped each image), and
+    for each image through Ray its seconds and its replica engine's; `previews`: each request asks for its step
+    previews (both engines make them; a replica's go on its stream)."""
     for engine in (local, client):
         engine.generate(GenerateRequest("warm", "256x256", steps=steps, seed=0))  # compiled before timing
     times: dict[int, list[float]] = {id(local): [], id(client): []}
+    timed: list[tuple[float, float]] = []
     for seed in range(images):
         for engine in (local, client) if seed % 2 == 0 else (client, local):
             start = time.perf_counter()
-            engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed, preview=previews))
+            result = engine.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed, preview=previews))
             times[id(engine)].append(time.perf_counter() - start)
-    return times[id(local)], times[id(client)]
+            if engine is client:
+                timed.append((times[id(engine)][-1], result.total_seconds))
+    return times[id(local)], times[id(client)], timed
 
 
 def warm_every_replica(client, steps: int, rounds: int = 10) -> None:
@@ -105,13 +111,14 @@ def warm_every_replica(client, steps: int, rounds: int = 10) -> None:
         with lock:
             made[result.replica] = made.get(result.replica, 0) + 1
 
+    replicas = client.runner.plan.replicas
     for _ in range(rounds):  # concurrent pairs: the second goes to the free replica (routing.py's spill)
-        pair = [threading.Thread(target=warm, args=(seed,)) for seed in range(client.plan.replicas)]
+        pair = [threading.Thread(target=warm, args=(seed,)) for seed in range(replicas)]
         for thread in pair:
             thread.start()
         for thread in pair:
             thread.join()
-        if len(made) == client.plan.replicas and min(made.values()) >= 2:
+        if len(made) == replicas and min(made.values()) >= 2:
             return
     raise RuntimeError(f"not every replica made two warm-up images: {made}")
 
@@ -121,8 +128,7 @@ def throughput(client, images: int, steps: int) -> tuple[float, dict]:
     warm; and where the cores went meanwhile (the engines' time and how busy they kept, CPU ms an image by process
     group)."""
     warm_every_replica(client, steps)
-    timings: list = []
-    client.calls.timing_listeners.append(timings.append)
+    engine: list[float] = []  # each image's seconds in its replica's engine
     meter = CpuMeter()
     seeds = iter(range(images))
     lock = threading.Lock()
@@ -133,7 +139,9 @@ def throughput(client, images: int, steps: int) -> tuple[float, dict]:
                 seed = next(seeds, None)
             if seed is None:
                 return
-            client.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed, visitor=f"v{seed % CLIENTS}"))
+            result = client.generate(GenerateRequest(PROMPT, "256x256", steps=steps, seed=seed,
+                                                     visitor=f"v{seed % CLIENTS}"))
+            engine.append(result.total_seconds)
 
     threads = [threading.Thread(target=ask) for _ in range(CLIENTS)]
     meter.start()
@@ -143,10 +151,8 @@ def throughput(client, images: int, steps: int) -> tuple[float, dict]:
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
-    client.calls.timing_listeners.remove(timings.append)
-    engine = [t.ended - t.began for t in timings]
     return images / wall, {"engine_ms": round(statistics.median(engine) * 1000, 1),
-                           "engines_busy": round(sum(engine) / (client.plan.replicas * wall), 3),
+                           "engines_busy": round(sum(engine) / (client.runner.plan.replicas * wall), 3),
                            "cpu_ms_per_image": meter.per_image(images)}
 
 
@@ -161,15 +167,10 @@ def tree_rss_mib() -> float:
     return round(total / 2**20)
 
 
-def stage_table(timings) -> dict[str, dict[str, float]]:
-    from neuron_ui.replicas.timing import STAGES
-
-    table = {name: spread([t.stages()[name] for t in timings], 1000, 2) for name in STAGES}
-    table["overhead"] = spread([t.overhead() for t in timings], 1000, 2)
-    trips = [trip for t in timings if (trip := t.step_trip()) is not None]
-    if trips:
-        table["step_trip"] = spread(trips, 1000, 2)
-    return table
+def stage_table(timed: list[tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Each image's time in its replica's engine, and the rest of the call (what serving through a replica added)."""
+    return {"engine": spread([engine for _, engine in timed], 1000, 2),
+            "overhead": spread([wall - engine for wall, engine in timed], 1000, 2)}
 
 
 def print_report(report: dict) -> None:
@@ -183,7 +184,6 @@ def print_report(report: dict) -> None:
     print("stages through Ray, ms: median (min-max)")
     for name, figures in report["stages_ms"].items():
         print(f"  {name:14s} {figures['median']:8.2f}  ({figures['min']:.2f}-{figures['max']:.2f})")
-    print(f"messages per image: {report['messages_per_image']}")
     print("start-up, s: " + ", ".join(f"{k} {v}" for k, v in report["startup"]["stages"].items()))
     for replica, stages in report["startup"]["replicas"].items():
         print(f"  replica {replica}: " + ", ".join(f"{k} {v}" for k, v in stages.items()))
@@ -212,11 +212,11 @@ def one_replica_throughput(settings, images: int, steps: int) -> tuple[float, di
     import ray
 
     plan = plan_replicas(replace(settings, replicas=2), ray.cluster_resources())  # one thread, as in the pair
-    client = launch(replace(settings, replicas=1), app_name="bench-one", plan=replace(plan, replicas=1))
+    runner = launch(replace(settings, replicas=1), app_name="bench-one", plan=replace(plan, replicas=1))
     try:
-        return throughput(client, images, steps)
+        return throughput(Engine(runner), images, steps)
     finally:
-        client.watcher.stop()
+        runner.stop()
         stop_app("bench-one")
 
 
@@ -234,7 +234,6 @@ def summarize(args, threads: int, local_times: list[float], ray_times: list[floa
                       "in_process": spread(local_times), "ray": spread(ray_times)},
         "serve_adds_ms": round((ray_s - local_s) * 1000, 1),  # the issue's figure: median through Ray - in process
         "stages_ms": stage_table(timed),
-        "messages_per_image": statistics.median(t.messages for t in timed),
         "startup": {"seconds": round(sum(startup.values()), 1), "stages": startup,
                     "replicas": replicas, "rss_mib_all_processes": rss},
         "throughput": {"clients": CLIENTS, "images": args.flow_images,
@@ -270,16 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     local = build_engine(parse_settings([*flags, "--cache-dir", str(folder / "local")]))
 
     settings = parse_settings([*flags, "--cache-dir", str(folder / "ray"), "--replicas", str(args.replicas)])
-    client = build_replicas(settings)
+    runner = build_replicas(settings)
+    client = Engine(runner)
     rss = tree_rss_mib()
     counter = Compilations()
     client.observers.add(counter)
-    timings: list = []
-    client.calls.timing_listeners.append(timings.append)
-    local_times, ray_times = paired_per_image(local, client, args.images, args.steps, args.previews)
+    local_times, ray_times, timed = paired_per_image(local, client, args.images, args.steps, args.previews)
     del local
-    timed = timings[1:]  # the warm-up image is not timed
-    client.calls.timing_listeners.clear()
     for seed, size in enumerate(MIX):
         client.generate(GenerateRequest(PROMPT, size, steps=1, seed=seed))
     distinct = len({parse_resolution(size).tokens for size in MIX})
@@ -287,15 +283,15 @@ def main(argv: list[str] | None = None) -> int:
 
     compilations = list(counter.events)
     two, two_where = throughput(client, args.flow_images, args.steps)
-    replicas = {report.replica: report.startup for _, report in client.reports().values()}
-    client.watcher.stop()
+    replicas = {report.replica: report.startup for _, report in runner.reports().values()}
+    runner.stop()
     stop_app()  # its replicas hold the cores: the one replica's deployment needs one of them
     one, one_where = one_replica_throughput(settings, args.flow_images, args.steps)
     stop_replicas(settings)  # the cores free again for the plain processes
     where = {"two_replicas": two_where, "one_replica": one_where}
     if args.ceiling_images:
         where["ceiling"] = ceiling(args.ceiling_images, args.steps, [*flags[:4], "--resolutions", "256x256"])
-    report = summarize(args, threads, local_times, ray_times, timed, client.startup, replicas, rss,
+    report = summarize(args, threads, local_times, ray_times, timed, runner.startup, replicas, rss,
                        {"two_replicas_ips": two, "one_replica_ips": one}, compilations, distinct, where)
     text = json.dumps(report, indent=1)
     print(text)

@@ -49,8 +49,8 @@ def build(args: argparse.Namespace, sizes: list[str]) -> Engine:
     specs = [str(write_random_lora(loaded.pipe.transformer, folder / f"{name}.safetensors", rank=args.rank,
                                    seed=index)) for index, name in enumerate(STYLES)]
     book = StyleBook.load(specs, loaded.pipe.transformer)
-    return Engine(loaded, presets=parse_resolutions(",".join(dict.fromkeys(sizes))), compile_mode=args.compile,
-                  backend=args.backend, cache=CACHE, styles=book)
+    return Engine.local(loaded, presets=parse_resolutions(",".join(dict.fromkeys(sizes))), compile_mode=args.compile,
+                        backend=args.backend, cache=CACHE, styles=book)
 
 
 def image(engine: Engine, size: str, lora: str | None = None, scale: float | None = None, seed: int = 1,
@@ -60,9 +60,9 @@ def image(engine: Engine, size: str, lora: str | None = None, scale: float | Non
 
 def timed_switch(engine: Engine, lora: str | None, scale: float) -> float:
     """The fuse alone, as the engine does it before a run (holding the device is the engine's; nothing waits here)."""
-    style = engine.styles.styles[lora] if lora else None
+    style = engine.runner.styles.styles[lora] if lora else None
     start = time.perf_counter()
-    engine.styles.fuser.use(style, scale)
+    engine.runner.styles.fuser.use(style, scale)
     return time.perf_counter() - start
 
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
                "runs": args.runs, "threads": torch.get_num_threads(),
                "switch_s": measure_switches(engine, args.runs),
                "per_image": measure_per_image(engine, args.size, args.runs),
-               "mix": mix, "host_memory": engine.styles.memory()}
+               "mix": mix, "host_memory": engine.runner.styles.memory()}
     print(f"switch at {args.size} ({args.compile}/{args.backend}, rank {args.rank}, median of {args.runs}): "
           + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in results["switch_s"].items()))
     per = results["per_image"]

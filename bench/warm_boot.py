@@ -60,7 +60,7 @@ ready = time.time()
 result = engine.generate(GenerateRequest("a lighthouse at dusk", sys.argv[2], seed=7))
 done = time.time()
 print(json.dumps({"event": result.cache_event, "ttfi_s": done - spawned, "startup_s": ready - before,
-                  "generate_s": done - ready, "key": __import__("dataclasses").asdict(engine.key)}))
+                  "generate_s": done - ready, "key": __import__("dataclasses").asdict(engine.runner.key)}))
 """
 
 CASES = ("local", "url", "url-restart", "url-slow")

@@ -155,20 +155,22 @@ def opened(settings: Settings, load: Callable[[Settings], EngineLike] | None) ->
     from neuron_ui.contract.loading import LoadingState
     from neuron_ui.serving import choose_serving
 
-    engine = choose_serving(settings).load(LoadingState())
+    loaded = choose_serving(settings).load(LoadingState())
     try:
-        yield Studio(engine, max_grid_cells=settings.max_grid_cells)
+        yield Studio(loaded.engine, max_grid_cells=settings.max_grid_cells)
     finally:
-        engine.stop()
+        loaded.stop()
 
 
 def generate_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
     """`generate`: one image (an inpaint with --image and --mask) written to --out, its info as JSON."""
     from neuron_ui.contract.requests import GenerateRequest
 
-    loaded = [style["name"] for style in studio.engine.status().styles]
+    status = studio.engine.status()
+    loaded = [style["name"] for style in status.styles]
     if settings.loras and not loaded:  # the app starts without a bad style; this image asked for it
-        return fail(f"style not loaded: {refused_style(studio.engine, settings.loras[0])}")
+        spec = settings.loras[0]
+        return fail(f"style not loaded: {status.styles_refused.get(spec, f'{spec} (the log above says why)')}")
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
                               references=args.reference, reference_size=args.reference_size, fit=args.fit,
                               image=args.image, mask=args.mask, strength=args.strength,
@@ -177,13 +179,6 @@ def generate_command(args: argparse.Namespace, settings: Settings, studio: Studi
     result.save_png(args.out)
     print(json.dumps({**result.info(), "out": args.out}, indent=1))
     return 0
-
-
-def refused_style(engine: EngineLike, spec: str) -> str:
-    """Why the engine left the style `spec` out at load: the in-process engine keeps the reason beside its styles
-    (engine/styles.py StyleBook.refused); any other engine said it in the log above."""
-    refused = getattr(getattr(engine, "styles", None), "refused", None)
-    return str(refused[spec]) if isinstance(refused, dict) and spec in refused else f"{spec} (the log above says why)"
 
 
 def sheet_command(args: argparse.Namespace, studio: Studio) -> int:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from collections.abc import Callable, MutableMapping
 
 from neuron_ui.config.host_memory import limit_heap_arenas
@@ -15,7 +16,7 @@ from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.contract.stopping import SessionStops
-from neuron_ui.serving import EXIT_CUT_SHORT, choose_serving
+from neuron_ui.serving import choose_serving
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -24,10 +25,12 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.server.server import Server
+    from neuron_ui.serving import Loaded
     from neuron_ui.ui.handlers import Handlers
 
 logger = logging.getLogger(__name__)
 
+EXIT_CUT_SHORT = 1  # the drain did not finish: the image on the device ran out of time, or a second signal came
 
 # Nothing reaches the network at start-up unless the user asks; a value the user set wins.
 OFFLINE_DEFAULTS = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -59,7 +62,7 @@ class App(NamedTuple):
 def build_app(settings: Settings, engine: EngineLike | None = None, stops: SessionStops | None = None) -> App:
     """Everything but the launch: the engine (loaded here the way the settings choose, unless given) and the
     queued UI; `stops` the UI's registry of running requests, for launch() to hand the server."""
-    engine = engine or choose_serving(settings).load(LoadingState())
+    engine = engine or choose_serving(settings).load().engine
     from neuron_ui.ui.blocks import build_demo
 
     demo, handlers = build_demo(engine, settings, stops)
@@ -105,20 +108,22 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
         sys.exit(f"error: {error}")
     loading = LoadingState()
     server = start_server(settings, serving.health, loading)
-    serving.handle_signals(server)  # replicas.launch puts these back after ray.init replaced them
-    engine = None
+    # Beside the server, before the model loads (replicas.launch puts them back after ray.init replaced them; a
+    # torchrun rank 0 handles SIGTERM its own way once loaded): a second signal stops what was loaded at once.
+    loaded: list[Loaded] = []
+    stop_on_signals(server, lambda: loaded[0].stop(at_once=True) if loaded else None)
     try:
-        engine = serving.load(loading)
+        loaded.append(serving.load(loading))
         stops = SessionStops()
-        app = build_app(settings, engine, stops)
-        launch(engine, app.demo, settings, server, stops=stops)
-        engine.start()
+        app = build_app(settings, loaded[0].engine, stops)
+        launch(app.engine, app.demo, settings, server, stops=stops)
+        loaded[0].start()
         drained = server.serve_forever()
     except StartupError as error:
         sys.exit(f"error: {error}")
     finally:
-        if engine is not None:
-            engine.stop()  # while the server can still send the last answers (a torchrun rank 0's drain)
+        if loaded:
+            loaded[0].stop()  # while the server can still send the last answers (a torchrun rank 0's drain)
         server.stop()
         # The interpreter's exit collects every object the model, torch and Gradio made: 2-15 s of gc_collect_main
         # after the last line (py-spy, 2 shared cores). Nothing is left to free that the process's end does not free.
@@ -127,3 +132,27 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
     logger.info("stopped" if drained else "stopped, cutting short the image on the device")
     if not drained:  # a pipeline thread still runs: a normal exit would abort in its C++ destructor (rc -6)
         os._exit(EXIT_CUT_SHORT)
+
+
+def stop_on_signals(server: Server, stop_at_once: Callable[[], None]) -> None:
+    """SIGTERM (a Space, a balancer stopping us) or Ctrl-C (SIGINT): the first drains once serving
+    (Server.drain: the image on the device finishes, waiting requests hear "shutting down", exit 0); while the model
+    loads it unwinds, so `finally` blocks stop the server. A second one calls `stop_at_once` (the replicas: a local
+    Ray's processes go too) and exits at once with EXIT_CUT_SHORT, by os._exit: a normal exit while a pipeline thread
+    runs aborts in its C++ destructor (rc -6), and a KeyboardInterrupt raised in the drain printed a traceback."""
+
+    def on_signal(number: int, _frame: Any) -> None:
+        name = signal.Signals(number).name
+        if not server.ready:
+            raise SystemExit(0)
+        if server.drain_requested:
+            for each in (signal.SIGTERM, signal.SIGINT):  # a third one must not start this again
+                signal.signal(each, signal.SIG_IGN)
+            logger.warning("%s again: exiting now, without waiting for the drain", name)
+            stop_at_once()
+            os._exit(EXIT_CUT_SHORT)
+        logger.info("%s: draining (a second SIGTERM or Ctrl-C exits at once)", name)
+        server.request_drain()
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, on_signal)

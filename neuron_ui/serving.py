@@ -1,7 +1,8 @@
 """The one chooser of how images are served: in this process, as a torchrun rank (rank 0 serves, the others
-follow) or over Ray Serve replicas. Each way gives an EngineLike with its lifecycle (start, drain, stop), so
-neuron_ui.main drives every way alike, as vLLM's `Executor.get_class` returns its external-launcher executor for
-torchrun the way it returns the Ray one. Ray is imported only on the replicas' branch.
+follow) or over Ray Serve replicas. Each way loads the same engine front (neuron_ui.engine.engine.Engine) over its own
+runner, with its lifecycle (start, stop), so neuron_ui.main drives every way alike, as vLLM's `Executor.get_class`
+returns its external-launcher executor for torchrun the way it returns the Ray one. Ray is imported only on the
+replicas' branch.
 """
 
 from __future__ import annotations
@@ -9,44 +10,55 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import signal
 import sys
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 from collections.abc import Callable
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.settings import StartupError
 
 if TYPE_CHECKING:
-    from neuron_ui.config.resolutions import Resolution
     from neuron_ui.config.runtime import Launch, Runtime
     from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.engine_like import EngineLike, Observers
-    from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.loading import LoadingState
-    from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
-    from neuron_ui.contract.stopping import StopToken
     from neuron_ui.engine.engine import Engine
     from neuron_ui.model.runner import Runner
     from neuron_ui.parallel.group import ParallelGroup
     from neuron_ui.parallel.torchrun import TorchrunRank
-    from neuron_ui.replicas.client import ReplicaClient
-    from neuron_ui.server.server import Server
+    from neuron_ui.replicas.runner import ReplicaRunner
 
 logger = logging.getLogger(__name__)
 
-EXIT_CUT_SHORT = 1  # the drain did not finish: the image on the device ran out of time, or a second signal came
+
+def _nothing(at_once: bool = False) -> None:
+    """Nothing to begin or end: the engine serves once built, and no other process is its to stop."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The engine a way of serving loaded, and that way's lifecycle around it: start() once the UI is mounted
+    (serving begins), stop() after the engine's drain (what serving holds goes: Ray, the followers; `at_once`, for
+    an exit that cannot wait). The drain itself is the engine's (EngineLike.drain), the same for every way."""
+
+    engine: Engine
+    on_start: Callable[[], None] = field(default=_nothing)
+    on_stop: Callable[[bool], None] = field(default=_nothing)
+
+    def start(self) -> None:
+        self.on_start()
+
+    def stop(self, at_once: bool = False) -> None:
+        self.on_stop(at_once)
 
 
 class Serving(Protocol):
-    """A way of serving, chosen before the model loads: what /healthz adds once serving (None: nothing), how
-    signals stop this process, and the engine it loads."""
+    """A way of serving, chosen before the model loads: what /healthz adds once serving (None: nothing), and the
+    engine it loads with its lifecycle."""
 
     health: Callable[[], str | None] | None
 
-    def handle_signals(self, server: Server) -> None: ...
-    def load(self, loading: LoadingState) -> EngineLike: ...
+    def load(self, loading: LoadingState | None = None) -> Loaded: ...
 
 
 def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Runtime | None = None) -> Serving:
@@ -98,149 +110,43 @@ class InProcess:
     def __init__(self, settings: Settings):
         self.settings = settings
 
-    def handle_signals(self, server: Server) -> None:
-        stop_on_signals(server)
-
-    def load(self, loading: LoadingState) -> EngineLike:
-        return build_engine(self.settings, loading=loading)
+    def load(self, loading: LoadingState | None = None) -> Loaded:
+        return Loaded(build_engine(self.settings, loading=loading))
 
 
 class Replicas(InProcess):
-    """Engine replicas on Ray Serve behind one client; Serve and the local Ray stop with it."""
+    """The engine's front over Ray Serve replicas (a slot per replica); stopping it stops Serve and the local Ray."""
 
-    def load(self, loading: LoadingState) -> EngineLike:
+    def load(self, loading: LoadingState | None = None) -> Loaded:
+        from neuron_ui.engine.engine import Engine
+
         try:
-            return ReplicasServed(build_replicas(self.settings), self.settings)
+            runner = build_replicas(self.settings)
         except BaseException:
             stop_replicas(self.settings)  # a launch cut short: Serve and the local Ray go all the same
             raise
 
+        def stop(at_once: bool = False) -> None:
+            if not at_once:  # no more reads of the board before Ray goes (a second signal does not wait for it)
+                runner.stop()
+            stop_replicas(self.settings, at_once)
+
+        return Loaded(Engine(runner, self.settings.max_queue_per_user), on_stop=stop)
+
 
 class Torchrun:
-    """Rank 0 of a torchrun group: it serves, its lockstep runner drives the followers."""
+    """Rank 0 of a torchrun group: it serves, its lockstep runner drives the followers. Serving notes the start-up
+    (and the restart before it); stopping answers the user in flight and tells the followers to exit."""
 
     def __init__(self, settings: Settings, rank: TorchrunRank):
         self.settings = settings
         self.rank = rank
         self.health: Callable[[], str | None] | None = rank.health
 
-    def handle_signals(self, server: Server) -> None:
-        self.rank.handle_signals()
-
-    def load(self, loading: LoadingState) -> EngineLike:
+    def load(self, loading: LoadingState | None = None) -> Loaded:
         engine = build_engine(self.settings, self.rank.form(), self.rank.lead, loading)
-        return LeaderServed(engine, self.rank)
-
-
-def stop_on_signals(server: Server) -> None:
-    """SIGTERM (a Space, a balancer stopping us) or Ctrl-C (SIGINT): the first drains once serving
-    (Server.drain: the image on the device finishes, waiting requests hear "shutting down", exit 0); while the model
-    loads it unwinds, so `finally` blocks stop the server. A second one exits at once with EXIT_CUT_SHORT, by
-    os._exit: a normal exit while a pipeline thread runs aborts in its C++ destructor (rc -6), and a
-    KeyboardInterrupt raised in the drain printed a traceback."""
-
-    def on_signal(number: int, _frame: Any) -> None:
-        name = signal.Signals(number).name
-        if not server.ready:
-            raise SystemExit(0)
-        if server.drain_requested:
-            for each in (signal.SIGTERM, signal.SIGINT):  # a third one must not start this again
-                signal.signal(each, signal.SIG_IGN)
-            logger.warning("%s again: exiting now, without waiting for the drain", name)
-            if server.engine is not None:
-                server.engine.stop(at_once=True)  # replicas: a local Ray's processes go too
-            os._exit(EXIT_CUT_SHORT)
-        logger.info("%s: draining (a second SIGTERM or Ctrl-C exits at once)", name)
-        server.request_drain()
-
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, on_signal)
-
-
-class Served:
-    """An engine served some way: every member of the interface is the engine's; start and stop add what that
-    way of serving must do (subclasses)."""
-
-    def __init__(self, engine: EngineLike):
-        self.engine = engine
-        self.presets: tuple[Resolution, ...] = engine.presets
-        self.max_references: int = engine.max_references
-        self.reference_sizes: tuple[Resolution, ...] = engine.reference_sizes
-        self.observers: Observers = engine.observers
-
-    def generate(self, request: GenerateRequest, progress: ProgressFn | None = None,
-                 stop: StopToken | None = None) -> GenerateResult:
-        return self.engine.generate(request, progress, stop)
-
-    def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
-                stop: StopToken | None = None) -> GenerateResult:
-        return self.engine.inpaint(request, progress, stop)
-
-    def warmup(self, resolution: str, progress: ProgressFn | None = None, *,
-               visitor: str | None = None) -> ShapeStatus:
-        return self.engine.warmup(resolution, progress, visitor=visitor)
-
-    def prompt_tokens(self, text: str) -> tuple[int, int]:
-        return self.engine.prompt_tokens(text)
-
-    def start_warmup(self, resolutions: list[str]) -> None:
-        self.engine.start_warmup(resolutions)
-
-    def wait_for_warmup(self, timeout: float | None = None) -> bool:
-        return self.engine.wait_for_warmup(timeout)
-
-    def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
-               inpaint: bool = False) -> Layout:
-        return self.engine.layout(resolution, references, reference_size, inpaint)
-
-    def layout_status(self, layout: Layout) -> ShapeStatus:
-        return self.engine.layout_status(layout)
-
-    def status(self) -> EngineStatus:
-        return self.engine.status()
-
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        return self.engine.health()
-
-    def start(self) -> None:
-        self.engine.start()
-
-    def drain(self, timeout: float) -> bool:
-        return self.engine.drain(timeout)
-
-    def stop(self, at_once: bool = False) -> None:
-        self.engine.stop(at_once)
-
-
-class LeaderServed(Served):
-    """Rank 0's engine: serving notes the start-up (and the restart before it); stopping answers the user in flight
-    and tells the followers to exit."""
-
-    def __init__(self, engine: EngineLike, rank: TorchrunRank):
-        super().__init__(engine)
-        self.rank = rank
-
-    def start(self) -> None:
-        super().start()
-        self.rank.serving()
-
-    def stop(self, at_once: bool = False) -> None:
-        self.rank.stop()
-        super().stop(at_once)
-
-
-class ReplicasServed(Served):
-    """The replicas' client: stopping it stops Serve and this process's Ray (`at_once`: Ray's local processes are
-    ended, for an exit that cannot wait)."""
-
-    def __init__(self, client: ReplicaClient, settings: Settings):
-        super().__init__(client)
-        self.client = client  # typed: the front's own members (its watcher, the replicas' reports) for what reads them
-        self.settings = settings
-
-    def stop(self, at_once: bool = False) -> None:
-        super().stop(at_once)
-        stop_replicas(self.settings, at_once)
+        self.rank.handle_signals()  # torchrun's SIGTERM: unwind, so main's `finally` stops the group in order
+        return Loaded(engine, on_start=self.rank.serving, on_stop=lambda at_once: self.rank.stop())
 
 
 def build_engine(settings: Settings, group: ParallelGroup | None = None,
@@ -271,8 +177,8 @@ def build_follower_runner(settings: Settings, group: ParallelGroup) -> Runner:
 RAY_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def build_replicas(settings: Settings, num_cpus: int | None = None) -> ReplicaClient:
-    """Engine replicas on Ray Serve behind one client with the engine's methods; the only place Ray is imported."""
+def build_replicas(settings: Settings, num_cpus: int | None = None) -> ReplicaRunner:
+    """Engine replicas on Ray Serve, and the runner that streams from them; the only place Ray is imported."""
     if not settings.ray_address:
         os.environ.update(RAY_LOOPBACK_ENV)
     from neuron_ui.replicas.launch import launch

@@ -51,14 +51,14 @@ def make_engine(tmp_path):
         torch._dynamo.reset()
         cache = configure_cache_env(cache_dir or tmp_path / "cache", environ={})
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-        return Engine(
+        return Engine.local(
             loaded,
             presets=parse_resolutions(presets),
             compile_mode=compile_mode,
             backend=backend,
             cache=cache,
             manifest=CacheManifest(cache.manifest, error=cache.problem),
-            runner=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
+            pipeline=wrap_runner(PipelineRunner(loaded.pipe)) if wrap_runner else None,
         )
 
     yield make

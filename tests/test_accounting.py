@@ -197,15 +197,15 @@ def test_manifests_written_before_load_seconds_are_still_read(tmp_path):
 def eager_engine(tmp_path, distilled: bool) -> Engine:
     pipe = build_tiny_pipeline()
     pipe.register_to_config(is_distilled=distilled)
-    return Engine(LoadedModel(pipe, name="tiny", is_tiny=True), presets=parse_resolutions("256x256"),
-                  compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
+    return Engine.local(LoadedModel(pipe, name="tiny", is_tiny=True), presets=parse_resolutions("256x256"),
+                        compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
 
 
 def test_guidance_given_to_a_distilled_model_is_recorded_as_not_used(tmp_path):
     engine = eager_engine(tmp_path, distilled=True)
     result = engine.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1, guidance=3.5))
     assert result.guidance is None and result.info()["guidance"] is None
-    assert not engine.pipe.do_classifier_free_guidance  # diffusers' own word: it applied none
+    assert not engine.runner.pipe.do_classifier_free_guidance  # diffusers' own word: it applied none
     png = Image.open(result.save_png(tmp_path / "fox.png"))
     assert json.loads(png.text["parameters"])["guidance"] is None and png.text["guidance"] == "not used"
     assert describe_result(result, show_guidance=True).startswith("**seed** 1 · **256x256** · 1 steps · no guidance")
@@ -216,7 +216,7 @@ def test_a_base_model_records_the_guidance_diffusers_applied(tmp_path, asked, ap
     engine = eager_engine(tmp_path, distilled=False)
     result = engine.generate(GenerateRequest("a fox", "256x256", steps=1, seed=1, guidance=asked))
     assert result.guidance == applied
-    assert engine.pipe.do_classifier_free_guidance == (applied is not None)
+    assert engine.runner.pipe.do_classifier_free_guidance == (applied is not None)
     png = Image.open(result.save_png(tmp_path / "fox.png"))
     assert png.text["guidance"] == ("not used" if applied is None else f"{applied:g}")
 

@@ -97,8 +97,9 @@ def pixels(image) -> np.ndarray:
 
 def aot_engine(cache_dir: Path, name: str = "tiny") -> Engine:
     cache = configure_cache_env(cache_dir, environ={})
-    return Engine(LoadedModel(build_tiny_pipeline(), name=name, is_tiny=True), presets=parse_resolutions(RESOLUTION),
-                  compile_mode="aot", backend="inductor", cache=cache, manifest=CacheManifest(cache.manifest))
+    return Engine.local(LoadedModel(build_tiny_pipeline(), name=name, is_tiny=True),
+                        presets=parse_resolutions(RESOLUTION),
+                        compile_mode="aot", backend="inductor", cache=cache, manifest=CacheManifest(cache.manifest))
 
 
 def cold_key() -> CompileKey:
@@ -145,7 +146,7 @@ def test_packages_of_another_compile_key_or_unreadable_are_compiled_again(warm, 
     root, _, _ = warm
     engine = aot_engine(tmp_path / "cache", name="tiny-other")
     single, double = packages(root / "cache")
-    ours = aot.package_folder(engine.cache, engine.key)
+    ours = aot.package_folder(engine.runner.cache, engine.runner.key)
     ours.mkdir(parents=True)
     shutil.copy(single, ours / single.name)  # the names match (same blocks, same shapes); only the key inside differs
     (ours / double.name).write_bytes(b"not a package")

@@ -504,7 +504,7 @@ settings = Settings(model="tiny", device="cpu", compile="regional", compile_back
                     resolutions=parse_resolutions(sys.argv[2]), cache_dir=Path(sys.argv[1]))
 engine = Engine.from_settings(settings, cache)
 result = engine.generate(GenerateRequest("a lighthouse at dusk", sys.argv[2], seed=7))
-print(json.dumps({"event": result.cache_event, "key": asdict(engine.key), "seconds": result.total_seconds,
+print(json.dumps({"event": result.cache_event, "key": asdict(engine.runner.key), "seconds": result.total_seconds,
                   "image": hashlib.sha256(result.image.tobytes()).hexdigest()}))
 """
 

@@ -174,8 +174,8 @@ def test_the_app_says_disk_full_everywhere_and_persists_again_once_there_is_room
     def build(settings):
         cache = configure_cache_env(settings.cache_dir)  # in os.environ, as app.py does; served() restores it
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-        return Engine(loaded, presets=settings.resolutions, backend=writing_backend(disk), cache=cache,
-                      compile_folder=CompileFolder(cache, free=free))
+        return Engine.local(loaded, presets=settings.resolutions, backend=writing_backend(disk), cache=cache,
+                            compile_folder=CompileFolder(cache, free=free))
 
     with served(root, engine=build) as s:
         assert s.engine.status().persistent_cache and s.metric("neuron_ui_cache_persistent") == 1
@@ -200,7 +200,7 @@ def test_the_app_says_disk_full_everywhere_and_persists_again_once_there_is_room
         assert "not persistent" not in s.handlers().on_tick("256x256", None)[1]
         assert status.shape("384x256").on_disk and not status.shape("256x256").on_disk
         assert list((root / "inductor" / "kernels").glob("*"))
-        assert set(CacheManifest(root / "manifest.json").entries()[s.engine.key.digest]["shapes"]) == {"384x256"}
+        assert set(CacheManifest(root / "manifest.json").entries()[s.engine.runner.key.digest]["shapes"]) == {"384x256"}
 
 
 def test_a_manifest_write_that_hits_a_full_disk_recovers_with_the_next_write(tmp_path, monkeypatch):

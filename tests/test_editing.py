@@ -43,9 +43,10 @@ def engine(tmp_path_factory):
     """One regional/eager engine for the graph-counting tests of this module, in order."""
     torch._dynamo.reset()
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
-    engine = Engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
-                    presets=parse_resolutions("256x256,512x512"), compile_mode="regional", backend="eager",
-                    cache=cache, manifest=CacheManifest(cache.manifest), reference_sizes=parse_resolutions(REF_SIZES))
+    engine = Engine.local(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
+                          presets=parse_resolutions("256x256,512x512"), compile_mode="regional", backend="eager",
+                          cache=cache, manifest=CacheManifest(cache.manifest),
+                          reference_sizes=parse_resolutions(REF_SIZES))
     yield engine
     torch._dynamo.reset()
 

@@ -28,9 +28,9 @@ def checking_engine(tmp_path_factory):
     from neuron_ui.model.tiny import build_tiny_pipeline
 
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
-    return Engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
-                  presets=parse_resolutions(SMALL_PRESETS), backend="eager", cache=cache,
-                  manifest=CacheManifest(cache.manifest))
+    return Engine.local(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
+                        presets=parse_resolutions(SMALL_PRESETS), backend="eager", cache=cache,
+                        manifest=CacheManifest(cache.manifest))
 
 
 def gen(engine, resolution="256x256", prompt="a lighthouse", **kw):
@@ -151,15 +151,15 @@ def test_a_failing_compilation_marks_that_shape_failed_and_others_keep_working(m
 def test_an_error_during_generation_releases_the_engine(make_engine, monkeypatch):
     engine = make_engine()
     gen(engine)
-    real_call = type(engine.pipe).__call__
+    real_call = type(engine.runner.pipe).__call__
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(type(engine.pipe), "__call__", out_of_memory)
+    monkeypatch.setattr(type(engine.runner.pipe), "__call__", out_of_memory)
     with pytest.raises(EngineError, match="generation failed at 256x256: OutOfMemoryError"):
         gen(engine)
-    monkeypatch.setattr(type(engine.pipe), "__call__", real_call)
+    monkeypatch.setattr(type(engine.runner.pipe), "__call__", real_call)
     assert gen(engine).cache_event == "memory_hit"
     assert not engine.status().busy
 
@@ -178,16 +178,16 @@ def test_waiting_is_reported_while_another_request_runs(make_engine):
     engine = make_engine(wrap_runner=GatedRunner)
     gen(engine)
     updates = []
-    engine.runner.hold()
+    engine.runner.pipeline.hold()
     other = threading.Thread(target=lambda: gen(engine), daemon=True)
     other.start()
-    assert engine.runner.holding.wait(60)  # another user's image is on the device
+    assert engine.runner.pipeline.holding.wait(60)  # another user's image is on the device
     waiter = threading.Thread(
         target=lambda: engine.generate(GenerateRequest("x", "256x256", seed=1), updates.append), daemon=True)
     waiter.start()
     wait_until(lambda: engine.status().queue_depth == 1)  # it waits for the device
     assert engine.status().busy
-    engine.runner.open()
+    engine.runner.pipeline.open()
     other.join(timeout=60)
     waiter.join(timeout=60)
     assert updates[0].stage == "waiting"
@@ -310,9 +310,9 @@ def test_cached_prompt_embeddings_give_the_plain_pipelines_image(make_engine):
 
     engine = make_engine(compile_mode="eager")
     call = PipelineCall("a heron in the reeds", 256, 256, 2, 11, 1.0)
-    plain = np.asarray(run_pipeline(engine.pipe, call))
+    plain = np.asarray(run_pipeline(engine.runner.pipe, call))
     calls = []
-    engine.pipe.text_encoder.register_forward_hook(lambda *args: calls.append(1))
+    engine.runner.pipe.text_encoder.register_forward_hook(lambda *args: calls.append(1))
     for seed in (11, 12, 11):
         result = gen(engine, prompt="a heron in the reeds", steps=2, seed=seed)
     assert len(calls) == 1  # the text encoder ran once for three images
@@ -330,11 +330,11 @@ def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
 
     pipe = build_tiny_pipeline()
     pipe.register_to_config(is_distilled=False)  # as a base (not step-distilled) checkpoint says
-    engine = Engine(LoadedModel(pipe, name="base", is_tiny=True), presets=parse_resolutions("256x256"),
-                    compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
+    engine = Engine.local(LoadedModel(pipe, name="base", is_tiny=True), presets=parse_resolutions("256x256"),
+                          compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
     status = engine.status()
     assert (status.distilled, status.default_steps, status.default_guidance) == (False, 50, 4.0)
-    valid = engine.validate(GenerateRequest("a cat", "256x256", seed=1))
+    valid = engine.runner.validate(GenerateRequest("a cat", "256x256", seed=1))
     assert (valid.steps, valid.guidance) == (50, 4.0)
 
 
@@ -411,4 +411,4 @@ def test_the_engine_and_a_follower_derive_one_compile_key_and_layouts(checking_e
     from neuron_ui.engine.setup import compile_plan
 
     key, layouts = compile_plan("tiny", "regional", "eager", "float32", 1, checking_engine.presets)
-    assert key == checking_engine.key and layouts.all() == checking_engine.allowed.all()
+    assert key == checking_engine.runner.key and layouts.all() == checking_engine.allowed.all()

@@ -19,7 +19,7 @@ from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.studio.grid_plan import estimate_seconds, plan_grid
 from neuron_ui.contract.results import EngineStatus, ShapeState, ShapeStatus
-from neuron_ui.contract.stopping import CANCELLED, DISCONNECTED, Stopped, StopToken
+from neuron_ui.contract.stopping import Stopped, StopReason, StopToken
 from neuron_ui.engine.engine import Engine
 from neuron_ui.studio.grid import run_grid
 from neuron_ui.studio.grid_jobs import GridJobs
@@ -178,7 +178,7 @@ def test_a_grid_is_its_visitors_job_that_outlives_the_page_and_a_stop_ends_it():
     job = jobs.start("browser:a", plan(seeds="1+3"), finish=lambda grid: grid.stopped)
     assert engine.holding.wait(10)
     gone = StopToken()
-    gone.stop(DISCONNECTED)  # the page that started it went away (the gate's page-gone rule)
+    gone.stop(StopReason.DISCONNECTED)  # the page that started it went away (the gate's page-gone rule)
     assert job.follow(None, gone) is False and job.running and job.made == 1 and not engine.released.is_set()
     assert jobs.find("browser:a") is job and jobs.find("browser:b") is None and jobs.stop("browser:b") is None
     with pytest.raises(ValueError, match=r"^your grid of 3 at 256x256 is still being made \(1 done\): stop it, or "):
@@ -198,7 +198,7 @@ def test_a_grid_is_its_visitors_job_that_outlives_the_page_and_a_stop_ends_it():
     job = GridJobs(engine, max_running=1).start("browser:a", plan(seeds="1+3"), finish=lambda grid: grid.stopped)
     assert engine.holding.wait(10)
     cancelled = StopToken()
-    cancelled.stop(CANCELLED)
+    cancelled.stop(StopReason.CANCELLED)
     assert job.follow(None, cancelled) is True and job.outcome == "stopped after step 1; 1 of 3 images made"
 
 
@@ -239,9 +239,9 @@ def engine(tmp_path_factory):
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
     style = write_random_lora(loaded.pipe.transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors", rank=2,
                               seed=1)
-    yield Engine(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
-                 manifest=CacheManifest(cache.manifest, error=cache.problem), max_queue_per_user=1,
-                 styles=StyleBook.load([f"{style}@0.8"], loaded.pipe.transformer))
+    yield Engine.local(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
+                       manifest=CacheManifest(cache.manifest, error=cache.problem), max_queue_per_user=1,
+                       styles=StyleBook.load([f"{style}@0.8"], loaded.pipe.transformer))
     torch._dynamo.reset()
 
 

@@ -128,8 +128,8 @@ def test_the_app_starts_with_the_good_style_and_one_line_per_bad_one(state, tmp_
     settings = Settings(model="tiny", compile="eager", resolutions=parse_resolutions(SIZE), cache_dir=tmp_path / "c",
                         loras=(str(good), *map(str, bad)))
     with caplog.at_level(logging.WARNING, logger="neuron_ui.engine.styles"):
-        engine = choose_serving(settings).load(LoadingState())  # the server's start-up: the engine it serves
-    assert list(engine.styles.styles) == ["good"]
+        engine = choose_serving(settings).load(LoadingState()).engine  # the server's start-up: the engine it serves
+    assert list(engine.runner.styles.styles) == ["good"]
     lines = [r.getMessage() for r in caplog.records if r.name == "neuron_ui.engine.styles"]
     assert len(lines) == len(bad) and all(str(path) in line for path, line in zip(bad, lines)), lines
 
@@ -155,14 +155,14 @@ def engine(tmp_path_factory):
     torch._dynamo.reset()
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-    return Engine(loaded, presets=parse_resolutions(SIZE), compile_mode="eager", backend="eager", cache=cache,
-                  manifest=CacheManifest(cache.manifest, error=cache.problem))
+    return Engine.local(loaded, presets=parse_resolutions(SIZE), compile_mode="eager", backend="eager", cache=cache,
+                        manifest=CacheManifest(cache.manifest, error=cache.problem))
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_a_pipeline_making_nan_fails_in_one_line_not_a_black_image(engine, value):
     """The transformer's output projection set to NaN or infinity: the latents, then the pixels, are not finite."""
-    weight = engine.pipe.transformer.proj_out.weight
+    weight = engine.runner.pipe.transformer.proj_out.weight
     original = weight.detach().clone()
     request = GenerateRequest("a lighthouse", SIZE, 1, 7)
     assert engine.generate(request).image.getextrema() != ((0, 0), (0, 0), (0, 0))  # finite weights: an image
@@ -235,7 +235,7 @@ def test_a_finite_image_is_the_one_diffusers_pil_output_gives(engine):
     """The pixels are checked as numbers and then converted as diffusers converts them: the same image."""
     from neuron_ui.model.runner import PipelineCall, run_pipeline
 
-    plain = engine.pipe(prompt="a red kite", height=256, width=256, num_inference_steps=1, guidance_scale=1.0,
+    plain = engine.runner.pipe(prompt="a red kite", height=256, width=256, num_inference_steps=1, guidance_scale=1.0,
                         generator=torch.Generator("cpu").manual_seed(3)).images[0]
-    ours = run_pipeline(engine.pipe, PipelineCall("a red kite", 256, 256, 1, 3, 1.0))
+    ours = run_pipeline(engine.runner.pipe, PipelineCall("a red kite", 256, 256, 1, 3, 1.0))
     assert ours.mode == plain.mode and ours.tobytes() == plain.tobytes()

@@ -96,9 +96,9 @@ def cache(tmp_path_factory):
 
 
 def build_engine(cache, previews: bool = True, compile_mode: str = "eager") -> Engine:
-    return Engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True), presets=parse_resolutions(SIZE),
-                  compile_mode=compile_mode, backend="eager", cache=cache,
-                  manifest=CacheManifest(cache.manifest, error=cache.problem), previews=previews)
+    return Engine.local(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True), presets=parse_resolutions(SIZE),
+                        compile_mode=compile_mode, backend="eager", cache=cache,
+                        manifest=CacheManifest(cache.manifest, error=cache.problem), previews=previews)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,8 @@ def test_the_last_preview_is_the_projection_of_the_finished_latents(engine):
     """The last step's sigma is 0: its estimate is the latents the VAE decodes, read here through the pipeline's own
     decode path (output_type="latent": unpacked, BN undone, unpatchified) and projected."""
     _, previews = generate(engine, preview=True, steps=2, seed=9)
-    pipe = engine.pipe
-    embeds = engine.runner.prompt_embeds("a lighthouse")
+    pipe = engine.runner.pipe
+    embeds = engine.runner.pipeline.prompt_embeds("a lighthouse")
     latents = pipe(prompt_embeds=embeds, width=384, height=256, num_inference_steps=2,
                    generator=torch.Generator("cpu").manual_seed(9), output_type="latent").images
     patches = Flux2KleinPipeline._patchify_latents(latents)

@@ -1,19 +1,16 @@
 """Step previews through the replicas' typed stream, without Ray running: the engine's preview update becomes a small
-PNG message on the replica's side and the same update again at the front (ReplicaClient, the real one)."""
+PNG message on the replica's side and the same update again at the front (the engine's front over a ReplicaRunner,
+the real one)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from PIL import Image
-from test_replicas_turns import StandInHandle, Stream
+from test_replicas_turns import StandInHandle, Stream, replica_front
 
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage, StepPreview
-from neuron_ui.replicas.client import ReplicaClient
 from neuron_ui.replicas.messages import Done, Preview, Progress, Started, progress_message
-from neuron_ui.replicas.watcher import ReplicaWatcher
 
 PREVIEW = StepPreview(2, 4, 48, 32, bytes(range(96)) * 48)
 
@@ -42,14 +39,12 @@ class Handle(StandInHandle):
 
 
 def test_the_front_reports_a_replicas_preview_as_the_engine_did(tmp_path):
-    watcher = ReplicaWatcher(read_board=dict, read_states=dict)
-    client = ReplicaClient(Handle(), board=None, settings=Settings(model="tiny", cache_dir=str(tmp_path)),
-                           plan=SimpleNamespace(replicas=1), watcher=watcher)
+    client = replica_front(Handle(), Settings(model="tiny", cache_dir=str(tmp_path)))
     try:
         updates: list[ProgressUpdate] = []
         client.generate(GenerateRequest("a lighthouse", "1024x1024", steps=4, seed=3, preview=True), updates.append)
     finally:
-        client.watcher.stop()
+        client.runner.stop()
     previews = [u.preview for u in updates if u.preview is not None]
     assert previews == [PREVIEW]
     assert [u.message for u in updates if u.stage == Stage.DENOISING] == ["step 1/4", "step 2/4"]

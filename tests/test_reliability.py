@@ -271,7 +271,7 @@ def engine_with_backend(backend):
     def build(settings):
         cache = configure_cache_env(settings.cache_dir)
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-        return Engine(loaded, presets=settings.resolutions, compile_mode="regional", backend=backend, cache=cache)
+        return Engine.local(loaded, presets=settings.resolutions, compile_mode="regional", backend=backend, cache=cache)
 
     return build
 
@@ -300,7 +300,7 @@ def test_a_failing_compilation_is_told_shown_and_retried_and_other_sizes_are_unt
 
 def test_an_out_of_memory_error_is_told_to_its_user_and_the_next_request_runs(server, monkeypatch):
     s, client = server
-    pipeline = type(s.engine.pipe)
+    pipeline = type(s.engine.runner.pipe)
     real_call = pipeline.__call__
     failures = s.metric("neuron_ui_errors_total", kind="generation_failed") or 0
 

@@ -37,7 +37,7 @@ def deployment(local_ray, tmp_path_factory):
                               rank=4, seed=1)
     with served(tmp_path_factory.mktemp("replicas"), "--replicas", "2", "--lora", str(style)) as s:
         yield s
-    s.engine.client.watcher.stop()  # before its application goes: the next module's deployment takes its name
+    s.engine.runner.stop()  # before its application goes: the next module's deployment takes its name
     from neuron_ui.replicas.launch import stop_app
 
     stop_app()
@@ -106,7 +106,7 @@ def test_a_failure_crosses_the_stream_as_a_typed_message_and_is_raised_as_the_en
 
 
 def test_a_compiled_shape_stays_on_its_replica(deployment, caplog):
-    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
+    client = deployment.engine  # the engine's front, over the replicas' runner
     with caplog.at_level(logging.INFO, logger="neuron_ui.replicas.stream"):
         first = client.generate(request("384x256", seed=1))
     assert first.cache_event == "compiled"
@@ -122,7 +122,7 @@ def test_a_compiled_shape_stays_on_its_replica(deployment, caplog):
 def test_a_style_switch_on_a_replica_compiles_nothing_and_none_gives_the_base_image_back(deployment):
     """Every replica holds every style (they travel in the settings); on the replica that holds the shape, a switch
     to a style, to another strength and back to none is a memory_hit each: no new graph (a recompile would be one)."""
-    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
+    client = deployment.engine  # the engine's front, over the replicas' runner
     base = client.generate(request("384x256", seed=9))
     switched = [client.generate(request("384x256", seed=9, lora=lora, lora_scale=scale))
                 for lora, scale in (("ink", None), ("ink", 1.5), (None, None))]
@@ -166,14 +166,14 @@ def test_each_replica_exports_serves_metrics_every_five_seconds_not_ten_times_a_
     """Serve's metric export woke each replica's loop every 0.1 s, taking its engine's GIL (replicas/__init__)."""
     import psutil
 
-    pids = [report.pid for _, report in deployment.engine.client.reports().values()]
+    pids = [report.pid for _, report in deployment.engine.runner.reports().values()]
     assert len(pids) == 2
     for pid in pids:
         assert psutil.Process(pid).environ()["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] == "5000"
 
 
 def test_status_health_and_metrics_cover_the_replicas(deployment):
-    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
+    client = deployment.engine  # the engine's front, over the replicas' runner
     made = client.generate(request("384x256", seed=9))
     status = wait_until(lambda: (s := client.status()).shape("384x256").ready_on and s, "384x256 reported ready")
     shape = status.shape("384x256")
@@ -197,8 +197,8 @@ def test_editing_is_routed_by_its_layout_and_files_travel_as_bytes(deployment, t
 
     from PIL import Image
 
-    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
-    assert client.calls.grpc
+    client = deployment.engine  # the engine's front, over the replicas' runner
+    assert client.runner.calls.grpc
     reference = tmp_path / "reference.png"
     Image.frombytes("RGB", (1400, 1100), os.urandom(1400 * 1100 * 3)).save(reference, compress_level=0)
     assert reference.stat().st_size > 4 * 2**20
@@ -265,7 +265,7 @@ def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deploym
     """The Stop button's token cancels the stream; the replica stops the image at its next step."""
     from neuron_ui.contract.stopping import Stopped, StopToken
 
-    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
+    client = deployment.engine  # the engine's front, over the replicas' runner
     started = time.monotonic()
     client.generate(request(seed=11, steps=100))
     whole = time.monotonic() - started  # what the image takes when nobody stops it
@@ -279,14 +279,14 @@ def test_a_stop_cancels_the_request_on_its_replica_which_is_free_at_once(deploym
 
     worker = threading.Thread(target=long_request, daemon=True)
     worker.start()
-    busy = wait_until(lambda: next((r for _, r in client.reports().values() if r.busy), None), "a replica is busy",
-                      timeout=TIMEOUT)
+    busy = wait_until(lambda: next((r for _, r in client.runner.reports().values() if r.busy), None),
+                      "a replica is busy", timeout=TIMEOUT)
     wait_until(lambda: stop.phase == "running", "the replica said the image is running", timeout=TIMEOUT)
     stopped_at = time.monotonic()
     stop.stop()
     worker.join(TIMEOUT)
     assert outcome.get("stopped") == "stopped at the next step; no image was made", outcome
-    wait_until(lambda: not any(r.busy for _, r in client.reports().values() if r.replica == busy.replica),
+    wait_until(lambda: not any(r.busy for _, r in client.runner.reports().values() if r.replica == busy.replica),
                "the replica is free again", timeout=30)
     freed = time.monotonic() - stopped_at
     assert freed < whole / 2, f"the replica stayed busy {freed:.1f} s after the stop; a whole image takes {whole:.1f} s"
@@ -314,11 +314,12 @@ class Recorded:
 
 def test_visitors_take_turns_at_the_front_across_the_replicas(deployment):
     """The front decides who goes next: with both replicas busy with A's images, B's one is sent before A's rest."""
-    from neuron_ui.replicas.client import ReplicaClient
+    from neuron_ui.engine.engine import Engine
+    from neuron_ui.replicas.runner import ReplicaRunner
 
-    served_client, sent, results = deployment.engine.client, [], {}
-    client = ReplicaClient(Recorded(served_client.calls.handle, sent), served_client.board, deployment.settings,
-                           served_client.plan, watcher=served_client.watcher)
+    served, sent, results = deployment.engine.runner, [], {}
+    client = Engine(ReplicaRunner(Recorded(served.calls.handle, sent), served.board, deployment.settings, served.plan,
+                                  watcher=served.watcher), deployment.settings.max_queue_per_user)
 
     def ask(name, visitor):
         req = GenerateRequest(name, "256x256", steps=12, seed=5, visitor=visitor)
@@ -332,7 +333,7 @@ def test_visitors_take_turns_at_the_front_across_the_replicas(deployment):
     wait_until(lambda: len(sent) == 2, "A's second is sent: both replicas are busy")
     for i, name in enumerate(("a2", "a3", "b0")):
         threads.append(ask(name, "user:A" if name[0] == "a" else "user:B"))
-        wait_until(lambda i=i: client.turns.waiting == i + 1, f"{name} waits at the front")
+        wait_until(lambda i=i: client.queue.waiting == i + 1, f"{name} waits at the front")
     assert client.status().visitors_waiting == 2
     for thread in threads:
         thread.join(TIMEOUT)
@@ -358,7 +359,7 @@ def test_ray_listens_on_loopback_only_but_each_replicas_inter_deployment_port(de
 
 
 def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
-    client = deployment.engine.client  # the front's ReplicaClient (serving.ReplicasServed wraps it)
+    client = deployment.engine  # the engine's front, over the replicas' runner
     slow = request(seed=7, steps=100)
     reference = client.generate(slow)
     outcome: dict = {}
@@ -369,8 +370,8 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     worker.start()
     # Once our image runs, the front knows its replica (the stream's Started named it); reports give its pid.
     wait_until(lambda: any(u.stage == "denoising" for u in updates), "the image runs", timeout=TIMEOUT)
-    ours = wait_until(lambda: client.calls.routing.running(), "the front knows the replica running the image")[0]
-    busy = next(report for _, report in client.reports().values() if report.replica == ours)
+    ours = wait_until(lambda: client.runner.calls.routing.running(), "the front knows the replica running the image")[0]
+    busy = next(report for _, report in client.runner.reports().values() if report.replica == ours)
     assert "result" not in outcome  # still running when its replica is killed
     os.kill(busy.pid, signal.SIGKILL)
     killed_after = time.perf_counter() - sent
@@ -391,7 +392,7 @@ def test_kill_9_of_a_replica_mid_request_retries_with_the_same_seed(deployment):
     # Serve's replacement is a new id. (Counting two healthy is not enough: for STALE_SECONDS after the kill the
     # killed replica's last report still counts, and a quick retry can end inside that time.)
     known = {result.replica, busy.replica}
-    wait_until(lambda: any(report.replica not in known for report in client.watcher.healthy()),
+    wait_until(lambda: any(report.replica not in known for report in client.runner.watcher.healthy()),
                "Serve's replacement of the killed replica reports", timeout=240)
     # Once its replacement answers, the killed one is gone from the status and /healthz (it lingered 60 s): at once,
     # or within STALE_SECONDS should the replacement have reported before the killed one's last report aged out.

@@ -18,6 +18,7 @@ import threading
 
 import pytest
 
+from neuron_ui.engine.engine import Engine
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.contract.stopping import StopToken
@@ -77,9 +78,9 @@ def shared(cluster, tmp_path_factory):
     assert done.returncode == 0, done.stderr[-3000:]
     single = json.loads(done.stdout.strip().splitlines()[-1])
     before = cold(cache)
-    client = launch(parse_settings(flags(cache, "--ray-address", cluster.address)))
+    client = Engine(launch(parse_settings(flags(cache, "--ray-address", cluster.address))))
     yield cache, single, before, client
-    client.watcher.stop()  # a read after the fixture's ray.shutdown() would join the cluster again
+    client.runner.stop()  # a read after the fixture's ray.shutdown() would join the cluster again
     stop_app()
 
 
@@ -125,7 +126,7 @@ def test_a_size_the_single_process_compiled_is_a_disk_hit_on_the_replicas(shared
 def test_replicas_on_two_nodes_compile_once_and_disk_hit_from_the_shared_cache(shared):
     """5 concurrent first requests for 384x256 compile it once in the deployment; the other node loads it."""
     _, _, _, client = shared
-    nodes = {report.replica: report.node for _, report in client.reports().values()}
+    nodes = {report.replica: report.node for _, report in client.runner.reports().values()}
     assert len(set(nodes.values())) == 2, f"the 2 replicas did not land one per node: {nodes}"
 
     results: list = []
@@ -168,20 +169,20 @@ def test_a_warmup_compiles_once_and_a_bundle_starts_a_new_deployment_warm(shared
     shape = wait_until(lambda: (s := client.status().shape("320x256")).ready_on and s, "320x256 ready on a replica")
     assert (shape.ready_on, shape.replicas_total) == (1, 2)
 
-    key = next(iter(client.reports().values()))[1].key
+    key = next(iter(client.runner.reports().values()))[1].key
     paths = CachePaths(cache, cache / "neff", cache / "inductor", cache / "manifest.json")
     bundle = export_bundle(paths, key, tmp_path / "fleet.tar.gz")
     assert set(SIZES) <= set(bundle.resolutions)
-    client.watcher.stop()
+    client.runner.stop()
     stop_app()  # the cluster's 2 CPUs go to the new deployment
     fresh = parse_settings(flags(tmp_path / "fresh", "--cache-bundle", str(tmp_path / "fleet.tar.gz"),
                                  "--ray-address", cluster.address))
-    warm = launch(fresh, app_name="neuron-ui-bundle")
+    warm = Engine(launch(fresh, app_name="neuron-ui-bundle"))
     try:
         assert {s.resolution for s in warm.status().shapes if s.on_disk} == set(SIZES)
         assert warm.generate(request("320x256", seed=3)).cache_event == "disk_hit"
     finally:
-        warm.watcher.stop()
+        warm.runner.stop()
         stop_app("neuron-ui-bundle")
 
 

@@ -1,6 +1,6 @@
-"""Where a replica's image spends its time, and how the front routes a hot shape, without Ray running: the stamps
-the stream's messages carry, the stages the front makes of them, the spill of a call to a free replica, the
-start-up stages and the replicas bench's results. The deployment's handle is a stand-in; the front is the real one.
+"""How the front calls a replica and routes a hot shape, without Ray running: the stream's messages, the spill of a
+call to a free replica, the start-up stages and the replicas bench's results. The deployment's handle is a stand-in;
+the front (the engine's, over a ReplicaRunner) is the real one.
 The same with Ray: bench/replicas.py (figures), tests/test_replicas.py (routing by shape, stop, faults).
 """
 
@@ -17,19 +17,16 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 from serving import wait_until
-from test_replicas_turns import StandInHandle, Stream
+from test_replicas_turns import StandInHandle, Stream, replica_front
 
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase as StopPhase
 from neuron_ui.contract.stopping import StopToken
-from neuron_ui.replicas.board import REPORT_SECONDS, ReportPacer
-from neuron_ui.replicas.client import ReplicaClient
+from neuron_ui.replicas.board import REPORT_SECONDS, ReportPacer, StartupStages
 from neuron_ui.replicas.messages import Done, Progress, Started
 from neuron_ui.replicas.routing import NO_KEY, ShapeRouting
-from neuron_ui.replicas.timing import STAGES, StartupStages, Timing, now
-from neuron_ui.replicas.watcher import ReplicaWatcher
 
 
 def made(request) -> GenerateResult:
@@ -38,8 +35,8 @@ def made(request) -> GenerateResult:
 
 
 class Stamped(StandInHandle):
-    """A replica whose messages carry its stamps as a real one's do: Started, two steps, Done; each call's routing
-    key in `keys`; a call is held after Started until `release` lets it go (with `hold`)."""
+    """A replica that sends Started, two steps, Done; each call's routing key in `keys`; a call is held after
+    Started until `release` lets it go (with `hold`)."""
 
     def __init__(self, hold: bool = False):
         self.keys: list[str] = []
@@ -57,14 +54,12 @@ class Stamped(StandInHandle):
         replica = "replica-a" if self.keys[-1] else "replica-b"  # Serve's routing: the key to its holder
 
         def messages():
-            yield Started(replica, now())
+            yield Started(replica)
             if self.hold:
                 self.release.acquire(timeout=30)
-            began = now()
-            yield Progress(ProgressUpdate("denoising", "step 1/2", 0.5), now())
-            yield Progress(ProgressUpdate("denoising", "step 2/2", 1.0), now())
-            ended = now()
-            yield Done(made(request), began, ended, now())
+            yield Progress(ProgressUpdate("denoising", "step 1/2", 0.5))
+            yield Progress(ProgressUpdate("denoising", "step 2/2", 1.0))
+            yield Done(made(request))
 
         return Stream(messages())
 
@@ -72,49 +67,18 @@ class Stamped(StandInHandle):
 @pytest.fixture
 def front():
     def build(handle, replicas=1):
-        watcher = ReplicaWatcher(read_board=dict, read_states=dict)
-        client = ReplicaClient(handle, board=None, settings=Settings(model="tiny"),
-                               plan=SimpleNamespace(replicas=replicas), watcher=watcher)
-        built.append(client)
-        return client
+        built.append(replica_front(handle, Settings(model="tiny"), replicas=replicas))
+        return built[-1]
 
-    built: list[ReplicaClient] = []
+    built: list = []
     yield build
     for client in built:
-        client.watcher.stop()
+        client.runner.stop()
 
 
-def test_the_messages_carry_their_stamps_across_a_pickle_and_default_to_none_sent():
-    started, done = Started("r", 12.5), Done("value", 1.0, 2.0, 3.0)
+def test_the_messages_survive_a_pickle():
+    started, done = Started("r"), Done("value")
     assert pickle.loads(pickle.dumps(started)) == started and pickle.loads(pickle.dumps(done)) == done
-    assert (Started("r").at, Progress(ProgressUpdate("denoising", "x")).at, Done("v").began) == (0.0, 0.0, 0.0)
-
-
-def test_the_stages_follow_the_stamps_in_order_and_add_up_to_the_whole_call():
-    timing = Timing(called=10.0, turn=10.001, sent=10.0015, received=10.004, began=10.005, ended=10.105,
-                    done_sent=10.106, done_read=10.108, returned=10.109, step_trips=[0.002, 0.001, 0.004])
-    stages = timing.stages()
-    assert list(stages) == list(STAGES)
-    assert stages == pytest.approx({"front_turn": 0.001, "front_send": 0.0005, "handle_call": 0.0025,
-                                    "replica_queue": 0.001, "engine": 0.1, "replica_after": 0.001,
-                                    "transfer": 0.002, "front_after": 0.001})
-    assert sum(stages.values()) == pytest.approx(timing.total())
-    assert timing.overhead() == pytest.approx(0.009) and timing.step_trip() == 0.002
-
-
-def test_the_front_fills_each_calls_stages_from_its_replicas_stamps_and_tells_its_listeners(front):
-    client = front(Stamped())
-    heard: list[Timing] = []
-    client.calls.timing_listeners.append(heard.append)
-    before = now()
-    result = client.generate(GenerateRequest("a boat", "512x512", seed=3))
-    after = now()
-    (timing,) = heard
-    assert result.prompt == "a boat" and timing.messages == 4 and len(timing.step_trips) == 2
-    marks = [timing.called, timing.turn, timing.sent, timing.received, timing.began, timing.ended, timing.done_sent,
-             timing.done_read, timing.returned]
-    assert before <= marks[0] and marks == sorted(marks) and marks[-1] <= after  # every stamp taken, in order
-    assert all(value >= 0 for value in timing.stages().values())
 
 
 class Transported(Stamped):
@@ -134,12 +98,11 @@ def test_the_front_calls_over_serves_grpc_only_when_asked():
     without it the handle keeps Serve's default, a Ray actor call."""
     for grpc, wanted in ((True, {"_by_reference": False}), (False, {})):
         handle = Transported()
-        client = ReplicaClient(handle, board=None, settings=Settings(model="tiny"), plan=SimpleNamespace(replicas=1),
-                               watcher=ReplicaWatcher(read_board=dict, read_states=dict), grpc=grpc)
+        client = replica_front(handle, Settings(model="tiny"), grpc=grpc)
         try:
             assert client.generate(GenerateRequest("a boat", "512x512", seed=3)).prompt == "a boat"
         finally:
-            client.watcher.stop()
+            client.runner.stop()
         assert handle.transports == [wanted]
 
 
@@ -150,15 +113,15 @@ def test_a_hot_shape_spills_to_a_free_replica_instead_of_waiting_for_its_busy_ho
     request = GenerateRequest("a", "512x512", seed=1)
     first = threading.Thread(target=client.generate, args=(request,), daemon=True)
     first.start()
-    wait_until(lambda: client.calls.started() == 1, "the first call is on replica-a")
+    wait_until(lambda: client.runner.calls.started() == 1, "the first call is on replica-a")
     handle.release.release()
     first.join(10)
     assert handle.keys == ["1024"]  # a new shape goes by its key: Serve spreads new shapes
     threads = [threading.Thread(target=client.generate, args=(request,), daemon=True) for _ in range(2)]
     threads[0].start()
-    wait_until(lambda: client.calls.started() == 1, "the holder is busy again")
+    wait_until(lambda: client.runner.calls.started() == 1, "the holder is busy again")
     threads[1].start()
-    wait_until(lambda: client.calls.started() == 2, "the second call started elsewhere")
+    wait_until(lambda: client.runner.calls.started() == 2, "the second call started elsewhere")
     handle.release.release()
     handle.release.release()
     for thread in threads:
@@ -183,9 +146,9 @@ class Ending(StandInHandle):
         self.sent += 1
 
         def messages():
-            yield Started("replica-a", now())
-            yield Progress(ProgressUpdate("denoising", "step 1/1", 1.0), now(), phase="running")
-            yield Done(made(request), now(), now(), now())
+            yield Started("replica-a")
+            yield Progress(ProgressUpdate("denoising", "step 1/1", 1.0), phase="running")
+            yield Done(made(request))
             self.end.acquire(timeout=30)
 
         return Stream(messages())
@@ -199,7 +162,7 @@ def test_the_caller_has_its_image_at_done_and_the_next_call_waits_for_the_stream
     stop = StopToken()
     result = client.generate(GenerateRequest("a boat", "512x512", seed=3), stop=stop)
     assert result.prompt == "a boat" and stop.phase == StopPhase.RUNNING  # the phase came with the step
-    assert client.calls.started() == 1  # its stream has not ended yet: a drain would still wait for it
+    assert client.runner.calls.started() == 1  # its stream has not ended yet: a drain would still wait for it
     second = threading.Thread(target=client.generate, args=(GenerateRequest("a cat", "512x512", seed=4),),
                               daemon=True)
     second.start()
@@ -209,7 +172,7 @@ def test_the_caller_has_its_image_at_done_and_the_next_call_waits_for_the_stream
     wait_until(lambda: handle.sent == 2, "the second call is sent once the first stream ended")
     handle.end.release()
     second.join(10)
-    wait_until(lambda: client.calls.started() == 0, "both streams ended")
+    wait_until(lambda: client.runner.calls.started() == 0, "both streams ended")
     assert handle.options_calls == 1  # one handle for the method and key, built once
 
 
@@ -260,9 +223,7 @@ def test_the_replicas_bench_reports_each_stage_serves_cost_and_the_throughput():
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
-    timed = [Timing(called=0.0, turn=0.0, sent=0.001, received=0.003, began=0.004, ended=0.09 + i / 1000,
-                    done_sent=0.091 + i / 1000, done_read=0.093 + i / 1000, returned=0.094 + i / 1000,
-                    step_trips=[0.001], messages=8) for i in range(3)]
+    timed = [(0.094 + i / 1000, 0.086 + i / 1000) for i in range(3)]  # (seconds through Ray, in its engine)
     args = Namespace(replicas=2, steps=4, images=3, flow_images=40, previews=False)
     report = bench.summarize(args, 1, [0.09, 0.091, 0.092], [0.094, 0.095, 0.096], timed, {"ray": 4.4, "serve": 1.0},
                              {"r1": {"imports": 6.0}}, 1500, {"two_replicas_ips": 18.0, "one_replica_ips": 10.0},
@@ -270,8 +231,9 @@ def test_the_replicas_bench_reports_each_stage_serves_cost_and_the_throughput():
                              {"ceiling": {"one_process_ips": 12.0, "two_processes_ips": 20.0, "ratio": 1.67}})
     assert report["serve_adds_ms"] == pytest.approx(4.0)
     assert report["throughput"]["ceiling"]["ratio"] == 1.67
-    assert set(report["stages_ms"]) == {*STAGES, "overhead", "step_trip"}
+    assert set(report["stages_ms"]) == {"engine", "overhead"}
     assert report["stages_ms"]["engine"] == {"median": 87.0, "min": 86.0, "max": 88.0}
+    assert report["stages_ms"]["overhead"] == {"median": 8.0, "min": 8.0, "max": 8.0}
     assert report["throughput"]["ratio"] == 1.8 and report["startup"]["seconds"] == 5.4
     assert report["mix"]["compilations"] == report["mix"]["distinct_token_counts"] == 1
 

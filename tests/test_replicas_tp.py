@@ -19,6 +19,7 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.model.runner import PipelineCall, run_pipeline
 from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.engine.engine import Engine
 from neuron_ui.serving import build_replicas
 
 # A replica and a follower: a minute to start on 2 cores. One process and one Ray for the Ray modules.
@@ -31,9 +32,9 @@ def client(local_ray, tmp_path_factory):
     settings = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path_factory.mktemp("tp") / "cache"),
                                    "--replicas", "1", "--tp", "2"])
-    client = build_replicas(settings)
+    client = Engine(build_replicas(settings))  # the engine's front over the replicas' runner
     yield client
-    client.watcher.stop()  # before its application goes: a read after it would ask Serve for a deleted app
+    client.runner.stop()  # before its application goes: a read after it would ask Serve for a deleted app
     from neuron_ui.replicas.launch import stop_app
 
     stop_app()
@@ -52,14 +53,14 @@ def test_the_replica_matches_one_process_and_reports_degree_2(client):
     assert status.tensor_parallel["degree"] == 2, status.tensor_parallel
     leader, follower = status.tensor_parallel["ranks"]
     assert leader["calls"] == follower["calls"] >= 1 and follower["alive"], status.tensor_parallel  # in lockstep
-    (report,) = [report for _, report in client.reports().values()]
+    (report,) = [report for _, report in client.runner.reports().values()]
     assert report.key.tp_degree == 2
     assert len(report.ranks) == 2 and "tensor-parallel x2" in report.devices
 
 
 def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces_the_replica(client):
     slow = GenerateRequest("a lighthouse", "256x256", steps=60, seed=7)
-    (before,) = [report for _, report in client.reports().values()]
+    (before,) = [report for _, report in client.runner.reports().values()]
     follower_pid = before.ranks[1][1]
     outcome: dict = {}
 
@@ -71,7 +72,7 @@ def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    wait_until(lambda: any(report.busy for _, report in client.reports().values()), "the replica is busy",
+    wait_until(lambda: any(report.busy for _, report in client.runner.reports().values()), "the replica is busy",
                timeout=TIMEOUT)
     os.kill(follower_pid, signal.SIGKILL)
     worker.join(TIMEOUT)
@@ -83,7 +84,7 @@ def test_kill_9_of_the_follower_fails_the_request_in_one_line_and_serve_replaces
         assert outcome["result"].replica != before.replica
 
     def replaced():
-        return [report for age, report in client.reports().values()
+        return [report for age, report in client.runner.reports().values()
                 if age < 4 and report.replica != before.replica]
 
     (after,) = wait_until(replaced, "Serve replaced the replica with a new group", timeout=240)

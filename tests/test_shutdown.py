@@ -164,7 +164,7 @@ def test_ctrl_c_on_an_idle_server_stops_at_once_with_a_last_line(tmp_path, caplo
 
     def interrupt() -> None:
         wait_until(lambda: _status(f"http://127.0.0.1:{port}/healthz") == 200, "the app serves", timeout=300)
-        os.kill(os.getpid(), signal.SIGINT)  # main()'s handler (serving.stop_on_signals) runs in this thread's main
+        os.kill(os.getpid(), signal.SIGINT)  # main()'s handler (main.stop_on_signals) runs in this thread's main
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:

@@ -39,7 +39,7 @@ def wait_until(predicate, what, timeout=60.0):
 @pytest.fixture
 def eager(make_engine):
     engine = make_engine(compile_mode="eager", wrap_runner=GatedRunner)
-    clock = engine.runner
+    clock = engine.runner.pipeline
     return engine, clock
 
 
@@ -86,7 +86,7 @@ def test_a_queued_request_that_is_stopped_never_runs(eager):
 
 def test_a_stop_during_a_compile_lets_the_size_finish_and_makes_no_image(make_engine):
     engine = make_engine(wrap_runner=GatedRunner)  # regional compile on the eager backend: a compile that can be held
-    clock = engine.runner
+    clock = engine.runner.pipeline
     clock.hold()
     token = StopToken()
     thread, box = in_thread(engine.generate, GenerateRequest("x", "256x256", steps=2, seed=5), stop=token)
@@ -115,7 +115,7 @@ def test_a_disconnect_does_not_stop_a_compile_but_a_stop_does():
 
 def test_a_waiting_user_hears_the_compile_ahead_then_the_images_ahead_and_the_wait_is_kept_apart(make_engine):
     engine = make_engine(wrap_runner=GatedRunner)
-    clock = engine.runner
+    clock = engine.runner.pipeline
     engine.generate(GenerateRequest("x", "256x256", steps=1, seed=1))  # 256x256 ready and its latency measured
     clock.hold()  # the next compile (512x512, someone else's) holds the device
     other, _ = in_thread(engine.generate, GenerateRequest("other", "512x512", steps=1, seed=2))

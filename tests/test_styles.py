@@ -66,8 +66,9 @@ def build_engine(files, cache, compile_mode: str = "regional", backend: str = "e
     torch._dynamo.reset()
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
     styles = StyleBook.load([str(files["a"]), f"bee={files['b']}@0.5"], loaded.pipe.transformer)
-    return Engine(loaded, presets=parse_resolutions(SIZE), compile_mode=compile_mode, backend=backend, cache=cache,
-                  manifest=CacheManifest(cache.manifest, error=cache.problem), styles=styles)
+    return Engine.local(loaded,
+                        presets=parse_resolutions(SIZE), compile_mode=compile_mode, backend=backend, cache=cache,
+                        manifest=CacheManifest(cache.manifest, error=cache.problem), styles=styles)
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +88,12 @@ SWITCHES = [("base", None, None), ("ink", "ink", 0.8), ("bee", "bee", None), ("b
 def run_switches(engine: Engine, steps: int = 2, switches=SWITCHES) -> dict:
     """The base image first (it compiles the size), then every switch with recompiles made errors."""
     results = {"base": engine.generate(request(steps=steps))}
-    weights = {k: v.clone() for k, v in engine.pipe.transformer.state_dict().items()}
+    weights = {k: v.clone() for k, v in engine.runner.pipe.transformer.state_dict().items()}
     with torch._dynamo.config.patch(error_on_recompile=True):
         for label, lora, scale in switches[1:]:
             results[label] = engine.generate(request(lora, scale, steps=steps))
     results["weights"] = weights
-    results["weights after"] = {k: v.clone() for k, v in engine.pipe.transformer.state_dict().items()}
+    results["weights after"] = {k: v.clone() for k, v in engine.runner.pipe.transformer.state_dict().items()}
     return results
 
 
@@ -140,13 +141,13 @@ def test_back_to_none_gives_the_base_image_and_the_base_weights_bit_for_bit(sequ
 
 
 def test_a_to_b_fuses_exactly_the_weights_none_to_b_does(engine):
-    fuser, styles = engine.styles.fuser, engine.styles.styles
+    fuser, styles = engine.runner.styles.fuser, engine.runner.styles.styles
     fuser.use(styles["ink"], 1.0)
     fuser.use(styles["bee"], 0.7)
-    after_a = {k: v.clone() for k, v in engine.pipe.transformer.state_dict().items()}
+    after_a = {k: v.clone() for k, v in engine.runner.pipe.transformer.state_dict().items()}
     fuser.use(None, 0.0)
     assert fuser.use(styles["bee"], 0.7) > 0
-    assert all(torch.equal(v, after_a[k]) for k, v in engine.pipe.transformer.state_dict().items())
+    assert all(torch.equal(v, after_a[k]) for k, v in engine.runner.pipe.transformer.state_dict().items())
     assert fuser.use(styles["bee"], 0.7) == 0.0  # already fused: nothing to do
     fuser.use(None, 0.0)
 
@@ -261,7 +262,7 @@ def test_a_request_for_an_unknown_style_names_the_allowed_ones(engine, files):
         engine.generate(request("ink", float("nan")))
     with pytest.raises(ValueError, match=r"lora \['ink'\] is not a style"):
         engine.generate(request(["ink"]))
-    assert engine.validate(request("None", 1.5)).lora is None  # the dropdown's None is no style
+    assert engine.runner.validate(request("None", 1.5)).lora is None  # the dropdown's None is no style
 
 
 def test_result_and_png_carry_the_style(sequence, tmp_path):
@@ -297,9 +298,9 @@ def test_lora_flags_and_environment():
 
 
 def test_replicas_get_every_style_through_their_settings(files):
-    """Each replica builds its engine with Engine.from_settings(settings): the styles travel in the settings (Ray
-    pickles them) and in each request (the client pickles it whole)."""
-    from neuron_ui.replicas.client import portable
+    """Each replica builds its runner with LocalRunner.from_settings(settings): the styles travel in the settings (Ray
+    pickles them) and in each request (the front pickles it whole)."""
+    from neuron_ui.replicas.runner import portable
 
     settings = pickle.loads(pickle.dumps(Settings(model="tiny", loras=(str(files["a"]),))))
     assert settings.loras == (str(files["a"]),)

@@ -58,8 +58,9 @@ def engine(tmp_path_factory):
     torch._dynamo.reset()
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-    yield Engine(loaded, presets=parse_resolutions(PRESETS), compile_mode="regional", backend="eager", cache=cache,
-                 manifest=CacheManifest(cache.manifest))
+    yield Engine.local(loaded,
+                       presets=parse_resolutions(PRESETS), compile_mode="regional", backend="eager", cache=cache,
+                       manifest=CacheManifest(cache.manifest))
     torch._dynamo.reset()
 
 

@@ -1,13 +1,14 @@
 """Wait knowing (issue 35): behind another visitor's image the waiting user hears how many images are ahead (the one
 on the device counted) and about how long, labelled an estimate, with a bar that moves as the wait goes; a layout
 not measured yet is estimated from another's latency scaled by its tokens; the line under the image says the wait.
-Unit-level, on the engine's DeviceWatch with a clock of the test's own."""
+The same words over replicas: the front's watch with a slot per replica shares the wait among them. Unit-level, on
+the engine's DeviceWatch with a clock of the test's own."""
 
-from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.compile.key import CompileKey
+import threading
+
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.engine.graphs import GraphBook
+from neuron_ui.contract.results import Stage
 from neuron_ui.engine.waiting import DeviceWatch, Wait, images_ahead
 
 
@@ -19,10 +20,9 @@ class Clock:
         return self.now
 
 
-def watch(tmp_path, clock: Clock) -> DeviceWatch:
-    key = CompileKey("tiny", "eager", "eager", "float32", "2.13", "0.42.1")
-    graphs = GraphBook(key, CacheManifest(tmp_path / "manifest.json"), "eager", "eager")
-    return DeviceWatch(graphs, "eager", clock=clock)
+def watch(tmp_path, clock: Clock, slots: int = 1) -> DeviceWatch:
+    """Eager: nothing compiles before an image."""
+    return DeviceWatch(lambda layout: 0.0, slots=slots, clock=clock)
 
 
 def at(size: str) -> Layout:
@@ -63,3 +63,49 @@ def test_a_size_not_measured_yet_is_estimated_from_another_scaled_by_tokens(tmp_
     device.running(at("1024x1024"), clock())  # 4096 tokens, never measured
     update = device.describe([], Wait())
     assert "about 8.0 s (estimate)" in update.message
+
+
+def test_over_replicas_the_wait_is_shared_among_them_and_an_inpaint_is_not_its_plain_size(tmp_path):
+    clock = Clock()
+    device = watch(tmp_path, clock, slots=2)
+    square, wide = at("256x256"), at("384x256")
+    device.ran(square, 2.0)
+    device.ran(wide, 3.0)
+    update = device.describe([square, wide, square], Wait(), mine=1)
+    assert update.stage == Stage.WAITING
+    # 2.0 + 3.0 + 2.0 s of images, shared by the two replicas
+    assert update.message == "waiting: 3 images ahead of yours (1 from you), about 3.5 s (estimate)"
+    inpaint = Layout(square.resolution, inpaint=True)
+    assert device.describe([inpaint], Wait()).message.endswith("about 2.0 s (estimate)")  # twice the tokens, halved
+    assert device.describe([], Wait()).message == "waiting for the device"
+
+
+def test_over_replicas_each_image_on_a_replica_counts_ahead(tmp_path):
+    clock = Clock()
+    device = watch(tmp_path, clock, slots=2)
+    device.ran(at("256x256"), 2.0)
+    on_replicas, done = threading.Barrier(3), threading.Event()
+
+    def image() -> None:  # one request's thread per replica, holding it until done
+        device.running(at("256x256"), clock())
+        on_replicas.wait(10)
+        done.wait(10)
+        device.idle()
+
+    running = [threading.Thread(target=image) for _ in range(2)]
+    for thread in running:
+        thread.start()
+    on_replicas.wait(10)
+    assert device.describe([], Wait()).message == "waiting: 2 images ahead of yours, about 2.0 s (estimate)"
+    done.set()
+    for thread in running:
+        thread.join(10)
+    assert device.describe([], Wait()).message == "waiting for the device"
+
+
+def test_a_size_that_must_compile_first_counts_its_compile(tmp_path):
+    clock = Clock()
+    device = DeviceWatch(lambda layout: None if layout.tokens > 1024 else 5.0, clock=clock)
+    device.ran(at("512x512"), 2.0)
+    assert device.describe([at("512x512")], Wait()).message.endswith("about 7.0 s (estimate)")
+    assert device.describe([at("1024x1024")], Wait()).message.endswith("time not measured yet for some sizes")

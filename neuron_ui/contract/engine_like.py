@@ -55,8 +55,8 @@ class Observers:
 
 
 class EngineLike(Protocol):
-    """The one seam between the UI (and the server) and whatever makes images: neuron_ui.engine.engine.Engine in
-    this process (rank 0's under torchrun), or neuron_ui.replicas.client.ReplicaClient over Ray Serve.
+    """The one seam between the UI (and the server) and whatever makes images: neuron_ui.engine.engine.Engine, the
+    one front over a runner on this process's device (rank 0's under torchrun) or on Ray Serve replicas.
     Errors: ValueError for bad input, EngineError (one line, safe to show) for failures."""
 
     presets: tuple[Resolution, ...]
@@ -78,7 +78,6 @@ class EngineLike(Protocol):
     def layout_status(self, layout: Layout) -> ShapeStatus: ...
     def status(self) -> EngineStatus: ...
     def health(self) -> tuple[bool, dict[str, Any]]: ...  # /healthz once serving: up?, and the body to send
-    # The lifecycle neuron_ui.main drives, alike for every way of serving (neuron_ui.serving chooses the way):
-    def start(self) -> None: ...  # the UI is mounted: serving begins
+    # Shutting down (the server's drain): new requests refused, the waiting told so, True if the device emptied in
+    # time; what serving holds besides the engine is neuron_ui.serving's lifecycle (Loaded: start, stop).
     def drain(self, timeout: float) -> bool: ...
-    def stop(self, at_once: bool = False) -> None: ...  # after the drain: what serving holds goes (Ray, followers)

@@ -203,7 +203,9 @@ class ShapeStatus:
 
 
 @dataclass
-class EngineStatus:
+class EngineFacts:
+    """What an engine's status says that never changes while it serves."""
+
     model: str
     device: str
     dtype: str
@@ -215,6 +217,12 @@ class EngineStatus:
     default_steps: int
     default_guidance: float
     cache_dir: str
+
+
+@dataclass
+class EngineStatus(EngineFacts):
+    """The facts, and what changes: the cache, the device's queue, every size's state (the /status API's JSON)."""
+
     persistent_cache: bool
     cache_error: str | None
     busy: bool
@@ -233,6 +241,7 @@ class EngineStatus:
     # The styles loaded (--lora): name, default_scale, sha256, layers, rank, host_mb, and `fused`: the strength it
     # is fused at in the weights now, None when not (engine/styles.py)
     styles: list[dict[str, Any]] = field(default_factory=list)
+    styles_refused: dict[str, str] = field(default_factory=dict)  # a --lora left out at load -> why, in one line
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

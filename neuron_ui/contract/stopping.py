@@ -41,8 +41,6 @@ class StopReason(Kind):
     DISCONNECTED = "disconnected"
 
 
-# The old spellings, for the modules other branches move this round (engine/grid_jobs.py); use StopReason.
-STOPPED_BY_USER, CANCELLED, DISCONNECTED = StopReason.STOPPED_BY_USER, StopReason.CANCELLED, StopReason.DISCONNECTED
 MAX_ON_BEHALF = 1024  # stop calls made for another session and not yet run
 
 

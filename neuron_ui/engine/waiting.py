@@ -1,6 +1,7 @@
-"""What a waiting user is told: how many images are ahead (the one on the device counted), about how long (an estimate,
-from each layout's last latency, scaled by token count for a layout not measured yet), and how far the wait has come
-(the bar's fraction); all from the engine's own measurements and estimates."""
+"""What a waiting user is told: how many images are ahead (the ones on the device counted), about how long (an
+estimate, from each layout's last latency, scaled by token count for a layout not measured yet, shared among the
+device's slots: one per replica), and how far the wait has come (the bar's fraction); all from the front's own
+measurements and its runner's estimates. The one place for these words, in one process or over replicas."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
     from neuron_ui.contract.layouts import Layout
-    from neuron_ui.engine.graphs import GraphBook
 
 WAIT_WORTH_TELLING = 0.5  # seconds of waiting below which the line under the image does not mention it
 MOST_OF_A_WAIT = 0.99  # the bar never reads 100% while the request still waits
@@ -40,8 +40,7 @@ class Wait:
 
 
 def images_ahead(count: int, mine: int = 0, on_device: str | None = None) -> str:
-    """ "3 images ahead of yours (one at 1344x768 on the device now, 1 from you)": the words the engine's queue and the
-    replicas' front both say."""
+    """ "3 images ahead of yours (one at 1344x768 on the device now, 1 from you)"."""
     notes = [f"{'one' if count > 1 else ''} at {on_device} on the device now".strip()] if on_device else []
     notes += [f"{mine} from you"] if mine else []
     text = f"{count} image{'s' if count != 1 else ''} ahead of yours"
@@ -49,28 +48,31 @@ def images_ahead(count: int, mine: int = 0, on_device: str | None = None) -> str
 
 
 class DeviceWatch:
-    """What holds the device and what each layout's last image took, kept for the users waiting behind it.
-    `clock` is the time it reads (a test's own)."""
+    """What holds the device (each of its `slots`: replicas) and what each layout's last image took, kept for the
+    users waiting behind it. `compile_left(layout)` says how long a layout would compile first (0.0: held; None:
+    unknown); `clock` is the time it reads (a test's own)."""
 
-    def __init__(self, graphs: GraphBook, compile_mode: str, clock: Callable[[], float] = time.perf_counter):
-        self.graphs = graphs
-        self.compile_mode = compile_mode
+    def __init__(self, compile_left: Callable[[Layout], float | None], slots: int = 1,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.compile_left = compile_left
+        self.slots = slots
         self.clock = clock
         self._lock = threading.Lock()
-        self._on_device: OnDevice | None = None
+        self._on_device: dict[int, OnDevice] = {}  # by the thread whose request holds a slot
         self._image_seconds: dict[Layout, float] = {}  # each layout's latest pipeline run
 
     def compiling(self, layout: Layout, estimate: float | None) -> None:
         with self._lock:
-            self._on_device = OnDevice(Phase.COMPILING, layout, self.clock(), estimate)
+            self._on_device[threading.get_ident()] = OnDevice(Phase.COMPILING, layout, self.clock(), estimate)
 
     def running(self, layout: Layout, started: float) -> None:
         with self._lock:
-            self._on_device = OnDevice(Phase.RUNNING, layout, started, self._image_estimate(layout))
+            estimate = self._image_estimate(layout)
+            self._on_device[threading.get_ident()] = OnDevice(Phase.RUNNING, layout, started, estimate)
 
     def idle(self) -> None:
         with self._lock:
-            self._on_device = None
+            self._on_device.pop(threading.get_ident(), None)
 
     def ran(self, layout: Layout, seconds: float) -> None:
         with self._lock:
@@ -79,40 +81,42 @@ class DeviceWatch:
     def describe(self, ahead: list[Layout], waited: Wait, mine: int = 0) -> ProgressUpdate:
         """What a waiting user waits for and about how long: what holds the device (a compile: its estimate minus
         the time it has run; an image: counted among the images ahead), then each request ahead in the order turns
-        give (`mine` of them the user's own) at its layout's latency. The fraction is the time waited against the
-        time waited plus the time left, so the bar moves as the wait goes (it sat at 0.0% for 24 s)."""
+        give (`mine` of them the user's own) at its layout's latency, shared among the slots. The fraction is the
+        time waited against the time waited plus the time left, so the bar moves as the wait goes (it sat at 0.0%
+        for 24 s)."""
         now = self.clock()
         if waited.started is None:
             waited.started = now
         with self._lock:
-            current = self._on_device
+            current = list(self._on_device.values())
             ahead_seconds = [self._expected_seconds(layout) for layout in ahead]
+        lefts = [None if c.expected is None else max(c.expected - (now - c.started), 0.0) for c in current]
         parts: list[str] = []
-        left = None if current is None or current.expected is None else max(
-            current.expected - (now - current.started), 0.0)
-        image_on_device = current is not None and current.kind is Phase.RUNNING
-        if current is not None and current.kind is Phase.COMPILING:
-            waited.what = f"{current.layout} to compile"
+        compiles = [(c, left) for c, left in zip(current, lefts) if c.kind is Phase.COMPILING]
+        images = [(c, left) for c, left in zip(current, lefts) if c.kind is Phase.RUNNING]
+        if compiles:
+            compile, left = compiles[0]
+            waited.what = f"{compile.layout} to compile"
             about = "compile time not measured yet" if left is None else f"about {seconds_text(left)} (estimate)"
-            parts.append(f"waiting for {current.layout} to compile, {about}")
-        count = len(ahead) + image_on_device
+            parts.append(f"waiting for {compile.layout} to compile, {about}")
+        count = len(ahead) + len(images)
         if count:
-            images = [left, *ahead_seconds] if image_on_device else ahead_seconds
-            known = [s for s in images if s is not None]
-            about = (f"about {seconds_text(sum(known))} (estimate)" if len(known) == len(images)
+            seconds = [left for _, left in images] + ahead_seconds
+            known = [s for s in seconds if s is not None]
+            about = (f"about {seconds_text(sum(known) / self.slots)} (estimate)" if len(known) == len(seconds)
                      else "time not measured yet for some sizes")
-            words = images_ahead(count, mine, str(current.layout) if image_on_device and current else None)
+            words = images_ahead(count, mine, str(images[0][0].layout) if len(images) == 1 else None)
             parts.append(f"{'then ' if parts else 'waiting: '}{words}, {about}")
             if waited.what is None:
                 waited.what = images_ahead(count, mine)
         if not parts:
             parts.append("waiting for the device")
-        rest = [left, *ahead_seconds] if current is not None else ahead_seconds
+        rest = lefts + ahead_seconds
         known_rest = [s for s in rest if s is not None]
         fraction = None
         if rest and len(known_rest) == len(rest):
             elapsed = now - waited.started
-            total = elapsed + sum(known_rest)
+            total = elapsed + sum(known_rest) / self.slots
             fraction = min(elapsed / total, MOST_OF_A_WAIT) if total > 0 else MOST_OF_A_WAIT
         return ProgressUpdate(Stage.WAITING, " · ".join(parts), fraction=fraction)
 
@@ -127,14 +131,10 @@ class DeviceWatch:
         return self._image_seconds[nearest] * layout.tokens / max(nearest.tokens, 1)
 
     def _expected_seconds(self, layout: Layout) -> float | None:
-        """Seconds a request at `layout` should hold the device: its compile (unless ready) and its image."""
+        """Seconds a request at `layout` should hold the device: its compile (unless held) and its image."""
         image = self._image_estimate(layout)
-        if image is None or self.compile_mode == "eager":
-            return image
-        if layout.tokens in self.graphs.held():
-            return image
-        estimate = self.graphs.estimate(layout)
-        return None if estimate is None else estimate + image
+        compile = None if image is None else self.compile_left(layout)
+        return None if image is None or compile is None else compile + image
 
 
 def seconds_text(seconds: float) -> str:

@@ -60,10 +60,27 @@ class ReplicaReport:
     key: CompileKey
     status: EngineStatus  # its engine's own status
     ranks: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of each tensor-parallel rank
-    startup: dict[str, float] = field(default_factory=dict)  # seconds per stage of its start (timing.StartupStages)
+    startup: dict[str, float] = field(default_factory=dict)  # seconds per stage of its start (StartupStages)
 
 
 Reports = dict[str, tuple[float, ReplicaReport]]  # each replica's last report and its age in seconds
+
+
+class StartupStages:
+    """Seconds per stage of a start-up (the front's launch, a replica's own), each from the end of the one before:
+    mark() ends a stage. The front logs them, one line each."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        self._last = clock()
+
+    def mark(self, stage: str) -> float:
+        """The stage that ends now; its seconds."""
+        at = self.clock()
+        self.seconds[stage] = round(at - self._last, 3)
+        self._last = at
+        return self.seconds[stage]
 
 
 # No task events: each call to an actor is a task whose events the GCS keeps (up to Ray's 100,000 tasks by default,

@@ -27,14 +27,13 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate, Stage
 from neuron_ui.contract import stopping
 from neuron_ui.contract.stopping import StopToken
-from neuron_ui.replicas.board import ReplicaReport, ReportPacer, find_board
+from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
 from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started,
                                          progress_message)
 from neuron_ui.replicas.pacing import LinePacer
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
-from neuron_ui.replicas.timing import StartupStages, now
 from neuron_ui.replicas.tp_group import ReplicaGroup
 
 if TYPE_CHECKING:
@@ -67,6 +66,7 @@ class EngineReplica:
         import torch
 
         from neuron_ui.engine.engine import Engine
+        from neuron_ui.engine.local import LocalRunner
 
         stages.mark("imports")
         if threads:
@@ -74,9 +74,10 @@ class EngineReplica:
         self.group = ReplicaGroup.start(settings, threads) if (settings.tp or 1) > 1 else None
         if self.group:
             stages.mark("tensor-parallel group")
-            self.engine = Engine.from_settings(settings, cache, self.group.group, self.group.leader)
+            self.runner = LocalRunner.from_settings(settings, cache, self.group.group, self.group.leader)
         else:
-            self.engine = Engine.from_settings(settings, cache)
+            self.runner = LocalRunner.from_settings(settings, cache)
+        self.engine = Engine(self.runner, settings.max_queue_per_user)
         stages.mark("model load")
         self.name = replica_name()
         self.lock_dir = cache.root / "locks"
@@ -85,8 +86,8 @@ class EngineReplica:
         self.images = 0
         self.active = False
         self.board = find_board(board_name)
-        self.board.share_tokenizer.remote(self.engine.pipe.tokenizer)
-        self.devices = describe_devices(settings.device if settings.device != "auto" else self.engine.device, threads)
+        self.board.share_tokenizer.remote(self.runner.pipe.tokenizer)
+        self.devices = describe_devices(settings.device if settings.device != "auto" else self.runner.device, threads)
         if self.group:
             self.devices += f", {self.group.describe()}"
             self.group.health.serving(None)  # no restart measured: a lost replica is Serve's to replace
@@ -96,7 +97,7 @@ class EngineReplica:
         self._reporter = threading.Thread(target=self._report_loop, name="replica-report", daemon=True)
         self._reporter.start()
         self._report()  # the front waits for every replica's first report: now, not a tick later
-        logger.info("replica %s serving %s on %s", self.name, self.engine.loaded.name, self.devices)
+        logger.info("replica %s serving %s on %s", self.name, self.runner.loaded.name, self.devices)
 
     # observer of its own engine: compilations go back to the front with the request that caused them
     def on_compiled(self, resolution: str, event: CacheEvent, seconds: float) -> None:
@@ -109,13 +110,13 @@ class EngineReplica:
         pass
 
     def lease(self, tokens: int) -> ShapeLease:
-        return ShapeLease(self.lock_dir / f"{self.engine.key.digest}-{tokens}.lock")
+        return ShapeLease(self.lock_dir / f"{self.runner.key.digest}-{tokens}.lock")
 
     @serve.multiplexed(max_num_models_per_replica=MAX_GRAPHS_PER_REPLICA)
     async def hold_shape(self, model_id: str) -> ShapeLease:
         """Serve calls this once per token count per replica; its return marks the replica as holding it."""
         lease = self.lease(int(model_id))
-        if self.engine.compile_mode != "eager":
+        if self.runner.compile_mode != "eager":
             await asyncio.to_thread(lease.acquire)
         return lease
 
@@ -130,14 +131,14 @@ class EngineReplica:
     async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
         """Stream Started, then Progress (and Preview) paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
         or Failed last (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's
-        request at its next step. The messages carry the stamps of neuron_ui.replicas.timing. Started goes once the
+        request at its next step. Started goes once the
         engine's thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the
         request first waits for another replica's compile."""
-        started = Started(self.name, now())
+        started = Started(self.name)
         # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
         # either way this replica now holds the graph of `tokens`.
         model_id = serve.get_multiplexed_model_id() or str(tokens)
-        waits = self.engine.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()
+        waits = self.runner.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()
         # Where the request is (stopping's phases) goes with the next line sent, not in a message of its own: the
         # engine's QUEUED, which admits the request at the front, with the first line.
         phase = stopping.Phase.COMPILING if waits else stopping.Phase.RECEIVED
@@ -145,13 +146,13 @@ class EngineReplica:
             yield started
             yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"),
-                           now(), phase)
+                           phase)
         lease = await self.hold_shape(model_id)
         loop = asyncio.get_running_loop()
         pacer = LinePacer(loop)  # few lines, none mid-image for a short image (pacing.py)
 
         def report(update: ProgressUpdate) -> None:
-            pacer.offer(progress_message(update, now()))
+            pacer.offer(progress_message(update))
 
         stop = StopToken()
 
@@ -161,12 +162,10 @@ class EngineReplica:
             self.active = True
             result: Done | Failed
             try:
-                began = now()
                 value = work(report, stop)
-                ended = now()
                 if isinstance(value, GenerateResult):
                     value = replace(value, replica=self.name)
-                result = Done(value, began, ended)
+                result = Done(value)
             except (ValueError, EngineError) as error:  # the engine's own errors: their kind travels
                 result = Failed.of(error)
             except Exception as error:  # noqa: BLE001 - told as one line; the replica's log has the trace
@@ -193,7 +192,7 @@ class EngineReplica:
             for compiled in self.compiles:
                 yield compiled
             self.compiles.clear()
-            yield replace(message, at=now()) if isinstance(message, Done) else message
+            yield message
         except (asyncio.CancelledError, GeneratorExit):
             stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
             raise
@@ -209,9 +208,9 @@ class EngineReplica:
             devices=self.devices,
             busy=busy,
             images=self.images,
-            graphs=self.engine.graphs.held(),
-            layouts=self.engine.graphs.used(),
-            key=self.engine.key,
+            graphs=self.runner.graphs.held(),
+            layouts=self.runner.graphs.used(),
+            key=self.runner.key,
             status=self.engine.status(),
             ranks=list(self.group.group.processes) if self.group else [],
             startup=self.startup,
@@ -249,7 +248,7 @@ class EngineReplica:
         if not self.active:
             from neuron_ui.config.runtime import probe_device
 
-            probe_device(self.engine.device)
+            probe_device(self.runner.device)
 
     def __del__(self) -> None:
         if stop := getattr(self, "_stop", None):  # absent when the constructor failed

@@ -1,4 +1,4 @@
-"""Start Ray and deploy the replicas; the client comes back.
+"""Start Ray and deploy the replicas; the runner that streams from them comes back.
 
     python app.py --replicas 2                    # a local Ray bound to loopback, 2 replicas
     ray start --head && python app.py --ray-address auto --replicas 4
@@ -16,12 +16,11 @@ import ray
 from ray import serve
 
 from neuron_ui.replicas import GRPC_MESSAGE_BYTES, METRICS_EXPORT_MS
-from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard, board_name
-from neuron_ui.replicas.client import ReplicaClient
+from neuron_ui.replicas.board import APP_NAME, DEPLOYMENT_NAME, NAMESPACE, ReplicaBoard, StartupStages, board_name
 from neuron_ui.replicas.deployment import EngineReplica
 from neuron_ui.replicas.plan import plan_replicas
 from neuron_ui.replicas.ray_bridge import grpc_message_limit, kill_local_ray, local_ray_binds_loopback
-from neuron_ui.replicas.timing import StartupStages
+from neuron_ui.replicas.runner import ReplicaRunner
 
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
@@ -156,10 +155,10 @@ def grpc_ready() -> bool:
 
 
 def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_NAME,
-           timeout: float = 600.0, plan: ReplicaPlan | None = None) -> ReplicaClient:
-    """Ray, the board, the replicas and the client; returns once every replica has reported. `plan`: the caller's
-    instead of plan_replicas' (the bench's one replica of one thread). Each stage of the start is logged, one line
-    each, and kept in the client's `startup` (seconds per stage; each replica's own stages in its report)."""
+           timeout: float = 600.0, plan: ReplicaPlan | None = None) -> ReplicaRunner:
+    """Ray, the board, the replicas and the runner for the engine's front; returns once every replica has reported.
+    `plan`: the caller's instead of plan_replicas' (the bench's one replica of one thread). Each stage of the start is
+    logged, one line each, and kept in the runner's `startup` (seconds per stage; each replica's own in its report)."""
     stages = StartupStages()
     start_ray(settings, num_cpus)
     stages.mark("ray")
@@ -175,14 +174,14 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     stages.mark("serve")
     handle = deploy(settings, plan, app_name, board)
     stages.mark("replicas")
-    client = ReplicaClient(handle, reports, settings, plan, app_name, grpc=grpc_ready())
-    client.wait_for_replicas(plan.replicas, timeout)
+    runner = ReplicaRunner(handle, reports, settings, plan, app_name, grpc=grpc_ready())
+    runner.wait_for_replicas(plan.replicas, timeout)
     stages.mark("first reports")
-    client.startup = dict(stages.seconds)
+    runner.startup = dict(stages.seconds)
     for stage, seconds in stages.seconds.items():
         logger.info("start-up: %s %.1f s", stage, seconds)
-    for _, report in client.reports().values():
+    for _, report in runner.reports().values():
         for stage, seconds in report.startup.items():
             logger.info("start-up: replica %s %s %.1f s", report.replica, stage, seconds)
     logger.info("%d replica(s) on %s ready in %.1f s", plan.replicas, plan.device, sum(stages.seconds.values()))
-    return client
+    return runner

@@ -1,16 +1,13 @@
 """The messages a replica's stream carries to the front, one frozen dataclass each, in the order they come:
 
-    Started(replica, at)                   the request left the router and began on this replica
-    Progress(update, at, phase) ...        progress lines, each with where the request is now if that changed
+    Started(replica)                       the request left the router and began on this replica
+    Progress(update, phase) ...            progress lines, each with where the request is now if that changed
                                            (queued, compiling, running: neuron_ui.contract.stopping's phases)
-    Preview(step, steps, png, at, phase) ... a step's estimate of the image, for a request that asked (a small PNG)
+    Preview(step, steps, png, phase) ...   a step's estimate of the image, for a request that asked (a small PNG)
     Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
-    Done(value, began, ended, at) | Failed(kind, message)
-                                           the result, or the error as a value, so its kind survives the trip
+    Done(value) | Failed(kind, message)    the result, or the error as a value, so its kind survives the trip
 
-The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them. The
-stamps (`at`, `began`, `ended`: neuron_ui.replicas.timing.now() on the replica, 0.0 when not sent) say where an
-image's time went (neuron_ui.replicas.timing).
+The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.replicas.stream) reads them.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ class Started:
     """First on every stream: the request is on `replica` now, no longer waiting in the router."""
 
     replica: str
-    at: float = 0.0  # when the replica's method began
 
 
 @dataclass(frozen=True)
@@ -36,7 +32,6 @@ class Progress:
     """One progress line, as the engine reported it."""
 
     update: ProgressUpdate
-    at: float = 0.0  # when the engine reported it
     phase: str = ""  # where the request went since the message before (what a stop would still save); "" the same
 
 
@@ -47,7 +42,6 @@ class Preview:
     step: int
     steps: int
     png: bytes
-    at: float = 0.0  # when the engine reported it
     phase: str = ""  # as Progress's
 
     def update(self) -> ProgressUpdate:
@@ -57,11 +51,11 @@ class Preview:
                               preview=preview)
 
 
-def progress_message(update: ProgressUpdate, at: float = 0.0) -> Progress | Preview:
-    """What the stream carries for one of the engine's progress updates, reported at `at`."""
+def progress_message(update: ProgressUpdate) -> Progress | Preview:
+    """What the stream carries for one of the engine's progress updates."""
     if update.preview is not None:
-        return Preview(update.preview.step, update.preview.steps, update.preview.png(), at)
-    return Progress(update, at)
+        return Preview(update.preview.step, update.preview.steps, update.preview.png())
+    return Progress(update)
 
 
 @dataclass(frozen=True)
@@ -78,9 +72,6 @@ class Done:
     """Last on a stream that succeeded: a GenerateResult for generate, a ShapeStatus for warmup."""
 
     value: Any
-    began: float = 0.0  # when the engine's work began
-    ended: float = 0.0  # ... and ended
-    at: float = 0.0  # when this message left the replica
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 
 from neuron_ui.contract.results import Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
-from neuron_ui.replicas.timing import now as stamp_clock
 
 STEP_GAP = 0.1  # seconds: at most this much later than the step it shows does a held line go
 WAITS = (Stage.WAITING, Stage.COMPILING)  # a line of these stages goes at once: the person waits on it
@@ -34,8 +33,8 @@ class LinePacer:
     """One request's lines between the engine's thread (offer, finish) and the replica's loop (messages)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gap: float = STEP_GAP,
-                 clock: Callable[[], float] = stamp_clock):
-        """`clock`: the clock of the messages' stamps (neuron_ui.replicas.timing); a held line is stamped as it goes."""
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock`: the seconds the gap is counted in (a test's own)."""
         self.gap = gap
         self._loop = loop
         self._clock = clock
@@ -89,8 +88,8 @@ class LinePacer:
             if self._finished:
                 return
             now = self._clock()
-            if self._held is not None and now - self._last_sent >= self.gap:  # stamped as it goes: its trip
-                self._queue.put_nowait(replace(self._held, at=now))  # to the front is not its wait here
+            if self._held is not None and now - self._last_sent >= self.gap:
+                self._queue.put_nowait(self._held)
                 self._held, self._last_sent = None, now
             wait = max(self._last_sent + self.gap - now, 0.0) or self.gap
             self._timer = self._loop.call_later(wait, self._tick)

@@ -22,7 +22,6 @@ from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started
 from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
-from neuron_ui.replicas.timing import Timing, now
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import Observers
@@ -73,8 +72,6 @@ class StreamCaller:
         self._enders = max(1, self.routing.replicas)
         for n in range(self._enders):
             threading.Thread(target=self._end_loop, name=f"stream-end-{n}", daemon=True).start()
-        # Told each successful call's stamps (neuron_ui.replicas.timing), e.g. by bench/replicas.py; none by default.
-        self.timing_listeners: list[Callable[[Timing], None]] = []
 
     def waiting(self) -> int:
         with self._lock:
@@ -96,38 +93,26 @@ class StreamCaller:
             stream.cancel()
 
     def call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
-             stop: StopToken | None = None, timing: Timing | None = None) -> Any:
+             stop: StopToken | None = None) -> Any:
         """The value of the stream's Done; a request whose replica dies is sent once more, to another replica. The
-        retry's progress says why its steps start again, and its result counts the time lost on the dead replica.
-        `timing` (the front's first stamps) is filled as the call goes and told to timing_listeners."""
+        retry's progress says why its steps start again, and its result counts the time lost on the dead replica."""
         report = progress or (lambda update: None)
         stop = stop or StopToken()
-        timing = timing or Timing(called=now(), turn=now())
         sent = self.clock()
         try:
-            return self._timed(method, argument, layout, report, stop, timing)
+            return self._stream(method, argument, layout, report, stop)
         except REPLICA_LOST as error:
             logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
                            type(error).__name__)
         lost = self.clock() - sent
         report(ProgressUpdate(Stage.WAITING, f"{RETRIED}; the image starts again"))
         try:
-            value = self._timed(method, argument, layout, lambda update: report(retried(update)), stop, timing)
+            value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
         except REPLICA_LOST as error:
-            self.observers.failed(ErrorKind.REPLICA_LOST)
             raise EngineError("the replica making this image stopped twice; try again in a minute",
                               kind=ErrorKind.REPLICA_LOST) from error
         if isinstance(value, GenerateResult):  # the whole wait: the lost attempt is time before this one ran
             value = replace(value, waited_seconds=round(lost + value.waited_seconds, 3), waited_for=LOST_WAIT)
-        return value
-
-    def _timed(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken,
-               timing: Timing) -> Any:
-        """One try of the call; its stamps told to the listeners when it succeeded."""
-        value = self._stream(method, argument, layout, report, stop, timing)
-        timing.returned = now()
-        for listener in self.timing_listeners:
-            listener(timing)
         return value
 
     def _handle(self, method: str, key: str) -> Any:
@@ -140,12 +125,11 @@ class StreamCaller:
             self._handles[(method, key)] = handle
         return handle
 
-    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken,
-                timing: Timing) -> Any:
+    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
+        """One try of the call."""
         with self._ended:  # Serve counts a replica busy until its last stream's end: waited for here, not after
             self._ended.wait_for(lambda: not self._ending, timeout=END_WAIT_SECONDS)  # each Done, if at all
         handle = self._handle(method, self.routing.key(layout.tokens))
-        timing.sent = now()
         stream = handle.remote(argument, layout.tokens)
         with self._lock:
             ahead = len(self._waiting)
@@ -164,7 +148,6 @@ class StreamCaller:
                     if isinstance(message, Started) and not started:
                         started, replica = self._start(stream), message.replica
                         self.routing.placed(replica, layout.tokens)
-                    stamp(timing, message)
                     self._take(message, report, stop, done, layout, replica)
                     if done:  # Done is the last message: the stream's end is read off the caller's path
                         ending = started
@@ -175,9 +158,7 @@ class StreamCaller:
                 raise
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
-                    self.observers.failed(ErrorKind.SHUTTING_DOWN)
                     raise EngineError(SHUTTING_DOWN, kind=ErrorKind.SHUTTING_DOWN) from None
-                self.observers.failed(ErrorKind.STOPPED)
                 words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[stopping.Phase.QUEUED])
                 raise Stopped(words.format(layout=layout)) from None
             finally:
@@ -238,8 +219,7 @@ class StreamCaller:
             case Compiled(resolution, event, seconds):
                 logger.info("compiled %s: %s in %.1f s on replica %s", resolution, event, seconds, replica)
                 self.observers.compiled(resolution, event, seconds)
-            case Failed():
-                self.observers.failed(message.kind)
+            case Failed():  # counted by the front, as the engine's own failures are
                 raise message.error()
             case Done(value):
                 if isinstance(value, GenerateResult):
@@ -250,18 +230,6 @@ class StreamCaller:
                 pass  # counted by the caller: the request no longer waits in the router
             case _:  # a replica running other code than this front's: its message is ignored, as before
                 logger.warning("a replica sent an unknown message: %r", message)
-
-
-def stamp(timing: Timing, message: Message) -> None:
-    """The message's stamps, and when it arrived, in the call's timing."""
-    timing.messages += 1
-    match message:
-        case Started(at=at):
-            timing.received = at
-        case Progress(at=at) | Preview(at=at) if at:
-            timing.step_trips.append(now() - at)
-        case Done(began=began, ended=ended, at=at):
-            timing.began, timing.ended, timing.done_sent, timing.done_read = began, ended, at, now()
 
 
 def retried(update: ProgressUpdate) -> ProgressUpdate:

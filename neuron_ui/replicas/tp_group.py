@@ -66,14 +66,14 @@ class RankFollower:
         os.environ.update(join_env(launch, address))
         import torch
 
-        from neuron_ui.engine.engine import Engine
+        from neuron_ui.engine.local import LocalRunner
         from neuron_ui.parallel.follower import follow
         from neuron_ui.parallel.group import init_parallel
 
         if threads:
             torch.set_num_threads(threads)
         group = init_parallel(launch, detect_device(settings))
-        return follow(Engine.from_settings(settings, cache, group).runner, group)
+        return follow(LocalRunner.from_settings(settings, cache, group).pipeline, group)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.stopping import DISCONNECTED, STOPPED_BY_USER, Phase, StopReason, StopToken
+from neuron_ui.contract.stopping import Phase, StopReason, StopToken
 from neuron_ui.studio.grid import run_grid
 
 if TYPE_CHECKING:
@@ -54,14 +54,14 @@ class GridJob(Generic[R]):
     def running(self) -> bool:
         return self.ended is None
 
-    def stop(self, reason: StopReason = STOPPED_BY_USER) -> Phase:
+    def stop(self, reason: StopReason = StopReason.STOPPED_BY_USER) -> Phase:
         """End the rest of the grid (the cell on the device stops at its next step); the phase it was in."""
         return self._token.stop(reason)
 
     def follow(self, progress: ProgressFn | None, page: StopToken) -> bool:
         """Tell `progress` the grid's latest update, then each new one, until the grid ends (True). The watching
         page's token: stopped by its Stop or a cancel, it stops the grid and follows it to its end; stopped because
-        the page went away (DISCONNECTED), it leaves the grid running and returns False at once."""
+        the page went away (StopReason.DISCONNECTED), it leaves the grid running and returns False at once."""
         remove = page.listen(self._wake)
         seen, told = -1, False  # told: the page's stop has stopped the grid
         try:
@@ -70,11 +70,11 @@ class GridJob(Generic[R]):
                     while self._version == seen and self.running and (told or not page.stopped):
                         self._changed.wait()
                     seen, update, running = self._version, self._update, self.running
-                if page.stopped and page.reason == DISCONNECTED:
+                if page.stopped and page.reason is StopReason.DISCONNECTED:
                     return not running
                 if page.stopped and not told:
                     told = True
-                    self.stop(page.reason or STOPPED_BY_USER)
+                    self.stop(page.reason or StopReason.STOPPED_BY_USER)
                 if not running:
                     return True
                 if update is not None and progress is not None:

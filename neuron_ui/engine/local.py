@@ -1,0 +1,265 @@
+"""The local runner: one pipeline on this process's device, compiled lazily per static shape (engine.runner's
+DeviceRunner). The engine's front (engine.engine.Engine) gives it one request at a time; the first request for a shape
+compiles it while the others wait, so concurrent first requests compile exactly once. Under torchrun rank 0's
+lockstep LeaderRunner drives its pipeline (`pipeline`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from PIL import Image
+
+from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile.counters import classify_event, read_counters
+from neuron_ui.compile.folder import CompileFolder
+from neuron_ui.compile.strategies import backend_name
+from neuron_ui.contract import references as refs
+from neuron_ui.contract.engine_like import Observers
+from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
+from neuron_ui.contract.layouts import Layout
+from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, validate_request
+from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate, Stage
+from neuron_ui.contract.stopping import Phase, Stopped, StopToken
+from neuron_ui.engine.graphs import GraphBook
+from neuron_ui.engine.setup import compile_plan, load_for, prepare_pipeline, warmup_call
+from neuron_ui.engine.styles import StyleBook
+from neuron_ui.model.preview import StepPreviews
+from neuron_ui.model.runner import PipelineCall, PipelineRunner, step_callback, steps_run
+
+if TYPE_CHECKING:
+    from neuron_ui.compile.strategies import Backend
+    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.requests import GenerateRequest
+    from neuron_ui.contract.results import ProgressFn, ShapeStatus
+    from neuron_ui.engine.waiting import DeviceWatch
+    from neuron_ui.model.loading import LoadedModel
+    from neuron_ui.model.runner import Runner
+    from neuron_ui.parallel.group import ParallelGroup
+
+logger = logging.getLogger(__name__)
+
+
+class LocalJob(NamedTuple):
+    """A request as the local runner runs it: checked and fitted, and whether it asked for step previews."""
+
+    valid: ValidRequest
+    preview: bool
+
+
+class LocalRunner:
+    """The pipeline on this process's device: validates a request fully, compiles a layout once, runs the pipeline
+    step by step (stoppable), and keeps the graph book (which graphs it holds, what each cost)."""
+
+    slots = 1  # one pipeline run on the device at a time: a hardware fact (one NeuronCore group, one GPU)
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        presets: tuple[Resolution, ...],
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        compile_mode: str = "regional",
+        backend: Backend = "inductor",
+        cache: CachePaths | None = None,
+        manifest: CacheManifest | None = None,
+        pipeline: Runner | None = None,
+        tp_degree: int = 1,
+        compile_folder: CompileFolder | None = None,
+        max_references: int = 2,
+        reference_sizes: tuple[Resolution, ...] = refs.REFERENCE_SIZES,
+        styles: StyleBook | None = None,
+        previews: bool = True,
+    ):
+        """`pipeline` runs the pipeline's calls (by default a PipelineRunner; rank 0's LeaderRunner under torchrun)."""
+        self.loaded = loaded
+        self.cache = cache
+        self.previews = previews  # False (--no-previews): no request gets step previews
+        self.device, self.dtype, self.compile_mode, self.backend = device, dtype, compile_mode, backend
+        self.observers = Observers()
+        self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
+        self.key, self.allowed = compile_plan(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."),
+                                              tp_degree, presets, reference_sizes, max_references)
+        self.manifest = manifest if manifest is not None else CacheManifest(cache.manifest, error=cache.problem) \
+            if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
+        self.compile_folder = compile_folder or CompileFolder(cache)
+        self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
+        self.graphs = GraphBook(self.key, self.manifest, compile_mode, backend, presets)
+        self.pipe = prepare_pipeline(loaded.pipe, device=device, compile_mode=compile_mode, backend=backend,
+                                     cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
+        self.pipeline = pipeline or PipelineRunner(self.pipe)
+        self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
+        self.facts = EngineFacts(
+            model=loaded.name, device=device, dtype=str(dtype).removeprefix("torch."), compile_mode=compile_mode,
+            compile_backend=backend_name(backend), is_tiny=loaded.is_tiny, fallback_reason=loaded.fallback_reason,
+            distilled=loaded.distilled, default_steps=self.default_steps, default_guidance=self.default_guidance,
+            cache_dir=str(cache.root) if cache else "")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
+                      wrap: Callable[[Runner], Runner] | None = None) -> LocalRunner:
+        """Detect the device, load the model (sharded over `group` under torchrun), set up compilation; `wrap`
+        wraps the pipeline runner (rank 0's LeaderRunner under torchrun)."""
+        loaded, runtime = load_for(settings, group)
+        return cls(
+            loaded,
+            presets=settings.resolutions,
+            device=group.device if group else runtime.device,
+            dtype=getattr(torch, runtime.dtype),
+            compile_mode=settings.compile,
+            backend=runtime.backend,
+            cache=cache,
+            tp_degree=group.degree if group else 1,
+            pipeline=wrap(PipelineRunner(loaded.pipe)) if wrap else None,
+            max_references=settings.max_references,
+            previews=settings.previews,
+            styles=StyleBook.load(settings.loras, loaded.pipe.transformer, settings.hub_timeout),
+        )
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def prepare(self, request: GenerateRequest) -> LocalJob:
+        """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
+        return LocalJob(self.validate(request), request.preview and self.previews)
+
+    def validate(self, request: GenerateRequest) -> ValidRequest:
+        return validate_request(request, presets=self.allowed.presets, reference_sizes=self.allowed.reference_sizes,
+                                max_references=self.allowed.max_references, default_steps=self.default_steps,
+                                default_guidance=self.default_guidance, styles=self.styles.defaults)
+
+    def prompt_tokens(self, text: str) -> tuple[int, int]:
+        """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
+        return count_prompt_tokens(self.pipe.tokenizer, text)
+
+    def guidance_applied(self, guidance: float) -> float | None:
+        """The guidance scale diffusers applies, recorded in place of the one asked for: Flux2KleinPipeline (0.42.1)
+        ignores it for a step-distilled model and guides (`do_classifier_free_guidance`) only above 1; else None."""
+        return None if self.loaded.distilled or guidance <= 1.0 else guidance
+
+    def make(self, job: LocalJob, layout: Layout, report: ProgressFn, stop: StopToken,
+             watch: DeviceWatch) -> GenerateResult:
+        valid = job.valid
+        start = time.perf_counter()
+        before = read_counters(self._neff_dir)
+        # 4. Ensure compiled: the first request for a shape compiles it, once, while the others wait.
+        stop.enter(Phase.COMPILING)
+        compile_seconds = self._ensure_compiled(layout, report, watch)
+        if stop.stopped:  # a compile cannot be cut short; the image it was for is not made
+            what = f"{layout} compiled and is ready" if compile_seconds else f"{layout} is ready"
+            raise Stopped(f"stopped: {what}; your image was not made")
+        # 5. Run the pipeline, step by step, stoppable at each step.
+        stop.enter(Phase.RUNNING)
+        run_start = time.perf_counter()
+        watch.running(layout, run_start)
+        try:
+            image = self._run(valid, report, stop, preview=job.preview)
+        except EngineError:  # already one line for the user (stopped; a tensor-parallel rank failed)
+            raise
+        except Exception as error:
+            logger.exception("generation failed at %s", valid.resolution)
+            raise EngineError(f"generation failed at {valid.resolution}: {first_line(error)}") from error
+        finally:
+            watch.idle()
+        end = time.perf_counter()
+        watch.ran(layout, end - run_start)
+        event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
+        # 6. The result: the image and the truth about how it was made (the cache event read from the counters).
+        result = GenerateResult(
+            image=image,
+            prompt=valid.prompt,
+            resolution=str(valid.resolution),
+            steps=valid.steps,
+            seed=valid.seed,
+            guidance=self.guidance_applied(valid.guidance),
+            model=self.loaded.name,
+            cache_event=event,
+            compile_seconds=round(compile_seconds, 3),
+            run_seconds=round(end - run_start, 3),
+            total_seconds=round(end - start, 3),
+            mode=Mode.INPAINT if layout.inpaint else Mode.GENERATE,
+            strength=valid.strength if layout.inpaint else None,
+            tokens=layout.tokens,
+            inputs=[f.meta() for f in valid.inputs],
+            **self.styles.result_fields(valid),
+        )
+        self.graphs.image(layout, event, result.total_seconds)
+        logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
+        return result
+
+    def warm(self, layout: Layout, report: ProgressFn, watch: DeviceWatch) -> None:
+        self._ensure_compiled(layout, report, watch)
+        self.graphs.seen(layout)
+
+    # -- compilation ------------------------------------------------------------------------------
+
+    def _ensure_compiled(self, layout: Layout, report: ProgressFn, watch: DeviceWatch) -> float:
+        """Compile the graph for this layout's sequence length unless this process has it; seconds spent."""
+        claim = self.graphs.claim(layout)
+        if claim is None:
+            return 0.0
+        watch.compiling(layout, claim.estimate)
+        report(ProgressUpdate(Stage.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
+                              guess=claim.guess))
+        logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
+        before = read_counters(self._neff_dir)
+        start = time.perf_counter()
+        try:
+            self.compile_folder.run(lambda: self.pipeline(warmup_call(layout, self.default_guidance)))
+        except Exception as error:
+            reason = first_line(error)
+            logger.exception("compiling %s failed", layout)
+            self.graphs.failed(layout, reason)
+            raise EngineError(f"compiling {layout} failed: {reason}. Try again, or pick another size.",
+                              kind=ErrorKind.COMPILE_FAILED) from error
+        finally:
+            watch.idle()
+        seconds = time.perf_counter() - start
+        event = classify_event(read_counters(self._neff_dir) - before, self.compile_mode, self.backend)
+        self.graphs.ready(layout, seconds, event, persistent=self.compile_folder.persistent)
+        self.observers.compiled(str(layout), event, seconds)
+        logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
+        return seconds
+
+    def compile_left(self, layout: Layout) -> float | None:
+        if self.compile_mode == "eager" or layout.tokens in self.graphs.held():
+            return 0.0
+        return self.graphs.estimate(layout)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken, preview: bool = False) -> Image.Image:
+        steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
+        self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
+        call = PipelineCall.of(valid)
+        with StepPreviews(report, steps, call.width, call.height) if preview else nullcontext() as previews:
+            return self.pipeline(call, step_callback(steps, report, stop, previews))
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
+        return self.graphs.status(layout, [w.resolution for w in warmup if w.plain])
+
+    def used(self) -> list[Layout]:
+        return self.graphs.used()
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(**vars(self.facts), busy=False,
+                            persistent_cache=self.manifest.persistent and self.compile_folder.persistent,
+                            cache_error=self.compile_folder.problem or self.manifest.error,
+                            tensor_parallel=self.pipeline.describe(), styles=self.styles.status(),
+                            styles_refused=dict(self.styles.refused))
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Once serving, this process is up (a broken tensor-parallel group is the server's health hook)."""
+        return True, {"status": "ok"}
+
+    def close(self) -> None:
+        """Nothing waits beyond the front's queue."""
