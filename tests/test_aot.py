@@ -129,8 +129,12 @@ def test_new_process_loads_packages_without_dynamo(warm):
     assert (pixels(root / "warm.png") == pixels(root / "cold.png")).all()  # the same package, the same kernels
 
 
-def test_images_match_regional_torch_compile(warm, make_engine, tmp_path):
+def test_images_match_regional_torch_compile(warm, compiled_here, make_engine, tmp_path, monkeypatch):
+    """Regional torch.compile's image from a copy of the suite's cold regional folder (conftest's compiled_here, the
+    same graphs at this size): inductor's disk cache gives the kernels a cold compile would, without the compile."""
     root, _, _ = warm
+    shutil.copytree(compiled_here[0], tmp_path / "regional")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "regional" / "inductor"))
     regional = make_engine(presets=RESOLUTION, compile_mode="regional", backend="inductor",
                            cache_dir=tmp_path / "regional")
     image = regional.generate(GenerateRequest(**REQUEST)).image
