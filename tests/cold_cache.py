@@ -34,8 +34,8 @@ def image_digest(image: Image.Image) -> str:
 def first_image(cache_dir: Path, out: Path) -> dict:
     """The CLI's first image in `cache_dir` (PROMPT, RESOLUTION, SEED) written to `out`: the info it printed, plus
     `key` (the key its engine recorded in the folder's manifest) and `image` (image_digest of the PNG)."""
-    done = run_cli("--prompt", PROMPT, "--resolution", RESOLUTION, "--seed", str(SEED), "--out", str(out),
-                   cache_dir=cache_dir)
+    done = run_cli("--prompt", PROMPT, "--resolution", RESOLUTION, "--resolutions", RESOLUTION, "--seed", str(SEED),
+                   "--out", str(out), cache_dir=cache_dir)
     info = json.loads(done.stdout)
     (entry,) = json.loads((cache_dir / "manifest.json").read_text())["entries"].values()
     with Image.open(out) as image:
