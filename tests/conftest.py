@@ -67,12 +67,13 @@ def make_engine(tmp_path):
 
 @pytest.fixture(scope="session")
 def compiled_here(tmp_path_factory):
-    """A cache folder in which a fresh process made its first 256x256 image with inductor (a cold compile), and what
-    that process reported. The bundle tests export it, read-only; sharing it pays that compile once per suite."""
-    from test_bundles import first_image
+    """A cache folder in which a fresh `python -m neuron_ui generate` made its first 256x256 image with inductor (a
+    cold compile), and what it reported (tests/cold_cache.py). The restart, bundle and AOT tests copy or read it,
+    never change it; sharing it pays that compile once per suite."""
+    from cold_cache import first_image
 
-    folder = tmp_path_factory.mktemp("compiled-here")
-    return folder, first_image(folder, "256x256")
+    root = tmp_path_factory.mktemp("compiled-here")
+    return root / "cache", first_image(root / "cache", root / "cold.png")
 
 
 def missing_engine_members(engine) -> list[str]:

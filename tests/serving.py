@@ -17,6 +17,8 @@ import httpx
 import torch
 from gradio_client import Client
 
+from waiting import wait_until  # noqa: F401 (the tests' one wait, re-exported)
+
 from neuron_ui.config.processes import free_port
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.web.gradio_mount import GradioLimits
@@ -115,14 +117,6 @@ def connect(url: str, folder, **kwargs) -> Client:
 
 def call(client: Client, *args, api_name: str = "/generate"):
     return client.submit(*args, api_name=api_name).result(timeout=TIMEOUT)
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
-    return value
 
 
 class GatedRunner(RunnerWrapper):

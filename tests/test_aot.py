@@ -1,15 +1,17 @@
 """`--compile aot`: real AOTInductor packages on the tiny model on CPU.
 
 One cold process compiles the packages into a shared cache folder (module scope); a second, new process loads
-them without dynamo; the other tests copy that folder and damage or re-key it (one compile for both cases; a package
-cut short is checked on the store, without compiling), or ship it in a bundle.
+them without dynamo; the other tests copy that folder and damage it (one block class compiled again; a package of
+another key and one cut short are checked on the store, without compiling), or ship it in a bundle.
 """
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,8 +132,12 @@ def test_new_process_loads_packages_without_dynamo(warm):
     assert (pixels(root / "warm.png") == pixels(root / "cold.png")).all()  # the same package, the same kernels
 
 
-def test_images_match_regional_torch_compile(warm, make_engine, tmp_path):
+def test_images_match_regional_torch_compile(warm, compiled_here, make_engine, tmp_path, monkeypatch):
+    """Regional torch.compile's image from a copy of the suite's cold regional folder (conftest's compiled_here, the
+    same graphs at this size): inductor's disk cache gives the kernels a cold compile would, without the compile."""
     root, _, _ = warm
+    shutil.copytree(compiled_here[0], tmp_path / "regional")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "regional" / "inductor"))
     regional = make_engine(presets=RESOLUTION, compile_mode="regional", backend="inductor",
                            cache_dir=tmp_path / "regional")
     image = regional.generate(GenerateRequest(**REQUEST)).image
@@ -139,26 +145,41 @@ def test_images_match_regional_torch_compile(warm, make_engine, tmp_path):
     assert difference.max() <= TOLERANCE, difference.max()
 
 
-def test_packages_of_another_compile_key_or_unreadable_are_compiled_again(warm, tmp_path, caplog):
-    """One engine of another key (another model name) finds, under its own key's folder, the cold run's
-    single-stream package (whole, but built for the other key) and a double-stream file that is not a package:
-    both are compiled again (one compile for the two cases), the image is the cold run's, the new packages load."""
+def test_an_unreadable_package_is_compiled_again_beside_a_whole_one_that_loads(warm, tmp_path, caplog):
+    """One engine of the cold run's key finds, in its own folder, the cold run's double-stream package (whole) and a
+    single-stream file that is not a package: it loads the first, compiles the second again (one block class's
+    compile, the cheaper one), the image is the cold run's, and a new engine loads both."""
+    caplog.set_level(logging.INFO, logger="neuron_ui.compile.aot")
     root, _, _ = warm
-    engine = aot_engine(tmp_path / "cache", name="tiny-other")
+    engine = aot_engine(tmp_path / "cache")
     single, double = packages(root / "cache")
     ours = aot.package_folder(engine.runner.cache, engine.runner.key)
     ours.mkdir(parents=True)
-    shutil.copy(single, ours / single.name)  # the names match (same blocks, same shapes); only the key inside differs
-    (ours / double.name).write_bytes(b"not a package")
+    shutil.copy(double, ours / double.name)
+    (ours / single.name).write_bytes(b"not a package")
     result = engine.generate(GenerateRequest(**REQUEST))
     assert result.cache_event == CacheEvent.COMPILED
-    assert f"ignoring AOT package {ours / single.name}: built for key" in caplog.text
-    assert f"ignoring unreadable AOT package {ours / double.name}" in caplog.text
+    assert f"ignoring unreadable AOT package {ours / single.name}" in caplog.text
+    assert f"loaded AOT package {double.name}" in caplog.text and f"compiled AOT package {single.name}" in caplog.text
     assert [p.name for p in packages(tmp_path / "cache")] == [single.name, double.name]
     assert (pixels(result.image) == pixels(root / "cold.png")).all()
     torch._dynamo.reset()
-    again = aot_engine(tmp_path / "cache", name="tiny-other").generate(GenerateRequest(**REQUEST))
-    assert again.cache_event == CacheEvent.DISK_HIT  # the rewritten packages load
+    again = aot_engine(tmp_path / "cache").generate(GenerateRequest(**REQUEST))
+    assert again.cache_event == CacheEvent.DISK_HIT  # the rewritten package loads
+
+
+def test_a_package_of_another_compile_key_is_compiled_again(warm, tmp_path, caplog):
+    """The store of another key (another model name) on its own, given the cold run's whole package under the same
+    name (same block, same shapes; only the key inside differs): it goes to export and compile (no compile here: the
+    engine-level test above pays one)."""
+    root, _, _ = warm
+    package = packages(root / "cache")[0]
+    name, signature = package.stem.rsplit("-", 1)
+    other = dataclasses.replace(cold_key(), model="tiny-other")
+    shutil.copy(package, tmp_path / package.name)
+    with pytest.raises(Exported):
+        aot.PackageStore(tmp_path, other).get(name, signature, must_not_compile)
+    assert f"ignoring AOT package {tmp_path / package.name}: built for key {cold_key().digest}" in caplog.text
 
 
 class Exported(Exception):

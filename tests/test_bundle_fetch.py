@@ -32,9 +32,10 @@ from bundle_server import (
     truncated,
     unannounced,
 )
+from cold_cache import PROMPT, RESOLUTION, SEED
 from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, snapshot
 
-from neuron_ui.cache.admin import clear_cache, list_cache
+from neuron_ui.cache.admin import clear_cache, key_for_settings, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_source import parse_bundle_source
 from neuron_ui.cache.fetch import FetchPolicy
@@ -44,6 +45,7 @@ from neuron_ui.cache.warm_boot import import_at_start, import_bundles, kept_path
 from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import free_port
+from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.contract.loading import LoadingState
 
@@ -530,49 +532,53 @@ def test_hub_sources_parse_and_offline_is_honoured(cache, monkeypatch):
 # -- a real warm first boot ------------------------------------------------------------------------------------
 
 FIRST_IMAGE_FROM_URL = """
-import json, sys, time
+import hashlib, json, sys, time
 from neuron_ui.main import parse_settings
 from neuron_ui.serving import build_engine
+assert "torch" not in sys.modules  # build_engine points inductor at the cache folder before torch loads
 from neuron_ui.contract.requests import GenerateRequest
 started = time.time()
-settings = parse_settings(sys.argv[1:])
+settings = parse_settings(sys.argv[4:])
 engine = build_engine(settings)  # sets the cache env before torch loads, then fetches and imports the bundle
-result = engine.generate(GenerateRequest("a lighthouse at dusk", "256x256", seed=7))
-print(json.dumps({"event": result.cache_event, "seconds": time.time() - started}))
+result = engine.generate(GenerateRequest(sys.argv[1], sys.argv[2], seed=int(sys.argv[3])))
+print(json.dumps({"event": result.cache_event, "seconds": time.time() - started,
+                  "image": hashlib.sha256(result.image.convert("RGB").tobytes()).hexdigest()}))
 """
 
 
 @pytest.mark.slow
 def test_a_fresh_machine_makes_its_first_image_from_a_url_bundle_without_compiling(compiled_here, server, tmp_path):
+    """The suite's one warm start from a bundle in a fresh process: the bundle of the folder where a cold
+    `python -m neuron_ui generate` compiled (conftest's compiled_here), exported under the key the cache commands
+    compute, fetched from a URL at start-up and imported (warm_boot calls import_bundle, as `cache import` does):
+    the first image loads from inductor's disk cache and is the cold process's image, pixel for pixel."""
     import json
 
     here, cold = compiled_here
-    assert cold["event"] == CacheEvent.COMPILED
-    from neuron_ui.compile.key import CompileKey
-
-    key = CompileKey(**cold["key"])
-    data = export_bundle(configure_cache_env(here, environ={}), key,
-                         tmp_path / "b.tar.gz").path.read_bytes()
+    assert cold["cache_event"] == CacheEvent.COMPILED  # the empty folder really was cold
+    key = key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
+                                    resolutions=parse_resolutions(RESOLUTION)))
+    assert dataclasses.asdict(key) == cold["key"]  # the cache commands' key is the engine's key
+    data = export_bundle(configure_cache_env(here, environ={}), key, tmp_path / "b.tar.gz").path.read_bytes()
     server.routes["/b.tar.gz"] = serve(data)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}
-    done = subprocess.run([sys.executable, "-c", FIRST_IMAGE_FROM_URL, "--model", "tiny", "--device", "cpu",
-                           "--compile-backend", "inductor", "--resolutions", "256x256",
-                           "--cache-dir", str(tmp_path / "fresh"), "--cache-bundle", server.url + "/b.tar.gz",
-                           "--cache-bundle-sha256", sha(data)],
+    done = subprocess.run([sys.executable, "-c", FIRST_IMAGE_FROM_URL, PROMPT, RESOLUTION, str(SEED),
+                           "--model", "tiny", "--device", "cpu", "--compile-backend", "inductor",
+                           "--resolutions", RESOLUTION, "--cache-dir", str(tmp_path / "fresh"),
+                           "--cache-bundle", server.url + "/b.tar.gz", "--cache-bundle-sha256", sha(data)],
                           cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
                           check=False)
 
     assert done.returncode == 0, done.stderr[-3000:]
     warm = json.loads(done.stdout.strip().splitlines()[-1])
     assert warm["event"] == CacheEvent.DISK_HIT, done.stderr[-3000:]
+    assert warm["image"] == cold["image"]
     assert len(server.gets("/b.tar.gz")) == 1
-    print(f"first image: cold {cold['seconds']:.1f} s; fresh folder + URL bundle {warm['seconds']:.1f} s "
+    print(f"first image: cold {cold['total_seconds']:.1f} s; fresh folder + URL bundle {warm['seconds']:.1f} s "
           f"({len(data)} bytes fetched)")
 
 
 def test_keys_of_test_bundles_are_this_machines():
     """The fabricated bundles above are of the key the app computes for --model tiny --device cpu."""
-    from neuron_ui.cache.admin import key_for_settings
-
     assert key_for_settings(Settings(model="tiny", device="cpu")) == KEY
     assert dataclasses.replace(KEY, mode="full") == OTHER_KEY

@@ -1,7 +1,8 @@
-"""Compile-cache bundles: ls, export, import, clear; and a real warm start from an imported bundle.
+"""Compile-cache bundles: ls, export, import, clear.
 
-The cheap tests fabricate a cache folder (manifest records plus files); one slow test compiles for
-real with inductor, once cold and once from an imported bundle, each in a fresh process.
+The tests fabricate a cache folder (manifest records plus files). The real warm start from a bundle of a folder
+compiled for real (a cold process, then a fresh one from the bundle) is tests/test_bundle_fetch.py's slow test: its
+bundle comes from a URL, imported by import_bundle as a local one is, so one fresh process proves both.
 """
 
 import dataclasses
@@ -19,16 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from neuron_ui.cache.admin import clear_cache, format_listing, key_for_settings, list_cache
+from neuron_ui.cache.admin import clear_cache, format_listing, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
 from neuron_ui.cache.bundle_format import BUNDLE_JSON, BundleError
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.contract.results import CacheEvent
 from neuron_ui.compile.key import CompileKey
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
-from neuron_ui.config.resolutions import parse_resolution, parse_resolutions
-from neuron_ui.config.settings import Settings
+from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.main import parse_settings
 from neuron_ui.serving import build_engine
 
@@ -404,6 +404,7 @@ import json, os, signal, sys
 from pathlib import Path
 from neuron_ui.cache import bundle_import
 from neuron_ui.compile.key import CompileKey
+from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 
 cache = configure_cache_env(Path(sys.argv[1]), environ={})
@@ -485,57 +486,6 @@ def test_full_clear_leaves_a_neff_folder_outside_the_cache_alone(tmp_path):
     result = clear_cache(cache)
     assert result.skipped_folders == [own]
     assert (own / "MODULE_1" / "model.neff").exists()
-
-
-# -- a real warm start ---------------------------------------------------------------------------
-
-FIRST_IMAGE = """
-import hashlib, json, sys
-from pathlib import Path
-from neuron_ui.config.cache_paths import configure_cache_env
-cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
-assert "torch" not in sys.modules
-from dataclasses import asdict
-from neuron_ui.engine.engine import Engine
-from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.config.settings import Settings
-settings = Settings(model="tiny", device="cpu", compile="regional", compile_backend="inductor",
-                    resolutions=parse_resolutions(sys.argv[2]), cache_dir=Path(sys.argv[1]))
-engine = Engine.from_settings(settings, cache)
-result = engine.generate(GenerateRequest("a lighthouse at dusk", sys.argv[2], seed=7))
-print(json.dumps({"event": result.cache_event, "key": asdict(engine.runner.key), "seconds": result.total_seconds,
-                  "image": hashlib.sha256(result.image.tobytes()).hexdigest()}))
-"""
-
-
-def first_image(cache_dir: Path, resolution: str) -> dict:
-    """The first image of a fresh process pointed at cache_dir, as the engine reports it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}
-    env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run([sys.executable, "-c", FIRST_IMAGE, str(cache_dir), resolution], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.slow
-def test_an_imported_bundle_starts_a_new_process_warm(compiled_here, tmp_path):
-    here, cold = compiled_here
-    assert cold["event"] == CacheEvent.COMPILED  # the empty folder really was cold
-    key = key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
-                                            resolutions=parse_resolutions("256x256")))
-    assert dataclasses.asdict(key) == cold["key"]  # the CLI's key is the engine's key
-
-    source = configure_cache_env(here, environ={})
-    export_bundle(source, key, tmp_path / "fleet.tar.gz")
-    fresh = configure_cache_env(tmp_path / "fresh-instance", environ={})
-    import_bundle(fresh, key, tmp_path / "fleet.tar.gz")
-    warm = first_image(fresh.root, "256x256")
-
-    assert warm["event"] == CacheEvent.DISK_HIT
-    assert warm["image"] == cold["image"]
-    print(f"first image: cold {cold['seconds']:.1f} s, from the bundle {warm['seconds']:.1f} s")
 
 
 # -- the CLI: python -m neuron_ui cache ... -------------------------------------------------------

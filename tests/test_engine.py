@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import SMALL_PRESETS
 from serving import GatedRunner
+from waiting import wait_until
 
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.contract.errors import EngineError
@@ -263,13 +264,6 @@ def slow_backend(gm, example_inputs):
 
 
 WARMUP_PRESETS = "256x256,256x272,256x288,256x304,512x512"
-
-
-def wait_until(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def ready(engine, presets):

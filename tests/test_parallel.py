@@ -175,23 +175,17 @@ def restarted_from_the_warm_cache(client: Client, killed_at: float, what: str) -
     assert info["resolution"] == "256x256" and info["cache_event"] == "disk_hit", info
 
 
-@pytest.fixture(scope="module")
-def healthy_group(tmp_path_factory):
-    """One torchrun group for the tests that only use a healthy one (each its own resolution, so none sees another's
-    compile): (torchrun, client, log, url)."""
-    with torchrun_app(tmp_path_factory.mktemp("healthy")) as (proc, client, log, url):
-        yield proc, client, log, url
-        client.close()
-        stop([proc], timeout=60)  # SIGTERM to torchrun: it stops both ranks and exits
-
-
-class RestartingGroup:
-    """One torchrun group with two restarts, under inductor, for the kill tests: each kills a rank of the group of
-    the moment and waits for the next, so the two kills cost one launch (restart 1 of 2, then 2 of 2)."""
+class Group:
+    """The module's one torchrun group, under inductor, with two restarts. The tests that use a healthy group run
+    first, on 256x256 (compiled by the group's first image, so none sees another's compile); then each kill test
+    kills a rank of the group of the moment and waits for the next (restart 1 of 2, then 2 of 2); the last test stops
+    rank 0. One launch and one cold compile for all of them."""
 
     def __init__(self, torchrun: subprocess.Popen, client: Client, log: Path, url: str):
         self.torchrun, self.client, self.log, self.url = torchrun, client, log, url
-        _, self.first = generate(client)  # 256x256 compiled into the cache folder and recorded in its manifest
+        # 256x256 compiled on every rank into the cache folder, and recorded in its manifest
+        self.first_path, self.first = generate(client)
+        self.first_ranks = client.predict(api_name="/status")["tensor_parallel"]["ranks"]
         self.restarts = 0
 
     def restarted(self, old: dict[int, int]) -> Client:
@@ -202,24 +196,23 @@ class RestartingGroup:
 
 
 @pytest.fixture(scope="module")
-def restarting_group(tmp_path_factory):
-    with torchrun_app(tmp_path_factory.mktemp("restarting"), "--max-restarts=2", app_flags=INDUCTOR_FLAGS) as (
+def group(tmp_path_factory):
+    with torchrun_app(tmp_path_factory.mktemp("group"), "--max-restarts=2", app_flags=INDUCTOR_FLAGS) as (
             torchrun, client, log, url):
-        group = RestartingGroup(torchrun, client, log, url)
+        group = Group(torchrun, client, log, url)
         yield group
         group.client.close()
+        stop([torchrun], timeout=60)  # SIGTERM to torchrun (if the last test left it running): it stops both ranks
 
 
-def test_two_ranks_match_one_process_and_compile_once_on_every_rank(healthy_group):
+def test_two_ranks_match_one_process_and_compile_once_on_every_rank(group):
     pipe = build_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     single = np.asarray(run_pipeline(pipe, PipelineCall("a lighthouse", 256, 256, 4, 3, 1.0)), dtype=int)
-    _, client, _, _ = healthy_group
-    path, info = generate(client)
+    client, info, ranks = group.client, group.first, group.first_ranks  # the group's first image: 256x256, seed 3
     assert info["cache_event"] == "compiled"
-    sharded = np.asarray(Image.open(path).convert("RGB"), dtype=int)
+    sharded = np.asarray(Image.open(group.first_path).convert("RGB"), dtype=int)
     assert np.abs(sharded - single).max() <= 2, "tensor-parallel pixels differ from the single process"
-    ranks = client.predict(api_name="/status")["tensor_parallel"]["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["graphs"] > 0 for r in ranks)
 
     _, info = generate(client, seed=4)
@@ -243,14 +236,6 @@ def test_a_dead_follower_is_reported_with_its_rank_and_the_app_keeps_answering(t
         assert healthz(url) == (503, "degraded: rank 1 gone")  # a balancer stops sending here
         client.close()
     assert "tensor-parallel group broken: rank 1 died; no restart is coming" in log.read_text()
-
-
-def test_stopping_rank_0_stops_the_followers(tmp_path):
-    with two_ranks_by_hand(tmp_path) as (procs, client, log, url):
-        client.close()
-        procs[0].terminate()
-        assert procs[1].wait(60) == 0 and procs[0].wait(60) == 0
-    assert "rank 1: rank 0 asked the followers to stop" in log.read_text()
 
 
 def test_followers_exit_when_rank_0_is_killed(tmp_path):
@@ -293,52 +278,10 @@ def test_a_hung_follower_is_bounded_and_named(tmp_path):
         client.close()
 
 
-def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(restarting_group):
-    group = restarting_group
-    assert group.first["cache_event"] == "compiled"
-    left = 2 - group.restarts
-    old = workers(group.torchrun)
-    job = start_long_request(group.client)
-    watch = HealthWatch(group.url)
-    killed_at = time.monotonic()
-    os.kill(old[1], signal.SIGKILL)
-    with pytest.raises(Exception, match=r"^a device process failed \(rank 1 died\); the server is restarting, "
-                                        r"try again in about \d+ s \(an estimate: this group's start-up "
-                                        r"plus 10 s\)$"):
-        job.result(timeout=60)
-    group.client.close()
-    client = group.restarted(old)
-    seen = watch.stop()
-    restarted_from_the_warm_cache(client, killed_at, "rank 1 killed")
-    print(f"/healthz from the kill on: {seen}")
-    text = group.log.read_text()
-    assert (503, "restarting") in seen and (0, "down") in seen and seen[-1] == (200, "ok"), text[-8000:]
-    assert f"tensor-parallel group broken: rank 1 died; torchrun restarts the group ({left} restart(s) left)" in text
-    assert re.search(rf"serving after \d+ s \(restart {group.restarts} of 2\); back \d+ s after the group broke",
-                     text), text[-8000:]
-
-
-def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(restarting_group):
-    group = restarting_group
-    old = workers(group.torchrun)
-    job = start_long_request(group.client)
-    killed_at = time.monotonic()
-    os.kill(old[0], signal.SIGKILL)  # the server dies with it: its user's connection drops
-    with pytest.raises(CancelledError) as dropped:  # nothing is left to say more: the process serving HTTP died
-        job.result(timeout=60)
-    print(f"\nthe user in flight when rank 0 died got: {type(dropped.value).__name__}: {dropped.value!r}")
-    group.client.close()
-    client = group.restarted(old)
-    restarted_from_the_warm_cache(client, killed_at, "rank 0 killed")
-    text = group.log.read_text()
-    assert re.search(rf"serving after \d+ s \(restart {group.restarts} of 2\); back (\d+ s after the group broke$|"
-                     r"about \d+ s after the group broke \(from rank 0's last heartbeat\)$)", text, re.M), text[-8000:]
-
-
-def test_the_mesh_hashes_alike_in_every_process_so_a_restart_finds_the_compile_cache(healthy_group):
+def test_the_mesh_hashes_alike_in_every_process_so_a_restart_finds_the_compile_cache(group):
     """torch pickles the mesh's hash into inductor's cache keys; Python's own hash of it changes per process (string
     hash seed, id(None)). Rank 0 logs its mesh's hash: this process makes the same mesh and must get the same."""
-    _, _, log, _ = healthy_group
+    log = group.log
     mesh = DeviceMesh("cpu", [0, 1], _init_backend=False, _rank=0)  # no process group needed to hash it
     stabilise_mesh_hash(mesh)
     logged = {int(n) for n in re.findall(r"device mesh \[0, 1\] hashes to (-?\d+)", log.read_text())}
@@ -362,30 +305,82 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused():
         check_heads(5, 24)
 
 
-def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(healthy_group):
+def test_a_stop_under_tensor_parallelism_stops_every_rank_at_the_same_step(group):
     """Rank 0 tells the followers at every step whether to stop: none is left waiting in a collective."""
     from gradio_client.exceptions import AppError
 
-    _, client, _, _ = healthy_group
-    generate(client, resolution="384x256", steps=1)  # 384x256 compiled on both ranks
-    job = start_long_request(client, "384x256", steps=100, seed=5)  # a few steps in
+    client = group.client  # 256x256 compiled on both ranks by the group's first image
+    job = start_long_request(client, "256x256", steps=100, seed=5)  # a few steps in
     stopped = client.predict(api_name="/stop")["stopped"]
     assert stopped == ["running"], stopped
     with pytest.raises(AppError, match="no image was made"):
         job.result(timeout=120)
     start = time.monotonic()
-    _, info = generate(client, resolution="384x256", seed=6)  # both ranks answer the next call: nobody deadlocked
+    _, info = generate(client, seed=6)  # both ranks answer the next call: nobody deadlocked
     assert info["seed"] == 6 and time.monotonic() - start < 60
     after = client.predict(api_name="/status")["tensor_parallel"]
     assert after["broken"] is None and after["step"] is None, after  # no call in flight
 
 
-def test_previews_come_from_rank_0(healthy_group):
+def test_previews_come_from_rank_0(group):
     """Each step's estimate reaches an API client under torchrun too: rank 0 makes it from its own latents."""
-    _, client, _, _ = healthy_group
+    client = group.client
     job = client.submit("a lighthouse", "256x256", 4, 3, preview=True, api_name="/generate")
     _, info = job.result(timeout=120)
     *previews, _ = job.outputs()
     assert previews and info["seed"] == 3
     assert all(meta["preview"]["steps"] == 4 and meta["preview"]["step"] in (2, 3, 4) for _, meta in previews)
     assert {Image.open(path).size for path, _ in previews} == {(256 // 8, 256 // 8)}
+
+
+def test_killing_a_follower_under_torchrun_restarts_the_group_by_itself(group):
+    assert group.first["cache_event"] == "compiled"
+    left = 2 - group.restarts
+    old = workers(group.torchrun)
+    job = start_long_request(group.client)
+    watch = HealthWatch(group.url)
+    killed_at = time.monotonic()
+    os.kill(old[1], signal.SIGKILL)
+    with pytest.raises(Exception, match=r"^a device process failed \(rank 1 died\); the server is restarting, "
+                                        r"try again in about \d+ s \(an estimate: this group's start-up "
+                                        r"plus 10 s\)$"):
+        job.result(timeout=60)
+    group.client.close()
+    client = group.restarted(old)
+    seen = watch.stop()
+    restarted_from_the_warm_cache(client, killed_at, "rank 1 killed")
+    print(f"/healthz from the kill on: {seen}")
+    text = group.log.read_text()
+    assert (503, "restarting") in seen and (0, "down") in seen and seen[-1] == (200, "ok"), text[-8000:]
+    assert f"tensor-parallel group broken: rank 1 died; torchrun restarts the group ({left} restart(s) left)" in text
+    assert re.search(rf"serving after \d+ s \(restart {group.restarts} of 2\); back \d+ s after the group broke",
+                     text), text[-8000:]
+
+
+def test_killing_rank_0_under_torchrun_restarts_the_group_by_itself(group):
+    old = workers(group.torchrun)
+    job = start_long_request(group.client)
+    killed_at = time.monotonic()
+    os.kill(old[0], signal.SIGKILL)  # the server dies with it: its user's connection drops
+    with pytest.raises(CancelledError) as dropped:  # nothing is left to say more: the process serving HTTP died
+        job.result(timeout=60)
+    print(f"\nthe user in flight when rank 0 died got: {type(dropped.value).__name__}: {dropped.value!r}")
+    group.client.close()
+    client = group.restarted(old)
+    restarted_from_the_warm_cache(client, killed_at, "rank 0 killed")
+    text = group.log.read_text()
+    assert re.search(rf"serving after \d+ s \(restart {group.restarts} of 2\); back (\d+ s after the group broke$|"
+                     r"about \d+ s after the group broke \(from rank 0's last heartbeat\)$)", text, re.M), text[-8000:]
+
+
+def test_stopping_rank_0_stops_the_followers(group):
+    """The group's last test (the module's last, after the kills: the group of the moment, restarted twice): SIGTERM
+    to rank 0 alone, not to torchrun. Rank 1 stops because rank 0 told it to, and both exit 0: torchrun exits 0
+    only when every worker did, and it stops none while the others run."""
+    torchrun, log = group.torchrun, group.log
+    group.client.close()
+    ranks = workers(torchrun)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[0], signal.SIGTERM)
+    assert torchrun.wait(60) == 0, log.read_text()[-4000:]
+    assert "rank 1: rank 0 asked the followers to stop" in log.read_text()

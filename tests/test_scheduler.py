@@ -1,5 +1,6 @@
 import threading
-import time
+
+from waiting import wait_until
 
 from neuron_ui.engine.device_queue import DeviceQueue
 
@@ -14,11 +15,6 @@ def take(queue: DeviceQueue, kind: str, log: list, name) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
-
-
-def wait_until(condition):
-    while not condition():
-        time.sleep(0.001)
 
 
 def wait_for_waiting(queue, n):

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from serving import GatedRunner
+from waiting import wait_until
 
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import SessionStops, Stopped, StopReason, StopToken
@@ -27,13 +28,6 @@ def in_thread(fn, *args, **kwargs):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
-
-
-def wait_until(predicate, what, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.005)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.stopping import Stopped, StopToken
@@ -115,13 +116,6 @@ def take(queue: DeviceQueue, log: list, name: str, visitor: str | None, stop: St
 
 def wait_for_waiting(queue: DeviceQueue, n: int) -> None:
     wait_until(lambda: queue.waiting >= n)
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
 
 
 def test_one_visitor_queuing_many_images_waits_behind_the_next_visitors_one():
