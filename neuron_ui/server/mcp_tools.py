@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mcp import types
-from PIL.PngImagePlugin import PngInfo
 
 from neuron_ui.studio.ab_plan import SETTINGS_WORDS
 from neuron_ui.studio.grid_plan import AXIS_HELP
+from neuron_ui.studio.grid_sheet import save_deflated
 from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
-from neuron_ui.contract.results import PNG_COMPRESS_LEVEL, ShapeState
+from neuron_ui.contract.results import ShapeState
 
 if TYPE_CHECKING:
     from neuron_ui.studio.grid_sheet import GridResult
@@ -159,10 +159,7 @@ def png_result(made: GenerateResult | GridResult) -> list[types.ContentBlock]:
     """The PNG (an image's parameters, or a grid's or an A/B's cells', in its text chunks) as image content, then
     its info as JSON text."""
     buffer = io.BytesIO()
-    meta = PngInfo()
-    for key, value in made.png_text():
-        meta.add_text(key, value)
-    made.image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+    save_deflated(made.image, buffer, made.png_text())
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return [types.ImageContent(type="image", data=data, mimeType="image/png"),
             types.TextContent(type="text", text=json.dumps(made.info()))]
