@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.checks import NumberRange
+from neuron_ui.contract.results import ShapeState
 from neuron_ui.contract.requests import (
     MAX_SEED,
     SEED,
@@ -273,6 +274,6 @@ def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
         return None
     per_step = image / max(status.default_steps, 1)
     seconds = sum(per_step * (cell.steps or status.default_steps) for cell in plan.cells)
-    if str(shape.state) != "ready" and shape.estimate_seconds:
+    if shape.state != ShapeState.READY and shape.estimate_seconds:
         seconds += shape.estimate_seconds
     return seconds
