@@ -85,7 +85,7 @@ def test_direct_calls_cannot_skip_the_queue_and_health_stays_fast(gated):
     assert "Queue is full" in refused[0].json()["detail"]
     # The two accepted wait in the engine's queue (where they hear what they wait for and can be stopped).
     wait_until(lambda: s.engine.status().queue_depth == 2, "the two accepted wait for the device")
-    assert s.server.device_events() == 3 and len(s.runner.calls) == 0  # nothing ran past the gate
+    assert s.server.admission.count() == 3 and len(s.runner.calls) == 0  # nothing ran past the gate
     # The clients run in this process and share its GIL with the server: a loose bound while they burst...
     assert max(health) < 5.0, health
     for _ in range(5):  # ...and a tight one with the device busy and its queue full

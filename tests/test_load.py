@@ -73,7 +73,7 @@ def test_twenty_users_each_get_their_image_first_come_first_served_one_at_a_time
     assert call(clients[-2], api_name="/status")["queue_depth"] == 10
     jobs += queue_in_order(s, clients[10:USERS], range(10, USERS), already=10)
     assert s.metric("neuron_ui_queue_depth") == USERS
-    assert s.server.device_events() == USERS + 1  # Gradio's own count of accepted events agrees
+    assert s.server.admission.count() == USERS + 1  # Gradio's own count of accepted events agrees
     runner.open()
 
     results = [job.result(timeout=TIMEOUT) for job in jobs]

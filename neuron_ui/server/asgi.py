@@ -4,12 +4,12 @@ send that cuts the server's file folder from what it sends and gives empty error
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-Send = Callable[[dict], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict]]
+# The ASGI types every module of the server names, starlette's, re-exported.
+from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Send as Send
 MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
 # A real request nests 8 deep at most (a history entry's editor layers in the page's BrowserState). The gate and
 # Gradio walk values recursively: thousands of levels raised RecursionError, a bare 500 and a traceback per request.
@@ -43,7 +43,7 @@ def replay(body: bytes, receive: Receive) -> Receive:
     """A receive that hands on the body read here, then whatever the client sends next (its disconnect)."""
     pending = [{"type": "http.request", "body": body, "more_body": False}]
 
-    async def again() -> dict:
+    async def again() -> Message:
         return pending.pop() if pending else await receive()
 
     return again
@@ -116,10 +116,10 @@ class Outbound:
         self.started = False
         self.finished = False  # the last body was sent: the response ended on the server's side
         self.on_start: Callable[[], None] | None = None
-        self._start: dict | None = None
+        self._start: Message | None = None
         self._held: list[bytes] = []
 
-    async def __call__(self, message: dict) -> None:
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
             if self.on_start is not None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract.files import ForeignFile, StoredFiles
-from neuron_ui.server.asgi import Refusal, Send
+from neuron_ui.server.asgi import Message, Refusal, Send
 from neuron_ui.web import gradio_bridge
 from neuron_ui.web.files import IMAGE_NAME, IMAGES
 
@@ -133,7 +133,7 @@ class UploadAnswer:
         self._ok = False
 
     def watch(self, send: Send) -> Send:
-        async def watched(message: dict) -> None:
+        async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self._ok = message["status"] == 200
             elif message["type"] == "http.response.body" and self._ok:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from starlette.requests import ClientDisconnect
@@ -38,6 +38,8 @@ from neuron_ui.server import routes, values
 from neuron_ui.server.asgi import (
     NOT_JSON,
     UNEXPLAINED,
+    ASGIApp,
+    Message,
     Outbound,
     Receive,
     Refusal,
@@ -75,7 +77,7 @@ LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-eq
 class Gate:
     """ASGI middleware around the whole server (see the module docstring); it reads of the server only GateServer."""
 
-    def __init__(self, app: Any, server: GateServer):
+    def __init__(self, app: ASGIApp, server: GateServer):
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
@@ -269,7 +271,7 @@ def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: Ses
     requests stop, except a compile's image."""
     session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
 
-    async def watched() -> dict:
+    async def watched() -> Message:
         message = await receive()
         if message["type"] == "http.disconnect" and session and not send.finished:
             stops.stop(session, stopping.StopReason.DISCONNECTED)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from mcp import types
@@ -36,7 +37,7 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.server import mcp_bridge, mcp_tools
-from neuron_ui.server.asgi import Refusal, reply
+from neuron_ui.server.asgi import Message, Receive, Refusal, Send, reply
 from neuron_ui.server.mcp_sessions import SessionBound
 from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.studio.studio import Asker, Studio
@@ -45,6 +46,8 @@ from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.web.visitors import visitor_name
 
 if TYPE_CHECKING:
+    from starlette.requests import Request
+
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.server.admission import Admission
@@ -55,6 +58,7 @@ MAX_BODY = 48 * 2**20  # an inpaint's image and mask as base64: up to the upload
 LOGIN = ("login required: send the NEURON_UI_AUTH user and password as HTTP Basic credentials "
          "(header Authorization: Basic base64(user:password))")
 UNEXPECTED = "the server failed unexpectedly; the details are in the server log"
+ToolArguments = dict[str, Any]  # a tool call's JSON as the client sent it: the studio and the engine check each value
 
 
 class McpEndpoint:
@@ -82,7 +86,7 @@ class McpEndpoint:
         async with self.manager.run():
             yield
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if self.studio is None:
             await reply(send, Refusal(503, "the model is loading; try again in a moment", (("retry-after", "5"),)))
             return
@@ -94,11 +98,11 @@ class McpEndpoint:
         else:
             await self._open(scope, receive, send)
 
-    async def _open(self, scope: dict, receive: Any, send: Any) -> None:
+    async def _open(self, scope: dict, receive: Receive, send: Send) -> None:
         """A request without a session, which may open one: once it has (its answer names the new session), past
         --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
 
-        async def make_room_then_send(message: MutableMapping[str, Any]) -> None:
+        async def make_room_then_send(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] < 400:
                 for name, value in message.get("headers", ()):
                     if name == b"mcp-session-id":
@@ -119,7 +123,7 @@ class McpEndpoint:
             return await self._tools()
 
         @server.call_tool(validate_input=False)  # the engine checks values, with the same words as the API
-        async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        async def call_tool(name: str, arguments: ToolArguments) -> types.CallToolResult:
             return await self._call(name, arguments or {})
 
         return server
@@ -132,7 +136,7 @@ class McpEndpoint:
     async def _tools(self) -> list[types.Tool]:
         return mcp_tools.build_tools(await asyncio.to_thread(self._studio().engine.status))
 
-    async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _call(self, name: str, arguments: ToolArguments) -> types.CallToolResult:
         try:
             mcp_tools.check_arguments(name, arguments, await self._tools())
             if name == "status":
@@ -146,7 +150,7 @@ class McpEndpoint:
             logger.exception("MCP tool %s failed", name)
             return _failed(UNEXPECTED)
 
-    async def _on_device(self, name: str, arguments: dict[str, Any]) -> list[types.ContentBlock]:
+    async def _on_device(self, name: str, arguments: ToolArguments) -> list[types.ContentBlock]:
         """Run the tool on a thread of its own through the studio's bridge (it may wait its turn a long while),
         forwarding its progress; a cancelled call stops the engine's request at its next step (or takes it out of
         the queue): the bridge stops its token when this reader leaves."""
@@ -170,12 +174,12 @@ class McpEndpoint:
                         token, sent, message=item, related_request_id=str(context.request_id))
         raise EngineError("the call ended without a result")  # a Bridge always ends with one, or raises
 
-    def _run(self, name: str, arguments: dict[str, Any], asker: Asker) -> list[types.ContentBlock]:
+    def _run(self, name: str, arguments: ToolArguments, asker: Asker) -> list[types.ContentBlock]:
         studio = self._studio()
-        prompt: Any = arguments.get("prompt")  # every tool but warmup requires it (check_arguments)
         resolution = arguments["resolution"]
         if name == "warmup":
-            return mcp_tools.json_result(studio.warmup(resolution, asker))
+            return mcp_tools.json_result(asdict(studio.warmup(resolution, asker)))
+        prompt = arguments["prompt"]  # every tool but warmup requires it (check_arguments)
         if name == "grid":  # one request against --max-queue: its cells run one at a time (studio/grid.py)
             axes = {axis: arguments.get(axis) for axis in mcp_tools.AXIS_HELP}
             return mcp_tools.png_result(studio.grid(studio.plan_grid(prompt, resolution, axes), asker).grid)
@@ -191,7 +195,7 @@ class McpEndpoint:
                                   strength=arguments.get("strength") if inpaint else None)
         return mcp_tools.png_result((studio.inpaint if inpaint else studio.generate)(request, asker).result)
 
-    def _visitor(self, request: Any) -> str | None:
+    def _visitor(self, request: Request | None) -> str | None:
         """The logged-in user (the one NEURON_UI_AUTH names), else this client's MCP session."""
         if self.settings.auth:
             return visitor_name(user=self.settings.auth[0])

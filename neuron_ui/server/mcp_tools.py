@@ -11,23 +11,24 @@ import base64
 import binascii
 import io
 import json
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from mcp import types
-from PIL.PngImagePlugin import PngInfo
 
 from neuron_ui.studio.ab_plan import SETTINGS_WORDS
 from neuron_ui.studio.grid_plan import AXIS_HELP
+from neuron_ui.studio.grid_sheet import save_deflated
 from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
-from neuron_ui.contract.results import PNG_COMPRESS_LEVEL, ShapeState
+from neuron_ui.contract.results import ShapeState
 
 if TYPE_CHECKING:
     from neuron_ui.studio.grid_sheet import GridResult
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
 
 TOOLS = ("ab", "generate", "grid", "inpaint", "status", "warmup")
+Schema = Mapping[str, object]  # a JSON Schema, or one property's
 
 CACHE_EVENTS = ("cache_event says what the compile cache did: 'memory_hit' = the size was ready, full speed; "
                 "'compiled' = this call compiled the size first (slow, once per size); 'disk_hit' = its compiled "
@@ -64,7 +65,7 @@ def _cost(shape: ShapeStatus) -> str:
     return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
 
 
-def style_properties(status: EngineStatus) -> dict[str, Any]:
+def style_properties(status: EngineStatus) -> dict[str, Schema]:
     """`lora` and `lora_scale` when the server has styles (--lora); none when it has none, so a tool never offers
     a parameter that can only be refused."""
     if not status.styles:
@@ -91,7 +92,7 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
             "description": "omit for a random seed; the result's seed remakes the same image"}
     prompt = {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "what the image shows"}
     styles = style_properties(status)
-    generate = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed, **styles}
+    generate: dict[str, Schema] = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed, **styles}
     if not status.distilled:
         generate["guidance"] = {"type": "number", "minimum": 0, "maximum": MAX_GUIDANCE,
                                 "description": f"guidance scale; omit for {status.default_guidance:g}"}
@@ -126,7 +127,7 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     ]
 
 
-def grid_tool(status: EngineStatus, prompt: dict[str, Any], resolution: dict[str, Any], sizes: str,
+def grid_tool(status: EngineStatus, prompt: Schema, resolution: Schema, sizes: str,
               model: str) -> types.Tool:
     """`grid`: one prompt at one size along up to three axes, each a comma-separated text."""
     axes = {name: {"type": "string", "description": words} for name, words in AXIS_HELP.items()
@@ -141,7 +142,7 @@ def grid_tool(status: EngineStatus, prompt: dict[str, Any], resolution: dict[str
         f"cache_event, seconds) and style_switches. {TURNS}"))
 
 
-def ab_tool(prompt: dict[str, Any], resolution: dict[str, Any], sizes: str, model: str) -> types.Tool:
+def ab_tool(prompt: Schema, resolution: Schema, sizes: str, model: str) -> types.Tool:
     """`ab`: two images of one prompt that differ in named settings, side by side."""
     side = {"type": "string", "description": SETTINGS_WORDS}
     return types.Tool(name="ab", inputSchema=_schema({"prompt": prompt, "resolution": resolution, "a": side,
@@ -158,20 +159,17 @@ def png_result(made: GenerateResult | GridResult) -> list[types.ContentBlock]:
     """The PNG (an image's parameters, or a grid's or an A/B's cells', in its text chunks) as image content, then
     its info as JSON text."""
     buffer = io.BytesIO()
-    meta = PngInfo()
-    for key, value in made.png_text():
-        meta.add_text(key, value)
-    made.image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+    save_deflated(made.image, buffer, made.png_text())
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return [types.ImageContent(type="image", data=data, mimeType="image/png"),
             types.TextContent(type="text", text=json.dumps(made.info()))]
 
 
-def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _schema(properties: Mapping[str, Schema], required: list[str]) -> dict[str, object]:
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def check_arguments(name: str, arguments: dict[str, Any], tools: list[types.Tool]) -> None:
+def check_arguments(name: str, arguments: Mapping[str, object], tools: list[types.Tool]) -> None:
     """Unknown tools and arguments are refused with what is allowed (the values themselves are the engine's to
     check, so a bad one gets the same line as over the API)."""
     tool = next((t for t in tools if t.name == name), None)
@@ -186,7 +184,7 @@ def check_arguments(name: str, arguments: dict[str, Any], tools: list[types.Tool
         raise ValueError(f"{name} needs {', '.join(missing)}")
 
 
-def decode_image(value: Any, role: str) -> bytes:
+def decode_image(value: object, role: str) -> bytes:
     """An image sent as base64 text (or a data: URL): its bytes; never a path (a string is not read from disk)."""
     if not isinstance(value, str):
         raise ValueError(f"{role} must be a PNG or JPEG as base64 text, got {type(value).__name__}")  # noqa: TRY004
@@ -199,6 +197,5 @@ def decode_image(value: Any, role: str) -> bytes:
         raise ValueError(f"{role} is not base64: send the image file's bytes as base64 text") from None
 
 
-def json_result(value: Any) -> list[types.ContentBlock]:
-    data = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+def json_result(data: object) -> list[types.ContentBlock]:
     return [types.TextContent(type="text", text=json.dumps(data))]

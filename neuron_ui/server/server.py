@@ -203,11 +203,6 @@ class Server:
         """Requests in Gradio's queue for the device, not yet in the engine's."""
         return device_queue_length(self.mounted.demo) if self.mounted is not None else 0
 
-    def device_events(self) -> int:
-        """Device requests accepted and not finished, from Gradio and MCP clients (the Gate and the MCP endpoint
-        bound them by --max-queue + 1: Admission)."""
-        return self.admission.count()
-
     def request_drain(self) -> None:
         """Safe in a signal handler: serve_forever() drains and returns."""
         self._drain_requested.set()
@@ -259,7 +254,7 @@ class Server:
     def idle(self) -> bool:
         """Nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's."""
         status = self.engine.status() if self.engine is not None else None
-        return self.device_events() == 0 and (status is None or not (status.busy or status.queue_depth))
+        return self.admission.count() == 0 and (status is None or not (status.busy or status.queue_depth))
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.mounted is not None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import secrets
 import shlex
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from neuron_ui.studio.grid_plan import (
     MAX_AXIS_TEXT,
     Axis,
     GridCell,
     GridPlan,
+    Info,
     parse_prompts,
     parse_seeds,
     parse_steps,
@@ -43,6 +44,7 @@ SETTINGS_HELP = {
 }
 SETTINGS_WORDS = ("key=value pairs: " + ", ".join(SETTINGS_HELP.values())
                   + "; B is A with b's settings, a key b leaves unset is A's")
+T = TypeVar("T")
 COMPARED = ("prompt", "seed", "steps", "style", "strength")  # what a cell is made of: where A and B may differ
 
 
@@ -80,7 +82,7 @@ def parse_settings(text: object) -> dict[str, str]:
     return pairs
 
 
-def _one(key: str, value: str, parse: Callable[[str], tuple[Any, ...]]) -> Any:
+def _one(key: str, value: str, parse: Callable[[str], tuple[T, ...]]) -> T:
     values = parse(value)
     if len(values) != 1:
         raise ValueError(f"{key} takes one value, got {value!r}")
@@ -97,24 +99,20 @@ def side_cell(cell: GridCell, text: object, side: str, loaded: Mapping[str, floa
 
 def apply_settings(cell: GridCell, pairs: Mapping[str, str], loaded: Mapping[str, float]) -> GridCell:
     """`cell` with `pairs` set; a new style comes at its default strength unless the side sets one."""
-    changed: dict[str, Any] = {}
-    if "prompt" in pairs:
-        changed["prompt"] = validate_prompt(pairs["prompt"])
+    prompt = validate_prompt(pairs["prompt"]) if "prompt" in pairs else cell.prompt
     if "replace" in pairs:
-        variants = parse_prompts(pairs["replace"], changed.get("prompt", cell.prompt))
+        variants = parse_prompts(pairs["replace"], prompt)
         if len(variants) != 2:
             raise ValueError("replace takes a word of the prompt and what replaces it, e.g. replace=fox,cat")
-        changed["prompt"] = variants[1]
-    if "seed" in pairs:
-        changed["seed"] = _one("seed", pairs["seed"], lambda v: parse_seeds(v, 1))
-    if "steps" in pairs:
-        changed["steps"] = _one("steps", pairs["steps"], parse_steps)
+        prompt = variants[1]
+    seed = _one("seed", pairs["seed"], lambda v: parse_seeds(v, 1)) if "seed" in pairs else cell.seed
+    steps = _one("steps", pairs["steps"], parse_steps) if "steps" in pairs else cell.steps
+    style, strength = cell.style, cell.strength
     if "style" in pairs:
-        changed["style"] = _one("style", pairs["style"], lambda v: parse_styles(v, loaded))
-        changed["strength"] = None
+        style, strength = _one("style", pairs["style"], lambda v: parse_styles(v, loaded)), None
     if "strength" in pairs:
-        changed["strength"] = _one("strength", pairs["strength"], parse_strengths)
-    made = replace(cell, **changed)
+        strength = _one("strength", pairs["strength"], parse_strengths)
+    made = replace(cell, prompt=prompt, seed=seed, steps=steps, style=style, strength=strength)
     if made.style is None:
         if "strength" in pairs:
             raise ValueError("strength is a style's strength: set style too (e.g. style=ink strength=0.8)")
@@ -141,24 +139,24 @@ def plan_ab(prompt: object, resolution: object, a: object, b: object, *, presets
     return ABPlan(grid, differs)
 
 
-def settings_of(cell: GridCell) -> dict[str, Any]:
+def settings_of(cell: GridCell) -> Info:
     return {key: getattr(cell, key) for key in COMPARED}
 
 
-def side_labels(a: Mapping[str, Any], b: Mapping[str, Any], differs: tuple[str, ...]) -> tuple[str, str]:
+def side_labels(a: Mapping[str, object], b: Mapping[str, object], differs: tuple[str, ...]) -> tuple[str, str]:
     """"A: seed 3 · ink", "B: seed 4 · no style": each side named by what differs (a prompt by the words that do)."""
     prompts = differing_words(str(a.get("prompt", "")), str(b.get("prompt", "")))
     return (_label("A", a, differs, prompts[0]), _label("B", b, differs, prompts[1]))
 
 
-def _label(name: str, settings: Mapping[str, Any], differs: tuple[str, ...], prompt: str) -> str:
+def _label(name: str, settings: Mapping[str, object], differs: tuple[str, ...], prompt: str) -> str:
     words = []
     for key in differs:
         value = settings.get(key)
         if key == "prompt":
             words.append(prompt)
         elif key == "style":
-            words.append(value or "no style")
+            words.append(str(value or "no style"))
         elif value is None:  # a strength without a style, guidance on a distilled model: nothing to say
             continue
         elif key == "steps":

@@ -7,20 +7,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 from PIL import Image, ImageOps, UnidentifiedImageError
-from PIL.PngImagePlugin import PngInfo
 
 from neuron_ui.studio.ab_plan import side_labels
-from neuron_ui.studio.grid_plan import Axis, GridCell, GridPlan
-from neuron_ui.studio.grid_sheet import BACKGROUND, GridResult, draw_sheet
-from neuron_ui.contract.results import PNG_COMPRESS_LEVEL
+from neuron_ui.studio.grid_plan import Axis, GridCell, GridPlan, Info
+from neuron_ui.studio.grid_sheet import BACKGROUND, GridResult, draw_sheet, save_deflated
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from neuron_ui.studio.grid_sheet import CellResult
 
 SIDES = ("a", "b")
 PLACE = ("index", "column", "row", "block", "same_as")  # a grid cell's place: nothing to an A/B
@@ -31,7 +27,12 @@ FROM_PARAMETERS = {"prompt": "prompt", "resolution": "resolution", "seed": "seed
 
 @dataclass
 class ABResult(GridResult):
-    """An A/B as made: the grid's result (its cells A and B) with the settings that differ."""
+    """An A/B as made: the grid's result (its cells A and B) with the settings that differ; its PNG's text holds the
+    comparison under "ab", each side's parameters under "A" and "B" (a side not made has none)."""
+
+    SUMMARY: ClassVar[str] = "ab"
+    CELLS: ClassVar[tuple[str, ...]] = SIDES
+    HIDDEN: ClassVar[tuple[str, ...]] = (*PLACE, "image")
 
     differs: tuple[str, ...] = ()
 
@@ -39,17 +40,14 @@ class ABResult(GridResult):
     def from_grid(cls, grid: GridResult, differs: tuple[str, ...]) -> ABResult:
         return cls(grid.plan, grid.made, grid.style_switches, grid.stopped, grid.seconds, differs)
 
-    def _done(self, index: int) -> CellResult | None:
-        return next((done for done in self.made if done.cell.index == index), None)
-
-    def side(self, index: int, image: str | None = None) -> dict[str, Any] | None:
+    def side(self, index: int, image: str | None = None) -> Info | None:
         """One side's parameters, cache_event, seconds and image; None when it was not made (a Stop)."""
-        done = self._done(index)
+        done = next((done for done in self.made if done.cell.index == index), None)
         if done is None:
             return None
         return {key: value for key, value in done.info(image).items() if key not in PLACE}
 
-    def info(self, images: Mapping[int, str] | None = None) -> dict[str, Any]:
+    def info(self, images: Mapping[int, str] | None = None) -> Info:
         """JSON-ready: `a` and `b` (with their images' paths from `images`, by cell index), what differs."""
         images = images or {}
         return {"resolution": self.plan.resolution, "differs": list(self.differs),
@@ -57,15 +55,8 @@ class ABResult(GridResult):
                 **{name: self.side(index, images.get(index)) for index, name in enumerate(SIDES)},
                 "style_switches": self.style_switches, "stopped": self.stopped, "seconds": round(self.seconds, 3)}
 
-    def png_text(self) -> list[tuple[str, str]]:
-        """The comparison under "ab", each side's parameters under "A" and "B" (a side not made has none)."""
-        text = [("ab", json.dumps({k: v for k, v in self.info().items() if k not in SIDES}, sort_keys=True))]
-        for index, name in enumerate(SIDES):
-            done, side = self._done(index), self.side(index)
-            if done is not None and side is not None:
-                side.pop("image")
-                text.append((name.upper(), json.dumps({**side, "parameters": done.result.info()}, sort_keys=True)))
-        return text
+    def chunk_name(self, index: int) -> str:
+        return SIDES[index].upper()
 
 
 @dataclass
@@ -74,17 +65,14 @@ class ABFiles:
 
     image: Image.Image
     text: list[tuple[str, str]]
-    info: dict[str, Any]
+    info: Info
 
     def save_png(self, path: Path) -> Path:
-        meta = PngInfo()
-        for key, value in self.text:
-            meta.add_text(key, value)
-        self.image.save(path, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+        save_deflated(self.image, path, self.text)
         return path
 
 
-def read_png(path: Path) -> tuple[Image.Image, dict[str, Any] | None]:
+def read_png(path: Path) -> tuple[Image.Image, Info | None]:
     """An image and the parameters this app wrote in it (None for any other image); ValueError in one line."""
     try:
         with Image.open(path) as opened:
@@ -99,7 +87,7 @@ def read_png(path: Path) -> tuple[Image.Image, dict[str, Any] | None]:
     return image, parameters if isinstance(parameters, dict) else None
 
 
-def settings_from(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+def settings_from(parameters: Mapping[str, object] | None) -> Info:
     if parameters is None:
         return {}
     return {key: parameters.get(name) for key, name in FROM_PARAMETERS.items()}

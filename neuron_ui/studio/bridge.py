@@ -46,23 +46,18 @@ class Bridge(Generic[T, R]):
         self._ready = threading.Condition()
         self._wake: Callable[[], None] = lambda: None  # an async reader's loop hears each item
         self._thread: threading.Thread | None = None
+        self._ended = False  # the reader was handed the end (Finished, or the call's error)
 
     def __iter__(self) -> Iterator[T | Finished[R]]:
         self._start()
-        ended = False
         try:
-            while True:
+            while not self._ended:
                 with self._ready:
                     self._ready.wait_for(lambda: bool(self._items))
                     item = self._take()
-                told = self._deliver(item)
-                ended = isinstance(told, Finished)
-                yield told
-                if ended:
-                    return
+                yield self._deliver(item)
         finally:
-            if not ended:
-                self._leave()
+            self._leave()
 
     async def __aiter__(self) -> AsyncGenerator[T | Finished[R], None]:
         loop = asyncio.get_running_loop()
@@ -76,23 +71,17 @@ class Bridge(Generic[T, R]):
 
         self._wake = wake
         self._start()
-        ended = False
         try:
-            while True:
+            while not self._ended:
                 with self._ready:
                     item = self._take() if self._items else None
                 if item is None:
                     await ready.wait()
                     ready.clear()  # an item put since is in the deque already: the loop finds it
                     continue
-                told = self._deliver(item)
-                ended = isinstance(told, Finished)
-                yield told
-                if ended:
-                    return
+                yield self._deliver(item)
         finally:
-            if not ended:
-                self._leave()
+            self._leave()
 
     def _start(self) -> None:
         if self._thread is not None:
@@ -124,6 +113,7 @@ class Bridge(Generic[T, R]):
     def _deliver(self, item: T | Finished[R] | _Raised) -> T | Finished[R]:
         """The item for the reader; at the end the call's thread is joined first, and its error is raised here."""
         if isinstance(item, (Finished, _Raised)) and self._thread is not None:
+            self._ended = True
             self._thread.join()
         if isinstance(item, _Raised):
             raise item.error
@@ -131,5 +121,5 @@ class Bridge(Generic[T, R]):
 
     def _leave(self) -> None:
         """The reader left before the end: the call is stopped (when it has a token); what it ends with is dropped."""
-        if self.stop is not None:
+        if self.stop is not None and not self._ended:
             self.stop.stop()  # the device is free for the next visitor

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.contract.stopping import Phase, StopReason, StopToken
 from neuron_ui.studio.grid import run_grid
 
@@ -130,7 +130,8 @@ class GridJobs(Generic[R]):
                  max_kept: int = MAX_KEPT, clock: Callable[[], float] = time.monotonic):
         self.engine, self.max_running, self.keep_seconds, self.max_kept = engine, max_running, keep_seconds, max_kept
         self.clock = clock
-        self._jobs: OrderedDict[str, GridJob[R]] = OrderedDict()  # the least recently started first
+        # the least recently started first; _expire keeps it under its size, so a running grid is never dropped
+        self._jobs: BoundedRegistry[str, GridJob[R]] = BoundedRegistry(max_kept + max_running)
         self._lock = threading.Lock()
 
     def start(self, owner: str, plan: GridPlan, finish: Callable[[GridResult], R],
@@ -143,12 +144,11 @@ class GridJobs(Generic[R]):
             if mine is not None and mine.running:
                 raise ValueError(f"your grid of {mine.total} at {mine.plan.resolution} is still being made "
                                  f"({mine.made} done): stop it, or wait for it to finish")
-            running = sum(job.running for job in self._jobs.values())
+            running = sum(self._jobs[name].running for name in self._jobs)
             if running >= self.max_running:
                 raise ValueError(f"{running} grids are being made on this server, its limit: try again when one "
                                  "is done")
             job: GridJob[R] = GridJob(owner, plan)
-            self._jobs.pop(owner, None)
             self._jobs[owner] = job
         thread = threading.Thread(target=job.run, args=(self.engine, finish, on_cell, self.clock),
                                   name="grid", daemon=True)
@@ -175,7 +175,7 @@ class GridJobs(Generic[R]):
         """Drop grids ended keep_seconds ago, then the longest-ended past max_kept; a running grid is never dropped
         (it is bounded by max_running and its cells)."""
         deadline = self.clock() - self.keep_seconds
-        ended = [(job.ended, owner) for owner, job in self._jobs.items() if job.ended is not None]
-        for when, owner in sorted(ended):
+        ended = [(self._jobs[owner].ended, owner) for owner in self._jobs]
+        for when, owner in sorted((when, owner) for when, owner in ended if when is not None):
             if when < deadline or len(self._jobs) > self.max_kept:
-                del self._jobs[owner]
+                self._jobs.pop(owner)

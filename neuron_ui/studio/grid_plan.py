@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.checks import NumberRange
+from neuron_ui.contract.results import ShapeState
 from neuron_ui.contract.requests import (
     MAX_SEED,
     SEED,
@@ -43,6 +44,7 @@ MAX_AXES = 3
 DEFAULT_MAX_CELLS = 16
 MAX_AXIS_TEXT = 2000  # characters of one axis as sent: a list longer than this is no list of cells
 NO_STYLE_WORD = "none"
+Info = dict[str, object]  # what a grid, an A/B or a cell says of itself, JSON-ready
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Axis:
     """One axis: its name (one of AXES), its values as the cells use them, and their labels on the sheet."""
 
     name: str
-    values: tuple[Any, ...]
+    values: tuple[Any, ...]  # of one type each, the axis' (seeds int, steps int, strengths float, styles str or None)
     labels: tuple[str, ...]
 
 
@@ -68,7 +70,7 @@ class GridCell:
     style: str | None  # None: no style
     strength: float | None  # the style's strength; None: the style's default (or no style)
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> Info:
         return {"index": self.index, "column": self.column, "row": self.row, "block": self.block,
                 "prompt": self.prompt, "seed": self.seed, "steps": self.steps, "style": self.style,
                 "strength": self.strength}
@@ -180,7 +182,7 @@ def parse_prompts(text: object, prompt: str) -> tuple[str, ...]:
 
 def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, ...], loaded: Mapping[str, float],
               max_cells: int = DEFAULT_MAX_CELLS, seeds: object = None, prompts: object = None, steps: object = None,
-              strengths: object = None, styles: object = None, seed: int | None = None) -> GridPlan:
+              strengths: object = None, styles: object = None, seed: object = None) -> GridPlan:
     """Every axis parsed and checked, the cells laid out and ordered; ValueError in one line before anything runs.
     `loaded`: the styles loaded here, by name. An empty or None axis is not an axis; `seed` is every cell's seed
     without a seeds axis (None: one at random)."""
@@ -193,7 +195,7 @@ def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, 
         raise ValueError("a grid needs an axis: seeds, styles, strengths, steps or prompts")
     if len(given) > MAX_AXES:
         raise ValueError(f"a grid has at most {MAX_AXES} axes; got {len(given)}: {', '.join(given)}")
-    parsed: dict[str, tuple[Any, ...]] = {}
+    parsed: dict[str, tuple[object, ...]] = {}
     for name, value in given.items():
         parsed[name] = {"seeds": lambda v: parse_seeds(v, max_cells), "prompts": lambda v: parse_prompts(v, text),
                         "steps": parse_steps, "strengths": parse_strengths,
@@ -207,14 +209,13 @@ def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, 
     if count > max_cells:
         raise ValueError(f"a grid of {shape} = {count} images is more than {max_cells}, this server's limit "
                          "(--max-grid-cells): take fewer values")
-    axes = tuple(Axis(name, parsed[name], labels(name, parsed[name], parsed.get("prompts"))) for name in AXES
-                 if name in parsed)
+    axes = tuple(Axis(name, parsed[name], labels(name, parsed[name])) for name in AXES if name in parsed)
     fixed_seed = secrets.randbelow(MAX_SEED + 1) if seed is None else int(SEED.check(seed))
     cells = build_cells(axes, text, fixed_seed)
     return GridPlan(prompt=text, resolution=str(size), axes=axes, cells=cells, order=run_order(cells, axes))
 
 
-def labels(name: str, values: tuple[Any, ...], prompts: tuple[str, ...] | None) -> tuple[str, ...]:
+def labels(name: str, values: tuple[object, ...]) -> tuple[str, ...]:
     if name == "seeds":
         return tuple(f"seed {v}" for v in values)
     if name == "steps":
@@ -222,8 +223,8 @@ def labels(name: str, values: tuple[Any, ...], prompts: tuple[str, ...] | None) 
     if name == "strengths":
         return tuple(f"strength {v:g}" for v in values)
     if name == "styles":
-        return tuple(v or "no style" for v in values)
-    return tuple(prompts or ())
+        return tuple(str(v or "no style") for v in values)
+    return tuple(str(v) for v in values)  # the prompts, whole
 
 
 def build_cells(axes: tuple[Axis, ...], prompt: str, seed: int) -> tuple[GridCell, ...]:
@@ -273,6 +274,6 @@ def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
         return None
     per_step = image / max(status.default_steps, 1)
     seconds = sum(per_step * (cell.steps or status.default_steps) for cell in plan.cells)
-    if str(shape.state) != "ready" and shape.estimate_seconds:
+    if shape.state != ShapeState.READY and shape.estimate_seconds:
         seconds += shape.estimate_seconds
     return seconds

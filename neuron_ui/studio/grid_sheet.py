@@ -7,15 +7,16 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, ClassVar
 
 from PIL import Image, ImageDraw, ImageFont
+from PIL.PngImagePlugin import PngInfo
 
 from neuron_ui.images.png import write_png
 from neuron_ui.contract.results import PNG_COMPRESS_LEVEL
 
 if TYPE_CHECKING:
-    from neuron_ui.studio.grid_plan import GridCell, GridPlan
+    from neuron_ui.studio.grid_plan import GridCell, GridPlan, Info
     from neuron_ui.contract.results import GenerateResult
 
 MAX_CELL_SIDE = 512  # pixels a cell takes on the sheet at most: 16 cells at 1024x1024 would be 16k x 16k otherwise
@@ -33,7 +34,7 @@ class CellResult:
     result: GenerateResult
     same_as: int | None = None
 
-    def info(self, image: str | None = None) -> dict[str, Any]:
+    def info(self, image: str | None = None) -> Info:
         return {**self.cell.params(), "resolution": self.result.resolution, "cache_event": self.result.cache_event,
                 "seconds": 0.0 if self.same_as is not None else self.result.total_seconds,
                 "same_as": self.same_as, "lora_sha256": self.result.lora_sha256, "image": image}
@@ -43,9 +44,15 @@ class CellResult:
 class GridResult:
     """A grid as made, in run order; `stopped` says why the rest was not made (a Stop), None when all were."""
 
+    # Its PNG's text chunks: the summary (info() without the cells) under SUMMARY, each cell's parameters (without
+    # HIDDEN) under its chunk_name.
+    SUMMARY: ClassVar[str] = "grid"
+    CELLS: ClassVar[tuple[str, ...]] = ("cells",)
+    HIDDEN: ClassVar[tuple[str, ...]] = ("image",)
+
     plan: GridPlan
     made: list[CellResult] = field(default_factory=list)
-    style_switches: list[dict[str, Any]] = field(default_factory=list)
+    style_switches: list[Info] = field(default_factory=list)
     stopped: str | None = None
     seconds: float = 0.0
 
@@ -61,7 +68,7 @@ class GridResult:
     def image(self) -> Image.Image:
         return draw_sheet(self.plan, {done.cell.index: done.result.image for done in self.made})
 
-    def info(self, images: Mapping[int, str] | None = None) -> dict[str, Any]:
+    def info(self, images: Mapping[int, str] | None = None) -> Info:
         """JSON-ready: the axes, each cell made (with its image's path from `images`, by cell index), the switches."""
         images = images or {}
         return {"prompt": self.plan.prompt, "resolution": self.plan.resolution,
@@ -70,27 +77,34 @@ class GridResult:
                 "cells": [done.info(images.get(done.cell.index)) for done in self.made],
                 "style_switches": self.style_switches, "stopped": self.stopped, "seconds": round(self.seconds, 3)}
 
+    def chunk_name(self, index: int) -> str:
+        return f"cell {index + 1}"  # its place on the sheet, from 1
+
     def png_text(self) -> list[tuple[str, str]]:
-        """The grid's summary, then each cell's parameters under "cell N" (N its place on the sheet, from 1)."""
-        text = [("grid", json.dumps({k: v for k, v in self.info().items() if k != "cells"}, sort_keys=True))]
+        """The summary, then each cell made, by its place on the sheet."""
+        summary = {k: v for k, v in self.info().items() if k not in self.CELLS}
+        text = [(self.SUMMARY, json.dumps(summary, sort_keys=True))]
         for done in sorted(self.made, key=lambda d: d.cell.index):
-            params = {**done.info(), "parameters": done.result.info()}
-            params.pop("image")
-            text.append((f"cell {done.cell.index + 1}", json.dumps(params, sort_keys=True)))
+            params = {k: v for k, v in done.info().items() if k not in self.HIDDEN}
+            text.append((self.chunk_name(done.cell.index), json.dumps({**params, "parameters": done.result.info()},
+                                                                      sort_keys=True)))
         return text
 
     def save_png(self, path: Path | str, fast: bool = False) -> Path:
         """The sheet with its text; `fast` uncompressed (images/png.py), else deflated like the CLI's images."""
         if fast:
             return write_png(self.image, path, self.png_text())
-        from PIL.PngImagePlugin import PngInfo
+        save_deflated(self.image, path, self.png_text())
+        return Path(path)
 
-        meta = PngInfo()
-        for key, value in self.png_text():
-            meta.add_text(key, value)
-        path = Path(path)
-        self.image.save(path, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
-        return path
+
+def save_deflated(image: Image.Image, target: Path | str | IO[bytes], text: list[tuple[str, str]]) -> None:
+    """`image` as a deflated PNG (smaller, slower to write than images/png.py's) with `text` as its text chunks:
+    for a file kept (the CLI's) or sent (MCP's)."""
+    meta = PngInfo()
+    for key, value in text:
+        meta.add_text(key, value)
+    image.save(target, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
 
 
 def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:

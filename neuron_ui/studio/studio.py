@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import GenerateResult, ProgressFn, ProgressUpdate, ShapeStatus, StepPreview
     from neuron_ui.studio.ab_plan import ABPlan
-    from neuron_ui.studio.grid_plan import GridPlan
+    from neuron_ui.studio.grid_plan import GridPlan, Info
     from neuron_ui.studio.grid_sheet import CellResult, GridResult
 
 R = TypeVar("R")
@@ -81,7 +81,7 @@ class Sheet:
     path: str | None = None
     cells: dict[int, str] = field(default_factory=dict)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> Info:
         return self.grid.info(self.cells)
 
 
@@ -117,7 +117,7 @@ class Studio:
         self.engine, self.store = engine, store
         self.stops = SessionStops() if stops is None else stops
         self.max_grid_cells = max_grid_cells  # images one grid may make
-        self.jobs: GridJobs[Any] = GridJobs(engine, max_grids)
+        self.jobs: GridJobs[Any] = GridJobs(engine, max_grids)  # each job's outcome is its door's (start_grid)
 
     @contextmanager
     def _token(self, asker: Asker) -> Iterator[StopToken]:
@@ -145,7 +145,7 @@ class Studio:
         """Compile one preset without making an image; its status."""
         return self.engine.warmup(resolution, asker.progress, visitor=asker.visitor)
 
-    def plan_grid(self, prompt: object, resolution: object, axes: Mapping[str, Any]) -> GridPlan:
+    def plan_grid(self, prompt: object, resolution: object, axes: Mapping[str, object]) -> GridPlan:
         """The grid's plan against this engine's sizes and loaded styles; ValueError in one line before anything
         runs."""
         return plan_grid(prompt, resolution, presets=self.engine.presets, loaded=self._styles()[0],
