@@ -26,7 +26,7 @@ from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.blocks import build_demo
 from neuron_ui.ui.editing import EditingHandlers
-from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.errors import public_status
 from neuron_ui.web.files import ImageStore
 from neuron_ui.web.gradio_bridge import DEVICE
 from neuron_ui.ui.handlers import Handlers
