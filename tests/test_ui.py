@@ -26,7 +26,7 @@ from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.blocks import build_demo
 from neuron_ui.ui.editing import EditingHandlers
-from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.errors import public_status
 from neuron_ui.web.files import ImageStore
 from neuron_ui.web.gradio_bridge import DEVICE
 from neuron_ui.ui.handlers import Handlers
@@ -563,7 +563,6 @@ def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
 
 def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_path):
     handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
-    editing_handlers = EditingHandlers(handlers.studio, handlers.run, user_errors, True, handlers.stored)
     source, reference, layer = tmp_path / "source.png", tmp_path / "ref.png", tmp_path / "layer.png"
     Image.new("RGB", (300, 200), (10, 200, 30)).save(source)
     Image.new("RGB", (640, 480), (200, 10, 30)).save(reference)
@@ -572,8 +571,8 @@ def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_pa
     painted.save(layer)
     editor = {"background": str(source), "layers": [str(layer)], "composite": str(source)}
     session = {"id": "e" * 20}
-    *_, history, _ = editing_handlers.on_inpaint(editor, "at night", "256x256", 0.5, 2, 3, False, 1.0,
-                                                 [str(reference)], "512x512", "pad", [], session)
+    *_, history, _ = handlers.on_inpaint(editor, "at night", "256x256", 0.5, 2, 3, False, 1.0,
+                                         [str(reference)], "512x512", "pad", [], session)
     # Through the browser's storage and back, then picked from the history.
     kept = handlers.session.on_save(session, "at night", "256x256", 2, 3, False, 1.0, history)
     restored_history = handlers.session.on_restore(kept)[7]
@@ -586,7 +585,7 @@ def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_imag
     """Issue 22, item 8: after uploading to the inpaint editor (and painting) the hint named nothing, and with 2
     references it announced Generate's layout while Inpaint compiled another, its source doubling the tokens."""
     handlers = Handlers(engine, ImageStore(tmp_path / "images"), uploads=tmp_path)
-    editing = EditingHandlers(handlers.studio, handlers.run, user_errors, True, handlers.stored)
+    editing = EditingHandlers(engine, handlers.stored)
     files = []
     for name in ("a.png", "b.png"):
         Image.new("RGB", (64, 48), (200, 10, 30)).save(tmp_path / name)

@@ -8,12 +8,12 @@ always does); *Close* goes back to the image alone. Only paths of the session's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import gradio as gr
 
-from neuron_ui.ui.history import HistoryEntry  # at run time: Gradio reads the handlers' hints
+from neuron_ui.ui.history import HistoryEntry, entry_named, picked  # at run time: Gradio reads the handlers' hints
+from neuron_ui.web.gradio_bridge import Listen
 
 NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
 ALONE = "Only one image in this session's history: make another, then compare."
@@ -61,16 +61,10 @@ class ABHandlers:
     """Open, change the right side, close; the paths come from the session's history only."""
 
     @staticmethod
-    def _entry(history: list[HistoryEntry], path: Any) -> HistoryEntry | None:
-        """The history's entry for a path the page sent (Gradio may name it from its own folder: the store's file
-        names are unique, so the name decides)."""
-        name = Path(path).name if isinstance(path, str) and path else None
-        return next((e for e in history if Path(e.path).name == name), None)
-
-    def on_open(self, image: Any, history: list[HistoryEntry]) -> tuple[Any, ...]:
+    def on_open(image: object, history: list[HistoryEntry]) -> tuple[object, ...]:
         """A: the image shown; B: the one made before it (else the newest other). Outputs: left, panel, slider,
         caption."""
-        shown = self._entry(history, image)
+        shown = entry_named(history, image)
         if shown is None:
             gr.Warning(NO_IMAGE)
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
@@ -82,25 +76,25 @@ class ABHandlers:
         right = next((e for e in after if e.path != shown.path), others[0])
         return (shown.path, gr.Column(visible=True), (shown.path, right.path), describe_pair(shown, right))
 
-    def on_pick(self, left: Any, history: list[HistoryEntry], event: gr.SelectData) -> tuple[Any, Any]:
+    @staticmethod
+    def on_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> tuple[object, object]:
         """A history image clicked while comparing: it goes on the right. Outputs: slider, caption."""
-        shown = self._entry(history, left)
-        if shown is None or not isinstance(event.index, int) or not 0 <= event.index < len(history):
+        shown, right = entry_named(history, left), picked(history, event)
+        if shown is None or right is None:
             return gr.skip(), gr.skip()
-        right = history[event.index]
         return (shown.path, right.path), describe_pair(shown, right)
 
     @staticmethod
-    def on_close() -> tuple[Any, Any]:
+    def on_close() -> tuple[None, gr.Column]:
         """Back to the image alone. Outputs: left, panel."""
         return None, gr.Column(visible=False)
 
 
 def wire_ab(panel: ABPanel, image: gr.Image, history: gr.State, history_gallery: gr.Gallery,
-            hidden: dict[str, Any]) -> None:
+            hidden: Listen) -> None:
     """The panel's events (queue=False: nothing here waits for the device)."""
     handlers = ABHandlers()
-    told = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
+    told: Listen = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
     panel["open"].click(handlers.on_open, [image, history],
                         [panel["left"], panel["panel"], panel["slider"], panel["caption"]], **told)
     history_gallery.select(handlers.on_pick, [panel["left"], history], [panel["slider"], panel["caption"]], **hidden)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -21,9 +21,8 @@ from neuron_ui.ui.editing import (
     api_reference_inputs,
     api_style_inputs,
 )
-from neuron_ui.web.errors import user_errors
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
-from neuron_ui.web.gradio_bridge import DEVICE, device_queue_length, serve_in_place
+from neuron_ui.web.gradio_bridge import DEVICE, Listen, Then, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.named_api import add_api, numbers, texts
 from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
@@ -145,32 +144,33 @@ def build_demo(engine: EngineLike, settings: Settings,
         # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device
         # (server.gate.Gate bounds it), each then waits in the engine's queue, where it hears what it waits for, can
         # be stopped, and the next image starts on the device while the previous one is encoded and sent.
-        # Keyword sets shared by many events (typed Any: each key is a different parameter of Gradio's listeners).
-        on_device: dict[str, Any] = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
-        private: dict[str, Any] = {"api_visibility": "private"}
-        hidden: dict[str, Any] = {"show_progress": "hidden", "queue": False, **private}
+        # Keyword sets shared by many events.
+        on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
+        private: Listen = {"api_visibility": "private"}
+        private_on_device: Listen = {**on_device, **private}  # the page's own events that run the pipeline
+        hidden: Listen = {"show_progress": "hidden", "queue": False, **private}
         # gr.Warning reaches the page only when queued
-        told: dict[str, Any] = {**hidden, "queue": True, "concurrency_limit": None}
-        refresh: dict[str, Any] = {"fn": handlers.on_tick, "inputs": [resolution, seen],
-                                   "outputs": [table, activity, resolution, hint, now, seen], **hidden}
-        failed: dict[str, Any] = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
+        told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
+        refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],
+                         "outputs": [table, activity, resolution, hint, now, seen], **hidden}
+        failed: Then = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
         made = [image, info, seed, history, history_gallery]
         style_inputs = [styles["style"], styles["strength"]]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate_watched,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image],
-                          **on_device, js=SHOW_IMAGE, **private)
+                          js=SHOW_IMAGE, **private_on_device)
         generated.then(**refresh)
         generated.failure(**failed)
         varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
-                                       js=SHOW_IMAGE, **private).then(
+                                       js=SHOW_IMAGE, api_visibility="private").then(
             handlers.on_variations, [*form, count, history, session, *style_inputs],
             [image, info, seed, variations, history, history_gallery],
-            show_progress_on=[image, variations], **on_device, **private)
+            show_progress_on=[image, variations], **private_on_device)
         varied.then(**refresh)
         varied.failure(**failed)
-        warmup.click(handlers.on_warmup, [resolution, session], [hint], **on_device, **private).then(**refresh)
+        warmup.click(handlers.on_warmup, [resolution, session], [hint], **private_on_device).then(**refresh)
         resolution.change(handlers.on_resolution, [resolution], [hint], **hidden)
         seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
         prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **hidden)
@@ -185,8 +185,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                    history.change]
         gr.on(changes, handlers.session.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
-        editing_handlers = EditingHandlers(handlers.studio, handlers.run, user_errors, handlers.distilled,
-                                           handlers.stored)
+        editing_handlers = EditingHandlers(engine, handlers.stored)
         history_gallery.select(handlers.on_select, [history],
                                [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
                                 edit_inpaint["editor"], edit_inpaint["strength"]], show_progress_on=[image], **hidden)
@@ -207,11 +206,11 @@ def build_demo(engine: EngineLike, settings: Settings,
         edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"],
                                   edit_inpaint["holds"]], js=EDIT_SCRIPT, show_progress_on=[image], **told)
         inpainted = edit_inpaint["button"].click(None, edit_inpaint["editor"], edit_inpaint["sent"], js=INPAINT_SCRIPT,
-                                                 queue=False, **private).success(
-            editing_handlers.on_inpaint,
+                                                 queue=False, api_visibility="private").success(
+            handlers.on_inpaint,
             [edit_inpaint["sent"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
              *ref_inputs, history, session, *style_inputs],
-            made, show_progress_on=[image], **on_device, **private,
+            made, show_progress_on=[image], **private_on_device,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         inpainted.then(**refresh)
@@ -219,7 +218,8 @@ def build_demo(engine: EngineLike, settings: Settings,
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
         compared = wire_compare(CompareHandlers(handlers.studio, handlers.held, not handlers.distilled), compare,
-                                [prompt, resolution], history, history_gallery, session, demo, on_device, hidden)
+                                [prompt, resolution], history, history_gallery, session, demo, private_on_device,
+                                hidden)
         stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
         # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
@@ -231,7 +231,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         add_api("generate", api.api_generate_watched, lambda: [
             *texts("prompt", "resolution"), *numbers("steps", "seed", "guidance"), *api_reference_inputs(),
             *api_style_inputs(), gr.Checkbox(label="preview")], "image", on_device)
-        add_api("inpaint", editing_handlers.api_inpaint, api_inpaint_inputs, "image", on_device)
+        add_api("inpaint", api.api_inpaint, api_inpaint_inputs, "image", on_device)
         add_api("grid", api.api_grid, lambda: texts("prompt", "resolution", *AXIS_KINDS), "grid_png", on_device)
         add_api("ab", api.api_ab, lambda: texts("prompt", "resolution", "a", "b"), "ab_png", on_device)
         gr.api(handlers.api.api_warmup, api_name="warmup", **on_device)

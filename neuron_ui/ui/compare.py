@@ -5,10 +5,9 @@ pages can stop it; its cells join the history."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -21,10 +20,12 @@ from neuron_ui.ui.session import BrowserSession
 from neuron_ui.ui.visitors import current_visitor
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
-from neuron_ui.web.gradio_bridge import current_event
+from neuron_ui.web.gradio_bridge import Listen, current_event
 from neuron_ui.web.progress import ProgressReporter
 
 if TYPE_CHECKING:
+    from gradio.events import Dependency
+
     from neuron_ui.studio.grid_jobs import GridJob
     from neuron_ui.studio.grid_sheet import CellResult, GridResult
     from neuron_ui.studio.studio import Sheet, Studio
@@ -67,10 +68,8 @@ def describe_grid(grid: GridResult) -> str:
 
 def cell_entry(done: CellResult, path: str, show_guidance: bool) -> HistoryEntry:
     result = done.result
-    return HistoryEntry(path=path, info=describe_result(result, show_guidance) + describe_style(result)
-                        + f" · grid cell {done.cell.index + 1}", prompt=result.prompt, resolution=result.resolution,
-                        seed=result.seed, steps=result.steps, guidance=result.guidance, lora=result.lora,
-                        lora_scale=result.lora_scale, cache_event=result.cache_event, made=time.time())
+    return HistoryEntry.made_from(result, path, describe_result(result, show_guidance) + describe_style(result)
+                                  + f" · grid cell {done.cell.index + 1}")
 
 
 @dataclass(frozen=True)
@@ -190,7 +189,7 @@ class CompareHandlers:
         return image, line, history, gallery, gr.Timer(active=False)
 
     @staticmethod
-    def _shown(job: GridJob[GridShown]) -> tuple[Any, Any]:
+    def _shown(job: GridJob[GridShown]) -> tuple[object, str]:
         if job.outcome is None:
             return gr.skip(), f"**Not made:** {failure_words(job.failure)}"
         sheet = job.outcome.sheet
@@ -211,53 +210,67 @@ def owner(session: BrowserSession | None) -> str:
     return current_visitor(session) or "anonymous"
 
 
-def add_compare_panel(styles: list[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ComparePanel:
+    """The panel's widgets: each axis's kind and values, the line before, the buttons, the grid and its line."""
+
+    kinds: list[gr.Dropdown]
+    values: list[gr.Textbox]
+    plan: gr.Markdown
+    make: gr.Button
+    stop: gr.Button
+    image: gr.Image
+    line: gr.Markdown
+    timer: gr.Timer
+
+
+def add_compare_panel(styles: list[str]) -> ComparePanel:
     """The panel's widgets (inside the form's column); the prompt and size are the form's own."""
-    parts: dict[str, Any] = {}
+    kinds, values = [], []
     with gr.Accordion("Compare: a grid", open=False, elem_id="compare"):
         gr.Markdown("The prompt and size above, along up to three axes: "
                     f"styles here: none{', ' + ', '.join(styles) if styles else ''}.", elem_id="compare-help")
         for n in (1, 2, 3):
             with gr.Row(equal_height=True):
-                parts[f"kind{n}"] = gr.Dropdown([NO_AXIS, *AXIS_KINDS], value=NO_AXIS, label=f"Axis {n}", scale=1,
-                                                min_width=110, elem_id=f"grid-kind{n}")
-                parts[f"values{n}"] = gr.Textbox(label="values", placeholder="3+4", scale=3,
-                                                 elem_id=f"grid-values{n}")
-        parts["plan"] = gr.Markdown(elem_id="grid-plan")
+                kinds.append(gr.Dropdown([NO_AXIS, *AXIS_KINDS], value=NO_AXIS, label=f"Axis {n}", scale=1,
+                                         min_width=110, elem_id=f"grid-kind{n}"))
+                values.append(gr.Textbox(label="values", placeholder="3+4", scale=3, elem_id=f"grid-values{n}"))
+        plan = gr.Markdown(elem_id="grid-plan")
         with gr.Row():
-            parts["make"] = gr.Button("Make grid", variant="primary", elem_id="grid-make")
-            parts["stop"] = gr.Button("Stop", variant="stop", elem_id="grid-stop")
-        parts["image"] = gr.Image(label="Grid", type="filepath", format="png", interactive=False,
-                                  buttons=["download", "fullscreen"], elem_id="grid-image")
-        parts["line"] = gr.Markdown(elem_id="grid-line")
-        parts["timer"] = gr.Timer(REFRESH_SECONDS, active=False)
-    return parts
+            make = gr.Button("Make grid", variant="primary", elem_id="grid-make")
+            stop = gr.Button("Stop", variant="stop", elem_id="grid-stop")
+        image = gr.Image(label="Grid", type="filepath", format="png", interactive=False,
+                         buttons=["download", "fullscreen"], elem_id="grid-image")
+        line = gr.Markdown(elem_id="grid-line")
+        timer = gr.Timer(REFRESH_SECONDS, active=False)
+    return ComparePanel(kinds, values, plan, make, stop, image, line, timer)
 
 
-def wire_compare(handlers: CompareHandlers, parts: dict[str, Any], form: list[Any], history: Any, gallery: Any,
-                 session: gr.BrowserState, demo: gr.Blocks, on_device: dict[str, Any], hidden: dict[str, Any]) -> Any:
+def wire_compare(handlers: CompareHandlers, parts: ComparePanel, form: list[gr.Textbox | gr.Dropdown],
+                 history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks, on_device: Listen,
+                 hidden: Listen) -> Dependency:
     """The panel's events; returns the grid's event (the form's Stop cancels it, which stops the grid too).
-    `form`: prompt, resolution."""
-    axes = [parts[f"{part}{n}"] for n in (1, 2, 3) for part in ("kind", "values")]
-    gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], parts["plan"],
+    `form`: prompt, resolution; `on_device`: the page's private events' keywords for the device."""
+    axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(parts.kinds, parts.values) for part in pair]
+    gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], parts.plan,
           trigger_mode="always_last", **hidden)
-    for n in (1, 2, 3):
-        parts[f"kind{n}"].change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), parts[f"kind{n}"],
-                                 parts[f"values{n}"], **hidden)
-    shown = [parts["image"], parts["line"]]
-    made = parts["make"].click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[parts["image"]],
-                               api_visibility="private", **on_device)
+    for kind, values in zip(parts.kinds, parts.values):
+        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, values, **hidden)
+    shown = [parts.image, parts.line]
+    made = parts.make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[parts.image],
+                            **on_device)
     # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
     # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
-    loaded = demo.load(handlers.on_restore, [session], [*shown, parts["timer"]], **hidden)
+    loaded = demo.load(handlers.on_restore, [session], [*shown, parts.timer], **hidden)
     followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
-    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[parts["image"]],
+    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[parts.image],
                           api_visibility="private", queue=True, concurrency_limit=None)
     # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
     made.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
     watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **hidden)
     for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
-        event.failure(lambda: gr.Timer(active=True), None, parts["timer"], **hidden)
-    parts["stop"].click(handlers.on_stop, [session], None, **{**hidden, "queue": True, "concurrency_limit": None})
-    parts["timer"].tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts["timer"]], **hidden)
+        event.failure(lambda: gr.Timer(active=True), None, parts.timer, **hidden)
+    told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
+    parts.stop.click(handlers.on_stop, [session], None, **told)
+    parts.timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts.timer], **hidden)
     return made

@@ -1,39 +1,35 @@
 """Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
 
-`build_demo` (ui.py) calls `add_reference_panel`, `add_inpaint_tab` and `api_inpaint_inputs` inside its Blocks; the
-handlers here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
+`build_demo` (blocks.py) calls `add_reference_panel`, `add_inpaint_tab` and `api_inpaint_inputs` inside its Blocks;
+the functions here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
 file value names one of the app's files or is refused unread (contract/files.py, the rule the gate applies too);
 the engine checks and fits the images (contract/references.py), and the editor's layers are read the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import gradio as gr
 from PIL import Image
 
 from neuron_ui.contract import references as refs
 from neuron_ui.images.decode import decoded, on_decoder
-from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import Mode
-from neuron_ui.ui.history import EditorValue, HistoryEntry  # at run time: Gradio reads the handlers' hints
-from neuron_ui.ui.session import BrowserSession
-from neuron_ui.ui.visitors import asker
+from neuron_ui.ui.history import HistoryEntry, picked  # at run time: Gradio reads the handlers' hints
 from neuron_ui.ui.words import describe_size
+from neuron_ui.web.errors import user_errors
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.files import StoredFiles
-    from neuron_ui.studio.studio import Studio
 
 
 DEFAULT_STRENGTH = 0.9
 
 
-def file_path(value: Any, stored: StoredFiles) -> str | None:
+def file_path(value: object, stored: StoredFiles) -> str | None:
     """A Gradio file value (a FileData dict with or without "meta", or a path) as the path of one of the app's
     files; ForeignFile (a ValueError: one line) for any other, before anything reads it."""
     if value is None or value == "":
@@ -41,12 +37,20 @@ def file_path(value: Any, stored: StoredFiles) -> str | None:
     return stored.use(value.get("path") if isinstance(value, dict) else value)
 
 
-def file_paths(values: Any, stored: StoredFiles) -> list[str]:
+def file_paths(values: object, stored: StoredFiles) -> list[str]:
     if values is None:
         return []
     if not isinstance(values, (list, tuple)):
         values = [values]
     return [p for p in (file_path(v, stored) for v in values) if p]
+
+
+def editor_files(value: object, stored: StoredFiles) -> tuple[str | None, list[str]]:
+    """The editor's background and painted layers as paths of the app's files (the browser uploads them; the value
+    reaches the handler unprocessed: preprocess=False)."""
+    if not isinstance(value, dict):
+        return None, []
+    return file_path(value.get("background"), stored), file_paths(value.get("layers"), stored)
 
 
 @on_decoder
@@ -70,23 +74,13 @@ def painted_mask(background: str, layers: list[str]) -> Image.Image:
 
 @dataclass
 class EditingHandlers:
-    """Handlers for the editing inputs. `run` is ui.Handlers.run (inpaint, save, remember; the Generate
-    button's outputs), `studio` the one /inpaint calls, `errors` ui.user_errors (ui imports this module), `stored`
-    the rule for the files a request may name."""
+    """Handlers for the editing inputs that make nothing (Inpaint's click is ui.Handlers.on_inpaint, /inpaint the
+    named API's): `stored` is the rule for the files a request may name."""
 
-    studio: Studio
-    run: Callable[..., tuple]
-    errors: Callable[[], Any]
-    distilled: bool
+    engine: EngineLike
     stored: StoredFiles
 
-    @property
-    def engine(self) -> EngineLike:
-        return self.studio.engine
-
-    # -- previews and status ---------------------------------------------------------------------
-
-    def on_preview(self, files: Any, reference_size: str, fit: str) -> list[tuple[Image.Image, str]]:
+    def on_preview(self, files: object, reference_size: str, fit: str) -> list[tuple[Image.Image, str]]:
         """What the model sees: each reference fitted, before anything runs; a bad file says why at once."""
         try:
             paths = file_paths(files, self.stored)
@@ -107,7 +101,7 @@ class EditingHandlers:
                 gr.Info(note)
         return [(f.image, f"{f.role}: {f.source_size[0]}x{f.source_size[1]} → {f.size} ({f.fit})") for f in fitted]
 
-    def on_layout(self, resolution: str, files: Any, reference_size: str, editing: bool = False) -> str:
+    def on_layout(self, resolution: str, files: object, reference_size: str, editing: bool = False) -> str:
         """What the next image's layout costs, before the click, when it is not the size alone (the size hint's):
         Generate's with references, and while the inpaint editor holds an image (`editing`: InpaintTab's "holds",
         not the editor, whose files Gradio uploads each time it reads them), Inpaint's too (its source image
@@ -124,17 +118,17 @@ class EditingHandlers:
             return str(error)
         return f"Inpaint: {describe_size(self.engine.layout_status(inpaint))}\n\nGenerate: {plain}"
 
-    def on_use_as_reference(self, image: str | None, files: Any) -> Any:
+    def on_use_as_reference(self, image: str | None, files: object) -> object:
         """Put the shown result among the references (the oldest drops out when full)."""
         if not image:
             gr.Warning("No image yet: generate one first.")
             return gr.skip()
-        with self.errors():
+        with user_errors():
             paths = [*file_paths(files, self.stored), file_path(image, self.stored)]
         return paths[-self.engine.max_references:] if self.engine.max_references else []
 
     @staticmethod
-    def on_edit_image(image: str | None) -> tuple[Any, Any]:
+    def on_edit_image(image: str | None) -> tuple[object, object]:
         """Open the shown result in the inpaint editor, which then holds an image (the page opens its panel:
         page_js.EDIT_SCRIPT)."""
         if not image:
@@ -143,55 +137,10 @@ class EditingHandlers:
         return {"background": image, "layers": [], "composite": image}, True
 
     @staticmethod
-    def on_history_pick(history: list[HistoryEntry], event: gr.SelectData) -> Any:
+    def on_history_pick(history: list[HistoryEntry], event: gr.SelectData) -> object:
         """A picked inpaint brings its image and mask back into the editor (ui.Handlers.on_select): it holds one."""
-        picked = history[event.index] if isinstance(event.index, int) and 0 <= event.index < len(history) else None
-        return True if picked is not None and picked.mode == Mode.INPAINT and picked.editor else gr.skip()
-
-    def on_inpaint(self, editor: Any, prompt: str, resolution: str, strength: float, steps: float,
-                   seed: float | None, randomize: bool, guidance: float, files: Any, reference_size: str,
-                   fit: str, history: list[HistoryEntry], session: BrowserSession | None = None,
-                   lora: str | None = None, lora_scale: float | None = None, progress: gr.Progress = gr.Progress()):
-        with self.errors():  # the editor's files get the upload checks and one line each, like /inpaint's
-            image, layers = self.editor_files(editor)
-            mask = painted_mask(image, layers) if image else None
-        if image is None:
-            raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",
-                           print_exception=False)
-        with self.errors():
-            references = file_paths(files, self.stored)
-        request = GenerateRequest(prompt, resolution, steps, None if randomize else seed,
-                                  None if self.distilled else guidance, references=references,
-                                  reference_size=reference_size, fit=fit, image=image, mask=mask, strength=strength,
-                                  lora=lora, lora_scale=lora_scale)
-        # The editor's image and painted layers join the history entry, so picking it restores the mask too.
-        return self.run(request, history, progress, session, EditorValue(image, tuple(layers)))
-
-    def editor_files(self, value: Any) -> tuple[str | None, list[str]]:
-        """The editor's background and painted layers as paths of the app's files (the browser uploads them; the
-        value reaches the handler unprocessed: preprocess=False)."""
-        if not isinstance(value, dict):
-            return None, []
-        return file_path(value.get("background"), self.stored), file_paths(value.get("layers"), self.stored)
-
-    # -- the named API ---------------------------------------------------------------------------
-
-    def api_inpaint(self, image: Any, mask: Any, prompt: str, strength: float | None = None,
-                    resolution: Any = None, steps: float | None = None, seed: float | None = None,
-                    references: Any = None, reference_size: str | None = None, lora: str | None = None,
-                    lora_scale: float | None = None) -> tuple[str, dict[str, Any]]:
-        """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate;
-        `lora` and `lora_scale` as for /generate. Values arrive as sent (preprocess=False): the engine checks them."""
-        with self.errors():
-            image, mask = file_path(image, self.stored), file_path(mask, self.stored)
-            if image is None or mask is None:
-                raise ValueError("inpainting needs both an image and a mask")
-            request = GenerateRequest(prompt, resolution, steps, seed,
-                                      references=file_paths(references, self.stored),
-                                      reference_size=reference_size or None, image=image, mask=mask,
-                                      strength=strength, lora=lora, lora_scale=lora_scale)
-            made = self.studio.inpaint(request, asker())
-            return str(made.path), made.result.info()
+        entry = picked(history, event)
+        return True if entry is not None and entry.mode == Mode.INPAINT and entry.editor else gr.skip()
 
 
 def api_reference_inputs() -> list[gr.Component]:

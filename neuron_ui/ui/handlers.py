@@ -6,24 +6,25 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.requests import MAX_SEED, GenerateRequest
+from neuron_ui.contract.results import Mode
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 from neuron_ui.studio.studio import DEFAULT_MAX_GRIDS, PreviewSink, Studio
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.editing import file_paths
-from neuron_ui.ui.history import EditorValue, HistoryEntry, gallery_items
+from neuron_ui.ui.editing import editor_files, file_paths, painted_mask
+from neuron_ui.ui.history import EditorValue, HistoryEntry, entry_named, gallery_items, picked
 from neuron_ui.ui.named_api import NamedApi
 from neuron_ui.ui.session import BrowserSession
 from neuron_ui.ui.session_events import HISTORY_SIZE, SessionEvents
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.previews import PreviewFiles
-from neuron_ui.web.progress import ProgressReporter
+from neuron_ui.web.progress import ProgressBar, ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.visitors import asker
 from neuron_ui.ui.words import (
@@ -41,6 +42,8 @@ from neuron_ui.ui.words import (
 )
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.web.files import ImageStore
     from neuron_ui.ui.words import CompileWait
@@ -73,15 +76,20 @@ class Handlers:
         self.api = NamedApi(self.studio, self.stored, self.previews, waiting or (lambda: 0))
 
     def _request(self, prompt: str, resolution: str, steps: float | None, seed: float | None,
-                 guidance: float | None, references: Any = None, reference_size: str | None = None,
-                 fit: str = "crop", style: str | None = None, style_strength: float | None = None) -> GenerateRequest:
-        # Distilled models ignore guidance; the engine's default is the model's own.
+                 guidance: float | None, references: object = None, reference_size: str | None = None,
+                 fit: str = "crop", style: str | None = None, style_strength: float | None = None,
+                 image: str | None = None, mask: Image.Image | None = None,
+                 strength: float | None = None) -> GenerateRequest:
+        """The form's values as a request (an inpaint's with `image`); a file that is not the app's: one line."""
         lora, lora_scale = request_style(style, style_strength)
-        return GenerateRequest(prompt, resolution, steps, seed, None if self.distilled else guidance,
-                               references=file_paths(references, self.stored),
-                               reference_size=reference_size or None, fit=fit, lora=lora, lora_scale=lora_scale)
+        with user_errors():
+            # Distilled models ignore guidance; the engine's default is the model's own.
+            return GenerateRequest(prompt, resolution, steps, seed, None if self.distilled else guidance,
+                                   references=file_paths(references, self.stored),
+                                   reference_size=reference_size or None, fit=fit, image=image, mask=mask,
+                                   strength=strength, lora=lora, lora_scale=lora_scale)
 
-    def _make(self, request: GenerateRequest, progress: Callable[..., Any], prefix: str = "",
+    def _make(self, request: GenerateRequest, progress: ProgressBar, prefix: str = "",
               session: BrowserSession | None = None, editor: EditorValue | None = None,
               on_preview: PreviewSink | None = None, before: HistoryEntry | None = None) -> HistoryEntry:
         """Generate (or inpaint, for a request with an image) through the studio, which saves the PNG, and return
@@ -103,16 +111,11 @@ class Handlers:
         finally:
             self.held.end(sid)
         result = made.result
-        entry = HistoryEntry(
-            path=str(made.path),
-            info=describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
+        entry = HistoryEntry.made_from(
+            result, str(made.path),
+            describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
             + describe_style(result, before),
-            prompt=result.prompt, resolution=result.resolution, seed=result.seed, steps=result.steps,
-            guidance=result.guidance, mode=result.mode, strength=result.strength, lora=result.lora,
-            lora_scale=result.lora_scale, cache_event=result.cache_event, made=time.time(),
-            references=tuple(r for r in request.references if isinstance(r, str)),
-            reference_size=request.reference_size, fit=request.fit, editor=editor,
-        )
+            tuple(r for r in request.references if isinstance(r, str)), request.reference_size, request.fit, editor)
         self.held.hold(sid, entry)
         return entry
 
@@ -126,18 +129,17 @@ class Handlers:
         return [e for e in [entry, *history] if Path(e.path).is_file()][:HISTORY_SIZE]
 
     def on_generate(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                    guidance: float, history: list[HistoryEntry], references: Any = None,
+                    guidance: float, history: list[HistoryEntry], references: object = None,
                     reference_size: str | None = None, fit: str = "crop", session: BrowserSession | None = None,
                     style: str | None = None, style_strength: float | None = None,
                     progress: gr.Progress = gr.Progress(), on_preview: PreviewSink | None = None):
         """One image from the form; the seed box then shows the seed actually used."""
-        with user_errors():  # a reference that is not one of the app's files: one line
-            request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
-                                    reference_size, fit, style, style_strength)
+        request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
+                                reference_size, fit, style, style_strength)
         return self.run(request, history, progress, session, on_preview=on_preview)
 
     def on_generate_watched(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                            guidance: float, history: list[HistoryEntry], references: Any = None,
+                            guidance: float, history: list[HistoryEntry], references: object = None,
                             reference_size: str | None = None, fit: str = "crop", session: BrowserSession | None = None,
                             style: str | None = None, style_strength: float | None = None,
                             progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
@@ -150,7 +152,24 @@ class Handlers:
 
         yield from self.previews.shown(work, lambda path, _: (path, *[gr.skip()] * 4))
 
-    def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: Callable[..., Any],
+    def on_inpaint(self, editor: object, prompt: str, resolution: str, strength: float, steps: float,
+                   seed: float | None, randomize: bool, guidance: float, files: object, reference_size: str,
+                   fit: str, history: list[HistoryEntry], session: BrowserSession | None = None,
+                   style: str | None = None, style_strength: float | None = None,
+                   progress: gr.Progress = gr.Progress()):
+        """Inpaint's click, with the editor's value its page-only first step handed on (editing.add_inpaint_tab)."""
+        with user_errors():  # the editor's files get the upload checks and one line each, like /inpaint's
+            image, layers = editor_files(editor, self.stored)
+            mask = painted_mask(image, layers) if image else None
+        if image is None:
+            raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",
+                           print_exception=False)
+        request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, files,
+                                reference_size, fit, style, style_strength, image, mask, strength)
+        # The editor's image and painted layers join the history entry, so picking it restores the mask too.
+        return self.run(request, history, progress, session, EditorValue(image, tuple(layers)))
+
+    def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: ProgressBar,
             session: BrowserSession | None = None, editor: EditorValue | None = None,
             on_preview: PreviewSink | None = None):
         """One request (generate or inpaint) into the Generate button's outputs."""
@@ -193,10 +212,10 @@ class Handlers:
         """Restore a history entry's parameters (and show its image) so it can be made again or varied: prompt,
         size, steps, seed, then the edit's references, reference size, fit, and for an inpaint its image and mask
         (the editor's value) and strength."""
-        if not isinstance(event.index, int) or not 0 <= event.index < len(history):
+        entry = picked(history, event)
+        if entry is None:
             raise gr.Error("that image is no longer in this session's history", print_exception=False)
-        entry = history[event.index]
-        editor = entry.editor if entry.mode == "inpaint" else None
+        editor = entry.editor if entry.mode == Mode.INPAINT else None
         return (entry.prompt, entry.resolution, gr.skip() if entry.steps is None else entry.steps, entry.seed, False,
                 entry.path, entry.info, list(entry.references) or None, entry.reference_size or gr.skip(), entry.fit,
                 editor.to_gradio() if editor else gr.skip(),
@@ -237,14 +256,13 @@ class Handlers:
         ignored = first_ignored_word(text, limit, self.engine.prompt_tokens) if tokens > limit else None
         return describe_prompt(text, tokens, limit, ignored)
 
-    def on_reuse_seed(self, history: list[HistoryEntry], image: Any = None):
+    def on_reuse_seed(self, history: list[HistoryEntry], image: object = None):
         """Put the seed of the image shown back in the box (the newest's when none of the history is shown) and stop
         randomizing: after a history click it reused the newest variation's seed, not the one shown."""
         if not history:
             gr.Warning("No image yet in this session: there is no last seed to reuse.")
             return gr.skip(), gr.skip()
-        name = Path(image).name if isinstance(image, str) and image else None
-        shown = next((e for e in history if Path(e.path).name == name), history[0])
+        shown = entry_named(history, image) or history[0]
         return shown.seed, False
 
     def on_stop(self, request: gr.Request) -> None:
@@ -256,7 +274,7 @@ class Handlers:
     def on_resolution(self, resolution: str) -> str:
         return describe_size_of(self.engine.status(), resolution)
 
-    def on_tick(self, resolution: str, last: Any):
+    def on_tick(self, resolution: str, last: dict[str, object] | None):
         """Status table, activity line, dropdown labels, hint and the line of what the device does now, for every
         open browser; skipped when unchanged (a compile's elapsed seconds change it every tick)."""
         status = self.api.status()  # its queue depth counts the requests still in Gradio's queue too

@@ -10,17 +10,34 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from neuron_ui.contract.references import FIT_MODES
 from neuron_ui.contract.requests import GUIDANCE, SEED, STEPS, STRENGTH, STYLE_SCALE
 from neuron_ui.contract.results import Mode
 
+if TYPE_CHECKING:
+    import gradio as gr
+
+    from neuron_ui.contract.checks import NumberRange
+    from neuron_ui.contract.results import GenerateResult
+
+T = TypeVar("T")
+
 MAX_PATHS = 16  # references or editor layers of one history entry: more than any request takes
 MAX_INFO = 2000  # characters of the line under the image
+
+
+class EditorJSON(TypedDict):
+    """The ImageEditor's value, as Gradio reads and writes it."""
+
+    background: str | None
+    layers: list[str]
+    composite: str | None
 
 
 @dataclass(frozen=True)
@@ -30,7 +47,7 @@ class EditorValue:
     background: str
     layers: tuple[str, ...] = ()
 
-    def to_gradio(self) -> dict[str, Any]:
+    def to_gradio(self) -> EditorJSON:
         """The ImageEditor's value."""
         return {"background": self.background, "layers": list(self.layers), "composite": None}
 
@@ -57,7 +74,17 @@ class HistoryEntry:
     fit: str = "crop"
     editor: EditorValue | None = None  # an inpaint's editor value
 
-    def to_json(self) -> dict[str, Any]:
+    @classmethod
+    def made_from(cls, result: GenerateResult, path: str, info: str, references: tuple[str, ...] = (),
+                  reference_size: str | None = None, fit: str = "crop",
+                  editor: EditorValue | None = None) -> HistoryEntry:
+        """The entry for a result just saved at `path`, with the edit's inputs the result does not carry."""
+        return cls(path=path, info=info, prompt=result.prompt, resolution=result.resolution, seed=result.seed,
+                   steps=result.steps, guidance=result.guidance, mode=result.mode, strength=result.strength,
+                   lora=result.lora, lora_scale=result.lora_scale, cache_event=result.cache_event, made=time.time(),
+                   references=references, reference_size=reference_size, fit=fit, editor=editor)
+
+    def to_json(self) -> dict[str, object]:
         """What the browser keeps: plain JSON, the keys of every version before this class."""
         data = asdict(self)
         data["references"] = list(self.references)
@@ -67,7 +94,7 @@ class HistoryEntry:
         return data
 
     @classmethod
-    def from_json(cls, data: Any, images: Path, uploads: Path) -> HistoryEntry | None:
+    def from_json(cls, data: object, images: Path, uploads: Path) -> HistoryEntry | None:
         """An entry the browser sent back (see the module's docstring); None when it cannot be restored. Its image
         must be one of ours; edit inputs (uploads, or results used as references or edited) are kept only if ours
         too. A file gone (an image the store dropped, an upload from before a restart) drops it, quietly."""
@@ -86,12 +113,12 @@ class HistoryEntry:
             prompt=prompt if isinstance(prompt, str) else "",
             resolution=resolution,
             seed=int(SEED.check(seed)),
-            steps=_kept(data.get("steps"), STEPS.accepts, int),
-            guidance=_kept(data.get("guidance"), GUIDANCE.accepts, float),
+            steps=_kept(data.get("steps"), STEPS, int),
+            guidance=_kept(data.get("guidance"), GUIDANCE, float),
             mode=Mode.INPAINT if data.get("mode") == Mode.INPAINT else Mode.GENERATE,
-            strength=_kept(data.get("strength"), STRENGTH.accepts, float),
+            strength=_kept(data.get("strength"), STRENGTH, float),
             lora=data["lora"] if isinstance(data.get("lora"), str) else None,
-            lora_scale=_kept(data.get("lora_scale"), STYLE_SCALE.accepts, float),
+            lora_scale=_kept(data.get("lora_scale"), STYLE_SCALE, float),
             cache_event=data["cache_event"] if isinstance(data.get("cache_event"), str) else None,
             made=clean_made(data.get("made")),
             references=clean_paths(data.get("references"), inputs, uploads),
@@ -102,12 +129,12 @@ class HistoryEntry:
         )
 
 
-def _kept(value: Any, accepts: Callable[[Any], bool], kind: Callable[[Any], Any]) -> Any:
+def _kept(value: object, limits: NumberRange, kind: Callable[[float], T]) -> T | None:
     """The value as `kind` when the request's own check accepts it, else None (the model's default)."""
-    return kind(value) if value is not None and accepts(value) else None
+    return kind(limits.check(value)) if value is not None and limits.accepts(value) else None
 
 
-def inside(path: Any, folders: tuple[Path, ...], base: Path) -> str | None:
+def inside(path: object, folders: tuple[Path, ...], base: Path) -> str | None:
     """The path of an existing file under one of `folders` (after resolving links and '..'), as named under `base`,
     else None: a path from the browser is served only if the app made it. Gradio sends the paths of files in its own
     folder (`base`, GRADIO_TEMP_DIR) relative to that folder; the images are there through a link (files.py), so the
@@ -125,21 +152,22 @@ def inside(path: Any, folders: tuple[Path, ...], base: Path) -> str | None:
     return full if ours else None
 
 
-def clean_paths(values: Any, folders: tuple[Path, ...], base: Path) -> tuple[str, ...]:
+def clean_paths(values: object, folders: tuple[Path, ...], base: Path) -> tuple[str, ...]:
     paths = [inside(p, folders, base) for p in values[:MAX_PATHS]] if isinstance(values, list) else []
     return tuple(p for p in paths if p)
 
 
-def clean_made(value: Any) -> float:
+def clean_made(value: object) -> float:
     """When an entry was made (time.time()), or 0.0: a forged one must still sort beside the others."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0
 
 
-EntryReader = Callable[[Any, Path, Path], "HistoryEntry | None"]
+EntryReader = Callable[[object, Path, Path], "HistoryEntry | None"]
 
 
-def clean_history(history: Any, images: Path, uploads: Path, limit: int,
+def clean_history(history: object, images: Path, uploads: Path, limit: int,
                   read: EntryReader = HistoryEntry.from_json) -> list[HistoryEntry]:
     """The first `limit` entries the browser sent, those well-formed: a megabyte of history costs no more than 24.
     `read` reads one entry (HistoryEntry.from_json; a test counts the entries read)."""
@@ -155,10 +183,23 @@ def merge_history(history: list[HistoryEntry], held: list[HistoryEntry], limit: 
     return merged[:limit]
 
 
+def picked(history: list[HistoryEntry], event: gr.SelectData) -> HistoryEntry | None:
+    """The history's entry a gallery click picked; None for an index the page's history no longer has."""
+    index = event.index
+    return history[index] if isinstance(index, int) and 0 <= index < len(history) else None
+
+
+def entry_named(history: list[HistoryEntry], path: object) -> HistoryEntry | None:
+    """The history's entry for a path the page sent (Gradio may name it from its own folder: the store's file names
+    are unique, so the name decides)."""
+    name = Path(path).name if isinstance(path, str) and path else None
+    return next((e for e in history if Path(e.path).name == name), None)
+
+
 def gallery_items(history: list[HistoryEntry]) -> list[tuple[str, str]]:
     return [(entry.path, entry.resolution) for entry in history]
 
 
-def to_json(history: list[HistoryEntry]) -> list[dict[str, Any]]:
+def to_json(history: list[HistoryEntry]) -> list[dict[str, object]]:
     return [entry.to_json() for entry in history]
 

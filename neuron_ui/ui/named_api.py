@@ -1,5 +1,5 @@
-"""The named API for gradio_client (/generate, /grid, /ab, /warmup, /stop, /status): its own inputs, so the engine,
-not the UI's widgets, checks them; each endpoint one studio call (/inpaint is editing's)."""
+"""The named API for gradio_client (/generate, /inpaint, /grid, /ab, /warmup, /stop, /status): its own inputs, so the
+engine, not the UI's widgets, checks them; each endpoint one studio call."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.ui.editing import file_paths
+from neuron_ui.ui.editing import file_path, file_paths
 from neuron_ui.web.errors import public_status, user_errors
+from neuron_ui.web.gradio_bridge import Listen
 from neuron_ui.ui.visitors import asker
 from neuron_ui.ui.words import describe_stop
 
 if TYPE_CHECKING:
+    from gradio.components import Component
+
     from neuron_ui.contract.files import StoredFiles
-    from neuron_ui.contract.results import EngineStatus
+    from neuron_ui.contract.results import EngineStatus, StepPreview
     from neuron_ui.studio.studio import PreviewSink, Studio
     from neuron_ui.web.previews import PreviewFiles
 
@@ -35,10 +38,10 @@ class NamedApi:
         return replace(status, queue_depth=status.queue_depth + self.waiting())
 
     def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
-                     guidance: float | None = None, references: Any = None,
+                     guidance: float | None = None, references: object = None,
                      reference_size: str | None = None, lora: str | None = None,
                      lora_scale: float | None = None,
-                     on_preview: PreviewSink | None = None) -> tuple[str, dict[str, Any]]:
+                     on_preview: PreviewSink | None = None) -> tuple[str, dict[str, object]]:
         """One image and its generation info; steps and guidance default to the model's, seed to random; `lora` a
         loaded style's name (None: none), `lora_scale` its strength (None: the style's default); `on_preview`
         hears each step's estimate of the image."""
@@ -50,10 +53,10 @@ class NamedApi:
             return str(made.path), made.result.info()
 
     def api_generate_watched(self, prompt: str, resolution: str, steps: float | None = None,
-                             seed: float | None = None, guidance: float | None = None, references: Any = None,
+                             seed: float | None = None, guidance: float | None = None, references: object = None,
                              reference_size: str | None = None, lora: str | None = None,
                              lora_scale: float | None = None,
-                             preview: bool | None = None) -> Iterator[tuple[Any, dict]]:
+                             preview: bool | None = None) -> Iterator[tuple[str, dict[str, object]]]:
         """/generate: api_generate's (image, info); with preview=True each step's estimate of the image comes first,
         as (image at the latents' resolution, {"preview": {"step", "steps"}}): gradio_client's job.outputs()."""
         if preview not in (None, False, True):
@@ -63,11 +66,33 @@ class NamedApi:
             yield self.api_generate(*args)
             return
         yield from self.previews.shown(lambda sink: self.api_generate(*args, on_preview=sink),
-                                       lambda path, item: (path, {"preview": {"step": item.step, "steps": item.steps}}))
+                                       self._frame)
+
+    @staticmethod
+    def _frame(path: str, preview: StepPreview) -> tuple[str, dict[str, object]]:
+        """A step's estimate of the image as /generate streams it before the image."""
+        return path, {"preview": {"step": preview.step, "steps": preview.steps}}
+
+    def api_inpaint(self, image: object, mask: object, prompt: str, strength: float | None = None,
+                    resolution: Any = None, steps: float | None = None, seed: float | None = None,
+                    references: object = None, reference_size: str | None = None, lora: str | None = None,
+                    lora_scale: float | None = None) -> tuple[str, dict[str, object]]:
+        """Redo the white part of `mask` in `image` (both fitted to `resolution`); same result dict as /generate;
+        `lora` and `lora_scale` as for /generate. Values arrive as sent (preprocess=False): the engine checks them."""
+        with user_errors():
+            image, mask = file_path(image, self.stored), file_path(mask, self.stored)
+            if image is None or mask is None:
+                raise ValueError("inpainting needs both an image and a mask")
+            request = GenerateRequest(prompt, resolution, steps, seed,
+                                      references=file_paths(references, self.stored),
+                                      reference_size=reference_size or None, image=image, mask=mask,
+                                      strength=strength, lora=lora, lora_scale=lora_scale)
+            made = self.studio.inpaint(request, asker())
+            return str(made.path), made.result.info()
 
     def api_grid(self, prompt: str, resolution: str, seeds: str | None = None, styles: str | None = None,
                  strengths: str | None = None, steps: str | None = None,
-                 prompts: str | None = None) -> tuple[str, dict[str, Any]]:
+                 prompts: str | None = None) -> tuple[str, dict[str, object]]:
         """A grid of images along up to three axes (studio/grid_plan.py), one cell at a time like any other image:
         the sheet's PNG, and info: each cell (parameters, cache_event, seconds, image) and the style switches made."""
         with user_errors():
@@ -76,30 +101,30 @@ class NamedApi:
             return str(sheet.path), sheet.info()
 
     def api_ab(self, prompt: str, resolution: str, a: str | None = None,
-               b: str | None = None) -> tuple[str, dict[str, Any]]:
+               b: str | None = None) -> tuple[str, dict[str, object]]:
         """Two images that differ in named settings (studio/ab_plan.py), side by side: the labelled PNG, and info:
         `a` and `b` (parameters, cache_event, seconds, image) and `differs`. Made as a two-cell grid: one request."""
         with user_errors():
             sheet = self.studio.ab(self.studio.plan_ab(prompt, resolution, a, b), asker())
             return str(sheet.path), sheet.info()
 
-    def api_warmup(self, resolution: str) -> dict[str, Any]:
+    def api_warmup(self, resolution: str) -> dict[str, object]:
         """Compile one preset without making an image; returns its status."""
         with user_errors():
             return asdict(self.studio.warmup(resolution, asker()))
 
-    def api_stop(self, request: gr.Request) -> dict[str, Any]:
+    def api_stop(self, request: gr.Request) -> dict[str, object]:
         """Stop this client's requests (its session): a running image at the next step, a queued one at once."""
         phases = self.studio.stops.stop(request.session_hash)
         return {"stopped": phases, "message": describe_stop(phases).replace("**", "")}
 
-    def api_status(self) -> dict[str, Any]:
+    def api_status(self) -> dict[str, object]:
         """The engine status: every preset's state, compile seconds, hits and last latency."""
         return public_status(self.status())
 
 
-def add_api(name: str, fn: Callable[..., Any], inputs: Callable[[], list[gr.Component]], image: str,
-            on_device: dict[str, Any]) -> None:
+def add_api(name: str, fn: Callable[..., object], inputs: Callable[[], list[Component]], image: str,
+            on_device: Listen) -> None:
     """/`name` for gradio_client: its own hidden `inputs` (made here, inside the hidden column), so the engine, not
     the UI's widgets, checks them: preprocess=False, the values as sent (a number for the prompt is refused, not
     made text); it answers the PNG (labelled `image`) and the info."""
@@ -110,9 +135,9 @@ def add_api(name: str, fn: Callable[..., Any], inputs: Callable[[], list[gr.Comp
     trigger.click(fn, given, outputs, api_name=name, preprocess=False, **on_device)
 
 
-def texts(*labels: str) -> list[gr.Component]:
+def texts(*labels: str) -> list[Component]:
     return [gr.Textbox(label=label) for label in labels]
 
 
-def numbers(*labels: str) -> list[gr.Component]:
+def numbers(*labels: str) -> list[Component]:
     return [gr.Number(label=label) for label in labels]

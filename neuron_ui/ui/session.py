@@ -16,12 +16,12 @@ import re
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
+from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class BrowserSession(TypedDict, total=False):
     seed: float | None
     randomize: bool
     guidance: float
-    history: list[dict[str, Any]]
+    history: list[dict[str, object]]
 
 
 def new_session_id() -> str:
@@ -86,8 +86,9 @@ class HeldResults:
         self.max_sessions = max_sessions
         self.max_held = max_held
         self.clock = clock
-        self._sessions: OrderedDict[str, _Held] = OrderedDict()
-        self._errors: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # sessions are never dropped by the registry's own bound: _make_room keeps room, sparing sessions owed results
+        self._sessions: BoundedRegistry[str, _Held] = BoundedRegistry(max_sessions)
+        self._errors: BoundedRegistry[str, tuple[str, float]] = BoundedRegistry(max_sessions)
         self._pending: dict[str, int] = {}  # requests of each session in a handler now (bounded by the queue)
         self._lock = threading.Lock()
 
@@ -114,10 +115,7 @@ class HeldResults:
             if held is not None:
                 held.running = None
             if sid:
-                self._errors.pop(sid, None)
-                self._errors[sid] = (message, self.clock())
-                while len(self._errors) > self.max_sessions:
-                    self._errors.popitem(last=False)
+                self._errors[sid] = (message, self.clock())  # the most recent; the least recent past the bound go
 
     def results(self, sid: str | None) -> list[HistoryEntry]:
         with self._lock:
@@ -163,7 +161,7 @@ class HeldResults:
         if not sid:
             return None
         self._expire()
-        held = self._sessions.pop(sid, None)
+        held = self._sessions.use(sid)
         if held is None:
             if not self._make_room():
                 logger.warning("%d browser sessions are owed results: a new one is not held", len(self._sessions))
@@ -177,13 +175,14 @@ class HeldResults:
         """Room for one more session: the least recent one owed nothing goes; a session owed a result never does."""
         if len(self._sessions) < self.max_sessions:
             return True
-        spare = next((sid for sid, held in self._sessions.items() if not held.owed()), None)
+        spare = next((sid for sid in self._sessions if not self._sessions[sid].owed()), None)
         if spare is None:
             return False
-        del self._sessions[spare]
+        self._sessions.pop(spare)
         return True
 
     def _expire(self) -> None:
         deadline = self.clock() - self.hold_seconds
-        for sid in [sid for sid, held in self._sessions.items() if held.touched < deadline and not held.running]:
-            del self._sessions[sid]
+        for sid in [sid for sid in self._sessions if (held := self._sessions[sid]).touched < deadline
+                    and not held.running]:
+            self._sessions.pop(sid)

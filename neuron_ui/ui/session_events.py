@@ -4,7 +4,7 @@ while the page was away), and what the browser keeps: an object of its own besid
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -53,7 +53,7 @@ class SessionEvents:
         return (new_session, *(form.get(k, gr.skip()) for k in FORM_FIELDS), history, gallery_items(history), image,
                 info, gr.Timer(active=bool(running)))
 
-    def _restore_form(self, saved: BrowserSession) -> dict[str, Any]:
+    def _restore_form(self, saved: BrowserSession) -> dict[str, object]:
         """The form fields the browser kept, each only if well-formed (the browser's copy is untrusted)."""
         presets = [str(p) for p in self.engine.presets]
         checks = {
@@ -68,7 +68,7 @@ class SessionEvents:
 
     @staticmethod
     def on_save(session: BrowserSession | None, prompt: str, resolution: str, steps: float, seed: float | None,
-                randomize: bool, guidance: float, history: list[HistoryEntry]) -> BrowserSession | Any:
+                randomize: bool, guidance: float, history: list[HistoryEntry]) -> object:
         """The form and history into the browser's storage, under the session's id (given by on_restore: a change
         before it is not saved, or it would save under another id)."""
         sid = sessions.session_id(session)

@@ -7,13 +7,14 @@ history entry, so picking an image in the history restores its style. Every chec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import gradio as gr
 
 from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE, STYLE_SCALE
 # At run time, not only for the checker: Gradio reads on_select's annotations to find its gr.SelectData parameter.
-from neuron_ui.ui.history import HistoryEntry
+from neuron_ui.ui.history import HistoryEntry, picked
+from neuron_ui.web.gradio_bridge import Listen
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -23,7 +24,7 @@ STORAGE_KEY = "neuron-ui-style"
 DEFAULT_STRENGTH = 1.0
 
 
-def request_style(style: Any, strength: Any) -> tuple[Any, Any]:
+def request_style(style: str | None, strength: float | None) -> tuple[str | None, float | None]:
     """The dropdown and slider as a request's (lora, lora_scale): None for no style."""
     if style is None or style == "" or style == NO_STYLE:
         return None, None
@@ -54,31 +55,30 @@ class StyleHandlers:
     def __init__(self, engine: EngineLike):
         self.defaults = {s["name"]: s["default_scale"] for s in engine.status().styles}
 
-    def _valid(self, style: Any, strength: Any) -> tuple[str, float] | None:
-        if style not in self.defaults:
+    def _valid(self, style: object, strength: object) -> tuple[str, float] | None:
+        if not isinstance(style, str) or style not in self.defaults:
             return None
         return style, STYLE_SCALE.check(strength) if STYLE_SCALE.accepts(strength) else self.defaults[style]
 
-    def on_style(self, style: str) -> Any:
+    def on_style(self, style: str) -> object:
         """A style picked by hand: the slider moves to its default strength."""
         return self.defaults.get(style, gr.skip())
 
-    def on_select(self, history: list[HistoryEntry], event: gr.SelectData) -> tuple[Any, Any]:
+    def on_select(self, history: list[HistoryEntry], event: gr.SelectData) -> tuple[object, object]:
         """A history image picked: its style and strength come back (no style: None)."""
-        if not isinstance(event.index, int) or not 0 <= event.index < len(history):
+        entry = picked(history, event)
+        if entry is None:
             return gr.skip(), gr.skip()
-        entry = history[event.index]
         kept = self._valid(entry.lora, entry.lora_scale)
         return kept if kept else (NO_STYLE, gr.skip())
 
-    def on_restore(self, saved: Any) -> tuple[Any, Any]:
+    def on_restore(self, saved: object) -> tuple[object, object]:
         """On page load: the style and strength this browser last chose, if still loaded here."""
-        saved = saved if isinstance(saved, dict) else {}
-        kept = self._valid(saved.get("style"), saved.get("strength"))
+        kept = self._valid(saved.get("style"), saved.get("strength")) if isinstance(saved, dict) else None
         return kept if kept else (gr.skip(), gr.skip())
 
     @staticmethod
-    def on_save(style: str, strength: float) -> dict[str, Any]:
+    def on_save(style: str, strength: float) -> dict[str, object]:
         return {"style": style, "strength": strength}
 
 
@@ -100,7 +100,7 @@ def add_style_controls(engine: EngineLike) -> StyleControls:
 
 
 def wire_style_controls(handlers: StyleHandlers, controls: StyleControls, history_gallery: gr.Gallery,
-                        history: gr.State, demo: gr.Blocks, hidden: dict[str, Any]) -> None:
+                        history: gr.State, demo: gr.Blocks, hidden: Listen) -> None:
     """Picking a style, restoring one from the history, and keeping the choice in the browser."""
     style, strength, state = controls["style"], controls["strength"], controls["state"]
     style.input(handlers.on_style, [style], [strength], **hidden)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
 from neuron_ui.contract.results import Mode, ShapeState
@@ -260,7 +260,7 @@ def tiny_banner(status: EngineStatus) -> str:
     )
 
 
-def describe_inputs(result: Any) -> str:
+def describe_inputs(result: GenerateResult) -> str:
     """What the line under the image adds for an edit: the mode, the references, each normalisation."""
     parts = []
     if result.mode == Mode.INPAINT:

@@ -9,13 +9,15 @@ import asyncio
 import inspect
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import gradio as gr
 from gradio.block_function import BlockFunction
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gradio.blocks import Block, BlockContext
     from gradio.components import Component
     from gradio.routes import App
@@ -25,6 +27,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEVICE = "device"  # the concurrency group of every event that runs the pipeline
+
+
+class Listen(TypedDict, total=False):
+    """Keywords many of the page's events share (ui/blocks.py), each a parameter of Gradio's listeners (6.31)."""
+
+    concurrency_id: str
+    concurrency_limit: int | None
+    api_visibility: Literal["public", "private", "undocumented"]
+    show_progress: Literal["full", "minimal", "hidden"]
+    queue: bool
+
+
+class Then(Listen):
+    """An event's handler with its inputs and outputs, for `.then(**...)` after several events."""
+
+    fn: Callable[..., object]
+    inputs: list[Component]
+    outputs: list[Component]
 
 
 def current_event() -> tuple[str | None, str | None]:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from neuron_ui.contract.results import Stage
 
@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 
 TICK_SECONDS = 1.0  # how often a compile's elapsed time is re-reported while it runs
 GUESS = "a guess: nothing measured on this machine yet"
+
+
+class ProgressBar(Protocol):
+    """What shows a request's progress: gr.Progress, or a door's own (MCP's notifications, a test's recorder)."""
+
+    def __call__(self, fraction: float, /, *, desc: str | None = None, unit: str = "steps") -> object: ...
 
 
 @dataclass
@@ -56,7 +62,7 @@ class ProgressReporter:
     Use it as a context manager, so the ticker stops when the request ends, however it ends.
     """
 
-    def __init__(self, progress: Callable[..., Any], prefix: str = "",
+    def __init__(self, progress: ProgressBar, prefix: str = "",
                  on_compile: Callable[[CompileWait | None], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, tick: float = TICK_SECONDS):
         self.progress = progress
@@ -71,7 +77,7 @@ class ProgressReporter:
     def __enter__(self) -> ProgressReporter:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __call__(self, update: ProgressUpdate) -> None:
