@@ -13,6 +13,7 @@ from playwright.sync_api import expect
 
 from neuron_ui.model.lora_random import write_random_lora
 from neuron_ui.model.tiny import build_tiny_pipeline
+from neuron_ui.ui.styles import STORAGE_KEY
 
 pytestmark = pytest.mark.browser
 
@@ -70,11 +71,15 @@ def test_pick_a_style_generate_switch_and_restore_it_from_the_history(page):
     page.locator("#history .thumbnail-item").nth(2).wait_for()
     assert "style" not in info.inner_text()
 
+    saved = page.evaluate(f"() => localStorage.getItem('{STORAGE_KEY}')")
     page.locator("#history .thumbnail-item").nth(2).click()  # newest first: the ink image is third
     page.wait_for_function("() => document.querySelector('#style input')?.value === 'ink'")
     assert strength(page) == "1"
     assert "style ink at 1" in info.inner_text()
 
+    # The choice reaches the browser's storage after a round trip (style.change, then on_save's answer): a reload
+    # before that answer found None there (once, at load 8). Reload once the storage holds a new value.
+    page.wait_for_function(f"(before) => localStorage.getItem('{STORAGE_KEY}') !== before", arg=saved)
     page.reload()  # the choice is kept in the browser
     page.wait_for_function("() => document.querySelector('#style input')?.value === 'ink'")
     # The style comes back from the browser's storage at once, the history with the session's restore after it.

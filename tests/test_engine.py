@@ -94,10 +94,30 @@ def test_concurrent_first_requests_compile_exactly_once(make_engine):
     assert read_counters().graphs - before.graphs == graphs_for_one_compile
 
 
-@pytest.mark.parametrize("mode", ["regional", "full"])
-def test_more_than_eight_shapes_all_run_compiled(make_engine, mode):
-    """dynamo stops compiling a code object after 8 graphs; the engine raises the limit for every preset."""
-    presets = [f"256x{256 + 16 * i}" for i in range(9)]  # 9 different token counts: one past the 8
+@pytest.fixture
+def recompile_limit():
+    """Sets dynamo's recompile limit for one test, in every thread (the engine compiles in its own), and puts back
+    what was there: an engine built earlier in this process has raised it for its own presets."""
+    import torch._dynamo.config as dynamo_config
+
+    from neuron_ui.model.torch_bridge import set_for_every_thread
+
+    entry = dynamo_config._config["recompile_limit"]
+    saved = entry.default, dynamo_config.recompile_limit
+    yield lambda limit: set_for_every_thread(dynamo_config, "recompile_limit", limit)
+    entry.default = saved[0]
+    dynamo_config.recompile_limit = saved[1]
+
+
+# Regional: dynamo's own limit (8 graphs per code object, a fresh process's default) and 9 shapes, one past it. Full
+# compiles another code object (the transformer's forward, not a block's) at 2.5x the trace time a shape: it proves
+# the same raise one shape past a limit of 1 (2 shapes, not 9).
+@pytest.mark.parametrize(("mode", "limit"), [("regional", 8), ("full", 1)])
+def test_one_shape_past_dynamos_recompile_limit_still_runs_compiled(make_engine, recompile_limit, mode, limit):
+    """dynamo stops compiling a code object after its limit of graphs (fullgraph calls then fail); the engine raises
+    the limit for every preset."""
+    recompile_limit(limit)
+    presets = [f"256x{256 + 16 * i}" for i in range(limit + 1)]  # a token count each: one past the limit
     engine = make_engine(presets=",".join(presets), compile_mode=mode)
     for preset in presets:
         before = read_counters().graphs
