@@ -59,7 +59,7 @@ def queue_in_order(s, clients, seeds, already: int = 0):
     jobs = []
     for n, (client, seed) in enumerate(zip(clients, seeds), start=already + 1):
         jobs.append(client.submit(f"user {seed}", "256x256", 1, seed, api_name="/generate"))
-        wait_until(lambda n=n: s.handlers().status().queue_depth == n, f"{n} requests waiting for the device")
+        wait_until(lambda n=n: s.handlers().api.status().queue_depth == n, f"{n} requests waiting for the device")
     return jobs
 
 
