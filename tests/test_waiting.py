@@ -8,7 +8,7 @@ import threading
 
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.contract.results import Stage
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.engine.waiting import DeviceWatch, Wait, images_ahead
 
 
@@ -72,7 +72,7 @@ def test_over_replicas_the_wait_is_shared_among_them_and_an_inpaint_is_not_its_p
     device.ran(square, 2.0)
     device.ran(wide, 3.0)
     update = device.describe([square, wide, square], Wait(), mine=1)
-    assert update.stage == Stage.WAITING
+    assert update.stage == Phase.WAITING
     # 2.0 + 3.0 + 2.0 s of images, shared by the two replicas
     assert update.message == "waiting: 3 images ahead of yours (1 from you), about 3.5 s (estimate)"
     inpaint = Layout(square.resolution, inpaint=True)

@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 from collections.abc import Callable
 
 from PIL import Image
@@ -17,23 +17,10 @@ from neuron_ui.contract.stopping import Phase
 from neuron_ui.images.png import write_png
 
 
-class ShapeState(Kind):
-    """A shape's state on this server; a cold one may still be on disk (ShapeStatus.on_disk). Text-valued: the
-    JSON status and what crosses the seam keep the words."""
-
-    COLD = "cold"
-    COMPILING = "compiling"
-    READY = "ready"
-    FAILED = "failed"
-
-
-class Stage(Kind):
-    """Where a request is, as its progress tells it."""
-
-    WAITING = "waiting"
-    COMPILING = "compiling"
-    DENOISING = "denoising"
-    DECODING = "decoding"
+# A shape's state on this server (a cold one may still be on disk: ShapeStatus.on_disk), and where a request is as
+# its progress tells it: the Phase members each can be, so that "compiling" is one word of one enum.
+ShapeState = Literal[Phase.COLD, Phase.COMPILING, Phase.READY, Phase.FAILED]
+Stage = Literal[Phase.WAITING, Phase.COMPILING, Phase.DENOISING, Phase.DECODING]
 
 
 class CacheEvent(Kind):
@@ -199,7 +186,7 @@ class ShapeStatus:
     replicas_total: int | None = None
 
     def __post_init__(self) -> None:
-        self.state = ShapeState(self.state)  # one read back from JSON (a replica's report) is the enum again
+        self.state = cast(ShapeState, Phase(self.state))  # one read back from JSON is the enum again
 
 
 @dataclass

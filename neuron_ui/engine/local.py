@@ -24,7 +24,7 @@ from neuron_ui.contract.engine_like import Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, validate_request
-from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate, Stage
+from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.engine.setup import compile_plan, load_for, prepare_pipeline, warmup_call
@@ -206,7 +206,7 @@ class LocalRunner:
         if claim is None:
             return 0.0
         watch.compiling(layout, claim.estimate)
-        report(ProgressUpdate(Stage.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
+        report(ProgressUpdate(Phase.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
                               guess=claim.guess))
         logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
         before = read_counters(self._neff_dir)

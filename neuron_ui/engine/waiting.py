@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neuron_ui.contract.results import ProgressUpdate, Stage
+from neuron_ui.contract.results import ProgressUpdate
 from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class DeviceWatch:
             elapsed = now - waited.started
             total = elapsed + sum(known_rest) / self.slots
             fraction = min(elapsed / total, MOST_OF_A_WAIT) if total > 0 else MOST_OF_A_WAIT
-        return ProgressUpdate(Stage.WAITING, " · ".join(parts), fraction=fraction)
+        return ProgressUpdate(Phase.WAITING, " · ".join(parts), fraction=fraction)
 
     def _image_estimate(self, layout: Layout) -> float | None:
         """A layout's image seconds: its own last one, else the nearest measured layout's in proportion to the

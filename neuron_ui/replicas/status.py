@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.contract.results import ShapeState
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import STALE_SECONDS, ReplicaReport, Reports
 
 if TYPE_CHECKING:
+    from neuron_ui.contract.results import ShapeState
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.results import ShapeStatus
@@ -39,10 +40,10 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
     """A layout over all healthy replicas: ready where any holds its graph, compiling where any compiles it.
     `base` is the front's own view: on disk or not, and the estimate for what no replica holds."""
     states = {s.state for s in seen}
-    state = (ShapeState.READY if ready_on else ShapeState.COMPILING if ShapeState.COMPILING in states
-             else ShapeState.FAILED if ShapeState.FAILED in states else ShapeState.COLD)
+    state: ShapeState = (Phase.READY if ready_on else Phase.COMPILING if Phase.COMPILING in states
+             else Phase.FAILED if Phase.FAILED in states else Phase.COLD)
     latencies = [s.last_latency for s in seen if s.last_latency is not None]
-    held = [s for s in seen if s.state == ShapeState.READY]
+    held = [s for s in seen if s.state == Phase.READY]
     return replace(
         base,
         state=state,
@@ -53,9 +54,9 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
         compile_seconds=next((s.compile_seconds for s in held if s.compile_seconds), base.compile_seconds),
         load_seconds=next((s.load_seconds for s in held if s.load_seconds), base.load_seconds),
         shares_graph_with=next((s.shares_graph_with for s in held if s.shares_graph_with), None),
-        error=next((s.error for s in seen if s.error), None) if state == ShapeState.FAILED else None,
-        estimate_seconds=None if state == ShapeState.READY else base.estimate_seconds,
-        estimate_guess=state != ShapeState.READY and base.estimate_guess,
+        error=next((s.error for s in seen if s.error), None) if state == Phase.FAILED else None,
+        estimate_seconds=None if state == Phase.READY else base.estimate_seconds,
+        estimate_guess=state != Phase.READY and base.estimate_guess,
         ready_on=ready_on,
         replicas_total=total,
     )

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.serve.exceptions import RequestCancelledError
 
-from neuron_ui.contract import stopping
 from neuron_ui.contract.errors import EngineError, ErrorKind
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
-from neuron_ui.contract.stopping import Stopped, StopToken
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started
 from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
@@ -34,9 +33,9 @@ REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableErr
 
 # What a stopped request answers, by where it was when the front cancelled its stream (stopping's phases).
 STOPPED_WORDS = {
-    stopping.Phase.QUEUED: "stopped: you left the queue; no image was made",
-    stopping.Phase.COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
-    stopping.Phase.RUNNING: "stopped at the next step; no image was made",
+    Phase.QUEUED: "stopped: you left the queue; no image was made",
+    Phase.COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
+    Phase.RUNNING: "stopped at the next step; no image was made",
 }
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
 RETRIED = "replica lost, retried on another"  # before every progress line of a retried request
@@ -105,7 +104,7 @@ class StreamCaller:
             logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
                            type(error).__name__)
         lost = self.clock() - sent
-        report(ProgressUpdate(Stage.WAITING, f"{RETRIED}; the image starts again"))
+        report(ProgressUpdate(Phase.WAITING, f"{RETRIED}; the image starts again"))
         try:
             value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
         except REPLICA_LOST as error:
@@ -137,7 +136,7 @@ class StreamCaller:
             closed = self._closed
         started, replica, ending = False, "?", False
         if ahead:
-            report(ProgressUpdate(Stage.WAITING, f"waiting for a free replica, {ahead} ahead"))
+            report(ProgressUpdate(Phase.WAITING, f"waiting for a free replica, {ahead} ahead"))
         try:
             done: list[Any] = []
             forget = stop.listen(stream.cancel)
@@ -159,7 +158,7 @@ class StreamCaller:
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
                     raise EngineError(SHUTTING_DOWN, kind=ErrorKind.SHUTTING_DOWN) from None
-                words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[stopping.Phase.QUEUED])
+                words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[Phase.QUEUED])
                 raise Stopped(words.format(layout=layout)) from None
             finally:
                 forget()
@@ -208,10 +207,10 @@ class StreamCaller:
         """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is), and log its
         compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide."""
         if isinstance(message, (Progress, Preview)) and message.phase:  # before the line: a stop it prompts
-            stop.enter(stopping.Phase(message.phase))  # knows where the request is
+            stop.enter(Phase(message.phase))  # knows where the request is
         match message:
             case Progress(update):
-                if update.stage == Stage.COMPILING:
+                if update.stage == Phase.COMPILING:
                     logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
                 report(update)
             case Preview():
