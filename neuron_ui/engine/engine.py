@@ -113,8 +113,9 @@ class Engine:
         # 1. Layout: the static shape this request makes, so one graph per sequence length.
         layout = self.layout(request.resolution, len(request.references), request.reference_size,
                              inpaint=request.image is not None or request.mask is not None)
-        # 2. Validate: every value checked, defaults filled in, input images fitted (ValueError names the fix).
-        job = self.runner.prepare(request)
+        # 2. Validate the rest: every value checked, defaults filled in, input images fitted to the layout (ValueError
+        # names the fix).
+        job = self.runner.prepare(request, layout)
         stop.enter(Phase.QUEUED)  # admitted: the caller may now hold the request for its session (StopToken.enter)
         # 3. Queue: one run per slot at a time, visitors in turn; a waiting user hears what is ahead, how long.
         waited, queued = Wait(), time.perf_counter()

@@ -126,13 +126,12 @@ class LocalRunner:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def prepare(self, request: GenerateRequest) -> LocalJob:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> LocalJob:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
-        return LocalJob(self.validate(request), request.preview and self.previews)
+        return LocalJob(self.validate(request, layout), request.preview and self.previews)
 
-    def validate(self, request: GenerateRequest) -> ValidRequest:
-        return validate_request(request, presets=self.allowed.presets, reference_sizes=self.allowed.reference_sizes,
-                                max_references=self.allowed.max_references, default_steps=self.default_steps,
+    def validate(self, request: GenerateRequest, layout: Layout) -> ValidRequest:
+        return validate_request(request, layout, default_steps=self.default_steps,
                                 default_guidance=self.default_guidance, styles=self.styles.defaults)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:

@@ -24,7 +24,7 @@ class DeviceRunner(Protocol):
     allowed: Layouts
     observers: Observers
 
-    def prepare(self, request: GenerateRequest) -> Any:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> Any:
         """Before the queue: what make() runs (every field checked: ValueError names what is allowed)."""
 
     def make(self, job: Any, layout: Layout, report: ProgressFn, stop: StopToken, watch: DeviceWatch) -> GenerateResult:

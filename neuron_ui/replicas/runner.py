@@ -67,7 +67,7 @@ class ReplicaRunner:
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def prepare(self, request: GenerateRequest) -> GenerateRequest:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> GenerateRequest:
         """The request as a replica gets it: its files read into bytes, and a fixed seed, so a retry makes the same
         image; the replica's engine checks the rest."""
         request = portable(request)
