@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.checks import NumberRange, check_size, shown
+from neuron_ui.contract.checks import NumberRange, shown
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -108,12 +108,6 @@ def validate_prompt(prompt: object) -> str:
         raise ValueError("prompt is empty: it has no visible characters (only spaces, zero-width or format "
                          "characters); describe the image you want")
     return prompt
-
-
-def validate_resolution(resolution: object, presets: tuple[Resolution, ...]) -> Resolution:
-    return check_size(resolution, presets, long="resolution {value} is not a preset; allowed: {allowed}",
-                      unparsed="{error}; allowed: {allowed}",
-                      outside="resolution {size} is not a preset; allowed: {allowed}")
 
 
 STEPS = NumberRange("steps", 1, MAX_STEPS, whole=True)

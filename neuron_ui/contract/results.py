@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypedDict, cast
 from collections.abc import Callable
 
 from PIL import Image
@@ -189,6 +189,20 @@ class ShapeStatus:
         self.state = cast(ShapeState, Phase(self.state))  # one read back from JSON is the enum again
 
 
+class ReplicaRow(TypedDict):
+    """The status's row for one replica (EngineStatus.replicas: plain dicts for the UI and /metrics)."""
+
+    replica: str
+    pid: int
+    node: str
+    devices: str
+    busy: bool
+    images: int
+    graphs: list[int]  # the token counts whose graph it holds
+    state: str  # "healthy" or "not responding"
+    seen_seconds_ago: float
+
+
 @dataclass
 class EngineFacts:
     """What an engine's status says that never changes while it serves."""
@@ -222,8 +236,7 @@ class EngineStatus(EngineFacts):
     layouts: list[ShapeStatus] = field(default_factory=list)  # output size x references/inpaint, as used here
     reference_sizes: list[str] = field(default_factory=list)
     max_references: int = 0
-    # With replicas (neuron_ui/replicas/), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
-    replicas: list[dict[str, Any]] | None = None
+    replicas: list[ReplicaRow] | None = None  # with replicas (neuron_ui/replicas/), one row each
     replica_states: dict[str, int] | None = None  # Ray Serve's count per replica state: RUNNING, STARTING, ...
     # The styles loaded (--lora): name, default_scale, sha256, layers, rank, host_mb, and `fused`: the strength it
     # is fused at in the weights now, None when not (engine/styles.py)

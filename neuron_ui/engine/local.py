@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from PIL import Image
@@ -20,7 +20,7 @@ from neuron_ui.compile.counters import classify_event, read_counters
 from neuron_ui.compile.folder import CompileFolder
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.engine_like import Observers
+from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, validate_request
@@ -256,7 +256,7 @@ class LocalRunner:
                             tensor_parallel=self.pipeline.describe(), styles=self.styles.status(),
                             styles_refused=dict(self.styles.refused))
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> Health:
         """Once serving, this process is up (a broken tensor-parallel group is the server's health hook)."""
         return True, {"status": "ok"}
 

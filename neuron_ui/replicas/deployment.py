@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray import serve
@@ -28,7 +28,7 @@ from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdat
 from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
 from neuron_ui.replicas.lease import ShapeLease
-from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started,
+from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started, Value,
                                          progress_message)
 from neuron_ui.replicas.pacing import LinePacer
 from neuron_ui.replicas.plan import describe_devices
@@ -127,7 +127,7 @@ class EngineReplica:
         async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report), tokens):
             yield item
 
-    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
+    async def _serve(self, work: Callable[[ProgressFn, StopToken], Value], tokens: int) -> AsyncIterator[Message]:
         """Stream Started, then Progress (and Preview) paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
         or Failed last (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's
         request at its next step. Started goes once the

@@ -13,10 +13,9 @@ The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
-from neuron_ui.contract.results import CacheEvent, ProgressUpdate, StepPreview
+from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate, ShapeStatus, StepPreview
 from neuron_ui.contract.stopping import Phase, Stopped
 
 
@@ -67,11 +66,14 @@ class Compiled:
     seconds: float
 
 
+Value = GenerateResult | ShapeStatus  # what a call of the deployment gives: generate's, warmup's
+
+
 @dataclass(frozen=True)
 class Done:
     """Last on a stream that succeeded: a GenerateResult for generate, a ShapeStatus for warmup."""
 
-    value: Any
+    value: Value
 
 
 @dataclass(frozen=True)

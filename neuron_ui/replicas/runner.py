@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.engine_like import Observers
+from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.images.decode import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
@@ -30,6 +30,9 @@ from neuron_ui.replicas.stream import StreamCaller
 from neuron_ui.replicas.watcher import ReplicaWatcher
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.serve.handle import DeploymentHandle
+
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
@@ -46,9 +49,9 @@ class ReplicaRunner:
     is sent once more, with the same seed, to another replica (neuron_ui.replicas.stream). A watcher thread reads
     the replicas' reports (neuron_ui.replicas.watcher)."""
 
-    def __init__(self, handle: Any, board: Any, settings: Settings, plan: ReplicaPlan, app_name: str = APP_NAME,
-                 watcher: ReplicaWatcher | None = None, clock: Callable[[], float] = time.perf_counter,
-                 grpc: bool = False):
+    def __init__(self, handle: DeploymentHandle, board: ActorHandle, settings: Settings, plan: ReplicaPlan,
+                 app_name: str = APP_NAME, watcher: ReplicaWatcher | None = None,
+                 clock: Callable[[], float] = time.perf_counter, grpc: bool = False):
         """`watcher` reads the replicas' reports (by default the board's and Serve's, on Ray); `clock` measures the
         time a request lost on a replica that died; `grpc`: calls over Serve's gRPC (neuron_ui.replicas.stream)."""
         self.board = board
@@ -61,7 +64,7 @@ class ReplicaRunner:
         self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas), grpc)
         self._last: EngineStatus | None = None
         self._book: tuple[float, GraphBook] | None = None  # when read, and the book of the shared manifest
-        self._tokenizer: Any = None
+        self._tokenizer: object = None
         self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
         self.startup: dict[str, float] = {}  # seconds per stage of the launch (neuron_ui.replicas.launch)
 
@@ -79,9 +82,10 @@ class ReplicaRunner:
         replica at the next step (Stopped here)."""
         watch.running(layout, time.perf_counter())
         try:
-            result: GenerateResult = self.calls.call("generate", job, layout, report, stop)
+            result = self.calls.call("generate", job, layout, report, stop)
         finally:
             watch.idle()
+        assert isinstance(result, GenerateResult), result  # generate's Done carries one
         watch.ran(layout, result.run_seconds)
         return result
 
@@ -156,7 +160,7 @@ class ReplicaRunner:
         return replace(self._last, replicas=replica_rows(reports, self.plan.replicas),
                        replica_states=self.watcher.states())
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> Health:
         """Up while at least one replica answers; `replicas` is the deployment's count, not every id ever seen."""
         rows = replica_rows(self.reports(), self.plan.replicas)
         healthy = sum(1 for r in rows if r["state"] == "healthy")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract.stopping import Phase
@@ -12,7 +12,7 @@ from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import STALE_SECONDS, ReplicaReport, Reports
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.results import ShapeState
+    from neuron_ui.contract.results import ReplicaRow, ShapeState
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.results import ShapeStatus
@@ -62,7 +62,7 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
     )
 
 
-def replica_rows(reports: Reports, total: int) -> list[dict[str, Any]]:
+def replica_rows(reports: Reports, total: int) -> list[ReplicaRow]:
     """The status's section per replica, in a stable order (by replica id): the deployment's `total` replicas,
     not every id the board still remembers. A silent one is listed ("not responding") only while fewer than `total`
     answer: once Serve's replacement reports, the dead one it replaced is gone from the status at once."""
@@ -72,8 +72,8 @@ def replica_rows(reports: Reports, total: int) -> list[dict[str, Any]]:
     return [replica_row(report, age) for age, report in sorted(shown, key=lambda r: r[1].replica)]
 
 
-def replica_row(report: ReplicaReport, age: float) -> dict[str, Any]:
-    """The status's row for one replica (EngineStatus.replicas keeps plain dicts for the UI and /metrics)."""
+def replica_row(report: ReplicaReport, age: float) -> ReplicaRow:
+    """The status's row for one replica."""
     return {"replica": report.replica, "pid": report.pid, "node": report.node, "devices": report.devices,
             "busy": report.busy, "images": report.images, "graphs": report.graphs,
             "state": "healthy" if age < STALE_SECONDS else "not responding", "seen_seconds_ago": round(age, 1)}

@@ -16,9 +16,9 @@ from neuron_ui.contract.requests import (
     STEPS,
     STYLE_SCALE,
     validate_prompt,
-    validate_resolution,
     validate_style,
 )
+from neuron_ui.contract.layouts import validate_resolution
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
