@@ -74,8 +74,6 @@ class Engine(Generic[Job]):
 
         return Engine(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
 
-    # -- requests -------------------------------------------------------------------------------
-
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout:
         """The layout a request would make; ValueError names what is allowed."""
@@ -170,8 +168,6 @@ class Engine(Generic[Job]):
         self.queue.close(0)
         self.runner.close()
         return self.queue.close(timeout)
-
-    # -- status -----------------------------------------------------------------------------------
 
     def layout_status(self, layout: Layout) -> ShapeStatus:
         """One layout's state, e.g. for the line under the form before the click."""

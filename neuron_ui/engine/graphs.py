@@ -75,8 +75,6 @@ class GraphBook:
         self._graphs: dict[int, GraphState] = {}
         self._stats = {Layout(preset): LayoutStats() for preset in presets}  # other layouts join when used
 
-    # -- what the compiling side tells the book -------------------------------------------------------
-
     def claim(self, layout: Layout) -> Claim | None:
         """None when this layout's graph is held; else mark it compiling and say what it should cost.
         Callers serialise claims (the engine's device queue), so one graph is compiled once."""
@@ -117,8 +115,6 @@ class GraphBook:
         """The token counts whose graph is ready here."""
         with self._lock:
             return sorted(tokens for tokens, graph in self._graphs.items() if graph.state == Phase.READY)
-
-    # -- estimates and status ----------------------------------------------------------------------
 
     def disk_records(self, layout: Layout) -> list[ShapeRecord]:
         """What the persistent cache holds for this layout's graph (its own record first)."""

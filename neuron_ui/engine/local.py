@@ -124,8 +124,6 @@ class LocalRunner:
             styles=StyleBook.load(settings.loras, loaded.pipe.transformer, settings.hub_timeout),
         )
 
-    # -- requests -------------------------------------------------------------------------------
-
     def prepare(self, request: GenerateRequest, layout: Layout) -> LocalJob:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
         return LocalJob(self.validate(request, layout), request.preview and self.previews)
@@ -197,8 +195,6 @@ class LocalRunner:
         self._ensure_compiled(layout, report, watch)
         self.graphs.seen(layout)
 
-    # -- compilation ------------------------------------------------------------------------------
-
     def _ensure_compiled(self, layout: Layout, report: ProgressFn, watch: DeviceWatch) -> float:
         """Compile the graph for this layout's sequence length unless this process has it; seconds spent."""
         claim = self.graphs.claim(layout)
@@ -232,16 +228,12 @@ class LocalRunner:
             return 0.0
         return self.graphs.estimate(layout)
 
-    # -- running ----------------------------------------------------------------------------------
-
     def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken, preview: bool = False) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
         call = PipelineCall.of(valid)
         with StepPreviews(report, steps, call.width, call.height) if preview else nullcontext() as previews:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
-
-    # -- status -----------------------------------------------------------------------------------
 
     def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
         return self.graphs.status(layout, [w.resolution for w in warmup if w.plain])

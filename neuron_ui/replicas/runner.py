@@ -23,6 +23,7 @@ from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.images.decode import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens
+from neuron_ui.contract.results import GenerateResult
 from neuron_ui.replicas.board import APP_NAME, REPORT_SECONDS, STALE_SECONDS, Reports
 from neuron_ui.replicas.routing import ShapeRouting
 from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
+    from neuron_ui.contract.results import EngineStatus, ProgressFn, ShapeStatus
     from neuron_ui.contract.stopping import StopToken
     from neuron_ui.engine.graphs import GraphBook
     from neuron_ui.engine.waiting import DeviceWatch
@@ -67,8 +68,6 @@ class ReplicaRunner:
         self._tokenizer: object = None
         self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
         self.startup: dict[str, float] = {}  # seconds per stage of the launch (neuron_ui.replicas.launch)
-
-    # -- requests ----------------------------------------------------------------------------------------
 
     def prepare(self, request: GenerateRequest, layout: Layout) -> GenerateRequest:
         """The request as a replica gets it: its files read into bytes, and a fixed seed, so a retry makes the same
@@ -109,20 +108,12 @@ class ReplicaRunner:
         """After the drain, before Ray stops: no more reads of the board."""
         self.watcher.stop()
 
-    # -- status ------------------------------------------------------------------------------------------
-
     def reports(self) -> Reports:
         """Each replica's last report and its age in seconds, as the watcher last read them; busy also where a call
         of this front runs on it now (a replica reports busy at its next tick, not as the image starts)."""
         running = set(self.calls.routing.running())
         return {key: (age, replace(report, busy=True) if report.replica in running else report)
                 for key, (age, report) in self.watcher.reports().items()}
-
-    def wait_for_replicas(self, count: int, timeout: float) -> None:
-        self.watcher.wait_for(count, timeout)
-
-    def healthy(self) -> int:
-        return len(self.watcher.healthy())
 
     def book(self) -> GraphBook:
         """Estimates for what no replica holds, from the shared manifest as it was on disk at most a report ago."""

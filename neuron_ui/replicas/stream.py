@@ -20,7 +20,7 @@ from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started, Value
-from neuron_ui.replicas.ray_bridge import by_reference
+from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class StreamCaller:
                  routing: ShapeRouting | None = None, grpc: bool = False):
         """`clock` (seconds) measures the time a request lost on a replica that died; `routing` picks each call's
         routing key (by default for one replica); `grpc`: the calls go over Serve's gRPC to the replica, not as Ray
-        actor calls (neuron_ui.replicas.ray_bridge.by_reference)."""
+        actor calls (neuron_ui.replicas.ray_bridge.grpc_options)."""
         self.handle = handle
         self.grpc = grpc
         self.observers = observers
@@ -73,10 +73,6 @@ class StreamCaller:
         self._enders = max(1, self.routing.replicas)
         for n in range(self._enders):
             threading.Thread(target=self._end_loop, name=f"stream-end-{n}", daemon=True).start()
-
-    def waiting(self) -> int:
-        with self._lock:
-            return len(self._waiting)
 
     def started(self) -> int:
         """Calls running on a replica now (what a drain waits for)."""
@@ -121,7 +117,7 @@ class StreamCaller:
         (as many as methods times token counts seen, plus the spill's empty key)."""
         handle = self._handles.get((method, key))
         if handle is None:
-            options = self.handle.options(stream=True, multiplexed_model_id=key, _by_reference=by_reference(self.grpc))
+            options = self.handle.options(stream=True, multiplexed_model_id=key, **grpc_options(self.grpc))
             handle = getattr(options, method)
             self._handles[(method, key)] = handle
         return handle
