@@ -29,6 +29,15 @@ def at(size: str) -> Layout:
     return Layout(parse_resolution(size))
 
 
+def test_a_request_ahead_whose_layout_the_queue_was_not_told_is_counted_not_a_crash(tmp_path):
+    """A job of None (a queue.user() told no layout) ahead, once an image was measured: it took the waiting user's
+    request down with an AttributeError before the queue's jobs were typed."""
+    device = watch(tmp_path, Clock())
+    device.ran(at("256x256"), 2.0)
+    update = device.describe([None, at("256x256")], Wait())
+    assert update.message == "waiting: 2 images ahead of yours, time not measured yet for some sizes"
+
+
 def test_behind_another_visitors_image_the_wait_says_how_many_how_long_and_the_bar_moves(tmp_path):
     clock = Clock()
     device = watch(tmp_path, clock)

@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 from collections.abc import Callable
 
 from PIL import Image
@@ -15,6 +15,9 @@ from PIL.PngImagePlugin import PngInfo
 from neuron_ui.contract.kinds import Kind
 from neuron_ui.contract.stopping import Phase
 from neuron_ui.images.png import write_png
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.references import InputMeta
 
 
 # A shape's state on this server (a cold one may still be on disk: ShapeStatus.on_disk), and where a request is as
@@ -116,7 +119,7 @@ class GenerateResult:
     mode: Mode = Mode.GENERATE
     strength: float | None = None  # inpaint only
     tokens: int | None = None  # the transformer's image sequence: output + source image + references
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # FittedImage.meta() of each input image
+    inputs: list[InputMeta] = field(default_factory=list)  # FittedImage.meta() of each input image
     # Time before this request had the device (the queue, someone else's compile), apart from its own time
     # (total_seconds): e.g. "1152x896 to compile", "2 images ahead"; None when it did not wait.
     waited_seconds: float = 0.0
@@ -126,7 +129,7 @@ class GenerateResult:
     lora_scale: float | None = None
     lora_sha256: str | None = None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         """Everything but the image, JSON-ready."""
         data = asdict(self)
         data.pop("image")

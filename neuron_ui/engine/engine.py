@@ -134,7 +134,7 @@ class Engine(Generic[Job]):
         """Compile one preset (or one of its editing layouts) without making an image, before anyone asks."""
         with self._counting_failures():
             layout = self.layout(resolution, references, reference_size, inpaint)
-            with self.queue.user(visitor=visitor):
+            with self.queue.user(job=layout, visitor=visitor):
                 self.runner.warm(layout, progress or _ignore, self._watch)
         return self.layout_status(layout)
 
