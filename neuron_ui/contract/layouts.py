@@ -61,8 +61,10 @@ class Layouts:
                inpaint: bool = False) -> Layout:
         """The layout a request would make; ValueError names what is allowed."""
         preset = validate_resolution(resolution, self.presets)
-        if not isinstance(references, int) or not 0 <= references <= self.max_references:
+        if not isinstance(references, int) or references < 0:
             raise ValueError(f"references must be 0 to {self.max_references}, got {references!r}")
+        if references > self.max_references:  # the words the page and fit_references say
+            raise ValueError(f"{references} reference images; this server takes at most {self.max_references}")
         if not references:
             return Layout(preset, (), inpaint)
         size = refs.validate_reference_size(reference_size or str(self.reference_sizes[0]), self.reference_sizes)
