@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind
@@ -24,9 +25,10 @@ from neuron_ui.images.decode import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens
 from neuron_ui.contract.results import GenerateResult
+from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import APP_NAME, REPORT_SECONDS, STALE_SECONDS, Reports
 from neuron_ui.replicas.routing import ShapeRouting
-from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
+from neuron_ui.replicas.status import merge_layout, replica_rows
 from neuron_ui.replicas.stream import StreamCaller
 from neuron_ui.replicas.watcher import ReplicaWatcher
 
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, ProgressFn, ShapeStatus
     from neuron_ui.contract.stopping import StopToken
-    from neuron_ui.engine.graphs import GraphBook
     from neuron_ui.engine.waiting import DeviceWatch
     from neuron_ui.replicas.plan import ReplicaPlan
 
@@ -119,7 +120,10 @@ class ReplicaRunner:
         """Estimates for what no replica holds, from the shared manifest as it was on disk at most a report ago."""
         healthy = self.watcher.healthy()
         if healthy and (self._book is None or time.monotonic() - self._book[0] > REPORT_SECONDS):
-            self._book = (time.monotonic(), build_book(healthy[0], self.manifest_path))
+            status = healthy[0].status  # the shared manifest as it is on disk now
+            book = GraphBook(healthy[0].key, CacheManifest(self.manifest_path), status.compile_mode,
+                             status.compile_backend)
+            self._book = (time.monotonic(), book)
         if self._book is None:
             raise EngineError("no replica has reported yet", kind=ErrorKind.NO_REPLICA)
         return self._book[1]

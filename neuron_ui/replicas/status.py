@@ -3,45 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract.stopping import Phase
-from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import STALE_SECONDS, ReplicaReport, Reports
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.results import ReplicaRow, ShapeState
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.layouts import Layout
-    from neuron_ui.contract.results import ShapeStatus
-
-
-def build_book(report: ReplicaReport, manifest_path: Path) -> GraphBook:
-    """Estimates for what no replica holds, from the shared manifest as it is on disk now."""
-    status = report.status
-    return GraphBook(report.key, CacheManifest(manifest_path), status.compile_mode, status.compile_backend)
+    from neuron_ui.contract.results import ReplicaRow, ShapeState, ShapeStatus
+    from neuron_ui.engine.graphs import GraphBook
 
 
 def merge_layout(layout: Layout, healthy: list[ReplicaReport], book: GraphBook, warmup: list[Resolution],
                  total: int) -> ShapeStatus:
-    """One layout over the healthy replicas' reports (`total` replicas planned)."""
+    """One layout over the healthy replicas' reports (`total` replicas planned): ready where any holds its graph,
+    compiling where any compiles it. `book` is the front's own view of the shared manifest: on disk or not, and the
+    estimate for what no replica holds."""
+    base = book.status(layout, warmup)
     seen = [row for report in healthy for row in report.status.shapes + report.status.layouts
             if row.tokens == layout.tokens and row.layout == (None if layout.plain else str(layout))]
     if book.compile_mode == "eager":  # nothing to compile: ready wherever a replica answers
         ready_on = len(healthy)
     else:
         ready_on = sum(layout.tokens in report.graphs for report in healthy)
-    return merge_shape(book.status(layout, warmup), seen, ready_on, total)
-
-
-def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total: int) -> ShapeStatus:
-    """A layout over all healthy replicas: ready where any holds its graph, compiling where any compiles it.
-    `base` is the front's own view: on disk or not, and the estimate for what no replica holds."""
     states = {s.state for s in seen}
     state: ShapeState = (Phase.READY if ready_on else Phase.COMPILING if Phase.COMPILING in states
-             else Phase.FAILED if Phase.FAILED in states else Phase.COLD)
+                         else Phase.FAILED if Phase.FAILED in states else Phase.COLD)
     latencies = [s.last_latency for s in seen if s.last_latency is not None]
     held = [s for s in seen if s.state == Phase.READY]
     return replace(
