@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from collections.abc import Callable, MutableMapping
 
 from neuron_ui.config.host_memory import limit_heap_arenas
@@ -19,6 +19,8 @@ from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.serving import choose_serving
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     import gradio as gr
 
     from neuron_ui.config.runtime import Runtime
@@ -141,7 +143,7 @@ def stop_on_signals(server: Server, stop_at_once: Callable[[], None]) -> None:
     Ray's processes go too) and exits at once with EXIT_CUT_SHORT, by os._exit: a normal exit while a pipeline thread
     runs aborts in its C++ destructor (rc -6), and a KeyboardInterrupt raised in the drain printed a traceback."""
 
-    def on_signal(number: int, _frame: Any) -> None:
+    def on_signal(number: int, _frame: FrameType | None) -> None:
         name = signal.Signals(number).name
         if not server.ready:
             raise SystemExit(0)

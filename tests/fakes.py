@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from PIL import Image
 
 from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 
 
@@ -46,7 +46,7 @@ class Recorder:
                 stopped.wait()
                 raise Stopped("stopped: the image was not made")
             if progress is not None:
-                progress(ProgressUpdate(Stage.DENOISING, "step 1/1", 1.0))
+                progress(ProgressUpdate(Phase.DENOISING, "step 1/1", 1.0))
             return made_image(request, (200, 40, 40) if len(self.calls) == 1 else (40, 40, 200))
         finally:
             self.busy.release()

@@ -18,8 +18,8 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.studio.grid_plan import estimate_seconds, plan_grid
-from neuron_ui.contract.results import EngineStatus, ShapeState, ShapeStatus
-from neuron_ui.contract.stopping import Stopped, StopReason, StopToken
+from neuron_ui.contract.results import EngineStatus, ShapeStatus
+from neuron_ui.contract.stopping import Phase, Stopped, StopReason, StopToken
 from neuron_ui.engine.engine import Engine
 from neuron_ui.studio.grid import run_grid
 from neuron_ui.studio.grid_jobs import GridJobs
@@ -93,9 +93,9 @@ def test_max_cells_is_a_parameter():
     assert len(plan(seeds="1+20", max_cells=20).cells) == 20
 
 
-def status(latency: float | None, state=ShapeState.READY) -> EngineStatus:
+def status(latency: float | None, state=Phase.READY) -> EngineStatus:
     shapes = [ShapeStatus("256x256", "1:1", 256, state, last_latency=latency, estimate_seconds=30.0),
-              ShapeStatus("512x512", "1:1", 1024, ShapeState.READY, last_latency=4.0)]
+              ShapeStatus("512x512", "1:1", 1024, Phase.READY, last_latency=4.0)]
     return EngineStatus("tiny", "cpu", "float32", "regional", "eager", True, None, True, 4, 1.0, "", True, None,
                         False, shapes=shapes)
 
@@ -104,7 +104,7 @@ def test_the_estimate_scales_by_steps_and_adds_a_compile():
     grid = plan(steps="2,4")
     assert estimate_seconds(grid, status(2.0)) == pytest.approx(2.0 / 4 * 6)
     assert estimate_seconds(grid, status(None)) == pytest.approx(4.0 / 4 * 256 / 1024 * 6)  # another size's
-    assert estimate_seconds(grid, status(2.0, ShapeState.COLD)) == pytest.approx(3.0 + 30.0)
+    assert estimate_seconds(grid, status(2.0, Phase.COLD)) == pytest.approx(3.0 + 30.0)
     first = status(7.0)  # the size's first image: it compiled (5 s) and ran (2 s)
     first.shapes[0].compile_seconds = 5.0
     assert estimate_seconds(grid, first) == pytest.approx(2.0 / 4 * 6)
@@ -147,9 +147,9 @@ class FakeEngine:
 
 
 def progress_update(progress):
-    from neuron_ui.contract.results import ProgressUpdate, Stage
+    from neuron_ui.contract.results import ProgressUpdate
 
-    progress(ProgressUpdate(Stage.DENOISING, "step 1 of 2", 0.5))
+    progress(ProgressUpdate(Phase.DENOISING, "step 1 of 2", 0.5))
 
 
 def test_cells_are_separate_requests_of_one_visitor_and_a_repeat_is_not_made_twice():

@@ -9,18 +9,19 @@ from test_replicas_turns import StandInHandle, Stream, replica_front
 
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage, StepPreview
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate, StepPreview
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.replicas.messages import Done, Preview, Progress, Started, progress_message
 
 PREVIEW = StepPreview(2, 4, 48, 32, bytes(range(96)) * 48)
 
 
 def test_a_preview_travels_as_a_small_png_and_a_progress_line_as_itself():
-    update = ProgressUpdate(Stage.DENOISING, "step 2/4", 0.5, preview=PREVIEW)
+    update = ProgressUpdate(Phase.DENOISING, "step 2/4", 0.5, preview=PREVIEW)
     message = progress_message(update)
     assert isinstance(message, Preview) and len(message.png) < len(PREVIEW.rgb)
     assert message.update() == update
-    line = ProgressUpdate(Stage.DENOISING, "step 1/4", 0.25)
+    line = ProgressUpdate(Phase.DENOISING, "step 1/4", 0.25)
     assert progress_message(line) == Progress(line)
 
 
@@ -30,8 +31,8 @@ class Handle(StandInHandle):
     def _stream(self, request):
         def messages():
             yield Started("replica-a")
-            yield Progress(ProgressUpdate(Stage.DENOISING, "step 1/4", 0.25))
-            yield progress_message(ProgressUpdate(Stage.DENOISING, "step 2/4", 0.5, preview=PREVIEW))
+            yield Progress(ProgressUpdate(Phase.DENOISING, "step 1/4", 0.25))
+            yield progress_message(ProgressUpdate(Phase.DENOISING, "step 2/4", 0.5, preview=PREVIEW))
             yield Done(GenerateResult(Image.new("RGB", (8, 8)), request.prompt, "1024x1024", 4, request.seed, None,
                                       "tiny", "memory_hit", 0.0, 1.0, 1.0, tokens=4096))
 
@@ -47,4 +48,4 @@ def test_the_front_reports_a_replicas_preview_as_the_engine_did(tmp_path):
         client.runner.stop()
     previews = [u.preview for u in updates if u.preview is not None]
     assert previews == [PREVIEW]
-    assert [u.message for u in updates if u.stage == Stage.DENOISING] == ["step 1/4", "step 2/4"]
+    assert [u.message for u in updates if u.stage == Phase.DENOISING] == ["step 1/4", "step 2/4"]

@@ -97,8 +97,8 @@ def test_a_failure_crosses_the_stream_as_a_typed_message_and_is_raised_as_the_en
     from neuron_ui.replicas.messages import Failed
 
     cases = [(ValueError("bad size"), ValueError, None), (Stopped("stopped at the next step"), Stopped, "stopped"),
-             (EngineError("out of memory", "oom"), EngineError, "oom"), (KeyError("lost"), EngineError,
-                                                                         "generation_failed")]
+             (EngineError("compiling 256x256 failed", "compile_failed"), EngineError, "compile_failed"),
+             (KeyError("lost"), EngineError, "generation_failed")]
     for error, raised_type, kind in cases:
         raised = pickle.loads(pickle.dumps(Failed.of(error))).error()  # pickled, as Ray carries it
         assert (type(raised), getattr(raised, "kind", None)) == (raised_type, kind)

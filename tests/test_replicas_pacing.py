@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from neuron_ui.contract.results import ProgressUpdate, Stage
+from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
 from neuron_ui.replicas.pacing import LinePacer
 
@@ -25,12 +26,12 @@ class Clock:
 
 
 def step(n: int, of: int = 4) -> Progress:
-    return Progress(ProgressUpdate(Stage.DENOISING, f"step {n}/{of}", n / of))
+    return Progress(ProgressUpdate(Phase.DENOISING, f"step {n}/{of}", n / of))
 
 
-DECODING = Progress(ProgressUpdate(Stage.DECODING, "decoding the image", 1.0))
-WAITING = Progress(ProgressUpdate(Stage.WAITING, "1 image ahead of yours"))
-COMPILING = Progress(ProgressUpdate(Stage.COMPILING, "compiling 256x256"))
+DECODING = Progress(ProgressUpdate(Phase.DECODING, "decoding the image", 1.0))
+WAITING = Progress(ProgressUpdate(Phase.WAITING, "1 image ahead of yours"))
+COMPILING = Progress(ProgressUpdate(Phase.COMPILING, "compiling 256x256"))
 DONE = Done("the image")
 
 

@@ -15,7 +15,7 @@ from fakes import Recorder
 from PIL import Image
 
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.contract.results import ProgressUpdate, Stage, StepPreview
+from neuron_ui.contract.results import ProgressUpdate, StepPreview
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.studio.studio import Asker, Studio
@@ -70,10 +70,10 @@ def test_updates_go_previews_to_the_slot_the_rest_to_the_bar():
     preview = StepPreview(2, 3, 1, 1, b"abc")
     bar, shown = [], []
     asker = Asker(progress=lambda update: bar.append(update.message), on_preview=shown.append)
-    for update in (ProgressUpdate(Stage.DENOISING, "step 1/3", 1 / 3),
-                   ProgressUpdate(Stage.DENOISING, "step 2/3", 2 / 3, preview=preview),
-                   ProgressUpdate(Stage.DENOISING, "step 3/3", 1.0),
-                   ProgressUpdate(Stage.DECODING, "decoding the image", 1.0)):
+    for update in (ProgressUpdate(Phase.DENOISING, "step 1/3", 1 / 3),
+                   ProgressUpdate(Phase.DENOISING, "step 2/3", 2 / 3, preview=preview),
+                   ProgressUpdate(Phase.DENOISING, "step 3/3", 1.0),
+                   ProgressUpdate(Phase.DECODING, "decoding the image", 1.0)):
         asker.tell(update)
     assert bar == ["step 1/3", "step 3/3", "decoding the image"] and shown == [preview]
     made = Studio(engine := Recorder()).generate(GenerateRequest(PROMPT, "256x256"), Asker(on_preview=shown.append))

@@ -8,7 +8,7 @@ import threading
 
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.contract.results import Stage
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.engine.waiting import DeviceWatch, Wait, images_ahead
 
 
@@ -27,6 +27,15 @@ def watch(tmp_path, clock: Clock, slots: int = 1) -> DeviceWatch:
 
 def at(size: str) -> Layout:
     return Layout(parse_resolution(size))
+
+
+def test_a_request_ahead_whose_layout_the_queue_was_not_told_is_counted_not_a_crash(tmp_path):
+    """A job of None (a queue.user() told no layout) ahead, once an image was measured: it took the waiting user's
+    request down with an AttributeError before the queue's jobs were typed."""
+    device = watch(tmp_path, Clock())
+    device.ran(at("256x256"), 2.0)
+    update = device.describe([None, at("256x256")], Wait())
+    assert update.message == "waiting: 2 images ahead of yours, time not measured yet for some sizes"
 
 
 def test_behind_another_visitors_image_the_wait_says_how_many_how_long_and_the_bar_moves(tmp_path):
@@ -72,7 +81,7 @@ def test_over_replicas_the_wait_is_shared_among_them_and_an_inpaint_is_not_its_p
     device.ran(square, 2.0)
     device.ran(wide, 3.0)
     update = device.describe([square, wide, square], Wait(), mine=1)
-    assert update.stage == Stage.WAITING
+    assert update.stage == Phase.WAITING
     # 2.0 + 3.0 + 2.0 s of images, shared by the two replicas
     assert update.message == "waiting: 3 images ahead of yours (1 from you), about 3.5 s (estimate)"
     inpaint = Layout(square.resolution, inpaint=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from neuron_ui.contract.stopping import StopToken
 
 logger = logging.getLogger(__name__)
+
+Health = tuple[bool, dict[str, object]]  # /healthz once serving: up?, and the JSON body to send
 
 
 class EngineObserver(Protocol):
@@ -77,7 +79,7 @@ class EngineLike(Protocol):
                inpaint: bool = False) -> Layout: ...
     def layout_status(self, layout: Layout) -> ShapeStatus: ...
     def status(self) -> EngineStatus: ...
-    def health(self) -> tuple[bool, dict[str, Any]]: ...  # /healthz once serving: up?, and the body to send
+    def health(self) -> Health: ...
     # Shutting down (the server's drain): new requests refused, the waiting told so, True if the device emptied in
     # time; what serving holds besides the engine is neuron_ui.serving's lifecycle (Loaded: start, stop).
     def drain(self, timeout: float) -> bool: ...

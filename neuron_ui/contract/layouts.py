@@ -6,11 +6,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.requests import validate_resolution
+from neuron_ui.contract.checks import check_size
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
-    from neuron_ui.contract.requests import ValidRequest
+
+
+def validate_resolution(resolution: object, presets: tuple[Resolution, ...]) -> Resolution:
+    return check_size(resolution, presets, long="resolution {value} is not a preset; allowed: {allowed}",
+                      unparsed="{error}; allowed: {allowed}",
+                      outside="resolution {size} is not a preset; allowed: {allowed}")
 
 
 @dataclass(frozen=True)
@@ -21,11 +26,6 @@ class Layout:
     resolution: Resolution
     references: tuple[Resolution, ...] = ()
     inpaint: bool = False
-
-    @classmethod
-    def of(cls, valid: ValidRequest) -> Layout:
-        """The layout an accepted request makes."""
-        return cls(valid.resolution, tuple(r.size for r in valid.references), valid.source is not None)
 
     @property
     def tokens(self) -> int:

@@ -9,7 +9,7 @@ either normalised (and said so in `notes`) or refused with a one-line ValueError
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from PIL import Image, ImageOps
 
@@ -32,6 +32,17 @@ FIT_MODES = ("crop", "pad")  # crop: fill the size, cut the overflow at the cent
 PAD_COLOR = (0, 0, 0)
 
 
+class InputMeta(TypedDict):
+    """What a result (GenerateResult.inputs) and its PNG record of one input."""
+
+    role: str
+    sha256: str
+    fitted_size: str
+    source_size: str  # "WxH"
+    fit: str
+    notes: list[str]
+
+
 @dataclass(frozen=True)
 class FittedImage:
     """One input as the model sees it, and what traces it back to the upload."""
@@ -44,7 +55,7 @@ class FittedImage:
     fit: str
     notes: tuple[str, ...] = ()
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> InputMeta:
         """JSON-ready, for the result's info and the PNG metadata."""
         return {"role": self.role, "sha256": self.sha256, "fitted_size": str(self.size),
                 "source_size": f"{self.source_size[0]}x{self.source_size[1]}", "fit": self.fit,

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.checks import NumberRange, check_size, shown
+from neuron_ui.contract.checks import NumberRange, shown
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from neuron_ui.config.resolutions import Resolution
+    from neuron_ui.contract.layouts import Layout
     from neuron_ui.images.decode import ImageSource
     from neuron_ui.contract.references import FittedImage
 
@@ -109,12 +110,6 @@ def validate_prompt(prompt: object) -> str:
     return prompt
 
 
-def validate_resolution(resolution: object, presets: tuple[Resolution, ...]) -> Resolution:
-    return check_size(resolution, presets, long="resolution {value} is not a preset; allowed: {allowed}",
-                      unparsed="{error}; allowed: {allowed}",
-                      outside="resolution {size} is not a preset; allowed: {allowed}")
-
-
 STEPS = NumberRange("steps", 1, MAX_STEPS, whole=True)
 SEED = NumberRange("seed", 0, MAX_SEED, whole=True, empty=" (or empty for random)")
 GUIDANCE = NumberRange("guidance", 0.0, MAX_GUIDANCE)
@@ -145,22 +140,20 @@ def require_inpaint_inputs(request: GenerateRequest) -> tuple[ImageSource, Image
     return request.image, request.mask
 
 
-def validate_request(request: GenerateRequest, *, presets: tuple[Resolution, ...],
-                     reference_sizes: tuple[Resolution, ...], max_references: int, default_steps: int,
-                     default_guidance: float, styles: Mapping[str, float] | None = None) -> ValidRequest:
+def validate_request(request: GenerateRequest, layout: Layout, *, default_steps: int, default_guidance: float,
+                     styles: Mapping[str, float] | None = None) -> ValidRequest:
     """Every field checked, defaults filled in (a random seed when none is given), input images fitted to their
-    sizes; `styles` are the loaded styles' default strengths by name. ValueError names what is allowed."""
-    resolution = validate_resolution(request.resolution, presets)
+    sizes; `layout` is the request's, checked already (Layouts.layout: its size and references); `styles` are the
+    loaded styles' default strengths by name. ValueError names what is allowed."""
+    resolution = layout.resolution
     styles = styles or {}
     lora = validate_style(request.lora, styles)  # a strength without a style is no style
     references: tuple = ()
-    if request.references:
-        size = refs.validate_reference_size(request.reference_size or str(reference_sizes[0]),
-                                            reference_sizes)
-        references = refs.fit_references(list(request.references), size, refs.validate_fit(request.fit),
-                                         max_references)
+    if layout.references:
+        references = refs.fit_references(list(request.references), layout.references[0],
+                                         refs.validate_fit(request.fit), len(layout.references))
     source = mask = None
-    if request.image is not None or request.mask is not None:
+    if layout.inpaint:
         image, painted = require_inpaint_inputs(request)
         source = refs.fit_reference(image, resolution, refs.validate_fit(request.fit), role="image")
         mask = refs.fit_mask(painted, source)

@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 from collections.abc import Callable
 
 from PIL import Image
@@ -16,24 +16,14 @@ from neuron_ui.contract.kinds import Kind
 from neuron_ui.contract.stopping import Phase
 from neuron_ui.images.png import write_png
 
-
-class ShapeState(Kind):
-    """A shape's state on this server; a cold one may still be on disk (ShapeStatus.on_disk). Text-valued: the
-    JSON status and what crosses the seam keep the words."""
-
-    COLD = "cold"
-    COMPILING = "compiling"
-    READY = "ready"
-    FAILED = "failed"
+if TYPE_CHECKING:
+    from neuron_ui.contract.references import InputMeta
 
 
-class Stage(Kind):
-    """Where a request is, as its progress tells it."""
-
-    WAITING = "waiting"
-    COMPILING = "compiling"
-    DENOISING = "denoising"
-    DECODING = "decoding"
+# A shape's state on this server (a cold one may still be on disk: ShapeStatus.on_disk), and where a request is as
+# its progress tells it: the Phase members each can be, so that "compiling" is one word of one enum.
+ShapeState = Literal[Phase.COLD, Phase.COMPILING, Phase.READY, Phase.FAILED]
+Stage = Literal[Phase.WAITING, Phase.COMPILING, Phase.DENOISING, Phase.DECODING]
 
 
 class CacheEvent(Kind):
@@ -129,7 +119,7 @@ class GenerateResult:
     mode: Mode = Mode.GENERATE
     strength: float | None = None  # inpaint only
     tokens: int | None = None  # the transformer's image sequence: output + source image + references
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # FittedImage.meta() of each input image
+    inputs: list[InputMeta] = field(default_factory=list)  # FittedImage.meta() of each input image
     # Time before this request had the device (the queue, someone else's compile), apart from its own time
     # (total_seconds): e.g. "1152x896 to compile", "2 images ahead"; None when it did not wait.
     waited_seconds: float = 0.0
@@ -139,7 +129,7 @@ class GenerateResult:
     lora_scale: float | None = None
     lora_sha256: str | None = None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         """Everything but the image, JSON-ready."""
         data = asdict(self)
         data.pop("image")
@@ -199,7 +189,21 @@ class ShapeStatus:
     replicas_total: int | None = None
 
     def __post_init__(self) -> None:
-        self.state = ShapeState(self.state)  # one read back from JSON (a replica's report) is the enum again
+        self.state = cast(ShapeState, Phase(self.state))  # one read back from JSON is the enum again
+
+
+class ReplicaRow(TypedDict):
+    """The status's row for one replica (EngineStatus.replicas: plain dicts for the UI and /metrics)."""
+
+    replica: str
+    pid: int
+    node: str
+    devices: str
+    busy: bool
+    images: int
+    graphs: list[int]  # the token counts whose graph it holds
+    state: str  # "healthy" or "not responding"
+    seen_seconds_ago: float
 
 
 @dataclass
@@ -235,8 +239,7 @@ class EngineStatus(EngineFacts):
     layouts: list[ShapeStatus] = field(default_factory=list)  # output size x references/inpaint, as used here
     reference_sizes: list[str] = field(default_factory=list)
     max_references: int = 0
-    # With replicas (neuron_ui/replicas/), one entry each: {"replica", "state", "busy", "graphs", "devices", ...}
-    replicas: list[dict[str, Any]] | None = None
+    replicas: list[ReplicaRow] | None = None  # with replicas (neuron_ui/replicas/), one row each
     replica_states: dict[str, int] | None = None  # Ray Serve's count per replica state: RUNNING, STARTING, ...
     # The styles loaded (--lora): name, default_scale, sha256, layers, rank, host_mb, and `fused`: the strength it
     # is fused at in the weights now, None when not (engine/styles.py)

@@ -20,16 +20,23 @@ from neuron_ui.contract.registry import BoundedRegistry
 # Where a request is when a stop reaches it. RECEIVED: not yet checked; the engine enters QUEUED once the request
 # is valid (admitted), and a stop before then is told as a stop in the queue (the request never reaches it).
 class Phase(Kind):
-    """Where a request is when a stop reaches it; text-valued, for the stop's JSON answer. Also what holds the
-    device (COMPILING or RUNNING, engine.waiting) and what a wait for a graph is (COMPILING, or LOADING it from
-    the disk cache: engine.graphs' Claim, a progress update's `phase`); a request's stop phase is COMPILING for a
-    load too: neither can be cut short."""
+    """Every state a request or a layout passes through, one word each ("compiling" once for all): where a request
+    is when a stop reaches it (the stop's JSON answer); what holds the device (COMPILING or RUNNING,
+    engine.waiting) and what a wait for a graph is (COMPILING, or LOADING it from the disk cache: engine.graphs'
+    Claim, a progress update's `phase`), a request's stop phase being COMPILING for a load too: neither can be cut
+    short; a progress line's stage (results.Stage) and a shape's state (results.ShapeState)."""
 
     RECEIVED = "received"
     QUEUED = "queued"
+    WAITING = "waiting"
+    COLD = "cold"
     COMPILING = "compiling"
     LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
     RUNNING = "running"
+    DENOISING = "denoising"
+    DECODING = "decoding"
     DONE = "done"
 
 

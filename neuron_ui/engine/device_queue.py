@@ -18,13 +18,14 @@ import threading
 from functools import partial
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.stopping import Stopped
 from neuron_ui.engine.turns import Ticket, Turns
 
 if TYPE_CHECKING:
+    from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.stopping import StopToken
 
 
@@ -32,7 +33,8 @@ SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LEFT_THE_QUEUE = "stopped: you left the queue; no image was made"
 REPORT_SECONDS = 1.0  # how often a waiting user hears how long is left
 
-OnWait = Callable[[list[Any], int], None]  # the jobs ahead in the order they go, and how many are the caller's own
+# The layouts of the requests ahead in the order they go (None: not told), and how many are the caller's own
+OnWait = Callable[[list["Layout | None"], int], None]
 
 
 def own_queue_full(limit: int) -> str:
@@ -72,7 +74,7 @@ class DeviceQueue:
             return self._turns.visitors()
 
     @contextmanager
-    def user(self, stop: StopToken | None = None, job: Any = None, on_wait: OnWait | None = None,
+    def user(self, stop: StopToken | None = None, job: Layout | None = None, on_wait: OnWait | None = None,
              visitor: str | None = None) -> Iterator[None]:
         """Hold the device for a user's request when its visitor's turn comes; a stop leaves the queue. A visitor
         with `max_per_visitor` requests waiting is refused at once (EngineError, kind "visitor_queue_full")."""

@@ -13,22 +13,25 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import require_inpaint_inputs
 from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
+from neuron_ui.engine.runner import Job
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
 from neuron_ui.engine.warmup import WarmupList
 
 if TYPE_CHECKING:
+    from neuron_ui.contract.engine_like import Health
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ProgressUpdate, ShapeStatus
+    from neuron_ui.engine.local import LocalJob
     from neuron_ui.engine.runner import DeviceRunner
     from neuron_ui.model.runner import Runner
     from neuron_ui.parallel.group import ParallelGroup
@@ -40,11 +43,11 @@ def _ignore(update: ProgressUpdate) -> None:
     pass
 
 
-class Engine:
+class Engine(Generic[Job]):
     """The front of one runner behind the engine interface: one request per runner slot on the device at a time,
     visitors in turn (`max_queue_per_user` each), users before background warm-up."""
 
-    def __init__(self, runner: DeviceRunner, max_queue_per_user: int | None = None):
+    def __init__(self, runner: DeviceRunner[Job], max_queue_per_user: int | None = None):
         self.runner = runner
         self.allowed = runner.allowed
         self.presets: tuple[Resolution, ...] = runner.allowed.presets
@@ -55,23 +58,21 @@ class Engine:
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
         self._warmups: WarmupList[Layout] = WarmupList(self._warm_one)
 
-    @classmethod
-    def local(cls, *args: Any, max_queue_per_user: int | None = None, **kwargs: Any) -> Engine:
+    @staticmethod
+    def local(*args: Any, max_queue_per_user: int | None = None, **kwargs: Any) -> Engine[LocalJob]:
         """The engine in this process: the front of a LocalRunner built with these arguments."""
         from neuron_ui.engine.local import LocalRunner
 
-        return cls(LocalRunner(*args, **kwargs), max_queue_per_user)
+        return Engine(LocalRunner(*args, **kwargs), max_queue_per_user)
 
-    @classmethod
-    def from_settings(cls, settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
-                      wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine:
+    @staticmethod
+    def from_settings(settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
+                      wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine[LocalJob]:
         """Detect the device, load the model (sharded over `group` under torchrun), set up compilation;
         `wrap_runner` wraps the pipeline runner (rank 0's LeaderRunner under torchrun)."""
         from neuron_ui.engine.local import LocalRunner
 
-        return cls(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
-
-    # -- requests -------------------------------------------------------------------------------
+        return Engine(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
 
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout:
@@ -113,8 +114,9 @@ class Engine:
         # 1. Layout: the static shape this request makes, so one graph per sequence length.
         layout = self.layout(request.resolution, len(request.references), request.reference_size,
                              inpaint=request.image is not None or request.mask is not None)
-        # 2. Validate: every value checked, defaults filled in, input images fitted (ValueError names the fix).
-        job = self.runner.prepare(request)
+        # 2. Validate the rest: every value checked, defaults filled in, input images fitted to the layout (ValueError
+        # names the fix).
+        job = self.runner.prepare(request, layout)
         stop.enter(Phase.QUEUED)  # admitted: the caller may now hold the request for its session (StopToken.enter)
         # 3. Queue: one run per slot at a time, visitors in turn; a waiting user hears what is ahead, how long.
         waited, queued = Wait(), time.perf_counter()
@@ -132,7 +134,7 @@ class Engine:
         """Compile one preset (or one of its editing layouts) without making an image, before anyone asks."""
         with self._counting_failures():
             layout = self.layout(resolution, references, reference_size, inpaint)
-            with self.queue.user(visitor=visitor):
+            with self.queue.user(job=layout, visitor=visitor):
                 self.runner.warm(layout, progress or _ignore, self._watch)
         return self.layout_status(layout)
 
@@ -156,7 +158,7 @@ class Engine:
             return False
         return True
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> Health:
         """/healthz once serving: up?, and the body to send."""
         return self.runner.health()
 
@@ -166,8 +168,6 @@ class Engine:
         self.queue.close(0)
         self.runner.close()
         return self.queue.close(timeout)
-
-    # -- status -----------------------------------------------------------------------------------
 
     def layout_status(self, layout: Layout) -> ShapeStatus:
         """One layout's state, e.g. for the line under the form before the click."""

@@ -75,8 +75,6 @@ class GraphBook:
         self._graphs: dict[int, GraphState] = {}
         self._stats = {Layout(preset): LayoutStats() for preset in presets}  # other layouts join when used
 
-    # -- what the compiling side tells the book -------------------------------------------------------
-
     def claim(self, layout: Layout) -> Claim | None:
         """None when this layout's graph is held; else mark it compiling and say what it should cost.
         Callers serialise claims (the engine's device queue), so one graph is compiled once."""
@@ -84,19 +82,19 @@ class GraphBook:
             return None
         with self._lock:
             graph = self._graphs.get(layout.tokens)
-            if graph is not None and graph.state == ShapeState.READY:
+            if graph is not None and graph.state == Phase.READY:
                 return None
-            self._graphs[layout.tokens] = GraphState(ShapeState.COMPILING, compiled_by=layout)
+            self._graphs[layout.tokens] = GraphState(Phase.COMPILING, compiled_by=layout)
         return Claim(layout, bool(self.disk_records(layout)), self.estimate(layout), self.estimate_is_guess(layout))
 
     def failed(self, layout: Layout, reason: str) -> None:
         with self._lock:
-            self._graphs[layout.tokens] = GraphState(ShapeState.FAILED, compiled_by=layout, error=reason)
+            self._graphs[layout.tokens] = GraphState(Phase.FAILED, compiled_by=layout, error=reason)
 
     def ready(self, layout: Layout, seconds: float, event: CacheEvent, persistent: bool) -> None:
         """The graph is held; recorded in the manifest only when it was compiled into the persistent folder."""
         with self._lock:
-            self._graphs[layout.tokens] = GraphState(ShapeState.READY, compiled_by=layout, seconds=round(seconds, 3),
+            self._graphs[layout.tokens] = GraphState(Phase.READY, compiled_by=layout, seconds=round(seconds, 3),
                                                      event=event)
         if persistent:
             self.manifest.record(self.key, str(layout), layout.tokens, seconds, event)
@@ -116,9 +114,7 @@ class GraphBook:
     def held(self) -> list[int]:
         """The token counts whose graph is ready here."""
         with self._lock:
-            return sorted(tokens for tokens, graph in self._graphs.items() if graph.state == ShapeState.READY)
-
-    # -- estimates and status ----------------------------------------------------------------------
+            return sorted(tokens for tokens, graph in self._graphs.items() if graph.state == Phase.READY)
 
     def disk_records(self, layout: Layout) -> list[ShapeRecord]:
         """What the persistent cache holds for this layout's graph (its own record first)."""
@@ -146,7 +142,7 @@ class GraphBook:
             resolution=str(layout.resolution),
             aspect=layout.resolution.aspect,
             tokens=layout.tokens,
-            state=ShapeState.COLD,
+            state=Phase.COLD,
             on_disk=bool(disk),
             warmup_queued=layout.plain and layout.resolution in warmup,
             hits=stats.hits,
@@ -155,7 +151,7 @@ class GraphBook:
             layout=None if layout.plain else str(layout),
         )
         if self.compile_mode == "eager":
-            shape.state = ShapeState.READY
+            shape.state = Phase.READY
         elif graph is not None:
             shape.state = graph.state
             shape.error = graph.error
@@ -166,7 +162,7 @@ class GraphBook:
                 shape.load_seconds = graph.seconds
             else:
                 shape.compile_seconds = graph.seconds
-        if shape.state != ShapeState.READY:
+        if shape.state != Phase.READY:
             estimate = self.estimate(layout)
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
             shape.estimate_guess = self.estimate_is_guess(layout)

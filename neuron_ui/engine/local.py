@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from PIL import Image
@@ -20,11 +20,11 @@ from neuron_ui.compile.counters import classify_event, read_counters
 from neuron_ui.compile.folder import CompileFolder
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.engine_like import Observers
+from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, validate_request
-from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate, Stage
+from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.engine.setup import compile_plan, load_for, prepare_pipeline, warmup_call
@@ -124,15 +124,12 @@ class LocalRunner:
             styles=StyleBook.load(settings.loras, loaded.pipe.transformer, settings.hub_timeout),
         )
 
-    # -- requests -------------------------------------------------------------------------------
-
-    def prepare(self, request: GenerateRequest) -> LocalJob:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> LocalJob:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
-        return LocalJob(self.validate(request), request.preview and self.previews)
+        return LocalJob(self.validate(request, layout), request.preview and self.previews)
 
-    def validate(self, request: GenerateRequest) -> ValidRequest:
-        return validate_request(request, presets=self.allowed.presets, reference_sizes=self.allowed.reference_sizes,
-                                max_references=self.allowed.max_references, default_steps=self.default_steps,
+    def validate(self, request: GenerateRequest, layout: Layout) -> ValidRequest:
+        return validate_request(request, layout, default_steps=self.default_steps,
                                 default_guidance=self.default_guidance, styles=self.styles.defaults)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
@@ -198,15 +195,13 @@ class LocalRunner:
         self._ensure_compiled(layout, report, watch)
         self.graphs.seen(layout)
 
-    # -- compilation ------------------------------------------------------------------------------
-
     def _ensure_compiled(self, layout: Layout, report: ProgressFn, watch: DeviceWatch) -> float:
         """Compile the graph for this layout's sequence length unless this process has it; seconds spent."""
         claim = self.graphs.claim(layout)
         if claim is None:
             return 0.0
         watch.compiling(layout, claim.estimate)
-        report(ProgressUpdate(Stage.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
+        report(ProgressUpdate(Phase.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
                               guess=claim.guess))
         logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
         before = read_counters(self._neff_dir)
@@ -233,16 +228,12 @@ class LocalRunner:
             return 0.0
         return self.graphs.estimate(layout)
 
-    # -- running ----------------------------------------------------------------------------------
-
     def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken, preview: bool = False) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
         call = PipelineCall.of(valid)
         with StepPreviews(report, steps, call.width, call.height) if preview else nullcontext() as previews:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
-
-    # -- status -----------------------------------------------------------------------------------
 
     def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
         return self.graphs.status(layout, [w.resolution for w in warmup if w.plain])
@@ -257,7 +248,7 @@ class LocalRunner:
                             tensor_parallel=self.pipeline.describe(), styles=self.styles.status(),
                             styles_refused=dict(self.styles.refused))
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> Health:
         """Once serving, this process is up (a broken tensor-parallel group is the server's health hook)."""
         return True, {"status": "ok"}
 

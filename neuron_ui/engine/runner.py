@@ -4,18 +4,20 @@ a request's layout, gives the device its turns, tells the waiting, keeps the war
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.engine_like import Observers
+    from neuron_ui.contract.engine_like import Health, Observers
     from neuron_ui.contract.layouts import Layout, Layouts
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
     from neuron_ui.contract.stopping import StopToken
     from neuron_ui.engine.waiting import DeviceWatch
 
+Job = TypeVar("Job")  # a request as the runner runs it, from prepare() to make()
 
-class DeviceRunner(Protocol):
+
+class DeviceRunner(Protocol[Job]):
     """The device side of an engine. `slots`: images it makes at once (the front's queue lets that many through);
     `allowed`: the layouts it makes; `observers`: told of its compiles (the front tells them of images and failures).
     Errors: ValueError for bad input, EngineError (one line) for failures."""
@@ -24,10 +26,10 @@ class DeviceRunner(Protocol):
     allowed: Layouts
     observers: Observers
 
-    def prepare(self, request: GenerateRequest) -> Any:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> Job:
         """Before the queue: what make() runs (every field checked: ValueError names what is allowed)."""
 
-    def make(self, job: Any, layout: Layout, report: ProgressFn, stop: StopToken, watch: DeviceWatch) -> GenerateResult:
+    def make(self, job: Job, layout: Layout, report: ProgressFn, stop: StopToken, watch: DeviceWatch) -> GenerateResult:
         """In its turn: the image of a prepared request, compiling its layout first where needed; `watch` hears what
         holds the device, for the users waiting behind it."""
 
@@ -49,7 +51,7 @@ class DeviceRunner(Protocol):
 
     def prompt_tokens(self, text: str) -> tuple[int, int]: ...
 
-    def health(self) -> tuple[bool, dict[str, Any]]: ...
+    def health(self) -> Health: ...
 
     def close(self) -> None:
         """Shutting down: what waits beyond the front's queue hears so (a replica's router); nothing new starts."""

@@ -9,7 +9,7 @@ start-up with one log line naming the file and why; the app serves without it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.lora_files import HUB_TIMEOUT, StyleError, load_style
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from neuron_ui.model.styles import Style
 
 logger = logging.getLogger(__name__)
+
+
+class StyleFields(TypedDict):
+    """What a result records of its style (GenerateResult's fields of the same names)."""
+
+    lora: str | None
+    lora_scale: float | None
+    lora_sha256: str | None
 
 
 class StyleBook:
@@ -72,7 +80,7 @@ class StyleBook:
         style = self.styles[valid.lora] if valid.lora is not None else None
         return self.fuser.use(style, valid.lora_scale or 0.0)
 
-    def result_fields(self, valid: ValidRequest) -> dict[str, Any]:
+    def result_fields(self, valid: ValidRequest) -> StyleFields:
         """What the result (and its PNG) records of the style: name, strength and its file's sha256."""
         style = self.styles.get(valid.lora) if valid.lora is not None else None
         return {"lora": valid.lora, "lora_scale": valid.lora_scale if style else None,

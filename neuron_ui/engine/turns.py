@@ -20,9 +20,12 @@ their own lock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neuron_ui.contract.registry import BoundedRegistry
+
+if TYPE_CHECKING:
+    from neuron_ui.contract.layouts import Layout
 
 VisitorKey = str | tuple[str, int]  # a visitor's name, or ("anonymous", arrival) for a request that names nobody
 REMEMBERED_VISITORS = 4096  # when each was last served; the oldest are forgotten (they rank by when they came)
@@ -33,7 +36,7 @@ class Ticket:
     """One waiting request: what it is (`job`, for the waiting words), whose, when it came (`arrival`) and how many
     turns had been given by then (`turns_before`)."""
 
-    job: Any
+    job: Layout | None  # None: not told
     visitor: str | None
     arrival: int
     turns_before: int
@@ -58,7 +61,7 @@ class Turns:
     def __contains__(self, ticket: Ticket) -> bool:
         return ticket in self._waiting
 
-    def join(self, job: Any, visitor: str | None) -> Ticket:
+    def join(self, job: Layout | None, visitor: str | None) -> Ticket:
         self._arrivals += 1
         ticket = Ticket(job, visitor, self._arrivals, self._clock)
         self._waiting.append(ticket)

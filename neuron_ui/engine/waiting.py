@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neuron_ui.contract.results import ProgressUpdate, Stage
+from neuron_ui.contract.results import ProgressUpdate
 from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class DeviceWatch:
         with self._lock:
             self._image_seconds[layout] = seconds
 
-    def describe(self, ahead: list[Layout], waited: Wait, mine: int = 0) -> ProgressUpdate:
+    def describe(self, ahead: list[Layout | None], waited: Wait, mine: int = 0) -> ProgressUpdate:
         """What a waiting user waits for and about how long: what holds the device (a compile: its estimate minus
         the time it has run; an image: counted among the images ahead), then each request ahead in the order turns
         give (`mine` of them the user's own) at its layout's latency, shared among the slots. The fraction is the
@@ -118,7 +118,7 @@ class DeviceWatch:
             elapsed = now - waited.started
             total = elapsed + sum(known_rest) / self.slots
             fraction = min(elapsed / total, MOST_OF_A_WAIT) if total > 0 else MOST_OF_A_WAIT
-        return ProgressUpdate(Stage.WAITING, " · ".join(parts), fraction=fraction)
+        return ProgressUpdate(Phase.WAITING, " · ".join(parts), fraction=fraction)
 
     def _image_estimate(self, layout: Layout) -> float | None:
         """A layout's image seconds: its own last one, else the nearest measured layout's in proportion to the
@@ -130,8 +130,11 @@ class DeviceWatch:
         nearest = min(self._image_seconds, key=lambda other: abs(other.tokens - layout.tokens))
         return self._image_seconds[nearest] * layout.tokens / max(nearest.tokens, 1)
 
-    def _expected_seconds(self, layout: Layout) -> float | None:
-        """Seconds a request at `layout` should hold the device: its compile (unless held) and its image."""
+    def _expected_seconds(self, layout: Layout | None) -> float | None:
+        """Seconds a request at `layout` should hold the device: its compile (unless held) and its image; None
+        when not known (a request whose layout the queue was not told)."""
+        if layout is None:
+            return None
         image = self._image_estimate(layout)
         compile = None if image is None else self.compile_left(layout)
         return None if image is None or compile is None else compile + image

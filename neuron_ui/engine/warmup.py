@@ -11,7 +11,7 @@ T = TypeVar("T")
 
 class WarmupList(Generic[T]):
     """Sizes to compile in the background, one after another on one thread, each listed until it is done; the
-    engine and the replicas' front both keep one. `warm(item)` compiles one; it returns False to drop the rest
+    engine's front keeps one, whatever its runner. `warm(item)` compiles one; it returns False to drop the rest
     (shutting down)."""
 
     def __init__(self, warm: Callable[[T], bool]):

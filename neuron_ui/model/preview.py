@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from neuron_ui.contract.results import ProgressUpdate, Stage, StepPreview
+from neuron_ui.contract.results import ProgressUpdate, StepPreview
+from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import ProgressFn
@@ -133,7 +134,7 @@ class StepPreviews:
             if before is None:
                 return
             preview = build_preview(now, before[0], sigma, before[1], self.width, self.height, step, self.steps)
-            self.report(ProgressUpdate(Stage.DENOISING, f"step {step}/{self.steps}", step / self.steps,
+            self.report(ProgressUpdate(Phase.DENOISING, f"step {step}/{self.steps}", step / self.steps,
                                        preview=preview))
         except Exception:  # a preview never fails the image
             logger.exception("the preview of step %d failed", step)

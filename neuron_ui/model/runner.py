@@ -11,8 +11,8 @@ from PIL import Image
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.registry import BoundedRegistry
-from neuron_ui.contract.results import ProgressUpdate, Stage
-from neuron_ui.contract.stopping import Stopped
+from neuron_ui.contract.results import ProgressUpdate
+from neuron_ui.contract.stopping import Phase, Stopped
 from neuron_ui.model.torch_bridge import execution_device
 
 if TYPE_CHECKING:
@@ -112,9 +112,9 @@ def step_callback(steps: int, report: ProgressFn, stop: StopToken, previews: Ste
             raise Stopped(f"stopped after step {done}/{steps}; no image was made")
         if previews is not None:
             previews.take(pipe, done, callback_kwargs["latents"])
-        report(ProgressUpdate(Stage.DENOISING, f"step {done}/{steps}", done / steps))
+        report(ProgressUpdate(Phase.DENOISING, f"step {done}/{steps}", done / steps))
         if done == steps:
-            report(ProgressUpdate(Stage.DECODING, "decoding the image", 1.0))
+            report(ProgressUpdate(Phase.DECODING, "decoding the image", 1.0))
         return {}
 
     return on_step_end

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -93,12 +93,12 @@ class ReplicaBoard:
 
     def __init__(self) -> None:
         self._reports: Reports = {}  # the time each came (time.time()), not its age
-        self._tokenizer: Any = None  # the model's tokenizer, for the front's prompt counter
+        self._tokenizer: object = None  # the model's tokenizer, for the front's prompt counter
 
-    def share_tokenizer(self, tokenizer: Any) -> None:
+    def share_tokenizer(self, tokenizer: object) -> None:
         self._tokenizer = tokenizer
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> object:
         return self._tokenizer
 
     def report(self, replica: str, snapshot: ReplicaReport) -> None:

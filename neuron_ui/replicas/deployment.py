@@ -18,18 +18,17 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray import serve
 
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate, Stage
-from neuron_ui.contract import stopping
-from neuron_ui.contract.stopping import StopToken
+from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate
+from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
 from neuron_ui.replicas.lease import ShapeLease
-from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started,
+from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started, Value,
                                          progress_message)
 from neuron_ui.replicas.pacing import LinePacer
 from neuron_ui.replicas.plan import describe_devices
@@ -128,7 +127,7 @@ class EngineReplica:
         async for item in self._serve(lambda report, stop: self.engine.warmup(resolution, report), tokens):
             yield item
 
-    async def _serve(self, work: Callable[[ProgressFn, StopToken], Any], tokens: int) -> AsyncIterator[Message]:
+    async def _serve(self, work: Callable[[ProgressFn, StopToken], Value], tokens: int) -> AsyncIterator[Message]:
         """Stream Started, then Progress (and Preview) paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
         or Failed last (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's
         request at its next step. Started goes once the
@@ -141,10 +140,10 @@ class EngineReplica:
         waits = self.runner.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()
         # Where the request is (stopping's phases) goes with the next line sent, not in a message of its own: the
         # engine's QUEUED, which admits the request at the front, with the first line.
-        phase = stopping.Phase.COMPILING if waits else stopping.Phase.RECEIVED
+        phase = Phase.COMPILING if waits else Phase.RECEIVED
         if waits:
             yield started
-            yield Progress(ProgressUpdate(Stage.COMPILING, "another replica is compiling this size; "
+            yield Progress(ProgressUpdate(Phase.COMPILING, "another replica is compiling this size; "
                                                        "this one loads it from the cache when it is done"),
                            phase)
         lease = await self.hold_shape(model_id)

@@ -175,7 +175,7 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     handle = deploy(settings, plan, app_name, board)
     stages.mark("replicas")
     runner = ReplicaRunner(handle, reports, settings, plan, app_name, grpc=grpc_ready())
-    runner.wait_for_replicas(plan.replicas, timeout)
+    runner.watcher.wait_for(plan.replicas, timeout)
     stages.mark("first reports")
     runner.startup = dict(stages.seconds)
     for stage, seconds in stages.seconds.items():

@@ -13,11 +13,10 @@ The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
-from neuron_ui.contract.results import CacheEvent, ProgressUpdate, Stage, StepPreview
-from neuron_ui.contract.stopping import Stopped
+from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate, ShapeStatus, StepPreview
+from neuron_ui.contract.stopping import Phase, Stopped
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class Progress:
     """One progress line, as the engine reported it."""
 
     update: ProgressUpdate
-    phase: str = ""  # where the request went since the message before (what a stop would still save); "" the same
+    phase: Phase | None = None  # where the request went since the message before (what a stop would still save)
 
 
 @dataclass(frozen=True)
@@ -42,12 +41,12 @@ class Preview:
     step: int
     steps: int
     png: bytes
-    phase: str = ""  # as Progress's
+    phase: Phase | None = None  # as Progress's
 
     def update(self) -> ProgressUpdate:
         """The engine's progress update again, at the front."""
         preview = StepPreview.from_png(self.step, self.steps, self.png)
-        return ProgressUpdate(Stage.DENOISING, f"step {self.step}/{self.steps}", self.step / self.steps,
+        return ProgressUpdate(Phase.DENOISING, f"step {self.step}/{self.steps}", self.step / self.steps,
                               preview=preview)
 
 
@@ -67,11 +66,14 @@ class Compiled:
     seconds: float
 
 
+Value = GenerateResult | ShapeStatus  # what a call of the deployment gives: generate's, warmup's
+
+
 @dataclass(frozen=True)
 class Done:
     """Last on a stream that succeeded: a GenerateResult for generate, a ShapeStatus for warmup."""
 
-    value: Any
+    value: Value
 
 
 @dataclass(frozen=True)

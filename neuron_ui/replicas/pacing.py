@@ -20,11 +20,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
-from neuron_ui.contract.results import Stage
 from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
+from neuron_ui.contract.stopping import Phase
 
 STEP_GAP = 0.1  # seconds: at most this much later than the step it shows does a held line go
-WAITS = (Stage.WAITING, Stage.COMPILING)  # a line of these stages goes at once: the person waits on it
+WAITS = (Phase.WAITING, Phase.COMPILING)  # a line of these stages goes at once: the person waits on it
 
 Line = Progress | Preview  # what the engine's thread offers, before its result (Done or Failed)
 

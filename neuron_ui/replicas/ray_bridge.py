@@ -5,6 +5,8 @@ Read from Ray 2.60.0. Each function says what it reads and why no public API giv
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from ray import serve
 
 
@@ -33,7 +35,11 @@ def grpc_message_limit() -> int:
     return replica_wrapper.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
 
 
-def grpc_options(grpc: bool) -> dict[str, bool]:
+class GrpcOptions(TypedDict, total=False):
+    _by_reference: bool
+
+
+def grpc_options(grpc: bool) -> GrpcOptions:
     """A handle's options for its calls over Serve's gRPC to the replica (True), or as Ray actor calls (False)."""
     # Ray 2.60.0: DeploymentHandle.options(_by_reference=False) sends a call over the gRPC server every replica
     # starts (Replica._on_initialized, "inter-deployment gRPC server"), a stream's messages straight to the

@@ -13,28 +13,33 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 
+from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.contract import references as refs
-from neuron_ui.contract.engine_like import Observers
+from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.images.decode import read_file
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens
+from neuron_ui.contract.results import GenerateResult
+from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import APP_NAME, REPORT_SECONDS, STALE_SECONDS, Reports
 from neuron_ui.replicas.routing import ShapeRouting
-from neuron_ui.replicas.status import build_book, merge_layout, replica_rows
+from neuron_ui.replicas.status import merge_layout, replica_rows
 from neuron_ui.replicas.stream import StreamCaller
 from neuron_ui.replicas.watcher import ReplicaWatcher
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.serve.handle import DeploymentHandle
+
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ShapeStatus
+    from neuron_ui.contract.results import EngineStatus, ProgressFn, ShapeStatus
     from neuron_ui.contract.stopping import StopToken
-    from neuron_ui.engine.graphs import GraphBook
     from neuron_ui.engine.waiting import DeviceWatch
     from neuron_ui.replicas.plan import ReplicaPlan
 
@@ -46,9 +51,9 @@ class ReplicaRunner:
     is sent once more, with the same seed, to another replica (neuron_ui.replicas.stream). A watcher thread reads
     the replicas' reports (neuron_ui.replicas.watcher)."""
 
-    def __init__(self, handle: Any, board: Any, settings: Settings, plan: ReplicaPlan, app_name: str = APP_NAME,
-                 watcher: ReplicaWatcher | None = None, clock: Callable[[], float] = time.perf_counter,
-                 grpc: bool = False):
+    def __init__(self, handle: DeploymentHandle, board: ActorHandle, settings: Settings, plan: ReplicaPlan,
+                 app_name: str = APP_NAME, watcher: ReplicaWatcher | None = None,
+                 clock: Callable[[], float] = time.perf_counter, grpc: bool = False):
         """`watcher` reads the replicas' reports (by default the board's and Serve's, on Ray); `clock` measures the
         time a request lost on a replica that died; `grpc`: calls over Serve's gRPC (neuron_ui.replicas.stream)."""
         self.board = board
@@ -61,13 +66,11 @@ class ReplicaRunner:
         self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas), grpc)
         self._last: EngineStatus | None = None
         self._book: tuple[float, GraphBook] | None = None  # when read, and the book of the shared manifest
-        self._tokenizer: Any = None
+        self._tokenizer: object = None
         self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
         self.startup: dict[str, float] = {}  # seconds per stage of the launch (neuron_ui.replicas.launch)
 
-    # -- requests ----------------------------------------------------------------------------------------
-
-    def prepare(self, request: GenerateRequest) -> GenerateRequest:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> GenerateRequest:
         """The request as a replica gets it: its files read into bytes, and a fixed seed, so a retry makes the same
         image; the replica's engine checks the rest."""
         request = portable(request)
@@ -79,9 +82,10 @@ class ReplicaRunner:
         replica at the next step (Stopped here)."""
         watch.running(layout, time.perf_counter())
         try:
-            result: GenerateResult = self.calls.call("generate", job, layout, report, stop)
+            result = self.calls.call("generate", job, layout, report, stop)
         finally:
             watch.idle()
+        assert isinstance(result, GenerateResult), result  # generate's Done carries one
         watch.ran(layout, result.run_seconds)
         return result
 
@@ -105,8 +109,6 @@ class ReplicaRunner:
         """After the drain, before Ray stops: no more reads of the board."""
         self.watcher.stop()
 
-    # -- status ------------------------------------------------------------------------------------------
-
     def reports(self) -> Reports:
         """Each replica's last report and its age in seconds, as the watcher last read them; busy also where a call
         of this front runs on it now (a replica reports busy at its next tick, not as the image starts)."""
@@ -114,17 +116,14 @@ class ReplicaRunner:
         return {key: (age, replace(report, busy=True) if report.replica in running else report)
                 for key, (age, report) in self.watcher.reports().items()}
 
-    def wait_for_replicas(self, count: int, timeout: float) -> None:
-        self.watcher.wait_for(count, timeout)
-
-    def healthy(self) -> int:
-        return len(self.watcher.healthy())
-
     def book(self) -> GraphBook:
         """Estimates for what no replica holds, from the shared manifest as it was on disk at most a report ago."""
         healthy = self.watcher.healthy()
         if healthy and (self._book is None or time.monotonic() - self._book[0] > REPORT_SECONDS):
-            self._book = (time.monotonic(), build_book(healthy[0], self.manifest_path))
+            status = healthy[0].status  # the shared manifest as it is on disk now
+            book = GraphBook(healthy[0].key, CacheManifest(self.manifest_path), status.compile_mode,
+                             status.compile_backend)
+            self._book = (time.monotonic(), book)
         if self._book is None:
             raise EngineError("no replica has reported yet", kind=ErrorKind.NO_REPLICA)
         return self._book[1]
@@ -156,7 +155,7 @@ class ReplicaRunner:
         return replace(self._last, replicas=replica_rows(reports, self.plan.replicas),
                        replica_states=self.watcher.states())
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def health(self) -> Health:
         """Up while at least one replica answers; `replicas` is the deployment's count, not every id ever seen."""
         rows = replica_rows(self.reports(), self.plan.replicas)
         healthy = sum(1 for r in rows if r["state"] == "healthy")

@@ -3,46 +3,35 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.contract.results import ShapeState
-from neuron_ui.engine.graphs import GraphBook
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.replicas.board import STALE_SECONDS, ReplicaReport, Reports
 
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.layouts import Layout
-    from neuron_ui.contract.results import ShapeStatus
-
-
-def build_book(report: ReplicaReport, manifest_path: Path) -> GraphBook:
-    """Estimates for what no replica holds, from the shared manifest as it is on disk now."""
-    status = report.status
-    return GraphBook(report.key, CacheManifest(manifest_path), status.compile_mode, status.compile_backend)
+    from neuron_ui.contract.results import ReplicaRow, ShapeState, ShapeStatus
+    from neuron_ui.engine.graphs import GraphBook
 
 
 def merge_layout(layout: Layout, healthy: list[ReplicaReport], book: GraphBook, warmup: list[Resolution],
                  total: int) -> ShapeStatus:
-    """One layout over the healthy replicas' reports (`total` replicas planned)."""
+    """One layout over the healthy replicas' reports (`total` replicas planned): ready where any holds its graph,
+    compiling where any compiles it. `book` is the front's own view of the shared manifest: on disk or not, and the
+    estimate for what no replica holds."""
+    base = book.status(layout, warmup)
     seen = [row for report in healthy for row in report.status.shapes + report.status.layouts
             if row.tokens == layout.tokens and row.layout == (None if layout.plain else str(layout))]
     if book.compile_mode == "eager":  # nothing to compile: ready wherever a replica answers
         ready_on = len(healthy)
     else:
         ready_on = sum(layout.tokens in report.graphs for report in healthy)
-    return merge_shape(book.status(layout, warmup), seen, ready_on, total)
-
-
-def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total: int) -> ShapeStatus:
-    """A layout over all healthy replicas: ready where any holds its graph, compiling where any compiles it.
-    `base` is the front's own view: on disk or not, and the estimate for what no replica holds."""
     states = {s.state for s in seen}
-    state = (ShapeState.READY if ready_on else ShapeState.COMPILING if ShapeState.COMPILING in states
-             else ShapeState.FAILED if ShapeState.FAILED in states else ShapeState.COLD)
+    state: ShapeState = (Phase.READY if ready_on else Phase.COMPILING if Phase.COMPILING in states
+                         else Phase.FAILED if Phase.FAILED in states else Phase.COLD)
     latencies = [s.last_latency for s in seen if s.last_latency is not None]
-    held = [s for s in seen if s.state == ShapeState.READY]
+    held = [s for s in seen if s.state == Phase.READY]
     return replace(
         base,
         state=state,
@@ -53,15 +42,15 @@ def merge_shape(base: ShapeStatus, seen: list[ShapeStatus], ready_on: int, total
         compile_seconds=next((s.compile_seconds for s in held if s.compile_seconds), base.compile_seconds),
         load_seconds=next((s.load_seconds for s in held if s.load_seconds), base.load_seconds),
         shares_graph_with=next((s.shares_graph_with for s in held if s.shares_graph_with), None),
-        error=next((s.error for s in seen if s.error), None) if state == ShapeState.FAILED else None,
-        estimate_seconds=None if state == ShapeState.READY else base.estimate_seconds,
-        estimate_guess=state != ShapeState.READY and base.estimate_guess,
+        error=next((s.error for s in seen if s.error), None) if state == Phase.FAILED else None,
+        estimate_seconds=None if state == Phase.READY else base.estimate_seconds,
+        estimate_guess=state != Phase.READY and base.estimate_guess,
         ready_on=ready_on,
         replicas_total=total,
     )
 
 
-def replica_rows(reports: Reports, total: int) -> list[dict[str, Any]]:
+def replica_rows(reports: Reports, total: int) -> list[ReplicaRow]:
     """The status's section per replica, in a stable order (by replica id): the deployment's `total` replicas,
     not every id the board still remembers. A silent one is listed ("not responding") only while fewer than `total`
     answer: once Serve's replacement reports, the dead one it replaced is gone from the status at once."""
@@ -71,8 +60,8 @@ def replica_rows(reports: Reports, total: int) -> list[dict[str, Any]]:
     return [replica_row(report, age) for age, report in sorted(shown, key=lambda r: r[1].replica)]
 
 
-def replica_row(report: ReplicaReport, age: float) -> dict[str, Any]:
-    """The status's row for one replica (EngineStatus.replicas keeps plain dicts for the UI and /metrics)."""
+def replica_row(report: ReplicaReport, age: float) -> ReplicaRow:
+    """The status's row for one replica."""
     return {"replica": report.replica, "pid": report.pid, "node": report.node, "devices": report.devices,
             "busy": report.busy, "images": report.images, "graphs": report.graphs,
             "state": "healthy" if age < STALE_SECONDS else "not responding", "seen_seconds_ago": round(age, 1)}

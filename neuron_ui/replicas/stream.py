@@ -10,22 +10,23 @@ import time
 import queue
 from dataclasses import replace
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import ray
 from ray.serve.exceptions import RequestCancelledError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator as Stream
 
-from neuron_ui.contract import stopping
 from neuron_ui.contract.errors import EngineError, ErrorKind
-from neuron_ui.contract.results import GenerateResult, ProgressUpdate, Stage
-from neuron_ui.contract.stopping import Stopped, StopToken
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started
+from neuron_ui.contract.results import GenerateResult, ProgressUpdate
+from neuron_ui.contract.stopping import Phase, Stopped, StopToken
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started, Value
 from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import Observers
     from neuron_ui.contract.layouts import Layout
+    from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import ProgressFn
 
 logger = logging.getLogger(__name__)
@@ -34,9 +35,9 @@ REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableErr
 
 # What a stopped request answers, by where it was when the front cancelled its stream (stopping's phases).
 STOPPED_WORDS = {
-    stopping.Phase.QUEUED: "stopped: you left the queue; no image was made",
-    stopping.Phase.COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
-    stopping.Phase.RUNNING: "stopped at the next step; no image was made",
+    Phase.QUEUED: "stopped: you left the queue; no image was made",
+    Phase.COMPILING: "stopped: {layout} keeps compiling and will be ready; your image was not made",
+    Phase.RUNNING: "stopped at the next step; no image was made",
 }
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"  # the engine's own words (device_queue)
 RETRIED = "replica lost, retried on another"  # before every progress line of a retried request
@@ -49,7 +50,7 @@ END_WAIT_SECONDS = 1.0  # the result's waited_for: "waited 21 s for a lost repli
 class StreamCaller:
     """Calls a deployment method as a stream, routed by the layout's token count (the multiplexed model id)."""
 
-    def __init__(self, handle: Any, observers: Observers, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, handle: DeploymentHandle, observers: Observers, clock: Callable[[], float] = time.perf_counter,
                  routing: ShapeRouting | None = None, grpc: bool = False):
         """`clock` (seconds) measures the time a request lost on a replica that died; `routing` picks each call's
         routing key (by default for one replica); `grpc`: the calls go over Serve's gRPC to the replica, not as Ray
@@ -60,22 +61,18 @@ class StreamCaller:
         self.clock = clock
         self.routing = routing or ShapeRouting(1)
         self._lock = threading.Lock()
-        self._waiting: dict[int, Any] = {}  # sent to the deployment, not yet started on a replica: id -> its stream
+        self._waiting: dict[int, Stream] = {}  # sent to the deployment, not yet started on a replica: id -> its stream
         self._started = 0  # started on a replica, not yet ended
         self._closed = False
-        self._handles: dict[tuple[str, str], Any] = {}  # (method, routing key) -> its handle, built once
+        self._handles: dict[tuple[str, str], DeploymentHandle] = {}  # (method, routing key) -> its handle, built once
         # Streams whose Done is in, read to their end off the caller's path by daemon threads, one per replica (a
         # process exit never waits for them, as it would for an executor's); None ends a thread (close()).
-        self._ends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ends: queue.SimpleQueue[Stream | None] = queue.SimpleQueue()
         self._ending = 0  # handed over, not yet at their end
         self._ended = threading.Condition(self._lock)
         self._enders = max(1, self.routing.replicas)
         for n in range(self._enders):
             threading.Thread(target=self._end_loop, name=f"stream-end-{n}", daemon=True).start()
-
-    def waiting(self) -> int:
-        with self._lock:
-            return len(self._waiting)
 
     def started(self) -> int:
         """Calls running on a replica now (what a drain waits for)."""
@@ -92,8 +89,8 @@ class StreamCaller:
         for stream in waiting:
             stream.cancel()
 
-    def call(self, method: str, argument: Any, layout: Layout, progress: ProgressFn | None,
-             stop: StopToken | None = None) -> Any:
+    def call(self, method: str, argument: GenerateRequest | str, layout: Layout, progress: ProgressFn | None,
+             stop: StopToken | None = None) -> Value:
         """The value of the stream's Done; a request whose replica dies is sent once more, to another replica. The
         retry's progress says why its steps start again, and its result counts the time lost on the dead replica."""
         report = progress or (lambda update: None)
@@ -105,7 +102,7 @@ class StreamCaller:
             logger.warning("a replica stopped during %s at %s (%s); retrying once", method, layout,
                            type(error).__name__)
         lost = self.clock() - sent
-        report(ProgressUpdate(Stage.WAITING, f"{RETRIED}; the image starts again"))
+        report(ProgressUpdate(Phase.WAITING, f"{RETRIED}; the image starts again"))
         try:
             value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
         except REPLICA_LOST as error:
@@ -115,7 +112,7 @@ class StreamCaller:
             value = replace(value, waited_seconds=round(lost + value.waited_seconds, 3), waited_for=LOST_WAIT)
         return value
 
-    def _handle(self, method: str, key: str) -> Any:
+    def _handle(self, method: str, key: str) -> DeploymentHandle:
         """The handle for one method and routing key: Serve's options() copies a handle each time, so built once
         (as many as methods times token counts seen, plus the spill's empty key)."""
         handle = self._handles.get((method, key))
@@ -125,21 +122,22 @@ class StreamCaller:
             self._handles[(method, key)] = handle
         return handle
 
-    def _stream(self, method: str, argument: Any, layout: Layout, report: ProgressFn, stop: StopToken) -> Any:
+    def _stream(self, method: str, argument: GenerateRequest | str, layout: Layout, report: ProgressFn,
+                stop: StopToken) -> Value:
         """One try of the call."""
         with self._ended:  # Serve counts a replica busy until its last stream's end: waited for here, not after
             self._ended.wait_for(lambda: not self._ending, timeout=END_WAIT_SECONDS)  # each Done, if at all
         handle = self._handle(method, self.routing.key(layout.tokens))
-        stream = handle.remote(argument, layout.tokens)
+        stream = cast(Stream, handle.remote(argument, layout.tokens))  # options(stream=True): a generator
         with self._lock:
             ahead = len(self._waiting)
             self._waiting[id(stream)] = stream
             closed = self._closed
         started, replica, ending = False, "?", False
         if ahead:
-            report(ProgressUpdate(Stage.WAITING, f"waiting for a free replica, {ahead} ahead"))
+            report(ProgressUpdate(Phase.WAITING, f"waiting for a free replica, {ahead} ahead"))
         try:
-            done: list[Any] = []
+            done: list[Value] = []
             forget = stop.listen(stream.cancel)
             if stop.stopped or closed:  # stopped (or shutting down) before the stream existed
                 stream.cancel()
@@ -159,7 +157,7 @@ class StreamCaller:
             except RequestCancelledError:
                 if not started and not stop.stopped:  # close() cancelled it while it waited
                     raise EngineError(SHUTTING_DOWN, kind=ErrorKind.SHUTTING_DOWN) from None
-                words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[stopping.Phase.QUEUED])
+                words = STOPPED_WORDS.get(stop.phase, STOPPED_WORDS[Phase.QUEUED])
                 raise Stopped(words.format(layout=layout)) from None
             finally:
                 forget()
@@ -168,11 +166,11 @@ class StreamCaller:
             # The replica is free for this front's routing once its Done is in: its image is made.
             self.routing.ended(replica if started else None)
             with self._lock:
-                if ending and not self._closed:
+                handed = ending and not self._closed
+                if handed:
                     self._ending += 1
                     self._ends.put(stream)
-                    stream = None
-            if stream is not None:  # not started, failed, or shutting down: the stream's end is not waited for
+            if not handed:  # not started, failed, or shutting down: the stream's end is not waited for
                 self._forget(stream, started)
 
     def _end_loop(self) -> None:
@@ -190,28 +188,28 @@ class StreamCaller:
                     self._ending -= 1
                     self._ended.notify_all()
 
-    def _forget(self, stream: Any, started: bool) -> None:
+    def _forget(self, stream: Stream, started: bool) -> None:
         with self._lock:
             if started:
                 self._started -= 1
             self._waiting.pop(id(stream), None)
 
-    def _start(self, stream: Any) -> bool:
+    def _start(self, stream: Stream) -> bool:
         """The call left the router: it no longer waits, and a drain lets it finish."""
         with self._lock:
             self._waiting.pop(id(stream), None)
             self._started += 1
         return True
 
-    def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Any], layout: Layout,
+    def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Value], layout: Layout,
               replica: str) -> None:
         """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is), and log its
         compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide."""
         if isinstance(message, (Progress, Preview)) and message.phase:  # before the line: a stop it prompts
-            stop.enter(stopping.Phase(message.phase))  # knows where the request is
+            stop.enter(Phase(message.phase))  # knows where the request is
         match message:
             case Progress(update):
-                if update.stage == Stage.COMPILING:
+                if update.stage == Phase.COMPILING:
                     logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
                 report(update)
             case Preview():

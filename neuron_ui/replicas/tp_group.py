@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -30,6 +30,11 @@ from neuron_ui.config.runtime import Launch
 from neuron_ui.replicas.plan import actor_options
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from neuron_ui.parallel.group import ParallelGroup
+    from neuron_ui.parallel.leader import GroupHealth
     from neuron_ui.config.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -80,10 +85,10 @@ class RankFollower:
 class ReplicaGroup:
     """Rank 0's view of its group: the process groups, the followers, and whether every rank is still there."""
 
-    group: Any  # parallel.ParallelGroup
-    health: Any  # parallel.GroupHealth, written by the LeaderRunner
-    followers: list[Any]  # RankFollower handles, rank 1 first; held, as Ray stops an actor nobody references
-    runs: list[Any]  # their run() results: one that is ready means that rank left the group
+    group: ParallelGroup
+    health: GroupHealth  # written by the LeaderRunner
+    followers: list[ActorHandle]  # RankFollower handles, rank 1 first; held, as Ray stops an actor nobody references
+    runs: list[ObjectRef]  # their run() results: one that is ready means that rank left the group
     min_seconds: float
 
     @classmethod
@@ -138,7 +143,7 @@ class ReplicaGroup:
         return f"tensor-parallel x{self.group.degree}"
 
 
-def join(init, runs: list[Any]):
+def join(init, runs: list[ObjectRef]):
     """init() (the rendezvous, which waits for every rank) on a thread, failing at once if a follower ends first:
     one that cannot start would otherwise keep rank 0 waiting for the store's 30-minute timeout."""
     future = in_daemon_thread(init, "tp-join")

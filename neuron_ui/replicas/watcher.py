@@ -7,12 +7,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 
 from neuron_ui.replicas.board import DEPLOYMENT_NAME, REPORT_SECONDS, STALE_SECONDS, ReplicaReport, Reports
 from neuron_ui.replicas.ray_bridge import replica_states
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class ReplicaWatcher:
         self._thread.start()
 
     @classmethod
-    def on_ray(cls, board: Any, app_name: str) -> ReplicaWatcher:
+    def on_ray(cls, board: ActorHandle, app_name: str) -> ReplicaWatcher:
         """The watcher of a deployment: its board actor's reports, Serve's states of its replicas."""
         return cls(lambda: ray.get(board.read.remote(), timeout=10),
                    lambda: replica_states(app_name, DEPLOYMENT_NAME), connected=ray.is_initialized)

@@ -21,7 +21,7 @@ from neuron_ui.studio.grid_plan import AXIS_HELP
 from neuron_ui.studio.grid_sheet import save_deflated
 from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
-from neuron_ui.contract.results import ShapeState
+from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
     from neuron_ui.studio.grid_sheet import GridResult
@@ -42,7 +42,7 @@ def describe_sizes(status: EngineStatus) -> str:
     """Every preset and what its first image costs now, in one sentence a model can plan with."""
     ready, other = [], []
     for shape in status.shapes:
-        if shape.state == ShapeState.READY:
+        if shape.state == Phase.READY:
             ready.append(shape.resolution)
         else:
             other.append(f"{shape.resolution} ({_cost(shape)})")
@@ -58,9 +58,9 @@ def describe_sizes(status: EngineStatus) -> str:
 def _cost(shape: ShapeStatus) -> str:
     about = "time not measured yet" if shape.estimate_seconds is None else (
         f"about {shape.estimate_seconds:.0f} s, {'a guess' if shape.estimate_guess else 'an estimate'}")
-    if shape.state == ShapeState.COMPILING:
+    if shape.state == Phase.COMPILING:
         return "compiling now"
-    if shape.state == ShapeState.FAILED:
+    if shape.state == Phase.FAILED:
         return "its last compile failed; a call tries again"
     return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
 

@@ -26,7 +26,8 @@ from neuron_ui.studio.grid_plan import (
     parse_strengths,
     parse_styles,
 )
-from neuron_ui.contract.requests import MAX_SEED, SEED, validate_prompt, validate_resolution
+from neuron_ui.contract.layouts import validate_resolution
+from neuron_ui.contract.requests import MAX_SEED, SEED, validate_prompt
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.checks import NumberRange
-from neuron_ui.contract.results import ShapeState
+from neuron_ui.contract.stopping import Phase
 from neuron_ui.contract.requests import (
     MAX_SEED,
     SEED,
     STEPS,
     STYLE_SCALE,
     validate_prompt,
-    validate_resolution,
     validate_style,
 )
+from neuron_ui.contract.layouts import validate_resolution
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -274,6 +274,6 @@ def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
         return None
     per_step = image / max(status.default_steps, 1)
     seconds = sum(per_step * (cell.steps or status.default_steps) for cell in plan.cells)
-    if shape.state != ShapeState.READY and shape.estimate_seconds:
+    if shape.state != Phase.READY and shape.estimate_seconds:
         seconds += shape.estimate_seconds
     return seconds

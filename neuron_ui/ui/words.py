@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
-from neuron_ui.contract.results import Mode, ShapeState
+from neuron_ui.contract.results import Mode
 from neuron_ui.contract.stopping import Phase
 from neuron_ui.web.progress import GUESS, CompileWait
 
@@ -80,14 +80,14 @@ def describe_stop(phases: list[Phase]) -> str:
 
 def describe_state(shape: ShapeStatus) -> str:
     """A preset's state in a few words, for the dropdown and the status table."""
-    if shape.state == ShapeState.READY and shape.replicas_total:
+    if shape.state == Phase.READY and shape.replicas_total:
         return describe_ready_on(shape)
-    if shape.state == ShapeState.READY:
+    if shape.state == Phase.READY:
         # "(graph of 1344x768)" was jargon to a designer: say what it means for them
         return f"ready (same pixel count as {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
-    if shape.state == ShapeState.COMPILING:
+    if shape.state == Phase.COMPILING:
         return "compiling now"
-    if shape.state == ShapeState.FAILED:
+    if shape.state == Phase.FAILED:
         return "failed"
     if shape.on_disk:
         words = ("cached on disk (load time not measured yet)" if shape.estimate_seconds is None
@@ -123,7 +123,7 @@ def describe_size(shape: ShapeStatus) -> str:
     else:
         shared = f", the graph of {shape.shares_graph_with}" if shape.shares_graph_with else ""
         size = f"**{shape.layout}** ({shape.tokens} image tokens{shared})"
-    if shape.state == ShapeState.READY:
+    if shape.state == Phase.READY:
         if shape.compile_seconds:
             took = f"Compiling took {shape.compile_seconds:.1f} s; images"
         elif shape.load_seconds:
@@ -131,12 +131,12 @@ def describe_size(shape: ShapeStatus) -> str:
         else:
             took = "Images"
         return f"**Ready.** {took} at {size} come at full speed."
-    if shape.state == ShapeState.COMPILING and shape.on_disk:
+    if shape.state == Phase.COMPILING and shape.on_disk:
         about = describe_estimate(shape) if shape.estimate_seconds is not None else "load time not measured yet"
         return f"**Loading now** from the disk cache ({about}): a request at {size} waits for it."
-    if shape.state == ShapeState.COMPILING:
+    if shape.state == Phase.COMPILING:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
-    if shape.state == ShapeState.FAILED:
+    if shape.state == Phase.FAILED:
         return f"**Failed to compile** {size} ({shape.error}). Generate or warm up to try again, or pick another size."
     about = describe_estimate(shape) if shape.estimate_seconds is not None else "a while"
     if shape.on_disk:
@@ -160,9 +160,9 @@ def resolution_choices(status: EngineStatus) -> list[tuple[str, str]]:
 
 def graph_seconds(shape: ShapeStatus) -> str:
     """How long the size's graph took to be ready here (a size that shares a graph carries the graph's time)."""
-    if shape.compile_seconds is not None and shape.state == ShapeState.READY:
+    if shape.compile_seconds is not None and shape.state == Phase.READY:
         return f"{shape.compile_seconds:.1f}"
-    if shape.load_seconds is not None and shape.state == ShapeState.READY:
+    if shape.load_seconds is not None and shape.state == Phase.READY:
         return f"{shape.load_seconds:.1f} load"
     return "—"
 
@@ -218,7 +218,7 @@ def describe_now(status: EngineStatus, compile_wait: CompileWait | None) -> str:
         doing = compile_wait.describe(time.monotonic())[1]
     else:
         compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts]
-                     if s.state == ShapeState.COMPILING]
+                     if s.state == Phase.COMPILING]
         doing = f"compiling {', '.join(compiling)} (a warm-up)" if compiling else "making an image"
     if not status.busy and compile_wait is None:
         return ""

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from neuron_ui.contract.results import Stage
+from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
     from neuron_ui.contract.results import ProgressUpdate
@@ -82,7 +82,7 @@ class ProgressReporter:
 
     def __call__(self, update: ProgressUpdate) -> None:
         self._stop_ticker()
-        if update.stage == Stage.COMPILING:
+        if update.stage == Phase.COMPILING:
             started = self.compile.started if self.compile else self.clock()  # a new phase of the same wait
             self.compile = CompileWait(update.message, update.phase, update.estimate_seconds, update.guess, started)
             self.on_compile(self.compile)
