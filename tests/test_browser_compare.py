@@ -81,6 +81,7 @@ def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner)
     page.locator("#grid-stop").click()
     page.locator("#grid-line").get_by_text("Stopped after 1 of 4 images at 256x256").wait_for()
     page.locator("#grid-image img").wait_for()
+    page.locator("#history .thumbnail-item").first.wait_for()  # the history follows the sheet (a busy machine lags)
     assert page.locator("#history .thumbnail-item").count() == 1  # the short night, the one cell made
 
 
