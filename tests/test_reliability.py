@@ -219,9 +219,9 @@ def test_bad_values_through_the_ui_handler_are_told_and_the_next_works(server, t
     handlers = Handlers(s.engine, ImageStore(tmp_path))
     prompt, resolution, steps, seed = values
     with pytest.raises(gr.Error, match=message) as raised:
-        handlers.on_generate(prompt, resolution, steps, seed, False, 1.0, [])
+        list(handlers.on_generate(prompt, resolution, steps, seed, False, 1.0, []))
     assert_told_cleanly(raised.value.message, s)
-    path, _, seed, *_ = handlers.on_generate("a fox", "256x256", 1, 3, False, 1.0, [])
+    path, _, seed, *_ = list(handlers.on_generate("a fox", "256x256", 1, 3, False, 1.0, []))[-1]
     assert seed == 3 and Path(path).is_file()
 
 

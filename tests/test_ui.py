@@ -69,6 +69,11 @@ def handlers(engine, tmp_path):
     return Handlers(engine, ImageStore(tmp_path / "images"))
 
 
+def generate(handlers: Handlers, *args, **kwargs) -> tuple:
+    """The Generate button's last value: its image (each step's estimate of it comes first)."""
+    return list(handlers.on_generate(*args, **kwargs))[-1]
+
+
 def select(index: int) -> gr.SelectData:
     return gr.SelectData(None, {"index": index, "value": None})
 
@@ -85,7 +90,7 @@ def held_entry(path: str) -> HistoryEntry:
 
 
 def test_generate_compiles_a_new_size_then_hits_the_cache(handlers):
-    path, info, seed, history, gallery = handlers.on_generate("a red fox", "256x256", 2, 0, True, 1.0, [])
+    path, info, seed, history, gallery = generate(handlers, "a red fox", "256x256", 2, 0, True, 1.0, [])
     assert "compiled in" in info and f"**seed** {seed}" in info and "**256x256**" in info
     assert isinstance(seed, int) and 0 <= seed < 2**32
     assert history[0].seed == seed and history[0].cache_event == "compiled"
@@ -95,7 +100,7 @@ def test_generate_compiles_a_new_size_then_hits_the_cache(handlers):
     assert saved.size == (256, 256)
     assert json.loads(saved.text["parameters"])["seed"] == seed
 
-    path2, info2, seed2, history2, gallery2 = handlers.on_generate("a red fox", "256x256", 2, 42, False, 1.0, history)
+    path2, info2, seed2, history2, gallery2 = generate(handlers, "a red fox", "256x256", 2, 42, False, 1.0, history)
     assert re.search(r" · cache hit, \d+\.\d\d s$", info2), info2
     assert seed2 == 42
     assert [e.seed for e in history2] == [42, seed]  # newest first
@@ -112,7 +117,7 @@ def idat_zlib_level(path: str) -> int:
 
 def test_the_store_writes_a_fast_png_that_keeps_its_parameters(handlers):
     """Every image waits for its PNG before it is sent: zlib's fastest levels, not PIL's default (level 6)."""
-    path, _, seed, _, _ = handlers.on_generate("a fast png", "256x256", 1, 5, False, 1.0, [])
+    path, _, seed, _, _ = generate(handlers, "a fast png", "256x256", 1, 5, False, 1.0, [])
     assert idat_zlib_level(path) == 0  # levels 0-1 write FLEVEL 0; PIL's default 6 writes 2
     saved = Image.open(path)
     saved.load()
@@ -165,7 +170,7 @@ def test_history_select_restores_parameters(handlers, tmp_path):
 
 def test_history_is_capped_and_newest_first(handlers, tmp_path):
     history = [fake_entry(tmp_path, seed) for seed in range(HISTORY_SIZE)]
-    *_, new_history, gallery = handlers.on_generate("a red fox", "256x256", 1, 999, False, 1.0, history)
+    *_, new_history, gallery = generate(handlers, "a red fox", "256x256", 1, 999, False, 1.0, history)
     assert len(new_history) == len(gallery) == HISTORY_SIZE
     assert new_history[0].seed == 999 and new_history[1].seed == 0
     assert HISTORY_SIZE - 1 not in [e.seed for e in new_history]  # the oldest fell off
@@ -193,11 +198,11 @@ def test_tick_updates_only_when_the_status_changed(handlers):
 
 def test_engine_messages_become_gr_errors(handlers):
     with pytest.raises(gr.Error, match="prompt is empty"):
-        handlers.on_generate("   ", "256x256", 1, 1, False, 1.0, [])
+        generate(handlers, "   ", "256x256", 1, 1, False, 1.0, [])
     with pytest.raises(gr.Error, match="allowed: 256x256, 384x256, 256x384, 512x512"):
-        handlers.on_generate("a fox", "640x480", 1, 1, False, 1.0, [])
+        generate(handlers, "a fox", "640x480", 1, 1, False, 1.0, [])
     with pytest.raises(gr.Error, match="steps must be a whole number from 1 to 100"):
-        handlers.api.api_generate("a fox", "256x256", 2.5, None)
+        next(handlers.api.api_generate("a fox", "256x256", 2.5, None))
     with pytest.raises(gr.Error, match="allowed:"):
         handlers.api.api_warmup("2048x2048")
 
@@ -205,7 +210,7 @@ def test_engine_messages_become_gr_errors(handlers):
 @pytest.mark.parametrize("value", ["../../etc/passwd", "/etc/passwd", "C:\\Windows\\win.ini"])
 def test_a_users_own_bad_value_is_echoed_as_sent(handlers, value):
     with pytest.raises(gr.Error) as raised:
-        handlers.on_generate("a fox", value, 1, 1, False, 1.0, [])
+        generate(handlers, "a fox", value, 1, 1, False, 1.0, [])
     assert f"resolution {value!r} is not of the form WIDTHxHEIGHT" in raised.value.message
     with pytest.raises(gr.Error) as raised:
         handlers.api.api_warmup(value)
@@ -247,7 +252,7 @@ def test_server_failures_are_told_without_internals(engine, tmp_path):
     secret = "/srv/secret/cache/inductor/abc.py"
     failing = Handlers(FailingEngine(RuntimeError(f"g++ failed in {secret}"), status), ImageStore(tmp_path))
     with pytest.raises(gr.Error) as raised:
-        failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [])
+        generate(failing, "a fox", "256x256", 1, 1, False, 1.0, [])
     assert secret not in raised.value.message and "server log" in raised.value.message
 
 
@@ -410,7 +415,7 @@ def test_a_reload_finds_the_form_the_history_and_the_image_finished_meanwhile(ha
     # The browser keeps the form (on_save), the request runs, and the page reloads before its image is done.
     kept = handlers.session.on_save(session, "a red fox", "384x256", 2, 7, False, 1.0, [])
     assert kept["id"] == session["id"] and kept["prompt"] == "a red fox" and kept["history"] == []
-    handlers.on_generate("a red fox", "384x256", 2, 7, False, 1.0, [], session=kept)
+    generate(handlers, "a red fox", "384x256", 2, 7, False, 1.0, [], session=kept)
     session2, prompt, resolution, steps, seed, randomize, guidance, history, gallery, image, info, _ = \
         handlers.session.on_restore(kept)
     assert session2["id"] == session["id"]
@@ -488,14 +493,14 @@ def test_a_flood_of_bad_requests_with_new_session_ids_holds_nothing_and_evicts_n
     handlers = Handlers(engine, ImageStore(tmp_path / "images"),
                         held=sessions.HeldResults(max_sessions=8))
     alice = {"id": "a" * 20}
-    handlers.on_generate("a red fox", "256x256", 1, 5, False, 1.0, [], session=alice)
+    generate(handlers, "a red fox", "256x256", 1, 5, False, 1.0, [], session=alice)
     for index in range(300):
         with pytest.raises(gr.Error):
-            handlers.on_generate("", "256x256", 1, 5, False, 1.0, [], session={"id": f"stranger-{index:09d}"})
+            generate(handlers, "", "256x256", 1, 5, False, 1.0, [], session={"id": f"stranger-{index:09d}"})
     assert len(handlers.held) == 1 and [e.seed for e in handlers.held.results(alice["id"])] == [5]
     assert "prompt is empty" in asyncio.run(handlers.on_failed({"id": "stranger-000000299"}))  # the line still shows
     for index in range(12):
-        handlers.on_generate("a cat", "256x256", 1, index, False, 1.0, [], session={"id": f"valid-{index:012d}"})
+        generate(handlers, "a cat", "256x256", 1, index, False, 1.0, [], session={"id": f"valid-{index:012d}"})
     assert len(handlers.held) == 8 and [e.seed for e in handlers.held.results(alice["id"])] == [5]
 
 
@@ -553,7 +558,7 @@ def test_the_page_collects_a_result_made_while_it_reloaded(handlers):
     *_, info, collect = handlers.session.on_restore(session)
     assert "still being made" in info and "256x256" in info and collect.active is True
     assert handlers.session.on_collect(session, []) == (gr.skip(),) * 6  # still running: the timer goes on
-    handlers.on_generate("a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
+    generate(handlers, "a red fox", "256x256", 1, 11, False, 1.0, [], session=session)
     image, info, seed, history, gallery, collect = handlers.session.on_collect(session, [])
     assert seed == 11 and image == history[0].path and "**seed** 11" in info and len(gallery) == 1
     assert collect.active is False  # shown once, then the timer stops
@@ -619,7 +624,7 @@ def test_picking_an_inpaint_from_the_history_tells_the_hint_the_editor_holds_an_
 def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):
     assert handlers.on_seed_typed(1234) is False
     assert handlers.on_seed_typed(None) is True  # an emptied box randomizes again
-    *_, seed, _, _ = handlers.on_generate("a red fox", "256x256", 1, 1234, handlers.on_seed_typed(1234), 1.0, [])
+    *_, seed, _, _ = generate(handlers, "a red fox", "256x256", 1, 1234, handlers.on_seed_typed(1234), 1.0, [])
     assert seed == 1234
 
 
@@ -628,7 +633,7 @@ def test_after_an_error_the_line_under_the_image_says_the_error(engine, tmp_path
                           ImageStore(tmp_path))
     session = {"id": "f" * 20}
     with pytest.raises(gr.Error):
-        failing.on_generate("a fox", "256x256", 1, 1, False, 1.0, [], session=session)
+        generate(failing, "a fox", "256x256", 1, 1, False, 1.0, [], session=session)
     line = asyncio.run(failing.on_failed(session))
     assert "Not made" in line and "generation failed at 256x256: OOM. (The image above" in line and "seed" not in line
     assert "Not made" in asyncio.run(failing.on_failed({"id": "g" * 20}))  # no recorded error: still no stale line
@@ -652,8 +657,8 @@ def test_the_prompt_counter_says_what_the_text_encoder_reads(handlers, engine):
 def test_table_columns_count_images_and_show_a_shared_graphs_time(handlers, engine):
     engine.warmup("384x256")
     before = {r[0]: r for r in status_rows(engine.status())}
-    handlers.on_generate("a red fox", "384x256", 1, 1, False, 1.0, [])
-    handlers.on_generate("a red fox", "256x384", 1, 1, False, 1.0, [])  # same tokens: the graph of 384x256
+    generate(handlers, "a red fox", "384x256", 1, 1, False, 1.0, [])
+    generate(handlers, "a red fox", "256x384", 1, 1, False, 1.0, [])  # same tokens: the graph of 384x256
     rows = {r[0]: r for r in status_rows(engine.status())}
     assert TABLE_HEADERS == ["size", "aspect", "state", "graph ready in s", "images", "last image s"]
     assert int(rows["384x256"][4]) == int(before["384x256"][4]) + 1

@@ -158,7 +158,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
         made = [image, info, seed, history, history_gallery]
         style_inputs = [styles["style"], styles["strength"]]
-        generated = gr.on([generate.click, prompt.submit], handlers.on_generate_watched,
+        generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image],
                           js=SHOW_IMAGE, **private_on_device)
         generated.then(**refresh)
@@ -228,7 +228,7 @@ def build_demo(engine: EngineLike, settings: Settings,
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         api = handlers.api
-        add_api("generate", api.api_generate_watched, lambda: [
+        add_api("generate", api.api_generate, lambda: [
             *texts("prompt", "resolution"), *numbers("steps", "seed", "guidance"), *api_reference_inputs(),
             *api_style_inputs(), gr.Checkbox(label="preview")], "image", on_device)
         add_api("inpaint", api.api_inpaint, api_inpaint_inputs, "image", on_device)

@@ -132,25 +132,14 @@ class Handlers:
                     guidance: float, history: list[HistoryEntry], references: object = None,
                     reference_size: str | None = None, fit: str = "crop", session: BrowserSession | None = None,
                     style: str | None = None, style_strength: float | None = None,
-                    progress: gr.Progress = gr.Progress(), on_preview: PreviewSink | None = None):
-        """One image from the form; the seed box then shows the seed actually used."""
+                    progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+        """The Generate button: one image from the form, the image slot showing each step's estimate of the image (at
+        the latents' resolution; the page draws it larger) until the image itself; the seed box then shows the seed
+        actually used."""
         request = self._request(prompt, resolution, steps, None if randomize else seed, guidance, references,
                                 reference_size, fit, style, style_strength)
-        return self.run(request, history, progress, session, on_preview=on_preview)
-
-    def on_generate_watched(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
-                            guidance: float, history: list[HistoryEntry], references: object = None,
-                            reference_size: str | None = None, fit: str = "crop", session: BrowserSession | None = None,
-                            style: str | None = None, style_strength: float | None = None,
-                            progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
-        """The Generate button: on_generate, with the image slot showing each step's estimate of the image (at the
-        latents' resolution; the page draws it larger) until the image itself."""
-
-        def work(on_preview: PreviewSink) -> tuple:
-            return self.on_generate(prompt, resolution, steps, seed, randomize, guidance, history, references,
-                                    reference_size, fit, session, style, style_strength, progress, on_preview)
-
-        yield from self.previews.shown(work, lambda path, _: (path, *[gr.skip()] * 4))
+        yield from self.previews.shown(lambda sink: self.run(request, history, progress, session, on_preview=sink),
+                                       lambda path, _: (path, *[gr.skip()] * 4))
 
     def on_inpaint(self, editor: object, prompt: str, resolution: str, strength: float, steps: float,
                    seed: float | None, randomize: bool, guidance: float, files: object, reference_size: str,

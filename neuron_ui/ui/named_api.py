@@ -38,35 +38,28 @@ class NamedApi:
         return replace(status, queue_depth=status.queue_depth + self.waiting())
 
     def api_generate(self, prompt: str, resolution: str, steps: float | None = None, seed: float | None = None,
-                     guidance: float | None = None, references: object = None,
-                     reference_size: str | None = None, lora: str | None = None,
-                     lora_scale: float | None = None,
-                     on_preview: PreviewSink | None = None) -> tuple[str, dict[str, object]]:
-        """One image and its generation info; steps and guidance default to the model's, seed to random; `lora` a
-        loaded style's name (None: none), `lora_scale` its strength (None: the style's default); `on_preview`
-        hears each step's estimate of the image."""
-        with user_errors():
-            request = GenerateRequest(prompt, resolution, steps, seed, guidance,
-                                      references=file_paths(references, self.stored),
-                                      reference_size=reference_size or None, lora=lora, lora_scale=lora_scale)
-            made = self.studio.generate(request, asker(on_preview=on_preview))
-            return str(made.path), made.result.info()
-
-    def api_generate_watched(self, prompt: str, resolution: str, steps: float | None = None,
-                             seed: float | None = None, guidance: float | None = None, references: object = None,
-                             reference_size: str | None = None, lora: str | None = None,
-                             lora_scale: float | None = None,
-                             preview: bool | None = None) -> Iterator[tuple[str, dict[str, object]]]:
-        """/generate: api_generate's (image, info); with preview=True each step's estimate of the image comes first,
-        as (image at the latents' resolution, {"preview": {"step", "steps"}}): gradio_client's job.outputs()."""
+                     guidance: float | None = None, references: object = None, reference_size: str | None = None,
+                     lora: str | None = None, lora_scale: float | None = None,
+                     preview: bool | None = None) -> Iterator[tuple[str, dict[str, object]]]:
+        """/generate: one image and its generation info; steps and guidance default to the model's, seed to random;
+        `lora` a loaded style's name (None: none), `lora_scale` its strength (None: the style's default). With
+        preview=True each step's estimate of the image comes first, as (image at the latents' resolution,
+        {"preview": {"step", "steps"}}): gradio_client's job.outputs()."""
         if preview not in (None, False, True):
             raise gr.Error(f"preview must be true or false, got {preview!r}", print_exception=False)
-        args = (prompt, resolution, steps, seed, guidance, references, reference_size, lora, lora_scale)
-        if not preview:
-            yield self.api_generate(*args)
-            return
-        yield from self.previews.shown(lambda sink: self.api_generate(*args, on_preview=sink),
-                                       self._frame)
+
+        def make(on_preview: PreviewSink | None = None) -> tuple[str, dict[str, object]]:
+            with user_errors():
+                request = GenerateRequest(prompt, resolution, steps, seed, guidance,
+                                          references=file_paths(references, self.stored),
+                                          reference_size=reference_size or None, lora=lora, lora_scale=lora_scale)
+                made = self.studio.generate(request, asker(on_preview=on_preview))
+                return str(made.path), made.result.info()
+
+        if preview:
+            yield from self.previews.shown(make, self._frame)
+        else:
+            yield make()
 
     @staticmethod
     def _frame(path: str, preview: StepPreview) -> tuple[str, dict[str, object]]:
