@@ -143,15 +143,11 @@ async def cancel_event_task(session: str, fn_index: int, event_id: str) -> None:
 def device_events(demo: gr.Blocks) -> int:
     """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
     engine's queue or holds the device). server.gate.Gate bounds this by --max-queue + 1."""
-    try:
-        event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
-        return 0 if event_queue is None else len(event_queue.queue) + event_queue.current_concurrency
-    except AttributeError:
-        return device_queue_length(demo)
+    return device_queue_length(demo, running=True)
 
 
-def device_queue_length(demo: gr.Blocks) -> int:
-    """Requests Gradio has accepted for the device and not yet started.
+def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
+    """Requests Gradio has accepted for the device and not yet started (`running`: and the ones started).
 
     Gradio 6 has no public call for this. Its queue keeps one EventQueue per concurrency id, whose `queue` list
     holds the events not yet started (gradio/queueing.py: Queue.event_queue_per_concurrency_id); only this
@@ -159,7 +155,9 @@ def device_queue_length(demo: gr.Blocks) -> int:
     """
     try:
         event_queue = demo._queue.event_queue_per_concurrency_id.get(DEVICE)
-        return 0 if event_queue is None else len(event_queue.queue)
+        if event_queue is None:
+            return 0
+        return len(event_queue.queue) + (event_queue.current_concurrency if running else 0)
     except AttributeError:
         if not _UNREADABLE_QUEUE:
             _UNREADABLE_QUEUE.append(True)
