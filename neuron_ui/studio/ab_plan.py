@@ -25,6 +25,7 @@ from neuron_ui.studio.grid_plan import (
     parse_steps,
     parse_strengths,
     parse_styles,
+    setting_words,
 )
 from neuron_ui.contract.layouts import validate_resolution
 from neuron_ui.contract.requests import MAX_SEED, SEED, validate_prompt
@@ -151,21 +152,9 @@ def side_labels(a: Mapping[str, object], b: Mapping[str, object], differs: tuple
 
 
 def _label(name: str, settings: Mapping[str, object], differs: tuple[str, ...], prompt: str) -> str:
-    words = []
-    for key in differs:
-        value = settings.get(key)
-        if key == "prompt":
-            words.append(prompt)
-        elif key == "style":
-            words.append(str(value or "no style"))
-        elif value is None:  # a strength without a style, guidance on a distilled model: nothing to say
-            continue
-        elif key == "steps":
-            words.append(f"{value} step{'' if value == 1 else 's'}")
-        elif key == "resolution":
-            words.append(str(value))
-        else:
-            words.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
+    # a strength without a style, guidance on a distilled model (None): nothing to say
+    words = [prompt if key == "prompt" else setting_words(key, settings.get(key)) for key in differs
+             if key in ("prompt", "style") or settings.get(key) is not None]
     return f"{name}: {' · '.join(words)}" if words else name
 
 

@@ -40,6 +40,7 @@ AXIS_HELP = {
     "prompts": "prompt search and replace: a word or phrase of the prompt, then what replaces it, e.g. "
                "\"fox,cat,owl\" (the first keeps the prompt as it is)",
 }
+AXIS_SETTING = {"seeds": "seed", "styles": "style", "strengths": "strength", "steps": "steps", "prompts": "prompt"}
 MAX_AXES = 3
 DEFAULT_MAX_CELLS = 16
 MAX_AXIS_TEXT = 2000  # characters of one axis as sent: a list longer than this is no list of cells
@@ -209,22 +210,23 @@ def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, 
     if count > max_cells:
         raise ValueError(f"a grid of {shape} = {count} images is more than {max_cells}, this server's limit "
                          "(--max-grid-cells): take fewer values")
-    axes = tuple(Axis(name, parsed[name], labels(name, parsed[name])) for name in AXES if name in parsed)
+    axes = tuple(Axis(name, parsed[name], tuple(setting_words(AXIS_SETTING[name], v) for v in parsed[name]))
+                 for name in AXES if name in parsed)
     fixed_seed = secrets.randbelow(MAX_SEED + 1) if seed is None else int(SEED.check(seed))
     cells = build_cells(axes, text, fixed_seed)
     return GridPlan(prompt=text, resolution=str(size), axes=axes, cells=cells, order=run_order(cells, axes))
 
 
-def labels(name: str, values: tuple[object, ...]) -> tuple[str, ...]:
-    if name == "seeds":
-        return tuple(f"seed {v}" for v in values)
-    if name == "steps":
-        return tuple(f"{v} step{'' if v == 1 else 's'}" for v in values)
-    if name == "strengths":
-        return tuple(f"strength {v:g}" for v in values)
-    if name == "styles":
-        return tuple(str(v or "no style") for v in values)
-    return tuple(str(v) for v in values)  # the prompts, whole
+def setting_words(key: str, value: object) -> str:
+    """A setting as the sheets' labels say it ("seed 3", "4 steps", "strength 0.5", "no style"); a prompt or a size
+    as it is. The grid's axes and the A/B's sides both."""
+    if key == "steps":
+        return f"{value} step{'' if value == 1 else 's'}"
+    if key == "style":
+        return str(value or "no style")
+    if key in ("prompt", "resolution"):
+        return str(value)
+    return f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
 
 
 def build_cells(axes: tuple[Axis, ...], prompt: str, seed: int) -> tuple[GridCell, ...]:
