@@ -51,11 +51,10 @@ class FileDoors:
         The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
         indices, names = self.file_inputs(fn)
         if isinstance(data, dict) and by_name:
-            data = {key: self.stored(value) if key in names else value for key, value in data.items()}
+            data = {key: self.paths(value, key in names) for key, value in data.items()}
         elif isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = {**data, "data": [self.stored(value) if index in indices else value
-                                     for index, value in enumerate(data["data"])]}
-        return self.meta_paths(data)
+            data = {**data, "data": [self.paths(value, index in indices) for index, value in enumerate(data["data"])]}
+        return self.paths(data, False)
 
     def file_route(self, scope: dict) -> tuple[dict, Refusal | None]:
         """A request on a file route names one of the app's files, or is refused before Gradio sees it: a relative
@@ -84,29 +83,19 @@ class FileDoors:
             self._file_inputs[fn] = gradio_bridge.file_inputs(fn)
         return self._file_inputs[fn]
 
-    def stored(self, value: object) -> object:
-        """A value sent where a file goes: each path in it must be one of the app's files (its retention restarts)."""
+    def paths(self, value: object, as_file: bool) -> object:
+        """A value sent where a file goes (`as_file`): each path in it must be one of the app's files (its retention
+        restarts); elsewhere only a FileData with "meta" is checked. What is not a path the handler refuses."""
         if isinstance(value, list):
-            return [self.stored(item) for item in value]
-        if isinstance(value, dict):
-            value = dict(value)
-            if "path" in value:
-                value["path"] = self.stored_files.use(value["path"])
-            for part in EDITOR_PARTS:
-                if part in value:
-                    value[part] = self.stored(value[part])
-            return value
-        if isinstance(value, str):
+            return [self.paths(item, as_file) for item in value]
+        if isinstance(value, str) and as_file:
             return self.stored_files.use(value)
-        return value  # None, a number: the handler refuses what is not a file
-
-    def meta_paths(self, value: object) -> object:
-        if isinstance(value, list):
-            return [self.meta_paths(item) for item in value]
         if not isinstance(value, dict):
-            return value
-        value = {key: self.meta_paths(item) for key, item in value.items()}
-        if isinstance(value.get("meta"), dict) and "path" in value:
+            return value  # None, a number, or text where no file goes
+        value = {key: self.paths(item, as_file and key in EDITOR_PARTS) for key, item in value.items()}
+        if "path" in value and as_file:
+            value["path"] = self.stored_files.use(value["path"])
+        elif "path" in value and isinstance(value.get("meta"), dict):
             value["path"] = self.stored_files.resolve(value["path"])
         return value
 
