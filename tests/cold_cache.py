@@ -2,6 +2,10 @@
 empty cache folder, as a user runs it. `compiled_here` (tests/conftest.py) makes it once per session; the restart
 (tests/test_inductor.py), the bundle (tests/test_bundles.py, tests/test_bundle_fetch.py) and the AOT comparison
 (tests/test_aot.py) tests start from a copy of its folder or read it, instead of each paying a cold compile of its own.
+
+And the suite's one cold AOTInductor compile, also in a fresh process (AOT_CHILD, an engine of `--compile aot`):
+`aot_compiled_here` (tests/conftest.py) makes it once per session; tests/test_aot.py's warm process and damaged
+copies and tests/test_styles.py's style switches start from a copy of its folder or read it.
 """
 
 import hashlib
@@ -18,12 +22,54 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT, RESOLUTION, SEED = "a lighthouse at dusk", "256x256", 7
 
 
-def run_cli(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
-    """`python -m neuron_ui generate --model tiny` in a new process (inductor, the default backend on CPU)."""
+# The AOT child's request (a 2-step image: its first generate compiles or loads, its second reuses the packages).
+AOT_REQUEST = dict(prompt=PROMPT, resolution=RESOLUTION, seed=SEED, steps=2)
+AOT_CHILD = """
+import json, sys
+from pathlib import Path
+from neuron_ui.config.cache_paths import configure_cache_env
+cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
+import torch
+from torch._dynamo.utils import counters
+from neuron_ui.engine.engine import Engine
+from neuron_ui.config.resolutions import parse_resolutions
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.config.settings import Settings
+request = json.loads(sys.argv[3])
+settings = Settings(model="tiny", device="cpu", compile="aot", resolutions=parse_resolutions(request["resolution"]),
+                    cache_dir=Path(sys.argv[1]))
+engine = Engine.from_settings(settings, cache)
+first = engine.generate(GenerateRequest(**request))
+second = engine.generate(GenerateRequest(**request))
+first.image.save(sys.argv[2])
+traced = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"]}
+torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))  # the control: dynamo tracing shows in the counts
+control = counters["frames"]["total"]
+print(json.dumps({"events": [first.cache_event, second.cache_event], "compile_s": first.compile_seconds,
+                  "traced": traced, "control_frames": control, "status_mode": engine.status().compile_mode}))
+"""
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a child, without the cache folders a test set: the child sets its own."""
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    return env
+
+
+def run_aot_child(cache_dir: Path, image: Path) -> dict:
+    """AOT_CHILD in a new process on `cache_dir`: AOT_REQUEST twice, the first image written to `image`; what it
+    printed (the two cache events, the first's compile seconds, what dynamo traced, the control's frames)."""
+    done = subprocess.run([sys.executable, "-c", AOT_CHILD, str(cache_dir), str(image), json.dumps(AOT_REQUEST)],
+                          capture_output=True, text=True, env=child_env(), timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_cli(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
+    """`python -m neuron_ui generate --model tiny` in a new process (inductor, the default backend on CPU)."""
     cmd = [sys.executable, "-m", "neuron_ui", "generate", "--model", "tiny", "--cache-dir", str(cache_dir), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=480, cwd=REPO)
+    return subprocess.run(cmd, capture_output=True, text=True, env=child_env(), check=True, timeout=480, cwd=REPO)
 
 
 def image_digest(image: Image.Image) -> str:

@@ -76,6 +76,17 @@ def compiled_here(tmp_path_factory):
     return root / "cache", first_image(root / "cache", root / "cold.png")
 
 
+@pytest.fixture(scope="session")
+def aot_compiled_here(tmp_path_factory):
+    """A folder whose `cache` a fresh process with `--compile aot` compiled its packages into (a cold AOTInductor
+    compile, tests/cold_cache.py's AOT_CHILD), its first image `cold.png`, and what it reported. tests/test_aot.py and
+    tests/test_styles.py copy or read it, never change it; sharing it pays that compile once per suite."""
+    from cold_cache import run_aot_child
+
+    root = tmp_path_factory.mktemp("aot-compiled-here")
+    return root, run_aot_child(root / "cache", root / "cold.png")
+
+
 def missing_engine_members(engine) -> list[str]:
     """What `engine` lacks of the one interface the UI and the server use (neuron_ui.schema.EngineLike)."""
     from neuron_ui.contract.engine_like import EngineLike

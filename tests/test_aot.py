@@ -1,16 +1,13 @@
 """`--compile aot`: real AOTInductor packages on the tiny model on CPU.
 
-One cold process compiles the packages into a shared cache folder (module scope); a second, new process loads
-them without dynamo; the other tests copy that folder and damage it (one block class compiled again; a package of
-another key and one cut short are checked on the store, without compiling), or ship it in a bundle.
+The suite's one cold process compiles the packages into a shared cache folder (conftest's aot_compiled_here); a
+second, new process loads them from a copy without dynamo; the other tests copy that folder and damage it (one block
+class compiled again; a package of another key and one cut short are checked on the store, without compiling), or
+ship it in a bundle.
 """
 
-import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 import dataclasses
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cold_cache import AOT_REQUEST, RESOLUTION, run_aot_child
 from PIL import Image
 
 from neuron_ui.cache.admin import key_for_settings
@@ -41,54 +39,19 @@ from neuron_ui.ui.words import describe_engine
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-RESOLUTION = "256x256"
-REQUEST = dict(prompt="a lighthouse at dusk", resolution=RESOLUTION, seed=7, steps=2)
+REQUEST = AOT_REQUEST  # the cold process's request: an image here compares with its image pixel for pixel
 # Pixels (0-255) an aot image may differ from regional torch.compile's for the same seed: both are inductor
 # kernels, but AOTInductor takes the weights as inputs and fuses differently, so float32 sums round differently.
 TOLERANCE = 2
 
-CHILD = """
-import json, sys
-from pathlib import Path
-from neuron_ui.config.cache_paths import configure_cache_env
-cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
-import torch
-from torch._dynamo.utils import counters
-from neuron_ui.engine.engine import Engine
-from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.config.settings import Settings
-request = json.loads(sys.argv[3])
-settings = Settings(model="tiny", device="cpu", compile="aot", resolutions=parse_resolutions(request["resolution"]),
-                    cache_dir=Path(sys.argv[1]))
-engine = Engine.from_settings(settings, cache)
-first = engine.generate(GenerateRequest(**request))
-second = engine.generate(GenerateRequest(**request))
-first.image.save(sys.argv[2])
-traced = {"frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"]}
-torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))  # the control: dynamo tracing shows in the counts
-control = counters["frames"]["total"]
-print(json.dumps({"events": [first.cache_event, second.cache_event], "compile_s": first.compile_seconds,
-                  "traced": traced, "control_frames": control, "status_mode": engine.status().compile_mode}))
-"""
-
-
-def run_child(cache_dir: Path, image: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}
-    env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(cache_dir), str(image), json.dumps(REQUEST)],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    """A cold process compiles the packages, then a new process on the same folder loads them."""
+def warm(aot_compiled_here, tmp_path_factory):
+    """The suite's cold process compiled the packages (conftest's aot_compiled_here); a new process loads them from a
+    copy of its folder (the shared one is never changed)."""
+    shared, cold = aot_compiled_here
     root = tmp_path_factory.mktemp("aot")
-    cold = run_child(root / "cache", root / "cold.png")
-    warm = run_child(root / "cache", root / "warm.png")
+    shutil.copytree(shared, root, dirs_exist_ok=True)
+    warm = run_aot_child(root / "cache", root / "warm.png")
     return root, cold, warm
 
 

@@ -8,6 +8,7 @@ loaded the documented way (load_lora_weights + set_adapters).
 import json
 import logging
 import pickle
+import shutil
 import threading
 
 import numpy as np
@@ -186,15 +187,21 @@ def test_no_compile_mode_compiles_for_a_style(files, cache, mode):
 
 
 @pytest.mark.slow
-def test_aot_packages_take_styles_as_weights(files, tmp_path):
-    """AOTInductor packages take the weights as inputs: a switch reaches them without a new package."""
+def test_aot_packages_take_styles_as_weights(files, aot_compiled_here, tmp_path):
+    """AOTInductor packages take the weights as inputs: a switch reaches them without a new package. The packages are
+    a copy of the suite's cold AOT compile (conftest's aot_compiled_here, made with no style loaded: the same key and
+    block signatures, since a style is fused into the weights); a compiled package is loaded from its file just as
+    one found on disk is (compile/aot.py's PackageStore), so the packages here are the ones a compile here would run."""
+    shutil.copytree(aot_compiled_here[0] / "cache", tmp_path / "cache")
+    made = sorted((tmp_path / "cache" / "aot").rglob("*.pt2"))
     engine = build_engine(files, configure_cache_env(tmp_path / "cache", environ={}), "aot", "inductor")
     try:
         results = run_switches(engine, steps=1)
     finally:
         torch._dynamo.reset()
-    assert results["base"].cache_event == "compiled"
+    assert len(made) == 2 and results["base"].cache_event == CacheEvent.DISK_HIT  # the packages load, none compiles
     assert {results[label].cache_event for label, _, _ in SWITCHES[1:]} == {CacheEvent.MEMORY_HIT}
+    assert sorted((tmp_path / "cache" / "aot").rglob("*.pt2")) == made  # no package of any other key or signature
     assert max_diff(results["none"].image, results["base"].image) <= TOLERANCE
     assert mean_diff(results["ink"].image, results["base"].image) > 3
 
