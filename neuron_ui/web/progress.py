@@ -30,7 +30,7 @@ class CompileWait:
     """A compilation in progress as one request reported it: what, since when, and for about how long."""
 
     message: str  # the engine's words, e.g. "compiling 1344x768 for the first time (about 41 s)"
-    phase: str | None
+    phase: Phase | None
     estimate: float | None
     guess: bool
     started: float
@@ -40,14 +40,14 @@ class CompileWait:
         A value, never Gradio's count of unknown length, which shows a bare "4 s" without the words (6.31)."""
         elapsed = now - self.started
         head = self.message.split(" (")[0]  # the engine's words without its "(about N s)"
-        if self.phase == "loading":  # "loading 1344x768 from the disk cache (about 3 s)"
+        if self.phase == Phase.LOADING:  # "loading 1344x768 from the disk cache (about 3 s)"
             head = head.replace(" for the first time", "")
         phase = f"{self.phase}: " if self.phase and not head.startswith(self.phase) else ""
         if self.estimate is None:
             return 0.0, f"{phase}{head} · {elapsed:.0f} s so far (time not measured yet)"
         label = GUESS if self.guess else "estimate"
         fraction = min(elapsed / self.estimate, 0.99) if self.estimate > 0 else 0.99
-        if self.phase == "loading":
+        if self.phase == Phase.LOADING:
             return fraction, f"{head} (about {self.estimate:.0f} s, {label}) · {elapsed:.0f} s so far"
         return fraction, f"{phase}{head} · {elapsed:.0f} s of about {self.estimate:.0f} s ({label})"
 
