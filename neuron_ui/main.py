@@ -64,7 +64,7 @@ class App(NamedTuple):
 def build_app(settings: Settings, engine: EngineLike | None = None, stops: SessionStops | None = None) -> App:
     """Everything but the launch: the engine (loaded here the way the settings choose, unless given) and the
     queued UI; `stops` the UI's registry of running requests, for launch() to hand the server."""
-    engine = engine or choose_serving(settings).load().engine
+    engine = engine or choose_serving(settings).load(None).engine
     from neuron_ui.ui.blocks import build_demo
 
     demo, handlers = build_demo(engine, settings, stops)

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 from neuron_ui.config.cache_paths import configure_cache_env
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from neuron_ui.engine.engine import Engine
     from neuron_ui.model.runner import Runner
     from neuron_ui.parallel.group import ParallelGroup
-    from neuron_ui.parallel.torchrun import TorchrunRank
     from neuron_ui.replicas.runner import ReplicaRunner
 
 logger = logging.getLogger(__name__)
@@ -52,13 +51,13 @@ class Loaded:
         self.on_stop(at_once)
 
 
-class Serving(Protocol):
-    """A way of serving, chosen before the model loads: what /healthz adds once serving (None: nothing), and the
-    engine it loads with its lifecycle."""
+@dataclass(frozen=True)
+class Serving:
+    """A way of serving, chosen before the model loads: `load` gives the engine with its lifecycle (`loading`: what
+    start-up does, for /healthz), `health` what /healthz adds once serving (None: nothing)."""
 
-    health: Callable[[], str | None] | None
-
-    def load(self, loading: LoadingState | None = None) -> Loaded: ...
+    load: Callable[[LoadingState | None], Loaded]
+    health: Callable[[], str | None] | None = None
 
 
 def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Runtime | None = None) -> Serving:
@@ -66,87 +65,59 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
     device choice (detected when needed, if not given). A launch that cannot work raises StartupError saying what
     to do; a torchrun follower follows rank 0 here and exits."""
     if settings.replicas:
-        return Replicas(settings)
+        return Serving(lambda loading: load_replicas(settings))
     configure_cache_env(settings.cache_dir)  # before torch loads: torch_neuronx reads it at import
     if launch is None and settings.tp not in (None, 1):
         raise StartupError(f"--tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp}"
                            f" app.py ..., or --replicas N --tp {settings.tp}")
     if launch is not None or settings.compile == "aot" or runtime is not None:
-        runtime = runtime or detect_runtime(settings)
+        from neuron_ui.config.runtime import Runtime
+
+        runtime = runtime or Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
         if settings.compile == "aot":  # before anything loads: say it at start-up
             from neuron_ui.compile.aot import check_runtime
 
             check_runtime(runtime.device, runtime.backend, launch.world_size if launch else 1)
-    if launch is None:
-        return InProcess(settings)
-    rank = torchrun_rank(settings, launch, runtime.device if runtime else "cpu")
-    if not launch.is_leader:
-        code = rank.follow(build_follower_runner(settings, rank.form()))
-        gc.freeze()  # as main() does on its way out: the interpreter's exit need not collect the model (seconds)
-        sys.exit(code)
-    return Torchrun(settings, rank)
-
-
-def detect_runtime(settings: Settings) -> Runtime:
-    from neuron_ui.config.runtime import Runtime
-
-    return Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
-
-
-def torchrun_rank(settings: Settings, launch: Launch, device: str) -> TorchrunRank:
+    if launch is None:  # the engine in this process
+        return Serving(lambda loading: Loaded(build_engine(settings, loading=loading)))
+    from neuron_ui.engine.setup import build_follower_runner
     from neuron_ui.parallel.torchrun import TorchrunRank
 
     try:
-        return TorchrunRank(launch, settings.tp, settings.tp_timeout, device)
+        rank = TorchrunRank(launch, settings.tp, settings.tp_timeout, runtime.device if runtime else "cpu")
     except ValueError as error:
         raise StartupError(str(error)) from None
+    if not launch.is_leader:  # a follower: its shard, on its device, compiled as rank 0's is
+        code = rank.follow(build_follower_runner(settings, configure_cache_env(settings.cache_dir), rank.form()))
+        gc.freeze()  # as main() does on its way out: the interpreter's exit need not collect the model (seconds)
+        sys.exit(code)
+
+    def lead(loading: LoadingState | None) -> Loaded:
+        """Rank 0: it serves, its lockstep runner drives the followers. Serving notes the start-up (and the restart
+        before it); stopping answers the user in flight and tells the followers to exit."""
+        engine = build_engine(settings, rank.form(), rank.lead, loading)
+        rank.handle_signals()  # torchrun's SIGTERM: unwind, so main's `finally` stops the group in order
+        return Loaded(engine, on_start=rank.serving, on_stop=lambda at_once: rank.stop())
+
+    return Serving(lead, rank.health)
 
 
-class InProcess:
-    """The engine in this process."""
-
-    health: Callable[[], str | None] | None = None
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-
-    def load(self, loading: LoadingState | None = None) -> Loaded:
-        return Loaded(build_engine(self.settings, loading=loading))
-
-
-class Replicas(InProcess):
+def load_replicas(settings: Settings) -> Loaded:
     """The engine's front over Ray Serve replicas (a slot per replica); stopping it stops Serve and the local Ray."""
+    from neuron_ui.engine.engine import Engine
 
-    def load(self, loading: LoadingState | None = None) -> Loaded:
-        from neuron_ui.engine.engine import Engine
+    try:
+        runner = build_replicas(settings)
+    except BaseException:
+        stop_replicas(settings)  # a launch cut short: Serve and the local Ray go all the same
+        raise
 
-        try:
-            runner = build_replicas(self.settings)
-        except BaseException:
-            stop_replicas(self.settings)  # a launch cut short: Serve and the local Ray go all the same
-            raise
+    def stop(at_once: bool = False) -> None:
+        if not at_once:  # no more reads of the board before Ray goes (a second signal does not wait for it)
+            runner.stop()
+        stop_replicas(settings, at_once)
 
-        def stop(at_once: bool = False) -> None:
-            if not at_once:  # no more reads of the board before Ray goes (a second signal does not wait for it)
-                runner.stop()
-            stop_replicas(self.settings, at_once)
-
-        return Loaded(Engine(runner, self.settings.max_queue_per_user), on_stop=stop)
-
-
-class Torchrun:
-    """Rank 0 of a torchrun group: it serves, its lockstep runner drives the followers. Serving notes the start-up
-    (and the restart before it); stopping answers the user in flight and tells the followers to exit."""
-
-    def __init__(self, settings: Settings, rank: TorchrunRank):
-        self.settings = settings
-        self.rank = rank
-        self.health: Callable[[], str | None] | None = rank.health
-
-    def load(self, loading: LoadingState | None = None) -> Loaded:
-        engine = build_engine(self.settings, self.rank.form(), self.rank.lead, loading)
-        self.rank.handle_signals()  # torchrun's SIGTERM: unwind, so main's `finally` stops the group in order
-        return Loaded(engine, on_start=self.rank.serving, on_stop=lambda at_once: self.rank.stop())
+    return Loaded(Engine(runner, settings.max_queue_per_user), on_stop=stop)
 
 
 def build_engine(settings: Settings, group: ParallelGroup | None = None,
@@ -162,13 +133,6 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None,
     from neuron_ui.engine.engine import Engine
 
     return Engine.from_settings(settings, cache, group, wrap_runner)
-
-
-def build_follower_runner(settings: Settings, group: ParallelGroup) -> Runner:
-    """A torchrun follower's runner (not a whole engine): its shard, on its device, compiled as rank 0's is."""
-    from neuron_ui.engine.setup import build_follower_runner as build
-
-    return build(settings, configure_cache_env(settings.cache_dir), group)
 
 
 # A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this

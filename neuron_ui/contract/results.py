@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict, cast
 from collections.abc import Callable
 
 from PIL import Image
@@ -101,6 +101,24 @@ ProgressFn = Callable[[ProgressUpdate], None]
 PNG_COMPRESS_LEVEL = 1
 
 
+def save_deflated(image: Image.Image, target: Path | str | IO[bytes], text: list[tuple[str, str]]) -> None:
+    """`image` as a deflated PNG (smaller, slower to write than images/png.py's) with `text` as its text chunks:
+    for a file kept (the CLI's) or sent (MCP's)."""
+    meta = PngInfo()
+    for key, value in text:
+        meta.add_text(key, value)
+    image.save(target, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+
+
+def save_image_png(image: Image.Image, path: Path | str, text: list[tuple[str, str]], fast: bool = False) -> Path:
+    """`image` at `path` with `text`; `fast` for one a user waits on: uncompressed, written in milliseconds
+    (images/png.py), else deflated (save_deflated)."""
+    if fast:
+        return write_png(image, path, text)
+    save_deflated(image, path, text)
+    return Path(path)
+
+
 @dataclass
 class GenerateResult:
     """An image and the truth about how it was made."""
@@ -144,20 +162,9 @@ class GenerateResult:
             text.append(("lora", f"{self.lora} at {self.lora_scale:g} (sha256 {self.lora_sha256})"))
         return text
 
-    def png_info(self) -> PngInfo:
-        meta = PngInfo()
-        for key, value in self.png_text():
-            meta.add_text(key, value)
-        return meta
-
     def save_png(self, path: Path | str, fast: bool = False) -> Path:
-        """The PNG with its parameters; `fast` for one a user waits on: uncompressed, written in milliseconds
-        (images/png.py), else deflated at PNG_COMPRESS_LEVEL (the headless command's file)."""
-        if fast:
-            return write_png(self.image, path, self.png_text())
-        path = Path(path)
-        self.image.save(path, format="PNG", pnginfo=self.png_info(), compress_level=PNG_COMPRESS_LEVEL)
-        return path
+        """The PNG with its parameters (`fast`: save_image_png's)."""
+        return save_image_png(self.image, path, self.png_text(), fast)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from mcp import types
 
 from neuron_ui.studio.ab_plan import SETTINGS_WORDS
 from neuron_ui.studio.grid_plan import AXIS_HELP
-from neuron_ui.studio.grid_sheet import save_deflated
+from neuron_ui.contract.results import save_deflated
 from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_LORA_SCALE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.contract.stopping import Phase

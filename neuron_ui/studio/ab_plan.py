@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import shlex
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from neuron_ui.studio.grid_plan import (
     MAX_AXIS_TEXT,
@@ -107,14 +107,13 @@ def apply_settings(cell: GridCell, pairs: Mapping[str, str], loaded: Mapping[str
         if len(variants) != 2:
             raise ValueError("replace takes a word of the prompt and what replaces it, e.g. replace=fox,cat")
         prompt = variants[1]
-    seed = _one("seed", pairs["seed"], lambda v: parse_seeds(v, 1)) if "seed" in pairs else cell.seed
-    steps = _one("steps", pairs["steps"], parse_steps) if "steps" in pairs else cell.steps
-    style, strength = cell.style, cell.strength
-    if "style" in pairs:
-        style, strength = _one("style", pairs["style"], lambda v: parse_styles(v, loaded)), None
-    if "strength" in pairs:
-        strength = _one("strength", pairs["strength"], parse_strengths)
-    made = replace(cell, prompt=prompt, seed=seed, steps=steps, style=style, strength=strength)
+    parsers: dict[str, Callable[[str], tuple[Any, ...]]] = {
+        "seed": lambda v: parse_seeds(v, 1), "steps": parse_steps, "style": lambda v: parse_styles(v, loaded),
+        "strength": parse_strengths}
+    changed = {key: _one(key, pairs[key], parse) for key, parse in parsers.items() if key in pairs}
+    if "style" in changed:
+        changed.setdefault("strength", None)
+    made = replace(cell, prompt=prompt, **changed)
     if made.style is None:
         if "strength" in pairs:
             raise ValueError("strength is a style's strength: set style too (e.g. style=ink strength=0.8)")

@@ -13,7 +13,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from neuron_ui.studio.ab_plan import side_labels
 from neuron_ui.studio.grid_plan import Axis, GridCell, GridPlan, Info
-from neuron_ui.studio.grid_sheet import BACKGROUND, GridResult, draw_sheet, save_deflated
+from neuron_ui.contract.results import save_image_png
+from neuron_ui.studio.grid_sheet import BACKGROUND, GridResult, draw_sheet
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -68,8 +69,7 @@ class ABFiles:
     info: Info
 
     def save_png(self, path: Path) -> Path:
-        save_deflated(self.image, path, self.text)
-        return path
+        return save_image_png(self.image, path, self.text)
 
 
 def read_png(path: Path) -> tuple[Image.Image, Info | None]:

@@ -5,6 +5,8 @@ the fewest times. Plain values: the engine's runner (studio/grid.py) makes the i
 from __future__ import annotations
 
 import csv
+import itertools
+import math
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from neuron_ui.contract.requests import (
 from neuron_ui.contract.layouts import validate_resolution
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.contract.results import EngineStatus
@@ -70,11 +72,6 @@ class GridCell:
     steps: int | None  # None: the model's default
     style: str | None  # None: no style
     strength: float | None  # the style's strength; None: the style's default (or no style)
-
-    def params(self) -> Info:
-        return {"index": self.index, "column": self.column, "row": self.row, "block": self.block,
-                "prompt": self.prompt, "seed": self.seed, "steps": self.steps, "style": self.style,
-                "strength": self.strength}
 
     @property
     def look(self) -> tuple[str | None, float | None]:
@@ -128,38 +125,29 @@ def parse_seeds(text: object, max_cells: int) -> tuple[int, ...]:
     values = split_values(text, "seeds")
     if len(values) == 1 and "+" in values[0]:
         start, _, count = values[0].partition("+")
-        first, many = _whole(start, "seeds' first seed", SEED), _count(count, max_cells)
-        return tuple((first + i) % (MAX_SEED + 1) for i in range(many))
-    return tuple(_whole(value, "seed", SEED) for value in values)
+        first = _number(start, "seeds' first seed", SEED)
+        # the count is never more than a grid may hold: a huge one is refused here
+        many = _number(count, "the count of seeds after '+'", NumberRange("seeds' count", 1, max_cells, whole=True))
+        return tuple((int(first) + i) % (MAX_SEED + 1) for i in range(int(many)))
+    return tuple(int(_number(value, "seed", SEED)) for value in values)
 
 
-def _whole(text: str, name: str, rule: NumberRange) -> int:
+def _number(text: str, name: str, rule: NumberRange, example: str = "") -> float:
+    """`text` as `rule`'s number (an int when whole); ValueError says it is not one, then `example`."""
     try:
-        number = int(text.strip())
+        number = int(text.strip()) if rule.whole else float(text)
     except ValueError:
-        raise ValueError(f"{name} {text.strip()!r} is not a whole number") from None
-    return int(rule.check(number))
-
-
-def _count(text: str, max_cells: int) -> int:
-    """The count of "3+4": at least 1, and never more than a grid may hold (a huge count is refused here)."""
-    return _whole(text, "the count of seeds after '+'", NumberRange("seeds' count", 1, max_cells, whole=True))
+        raise ValueError(f"{name} {text.strip()!r} is not a {'whole ' if rule.whole else ''}number{example}") from None
+    return rule.check(number)
 
 
 def parse_steps(text: object) -> tuple[int, ...]:
-    return tuple(_whole(value, "steps", STEPS) for value in split_values(text, "steps"))
+    return tuple(int(_number(value, "steps", STEPS)) for value in split_values(text, "steps"))
 
 
 def parse_strengths(text: object) -> tuple[float, ...]:
-    strengths = []
-    for value in split_values(text, "strengths"):
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"strength {value!r} is not a number; strengths are style strengths from 0 to 2, "
-                             "e.g. \"0.5,1\"") from None
-        strengths.append(STYLE_SCALE.check(number))
-    return tuple(strengths)
+    example = "; strengths are style strengths from 0 to 2, e.g. \"0.5,1\""
+    return tuple(_number(value, "strength", STYLE_SCALE, example) for value in split_values(text, "strengths"))
 
 
 def parse_styles(text: object, loaded: Mapping[str, float]) -> tuple[str | None, ...]:
@@ -189,29 +177,25 @@ def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, 
     without a seeds axis (None: one at random)."""
     text = validate_prompt(prompt)
     size = validate_resolution(resolution, presets)
-    given = {name: value for name, value in (("styles", styles), ("prompts", prompts), ("strengths", strengths),
-                                             ("steps", steps), ("seeds", seeds))
+    given = {name: value for name, value in zip(AXES, (styles, prompts, strengths, steps, seeds))
              if value is not None and not (isinstance(value, str) and not value.strip())}
     if not given:
         raise ValueError("a grid needs an axis: seeds, styles, strengths, steps or prompts")
     if len(given) > MAX_AXES:
         raise ValueError(f"a grid has at most {MAX_AXES} axes; got {len(given)}: {', '.join(given)}")
-    parsed: dict[str, tuple[object, ...]] = {}
-    for name, value in given.items():
-        parsed[name] = {"seeds": lambda v: parse_seeds(v, max_cells), "prompts": lambda v: parse_prompts(v, text),
-                        "steps": parse_steps, "strengths": parse_strengths,
-                        "styles": lambda v: parse_styles(v, loaded)}[name](value)
+    parse: dict[str, Callable[[object], tuple[object, ...]]] = {
+        "seeds": lambda v: parse_seeds(v, max_cells), "prompts": lambda v: parse_prompts(v, text),
+        "steps": parse_steps, "strengths": parse_strengths, "styles": lambda v: parse_styles(v, loaded)}
+    parsed = {name: parse[name](value) for name, value in given.items()}  # in AXES' order: the sheet's
     if "strengths" in parsed and "styles" not in parsed:
         raise ValueError("strengths are a style's strengths: give styles too (e.g. styles \"ink\")")
-    count = 1
-    for values in parsed.values():
-        count *= len(values)
+    count = math.prod(len(values) for values in parsed.values())
     shape = " x ".join(f"{len(values)} {name}" for name, values in parsed.items())
     if count > max_cells:
         raise ValueError(f"a grid of {shape} = {count} images is more than {max_cells}, this server's limit "
                          "(--max-grid-cells): take fewer values")
-    axes = tuple(Axis(name, parsed[name], tuple(setting_words(AXIS_SETTING[name], v) for v in parsed[name]))
-                 for name in AXES if name in parsed)
+    axes = tuple(Axis(name, values, tuple(setting_words(AXIS_SETTING[name], v) for v in values))
+                 for name, values in parsed.items())
     fixed_seed = secrets.randbelow(MAX_SEED + 1) if seed is None else int(SEED.check(seed))
     cells = build_cells(axes, text, fixed_seed)
     return GridPlan(prompt=text, resolution=str(size), axes=axes, cells=cells, order=run_order(cells, axes))
@@ -233,16 +217,13 @@ def build_cells(axes: tuple[Axis, ...], prompt: str, seed: int) -> tuple[GridCel
     """The cells block by block, row by row, each with the values of its place on every axis."""
     sizes = [len(axis.values) for axis in axes] + [1] * (MAX_AXES - len(axes))
     cells: list[GridCell] = []
-    for block in range(sizes[2]):
-        for row in range(sizes[1]):
-            for column in range(sizes[0]):
-                at = dict(zip((axis.name for axis in axes), (column, row, block)))
-                value = {axis.name: axis.values[at[axis.name]] for axis in axes}
-                style = value.get("styles")
-                cells.append(GridCell(index=len(cells), column=column, row=row, block=block,
-                                      prompt=value.get("prompts", prompt), seed=value.get("seeds", seed),
-                                      steps=value.get("steps"), style=style,
-                                      strength=value.get("strengths") if style is not None else None))
+    for block, row, column in itertools.product(range(sizes[2]), range(sizes[1]), range(sizes[0])):
+        value = {axis.name: axis.values[at] for axis, at in zip(axes, (column, row, block))}
+        style = value.get("styles")
+        cells.append(GridCell(index=len(cells), column=column, row=row, block=block,
+                              prompt=value.get("prompts", prompt), seed=value.get("seeds", seed),
+                              steps=value.get("steps"), style=style,
+                              strength=value.get("strengths") if style is not None else None))
     return tuple(cells)
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from PIL import Image, ImageDraw, ImageFont
-from PIL.PngImagePlugin import PngInfo
 
-from neuron_ui.images.png import write_png
-from neuron_ui.contract.results import PNG_COMPRESS_LEVEL
+from neuron_ui.contract.results import save_image_png
 
 if TYPE_CHECKING:
     from neuron_ui.studio.grid_plan import GridCell, GridPlan, Info
@@ -35,7 +33,7 @@ class CellResult:
     same_as: int | None = None
 
     def info(self, image: str | None = None) -> Info:
-        return {**self.cell.params(), "resolution": self.result.resolution, "cache_event": self.result.cache_event,
+        return {**asdict(self.cell), "resolution": self.result.resolution, "cache_event": self.result.cache_event,
                 "seconds": 0.0 if self.same_as is not None else self.result.total_seconds,
                 "same_as": self.same_as, "lora_sha256": self.result.lora_sha256, "image": image}
 
@@ -91,20 +89,8 @@ class GridResult:
         return text
 
     def save_png(self, path: Path | str, fast: bool = False) -> Path:
-        """The sheet with its text; `fast` uncompressed (images/png.py), else deflated like the CLI's images."""
-        if fast:
-            return write_png(self.image, path, self.png_text())
-        save_deflated(self.image, path, self.png_text())
-        return Path(path)
-
-
-def save_deflated(image: Image.Image, target: Path | str | IO[bytes], text: list[tuple[str, str]]) -> None:
-    """`image` as a deflated PNG (smaller, slower to write than images/png.py's) with `text` as its text chunks:
-    for a file kept (the CLI's) or sent (MCP's)."""
-    meta = PngInfo()
-    for key, value in text:
-        meta.add_text(key, value)
-    image.save(target, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+        """The sheet with its text (`fast`: save_image_png's)."""
+        return save_image_png(self.image, path, self.png_text(), fast)
 
 
 def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
