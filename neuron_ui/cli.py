@@ -45,9 +45,6 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.studio.studio import Studio
 
-AB_USAGE = "give two PNGs to compare, or --prompt, --resolution and --b to make A and B"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m neuron_ui", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -147,15 +144,11 @@ def fail(error: object) -> int:
 def opened(settings: Settings, load: Callable[[Settings], EngineLike] | None) -> Iterator[Studio]:
     """A studio over the engine the app would serve, stopped after the command (Ray's replicas with it); an engine
     a test hands in (`load`) is its own to stop."""
+    from neuron_ui.contract.loading import LoadingState
+    from neuron_ui.serving import Loaded, choose_serving
     from neuron_ui.studio.studio import Studio
 
-    if load is not None:
-        yield Studio(load(settings), max_grid_cells=settings.max_grid_cells)
-        return
-    from neuron_ui.contract.loading import LoadingState
-    from neuron_ui.serving import choose_serving
-
-    loaded = choose_serving(settings).load(LoadingState())
+    loaded = choose_serving(settings).load(LoadingState()) if load is None else Loaded(load(settings))
     try:
         yield Studio(loaded.engine, max_grid_cells=settings.max_grid_cells)
     finally:
@@ -222,7 +215,7 @@ def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
     if args.command == "ab":
         making = any(value is not None for value in (args.prompt, args.resolution, args.a, args.b))
         if len(args.images) != (0 if making else 2) or (making and not (args.prompt and args.resolution)):
-            return AB_USAGE
+            return "give two PNGs to compare, or --prompt, --resolution and --b to make A and B"
     if args.command == "generate" and len(settings.loras) > 1:
         return "generate makes its image with one style: give --lora once"
     inputs = []
@@ -273,8 +266,19 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths, h
         elif args.action == "export":
             info = export_bundle(cache, key_for_settings(settings), Path(args.out), shapes)
             print(f"wrote {info.path}: {', '.join(info.resolutions)} ({len(info.files)} files)")
-        elif args.action == "import":
-            return import_command(settings, cache)
+        elif args.action == "import":  # each bundle that matches this machine's key; 2 when none did
+            from neuron_ui.cache.fetch import FetchPolicy
+            from neuron_ui.cache.warm_boot import import_bundles
+
+            outcomes = import_bundles(cache, key_for_settings(settings), settings.cache_bundle,
+                                      settings.cache_bundle_sha256, FetchPolicy.from_settings(settings))
+            for o in outcomes:
+                if o.info is None:
+                    fail(f"not importing: {o.problem}")
+                    continue
+                print(f"imported {o.source}: added {', '.join(o.info.added_shapes) or 'nothing new'}"
+                      + (f"; kept this cache's own {', '.join(o.info.kept_shapes)}" if o.info.kept_shapes else ""))
+            return 0 if any(o.info for o in outcomes) else 2
         elif args.action == "publish":
             from neuron_ui.cache.publish import publish_bundle
 
@@ -291,19 +295,3 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths, h
         return fail(error)
     return 0
 
-
-def import_command(settings: Settings, cache: CachePaths) -> int:
-    """`cache import`: each bundle that matches this machine's key is imported; 2 when none was."""
-    from neuron_ui.cache.admin import key_for_settings
-    from neuron_ui.cache.fetch import FetchPolicy
-    from neuron_ui.cache.warm_boot import import_bundles
-
-    outcomes = import_bundles(cache, key_for_settings(settings), settings.cache_bundle, settings.cache_bundle_sha256,
-                              FetchPolicy.from_settings(settings))
-    for o in outcomes:
-        if o.info is None:
-            fail(f"not importing: {o.problem}")
-            continue
-        print(f"imported {o.source}: added {', '.join(o.info.added_shapes) or 'nothing new'}"
-              + (f"; kept this cache's own {', '.join(o.info.kept_shapes)}" if o.info.kept_shapes else ""))
-    return 0 if any(o.info for o in outcomes) else 2

@@ -21,6 +21,7 @@ from neuron_ui.config.settings import StartupError
 if TYPE_CHECKING:
     from neuron_ui.config.runtime import Launch, Runtime
     from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.loading import LoadingState
     from neuron_ui.engine.engine import Engine
     from neuron_ui.model.runner import Runner
@@ -40,7 +41,7 @@ class Loaded:
     (serving begins), stop() after the engine's drain (what serving holds goes: Ray, the followers; `at_once`, for
     an exit that cannot wait). The drain itself is the engine's (EngineLike.drain), the same for every way."""
 
-    engine: Engine
+    engine: EngineLike
     on_start: Callable[[], None] = field(default=_nothing)
     on_stop: Callable[[bool], None] = field(default=_nothing)
 

@@ -21,8 +21,7 @@ from neuron_ui.studio.grid_plan import estimate_seconds, plan_grid
 from neuron_ui.contract.results import EngineStatus, ShapeStatus
 from neuron_ui.contract.stopping import Phase, Stopped, StopReason, StopToken
 from neuron_ui.engine.engine import Engine
-from neuron_ui.studio.grid import run_grid
-from neuron_ui.studio.grid_jobs import GridJobs
+from neuron_ui.studio.grid_jobs import GridJobs, run_grid
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.lora_random import write_random_lora

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from neuron_ui.config.resolutions import parse_resolution
 
@@ -22,10 +22,6 @@ def shown(value: object, limit: int = 40) -> str:
     """A rejected value as an error message quotes it: its repr, cut short (a request can send a megabyte)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -54,13 +50,12 @@ class NumberRange:
         return self._number(value) is not None
 
     def _number(self, value: object) -> float | None:
-        number: float
-        if self.whole and isinstance(value, float) and value.is_integer():
-            number = int(value)
-        elif is_int(value):
-            number = value if self.whole else float(value)
-        elif not self.whole and isinstance(value, float) and math.isfinite(value):
-            number = value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if self.whole and (isinstance(value, int) or value.is_integer()):
+            number: float = int(value)
+        elif not self.whole and (isinstance(value, int) or math.isfinite(value)):
+            number = float(value)
         else:
             return None
         low_ok = self.low < number if self.above_low else self.low <= number

@@ -25,10 +25,6 @@ class ForeignFile(ValueError):
     """A file value names a file this app did not store (or is not a path at all); nothing was read."""
 
 
-def foreign(path: object) -> ForeignFile:
-    return ForeignFile(f"{shown(path, 80)} is not a file of this app: upload it first (POST /gradio_api/upload)")
-
-
 @dataclass(frozen=True)
 class StoredFiles:
     """The folder of files this app stored (uploads and results): the only files a request may name."""
@@ -47,11 +43,11 @@ class StoredFiles:
 
         A string check only ('..' folded, no link followed, nothing on disk read): the only links there are the app's
         own, each to its images' folder, all of whose files are the app's."""
-        if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS or "\x00" in path:
-            raise foreign(path)
-        full = os.path.normpath(os.path.join(self.root, path))  # an absolute `path` stays itself
-        if not full.startswith(self.prefix):
-            raise foreign(path)
+        full = None
+        if isinstance(path, str) and path and len(path) <= MAX_PATH_CHARS and "\x00" not in path:
+            full = os.path.normpath(os.path.join(self.root, path))  # an absolute `path` stays itself
+        if full is None or not full.startswith(self.prefix):
+            raise ForeignFile(f"{shown(path, 80)} is not a file of this app: upload it first (POST /gradio_api/upload)")
         return full
 
     def use(self, path: object) -> str:

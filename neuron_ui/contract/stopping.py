@@ -142,12 +142,10 @@ class SessionStops:
             yield token
         finally:
             token.enter(Phase.DONE)
-            with self._lock:
-                tokens = self._tokens.get(key, [])
-                if token in tokens:
-                    tokens.remove(token)
-                if not tokens:
-                    self._tokens.pop(key, None)
+            with self._lock:  # only here is a token removed: it is still in its session's list
+                self._tokens[key].remove(token)
+                if not self._tokens[key]:
+                    del self._tokens[key]
 
     def stop(self, session: str | None, reason: StopReason = StopReason.STOPPED_BY_USER,
              event_id: str | None = None) -> list[Phase]:

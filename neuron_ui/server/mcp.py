@@ -180,7 +180,7 @@ class McpEndpoint:
         if name == "warmup":
             return mcp_tools.json_result(asdict(studio.warmup(resolution, asker)))
         prompt = arguments["prompt"]  # every tool but warmup requires it (check_arguments)
-        if name == "grid":  # one request against --max-queue: its cells run one at a time (studio/grid.py)
+        if name == "grid":  # one request against --max-queue: its cells run one at a time (studio/grid_jobs.py)
             axes = {axis: arguments.get(axis) for axis in mcp_tools.AXIS_HELP}
             return mcp_tools.png_result(studio.grid(studio.plan_grid(prompt, resolution, axes), asker).grid)
         if name == "ab":  # a two-cell grid: one request too

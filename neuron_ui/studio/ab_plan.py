@@ -11,22 +11,11 @@ from __future__ import annotations
 
 import secrets
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from neuron_ui.studio.grid_plan import (
-    MAX_AXIS_TEXT,
-    Axis,
-    GridCell,
-    GridPlan,
-    Info,
-    parse_prompts,
-    parse_seeds,
-    parse_steps,
-    parse_strengths,
-    parse_styles,
-    setting_words,
-)
+from neuron_ui.studio.grid_plan import (MAX_AXIS_TEXT, Axis, GridCell, GridPlan, parse_prompts, parse_seeds,
+                                        parse_steps, parse_strengths, parse_styles, setting_words)
 from neuron_ui.contract.layouts import validate_resolution
 from neuron_ui.contract.requests import MAX_SEED, SEED, validate_prompt
 
@@ -135,13 +124,9 @@ def plan_ab(prompt: object, resolution: object, a: object, b: object, *, presets
     differs = tuple(key for key in COMPARED if getattr(first, key) != getattr(second, key))
     if not differs:
         raise ValueError("a and b make the same image: give b a setting that differs, e.g. b=\"seed=4\"")
-    axis = Axis("ab", ("A", "B"), side_labels(settings_of(first), settings_of(second), differs))
+    axis = Axis("ab", ("A", "B"), side_labels(asdict(first), asdict(second), differs))
     grid = GridPlan(prompt=first.prompt, resolution=str(size), axes=(axis,), cells=(first, second), order=(0, 1))
     return ABPlan(grid, differs)
-
-
-def settings_of(cell: GridCell) -> Info:
-    return {key: getattr(cell, key) for key in COMPARED}
 
 
 def side_labels(a: Mapping[str, object], b: Mapping[str, object], differs: tuple[str, ...]) -> tuple[str, str]:

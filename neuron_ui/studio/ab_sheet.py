@@ -37,10 +37,6 @@ class ABResult(GridResult):
 
     differs: tuple[str, ...] = ()
 
-    @classmethod
-    def from_grid(cls, grid: GridResult, differs: tuple[str, ...]) -> ABResult:
-        return cls(grid.plan, grid.made, grid.style_switches, grid.stopped, grid.seconds, differs)
-
     def side(self, index: int, image: str | None = None) -> Info | None:
         """One side's parameters, cache_event, seconds and image; None when it was not made (a Stop)."""
         done = next((done for done in self.made if done.cell.index == index), None)

@@ -31,18 +31,13 @@ class Finished(Generic[R]):
     value: R
 
 
-@dataclass(frozen=True)
-class _Raised:
-    error: BaseException
-
-
 class Bridge(Generic[T, R]):
     """`work(tell)` on a thread, as a stream of what it tells and then Finished(its value); iterate it once."""
 
     def __init__(self, work: Callable[[Callable[[T], None]], R], stop: StopToken | None = None,
                  name: str = "studio-call"):
         self.work, self.stop, self.name = work, stop, name
-        self._items: deque[T | Finished[R] | _Raised] = deque()
+        self._items: deque[T | Finished[R] | BaseException] = deque()
         self._ready = threading.Condition()
         self._wake: Callable[[], None] = lambda: None  # an async reader's loop hears each item
         self._thread: threading.Thread | None = None
@@ -91,32 +86,32 @@ class Bridge(Generic[T, R]):
             try:
                 self._put(Finished(self.work(self._put)))
             except BaseException as error:  # raised again to the reader, where its door reports it
-                self._put(_Raised(error))
+                self._put(error)
 
         self._thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name=self.name,
                                         daemon=True)
         self._thread.start()
 
-    def _put(self, item: T | Finished[R] | _Raised) -> None:
+    def _put(self, item: T | Finished[R] | BaseException) -> None:
         with self._ready:
             self._items.append(item)
             self._ready.notify_all()
         self._wake()
 
-    def _take(self) -> T | Finished[R] | _Raised:
+    def _take(self) -> T | Finished[R] | BaseException:
         """The next item (the lock held); a step preview with anything behind it is skipped."""
         item = self._items.popleft()
         while isinstance(item, StepPreview) and self._items:
             item = self._items.popleft()
         return item
 
-    def _deliver(self, item: T | Finished[R] | _Raised) -> T | Finished[R]:
+    def _deliver(self, item: T | Finished[R] | BaseException) -> T | Finished[R]:
         """The item for the reader; at the end the call's thread is joined first, and its error is raised here."""
-        if isinstance(item, (Finished, _Raised)) and self._thread is not None:
+        if isinstance(item, (Finished, BaseException)) and self._thread is not None:
             self._ended = True
             self._thread.join()
-        if isinstance(item, _Raised):
-            raise item.error
+        if isinstance(item, BaseException):
+            raise item
         return item
 
     def _leave(self) -> None:

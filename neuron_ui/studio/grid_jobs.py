@@ -1,4 +1,10 @@
-"""Grids that outlive their page: each visitor's grid runs as a job on a thread of its own (run_grid), which the
+"""Making grids (and A/Bs, two-cell grids). `run_grid` makes one in the caller's thread, its cells one at a time
+through the engine interface's generate, so each cell takes its turn on the device like any other image (other
+visitors' images come between them) and a grid never has more than one request in the engine (it counts as one
+against --max-queue and the per-visitor cap). Typed on EngineLike: the same in this process, under torchrun and
+with replicas.
+
+Grids that outlive their page: each visitor's grid runs as a job on a thread of its own (run_grid), which the
 pages of that visitor only watch, so a reload finds it again and a page's Stop ends it, while a page that goes away
 (its event stream closed: the gate's page-gone rule) leaves it running.
 
@@ -7,31 +13,87 @@ once on the server, each of at most --max-grid-cells cells; a finished grid is k
 `keep_seconds` after it ends (its cells are in the history and the image store either way), at most `max_kept` of
 them. No Gradio here: the UI hands in what a finished grid becomes (its saved sheet and line) as `finish`.
 """
-
 from __future__ import annotations
 
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.registry import BoundedRegistry
-from neuron_ui.contract.stopping import Phase, StopReason, StopToken
-from neuron_ui.studio.grid import run_grid
+from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.contract.stopping import Phase, Stopped, StopReason, StopToken
+from neuron_ui.studio.grid_sheet import CellResult, GridResult
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.studio.grid_plan import GridPlan
-    from neuron_ui.studio.grid_sheet import CellResult, GridResult
     from neuron_ui.contract.results import ProgressFn, ProgressUpdate
+    from neuron_ui.studio.grid_plan import GridCell, GridPlan
 
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 KEEP_SECONDS = 600.0  # as long as a browser session's held results (ui/session.py HOLD_SECONDS)
 MAX_KEPT = 1024  # finished grids kept at once (as many as held browser sessions)
+
+
+def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None = None, stop: StopToken | None = None,
+             visitor: str | None = None, on_cell: Callable[[CellResult], None] | None = None) -> GridResult:
+    """The plan's cells in its run order (styles switched the fewest times), each told to `on_cell` when made (the
+    UI's history). A Stop ends the rest: the grid comes back with the cells made and `stopped` saying so (Stopped
+    is raised only when no cell was made). A cell with the same request as an earlier one reuses its image."""
+    stop = stop or StopToken()
+    grid = GridResult(plan)
+    start = time.perf_counter()
+    made: dict[tuple[object, ...], CellResult] = {}
+    previous: GridCell | None = None
+    total = len(plan.cells)
+    for number, cell in enumerate(plan.in_order(), 1):
+        key = (cell.prompt, cell.seed, cell.steps, cell.style, cell.strength)
+        if key in made:
+            done = CellResult(cell, made[key].result, same_as=made[key].cell.index)
+        else:
+            if stop.stopped:
+                grid.stopped = f"stopped: {number - 1} of {total} images made"
+                break
+            request = GenerateRequest(cell.prompt, plan.resolution, cell.steps, cell.seed, lora=cell.style,
+                                      lora_scale=cell.strength, visitor=visitor)
+            try:
+                result = engine.generate(request, progress=_told(progress, number, total), stop=stop)
+            except Stopped as error:
+                if not grid.made:
+                    raise
+                grid.stopped = f"{error}; {len(grid.made)} of {total} images made"
+                break
+            if previous is not None and previous.look != cell.look:
+                grid.style_switches.append({"before_cell": cell.index,
+                                            "from": {"style": previous.style, "strength": previous.strength},
+                                            "to": {"style": cell.style, "strength": cell.strength}})
+            previous = cell
+            done = made[key] = CellResult(cell, result)
+        grid.made.append(done)
+        if on_cell is not None:
+            on_cell(done)
+    grid.seconds = time.perf_counter() - start
+    logger.info("grid of %d at %s: %d made, %d style switches, %.1f s", total, plan.resolution, len(grid.made),
+                len(grid.style_switches), grid.seconds)
+    return grid
+
+
+def _told(progress: ProgressFn | None, number: int, total: int) -> ProgressFn | None:
+    """A cell's progress as the grid's: "image 2 of 4: ..." and the fraction of the whole grid."""
+    if progress is None:
+        return None
+    report: ProgressFn = progress
+
+    def tell(update: ProgressUpdate) -> None:
+        fraction = None if update.fraction is None else (number - 1 + update.fraction) / total
+        report(replace(update, message=f"image {number} of {total}: {update.message}", fraction=fraction))
+
+    return tell
 
 
 class GridJob(Generic[R]):
@@ -93,27 +155,22 @@ class GridJob(Generic[R]):
         def made(done: CellResult) -> None:
             if on_cell is not None:
                 on_cell(done)
-            self._changed_to(made=self.made + 1)
+            self._change(made=self.made + 1)
 
-        outcome: R | None = None
-        failure: Exception | None = None
         try:
-            grid = run_grid(engine, self.plan, progress=lambda update: self._changed_to(update=update),
+            grid = run_grid(engine, self.plan, progress=lambda update: self._change(_update=update),
                             stop=self._token, visitor=self.owner, on_cell=made)
-            outcome = finish(grid)
+            self._change(outcome=finish(grid), ended=clock())
         except Exception as error:  # the watching pages say it in one line (ui: user_errors)
             if not isinstance(error, (ValueError, EngineError)):
                 logger.exception("a grid failed unexpectedly")
-            failure = error
-        with self._changed:
-            self.outcome, self.failure, self.ended = outcome, failure, clock()
-            self._version += 1
-            self._changed.notify_all()
+            self._change(failure=error, ended=clock())
 
-    def _changed_to(self, *, made: int | None = None, update: ProgressUpdate | None = None) -> None:
+    def _change(self, **values: object) -> None:
+        """Set what a watcher may show (only this job's thread writes it), and wake the watchers."""
         with self._changed:
-            self.made = self.made if made is None else made
-            self._update = self._update if update is None else update
+            for name, value in values.items():
+                setattr(self, name, value)
             self._version += 1
             self._changed.notify_all()
 

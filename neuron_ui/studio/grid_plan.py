@@ -1,6 +1,6 @@
 """A grid: one prompt at one size, varied along up to three axes (seeds, prompt variants, steps, styles and their
 strengths), parsed and checked in full before anything runs, and its cells put in the order that switches styles
-the fewest times. Plain values: the engine's runner (studio/grid.py) makes the images, grid_sheet.py draws them."""
+the fewest times. Plain values: grid_jobs.py's run_grid makes the images, grid_sheet.py draws them."""
 
 from __future__ import annotations
 
@@ -13,14 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.checks import NumberRange
 from neuron_ui.contract.stopping import Phase
-from neuron_ui.contract.requests import (
-    MAX_SEED,
-    SEED,
-    STEPS,
-    STYLE_SCALE,
-    validate_prompt,
-    validate_style,
-)
+from neuron_ui.contract.requests import MAX_SEED, SEED, STEPS, STYLE_SCALE, validate_prompt, validate_style
 from neuron_ui.contract.layouts import validate_resolution
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 the page, the named API, MCP and the CLI: the door says who asks and what hears the call (`Asker`), the studio puts
 the visitor on the request (visitors take turns on the device), keys its stop token to the asker's session and event
 (Stop, /stop, a cancel or a disconnect find it), runs it, and saves the result in its store when it has one. A grid
-or an A/B is planned against this engine's sizes and styles, then made one cell at a time (studio/grid.py), so it is
+or an A/B is planned against this engine's sizes and styles, then made one cell at a time (run_grid), so it is
 one request against --max-queue and the per-visitor cap. Typed on EngineLike: the same in this process, under
 torchrun and with replicas. No Gradio here.
 """
@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from neuron_ui.contract.stopping import SessionStops, StopToken
 from neuron_ui.studio.ab_plan import plan_ab
 from neuron_ui.studio.ab_sheet import ABResult
-from neuron_ui.studio.grid import run_grid
-from neuron_ui.studio.grid_jobs import GridJob, GridJobs
+from neuron_ui.studio.grid_jobs import GridJob, GridJobs, run_grid
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS, plan_grid
 
 if TYPE_CHECKING:
@@ -170,7 +169,8 @@ class Studio:
 
     def ab(self, plan: ABPlan, asker: Asker = Asker()) -> Sheet:
         """A, then B, as a two-cell grid (one request); a Stop after A returns A alone, `stopped` saying so."""
-        return self._sheet(plan.grid, asker, CellSaver(self.store), lambda grid: ABResult.from_grid(grid, plan.differs))
+        return self._sheet(plan.grid, asker, CellSaver(self.store),
+                           lambda grid: ABResult(**vars(grid), differs=plan.differs))
 
     def _sheet(self, plan: GridPlan, asker: Asker, saver: CellSaver,
                sheet: Callable[[GridResult], GridResult] = lambda grid: grid) -> Sheet:
