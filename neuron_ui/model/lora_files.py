@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from neuron_ui.model.lora_hub import cached_file, hub_silence
+from neuron_ui.model.loading import hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
 HUB_TIMEOUT = 5.0  # seconds the Hub has to answer before a repo id is given up (Settings.hub_timeout)
@@ -78,20 +78,19 @@ def resolve_file(source: str, hub_timeout: float = HUB_TIMEOUT) -> tuple[Path, s
 
 def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None = None) -> tuple[Path, str]:
     """A Hub repo's LoRA file (`owner/repo[:weight_name]`), through the local Hugging Face cache; a Hub that does
-    not answer within `hub_timeout` s is one line at once, not huggingface_hub's retries (lora_hub.py)."""
+    not answer within `hub_timeout` s is one line at once, not huggingface_hub's retries (loading.py)."""
     from huggingface_hub import hf_hub_download
 
     repo, _, weight_name = source.partition(":")
     filename, name = weight_name or DIFFUSERS_WEIGHT_NAME, repo.split("/")[1]
     silence = hub_silence(repo, filename, hub_timeout, endpoint)
-    if silence is not None:
-        cached = cached_file(repo, filename)
-        if cached is None:
-            raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache")
-        return cached, name
     try:
+        if silence is not None:  # the cache alone, without touching the network
+            return Path(hf_hub_download(repo, filename, local_files_only=True)), name
         return Path(hf_hub_download(repo, filename, endpoint=endpoint)), name
-    except Exception as error:  # noqa: BLE001 - offline, no such repo or file, no access: one line for the log
+    except Exception as error:  # noqa: BLE001 - not cached, offline, no such repo or file, no access: one line
+        if silence is not None:
+            raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache") from None
         raise StyleError(f"{source}: could not fetch it from the Hub: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")) from None
 
