@@ -10,8 +10,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
-from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
 
@@ -24,7 +24,6 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
 DEFAULT_MODEL = "auto"
 MAX_GRID_CELLS = 100  # the most --max-grid-cells allows: one grid's sheet and its cells are held in memory at once
-N = TypeVar("N", int, float)
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path("/data")) -> Path:
@@ -235,6 +234,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "NEURON_UI_LORAS, comma-separated); see docs/styles.md")
 
 
+# The text flags and the env var each falls back to (an empty one counts as unset); their defaults are Settings'.
+TEXT_ENV = {"model": "NEURON_UI_MODEL", "device": "NEURON_UI_DEVICE", "dtype": "NEURON_UI_DTYPE",
+            "compile": "NEURON_UI_COMPILE", "compile_backend": "NEURON_UI_COMPILE_BACKEND",
+            "host": "GRADIO_SERVER_NAME", "ray_address": "NEURON_UI_RAY_ADDRESS"}
 # The number flags and the env var each falls back to; the type is the default's.
 NUMBER_ENV = {"port": "GRADIO_SERVER_PORT", "max_queue": "NEURON_UI_MAX_QUEUE",
               "max_queue_per_user": "NEURON_UI_MAX_QUEUE_PER_USER", "max_grid_cells": "NEURON_UI_MAX_GRID_CELLS",
@@ -255,13 +258,13 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         flag = getattr(args, name, None)
         return str(flag) if flag else environ.get(env) or None
 
-    def number(name: str, env: str, kind: Callable[[str], N], default: N) -> N:
-        flag = getattr(args, name, None)
+    def number(name: str, env: str) -> Any:  # of the default's type
+        flag, default = getattr(args, name, None), getattr(Settings, name)
         value = str(flag) if flag is not None else environ.get(env)
         if value is None:
             return default
         try:
-            return kind(value)
+            return type(default)(value)
         except ValueError:
             raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
 
@@ -272,18 +275,12 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
     pin = text("cache_bundle_sha256", "NEURON_UI_CACHE_BUNDLE_SHA256")
     loras = getattr(args, "lora", None) or [s for s in environ.get("NEURON_UI_LORAS", "").split(",") if s.strip()]
     cache_dir = text("cache_dir", "NEURON_UI_CACHE_DIR")
+    texts: dict[str, Any] = {name: text(name, env) or getattr(Settings, name) for name, env in TEXT_ENV.items()}
     return Settings(
-        model=text("model", "NEURON_UI_MODEL") or Settings.model,
-        device=text("device", "NEURON_UI_DEVICE") or Settings.device,
-        dtype=text("dtype", "NEURON_UI_DTYPE") or Settings.dtype,
-        compile=text("compile", "NEURON_UI_COMPILE") or Settings.compile,
-        compile_backend=text("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
+        **texts,
         cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-        host=text("host", "GRADIO_SERVER_NAME") or Settings.host,
-        ray_address=text("ray_address", "NEURON_UI_RAY_ADDRESS"),
         resolutions=presets,
-        **{name: number(name, env, type(getattr(Settings, name)), getattr(Settings, name))
-           for name, env in NUMBER_ENV.items()},
+        **{name: number(name, env) for name, env in NUMBER_ENV.items()},
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
         cache_bundle=split_list(bundle) if bundle else (),
         cache_bundle_sha256=split_list(pin) if pin else (),

@@ -119,20 +119,20 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
     return tensors, config
 
 
+# Adapters that are not plain LoRA, by a part of their weights' names: what each is, in its error.
+NOT_LORA = {"lokr_": "a LoKr adapter (lokr_* weights)", "hada_": "a LoHa adapter (hada_* weights)",
+            "dora_scale": "a DoRA adapter (magnitude weights)", "lora_magnitude_vector": "a DoRA adapter (magnitude "
+            "weights)"}
+
+
 def check_format(path: Path, keys: list[str]) -> None:
     """Refuse what cannot be fused as a transformer LoRA, naming the format."""
-    def some(match) -> list[str]:
-        return [k for k in keys if match(k)]
-
     if not keys:
         raise StyleError(f"{path}: holds no weights")
-    if some(lambda k: "lokr_" in k):
-        raise StyleError(f"{path}: a LoKr adapter (lokr_* weights); styles here are LoRA only (lora_A/lora_B)")
-    if some(lambda k: "hada_" in k):
-        raise StyleError(f"{path}: a LoHa adapter (hada_* weights); styles here are LoRA only (lora_A/lora_B)")
-    if some(lambda k: "dora_scale" in k or "lora_magnitude_vector" in k):
-        raise StyleError(f"{path}: a DoRA adapter (magnitude weights); styles here are plain LoRA only")
-    text = some(lambda k: k.startswith(TEXT_ENCODER_PREFIXES))
+    for part, adapter in NOT_LORA.items():
+        if any(part in key for key in keys):
+            raise StyleError(f"{path}: {adapter}; styles here are plain LoRA only (lora_A/lora_B)")
+    text = [k for k in keys if k.startswith(TEXT_ENCODER_PREFIXES)]
     if text:
         raise StyleError(f"{path}: targets the text encoder ({len(text)} weights, e.g. {text[0]!r}); klein loads "
                          "transformer LoRAs only")
