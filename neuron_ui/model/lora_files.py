@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from neuron_ui.contract.errors import first_line
 from neuron_ui.model.loading import hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
@@ -91,8 +92,7 @@ def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None
     except Exception as error:  # noqa: BLE001 - not cached, offline, no such repo or file, no access: one line
         if silence is not None:
             raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache") from None
-        raise StyleError(f"{source}: could not fetch it from the Hub: {type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")) from None
+        raise StyleError(f"{source}: could not fetch it from the Hub: {first_line(error)}") from None
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
@@ -145,8 +145,7 @@ def convert(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     try:
         return Flux2KleinPipeline.lora_state_dict(dict(tensors))
     except Exception as error:  # noqa: BLE001 - any conversion failure is one line for the log
-        raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''})") from None
+        raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({first_line(error)})") from None
 
 
 JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
@@ -196,24 +195,17 @@ def lora_config(path: Path, header: object) -> dict[str, Any] | None:
     return config
 
 
-def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
-    """PEFT's rank_pattern/alpha_pattern lookup (peft.utils.other.get_pattern_key): a key matches a module name
-    that ends with it."""
-    for key, value in patterns.items():
-        if re.match(rf"(.*\.)?({key})$", module):
-            return value
-    return default
-
-
 def scalings(modules: dict[str, int], config: dict[str, Any] | None) -> dict[str, float]:
-    """`alpha / rank` per layer as PEFT computes it from diffusers' saved config; without one, diffusers takes
+    """`alpha / rank` per layer as PEFT computes it from diffusers' saved config, an alpha_pattern key matching a
+    layer whose name ends with it (peft.utils.other.get_pattern_key); without a config, diffusers takes
     alpha = rank (utils/peft_utils.get_peft_kwargs): a scaling of 1."""
     if config is None:
         return dict.fromkeys(modules, 1.0)
     alpha = config.get("lora_alpha", 8)  # LoraConfig's default
     patterns = config.get("alpha_pattern") or {}
     root = math.sqrt if config.get("use_rslora") else (lambda r: r)
-    return {m: pattern_value(patterns, m, alpha) / root(rank) for m, rank in modules.items()}
+    return {m: next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", m)), alpha) / root(rank)
+            for m, rank in modules.items()}
 
 
 def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, Any] | None,
