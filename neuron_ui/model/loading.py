@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,36 +51,6 @@ class LoadedModel:
     @property
     def distilled(self) -> bool:
         return bool(self.pipe.config.get("is_distilled", False))
-
-
-def find_local_snapshot(repo_id: str) -> str | None:
-    """The folder of a complete copy in the local Hugging Face cache, without touching the network."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(repo_id, local_files_only=True)
-    except Exception:  # not cached (or partially): the caller decides what to do next
-        return None
-
-
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE is set: huggingface_hub asks the Hub nothing, and neither do we."""
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-
-
-def hub_answers(repo_id: str, timeout: float) -> bool:
-    """Ask the Hub whether repo_id exists, giving up after `timeout` seconds whatever the network does."""
-    if hub_offline():
-        return False
-    from huggingface_hub import HfApi
-
-    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT"))
-    try:
-        in_daemon_thread(lambda: api.model_info(repo_id, timeout=timeout), "hub-probe").result(timeout)
-    except Exception as error:  # noqa: BLE001 - no answer, or not a yes: the caller falls back to the tiny model
-        logger.info("the Hub did not answer for %s: %s", repo_id, first_line(error))
-        return False
-    return True
 
 
 def hub_silence(repo: str, filename: str, timeout: float, endpoint: str | None = None) -> str | None:
@@ -133,21 +103,28 @@ class ModelChoice:
 
 
 def choose_model(model: str, hub_timeout: float = 5.0) -> ModelChoice:
-    """Decide what `--model` means on this machine, without loading anything."""
+    """Decide what `--model` means on this machine, without loading anything: auto is a folder named like the Hub's
+    model, a complete copy of it in the local Hugging Face cache, or the Hub if it answers within `hub_timeout` s;
+    else the tiny model."""
+    from huggingface_hub import HfApi, snapshot_download
+
     if model != AUTO:
         return ModelChoice(model, model)
     if Path(HUB_MODEL_ID).is_dir():
         return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
-    local = find_local_snapshot(HUB_MODEL_ID)
-    if local:
-        return ModelChoice(local, HUB_MODEL_ID)
-    if hub_offline():
+    with suppress(Exception):  # not cached (or partly): the Hub is asked next, without touching the network here
+        return ModelChoice(snapshot_download(HUB_MODEL_ID, local_files_only=True), HUB_MODEL_ID)
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):  # huggingface_hub asks nothing
         return ModelChoice(TINY, TINY, f"HF_HUB_OFFLINE is set, so the Hub was not asked, and {HUB_MODEL_ID} is "
                                        "not in the local cache")
-    if hub_answers(HUB_MODEL_ID, hub_timeout):
-        return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
-    return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
-                                   f"{hub_timeout:g} s")
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT"))
+    try:  # the wait bounds it too: DNS and proxies can ignore the request's timeout
+        in_daemon_thread(lambda: api.model_info(HUB_MODEL_ID, timeout=hub_timeout), "hub-probe").result(hub_timeout)
+    except Exception as error:  # noqa: BLE001 - no answer, or not a yes: the tiny model
+        logger.info("the Hub did not answer for %s: %s", HUB_MODEL_ID, first_line(error))
+        return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
+                                       f"{hub_timeout:g} s")
+    return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
 
 
 def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedModel:
