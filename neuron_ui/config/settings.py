@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
-DEFAULT_MODEL = "auto"
 MAX_GRID_CELLS = 100  # the most --max-grid-cells allows: one grid's sheet and its cells are held in memory at once
 
 
@@ -38,7 +37,7 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path
 class Settings:
     """Everything that configures one neuron-ui process."""
 
-    model: str = DEFAULT_MODEL
+    model: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
     compile: str = "regional"

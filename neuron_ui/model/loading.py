@@ -16,7 +16,6 @@ from contextlib import nullcontext, suppress
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 # From diffusers' subpackages, not diffusers: mypy reads diffusers 0.42's top-level names as their torch-less dummies.
@@ -27,9 +26,6 @@ from neuron_ui.config.processes import in_daemon_thread
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
 from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
-
-if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +133,8 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
         pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
         if mesh is not None:
             check_heads(mesh.size(), pipe.transformer.config.num_attention_heads)
-            shard_transformer(pipe.transformer, mesh)
+            with allow_cpu_tensor_parallelism() if mesh.device_type == "cpu" else nullcontext():
+                pipe.transformer.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
         return LoadedModel(pipe, name=choice.name, is_tiny=True, fallback_reason=choice.fallback_reason)
     logger.info("loading %s in %s", choice.source, dtype)
     components = {}
@@ -145,8 +142,7 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
         heads = Flux2Transformer2DModel.load_config(choice.source, subfolder="transformer")["num_attention_heads"]
         check_heads(mesh.size(), heads)
         components["transformer"] = Flux2Transformer2DModel.from_pretrained(
-            choice.source, subfolder="transformer", torch_dtype=dtype, parallel_config=TensorParallelConfig(mesh=mesh)
-        )
+            choice.source, subfolder="transformer", torch_dtype=dtype, parallel_config=TensorParallelConfig(mesh=mesh))
     pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **components)
     return LoadedModel(pipe, name=choice.name, is_tiny=False)
 
@@ -157,9 +153,3 @@ def check_heads(degree: int, attention_heads: int) -> None:
         divisors = [d for d in range(1, attention_heads + 1) if attention_heads % d == 0]
         raise ValueError(f"tensor-parallel degree {degree} does not divide the transformer's "
                          f"{attention_heads} attention heads; use one of {divisors}")
-
-
-def shard_transformer(transformer: Flux2Transformer2DModel, mesh: DeviceMesh) -> None:
-    """Shard a transformer built in memory (the tiny model) over `mesh`; real weights shard while loading instead."""
-    with allow_cpu_tensor_parallelism() if mesh.device_type == "cpu" else nullcontext():
-        transformer.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
