@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
 
@@ -23,6 +23,15 @@ DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
 MAX_GRID_CELLS = 100  # the most --max-grid-cells allows: one grid's sheet and its cells are held in memory at once
+POSITIVE, AT_LEAST_1 = (lambda v: v > 0, "positive"), (lambda v: v >= 1, "at least 1")
+# What each number setting must be, and the words its error says (Settings.__post_init__ checks them).
+NUMBER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "tp_timeout": POSITIVE, "max_queue": AT_LEAST_1, "max_queue_per_user": AT_LEAST_1,
+    "max_grid_cells": (lambda v: 1 <= v <= MAX_GRID_CELLS, f"1 to {MAX_GRID_CELLS}"),
+    "max_references": (lambda v: 0 <= v <= 5, "0 to 5"), "cache_bundle_timeout": POSITIVE,
+    "cache_bundle_deadline": POSITIVE, "cache_bundle_min_rate": (lambda v: v >= 0, "0 or more"),
+    "cache_bundle_max_mb": AT_LEAST_1, "upload_budget_mb": AT_LEAST_1, "upload_retention": POSITIVE,
+    "mcp_sessions": AT_LEAST_1, "mcp_session_idle": POSITIVE, "replicas": (lambda v: v >= 0, "0 (no Ray) or more")}
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path("/data")) -> Path:
@@ -83,25 +92,9 @@ class Settings:
                              "on Neuron the NEFF cache already restores compiled graphs: use --compile regional")
         self.cache_dir = Path(self.cache_dir).expanduser()
         self.cache_bundle, self.cache_bundle_sha256 = pair_bundle_pins(self.cache_bundle, self.cache_bundle_sha256)
-        for flag, value, ok, rule in (
-                ("tp-timeout", self.tp_timeout, self.tp_timeout > 0, "positive"),
-                ("max-queue", self.max_queue, self.max_queue >= 1, "at least 1"),
-                ("max-queue-per-user", self.max_queue_per_user, self.max_queue_per_user >= 1, "at least 1"),
-                ("max-grid-cells", self.max_grid_cells, 1 <= self.max_grid_cells <= MAX_GRID_CELLS,
-                 f"1 to {MAX_GRID_CELLS}"),
-                ("max-references", self.max_references, 0 <= self.max_references <= 5, "0 to 5"),
-                ("cache-bundle-timeout", self.cache_bundle_timeout, self.cache_bundle_timeout > 0, "positive"),
-                ("upload-budget-mb", self.upload_budget_mb, self.upload_budget_mb >= 1, "at least 1"),
-                ("upload-retention", self.upload_retention, self.upload_retention > 0, "positive"),
-                ("replicas", self.replicas, self.replicas >= 0, "0 (no Ray) or more")):
-            if not ok:
-                raise ValueError(f"--{flag} must be {rule}, got {value}")
-        if self.cache_bundle_deadline <= 0 or self.cache_bundle_min_rate < 0 or self.cache_bundle_max_mb < 1:
-            raise ValueError("--cache-bundle-deadline must be positive, --cache-bundle-min-rate 0 or more, "
-                             "--cache-bundle-max-mb at least 1")
-        if self.mcp_sessions < 1 or self.mcp_session_idle <= 0:
-            raise ValueError(f"--mcp-sessions must be at least 1 and --mcp-session-idle positive, got "
-                             f"{self.mcp_sessions} and {self.mcp_session_idle}")
+        for name, (ok, rule) in NUMBER_RULES.items():
+            if not ok(getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {getattr(self, name)}")
         self.loras = tuple(self.loras)
         if self.loras and (self.tp or 1) > 1:
             raise ValueError("--lora with --tp: styles are fused into the weights whole, and tensor parallelism "
