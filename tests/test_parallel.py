@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from neuron_ui.config.processes import free_port
 from neuron_ui.main import main
 from neuron_ui.model.runner import PipelineCall, run_pipeline
-from neuron_ui.model.sharding import check_heads
+from neuron_ui.model.loading import check_heads
 from neuron_ui.model.torch_bridge import stabilise_mesh_hash
 from neuron_ui.model.tiny import build_tiny_pipeline
 

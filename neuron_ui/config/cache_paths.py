@@ -63,13 +63,8 @@ def configure_cache_env(cache_dir: Path, environ: MutableMapping[str, str] = os.
         for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
             Path(environ[name]).mkdir(parents=True, exist_ok=True)
         sweep_staging(root)
-    return CachePaths(
-        root=root,
-        neff=Path(environ[NEFF_CACHE_ENV]),
-        inductor=Path(environ[INDUCTOR_CACHE_ENV]),
-        manifest=root / "manifest.json",
-        problem=problem,
-    )
+    return CachePaths(root=root, neff=Path(environ[NEFF_CACHE_ENV]), inductor=Path(environ[INDUCTOR_CACHE_ENV]),
+                      manifest=root / "manifest.json", problem=problem)
 
 
 def check_cache_folder(root: Path) -> str | None:

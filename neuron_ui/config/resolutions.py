@@ -12,21 +12,6 @@ from dataclasses import dataclass
 MULTIPLE = 16
 MIN_SIDE = 256
 MAX_SIDE = 2048
-
-
-# 512x512 is the fast preview; the rest are klein's native sizes around one megapixel.
-DEFAULT_PRESETS = (
-    "512x512",
-    "1024x1024",
-    "1152x896",
-    "896x1152",
-    "1344x768",
-    "768x1344",
-    "1568x672",
-    "672x1568",
-    "1248x832",
-    "832x1248",
-)
 _PATTERN = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
 
 
@@ -86,4 +71,6 @@ def parse_resolutions(text: str | list[str] | tuple[str, ...]) -> tuple[Resoluti
     return tuple(presets)
 
 
-DEFAULT_RESOLUTIONS = parse_resolutions(DEFAULT_PRESETS)
+# 512x512 is the fast preview; the rest are klein's native sizes around one megapixel.
+DEFAULT_RESOLUTIONS = parse_resolutions("512x512,1024x1024,1152x896,896x1152,1344x768,768x1344,1568x672,672x1568,"
+                                        "1248x832,832x1248")

@@ -37,19 +37,14 @@ def detect_launch(environ: Mapping[str, str] = os.environ) -> Launch | None:
                   int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0")))
 
 
-def load_neuron_backend() -> bool:
-    """Import torch_neuronx when present; needed when TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns autoload off."""
+def neuron_available() -> bool:
+    """torch_neuronx is present (imported here: TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns its autoload off) and a
+    NeuronCore is visible."""
+    import torch
+
     if importlib.util.find_spec("torch_neuronx") is None:
         return False
     importlib.import_module("torch_neuronx")
-    return True
-
-
-def neuron_available() -> bool:
-    import torch
-
-    if not load_neuron_backend():
-        return False
     neuron = getattr(torch, "neuron", None)
     return bool(neuron is not None and neuron.is_available())
 

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping
 
 from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
@@ -22,9 +22,16 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
-DEFAULT_MODEL = "auto"
 MAX_GRID_CELLS = 100  # the most --max-grid-cells allows: one grid's sheet and its cells are held in memory at once
-N = TypeVar("N", int, float)
+POSITIVE, AT_LEAST_1 = (lambda v: v > 0, "positive"), (lambda v: v >= 1, "at least 1")
+# What each number setting must be, and the words its error says (Settings.__post_init__ checks them).
+NUMBER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "tp_timeout": POSITIVE, "max_queue": AT_LEAST_1, "max_queue_per_user": AT_LEAST_1,
+    "max_grid_cells": (lambda v: 1 <= v <= MAX_GRID_CELLS, f"1 to {MAX_GRID_CELLS}"),
+    "max_references": (lambda v: 0 <= v <= 5, "0 to 5"), "cache_bundle_timeout": POSITIVE,
+    "cache_bundle_deadline": POSITIVE, "cache_bundle_min_rate": (lambda v: v >= 0, "0 or more"),
+    "cache_bundle_max_mb": AT_LEAST_1, "upload_budget_mb": AT_LEAST_1, "upload_retention": POSITIVE,
+    "mcp_sessions": AT_LEAST_1, "mcp_session_idle": POSITIVE, "replicas": (lambda v: v >= 0, "0 (no Ray) or more")}
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path("/data")) -> Path:
@@ -39,7 +46,7 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path
 class Settings:
     """Everything that configures one neuron-ui process."""
 
-    model: str = DEFAULT_MODEL
+    model: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
     compile: str = "regional"
@@ -85,25 +92,9 @@ class Settings:
                              "on Neuron the NEFF cache already restores compiled graphs: use --compile regional")
         self.cache_dir = Path(self.cache_dir).expanduser()
         self.cache_bundle, self.cache_bundle_sha256 = pair_bundle_pins(self.cache_bundle, self.cache_bundle_sha256)
-        for flag, value, ok, rule in (
-                ("tp-timeout", self.tp_timeout, self.tp_timeout > 0, "positive"),
-                ("max-queue", self.max_queue, self.max_queue >= 1, "at least 1"),
-                ("max-queue-per-user", self.max_queue_per_user, self.max_queue_per_user >= 1, "at least 1"),
-                ("max-grid-cells", self.max_grid_cells, 1 <= self.max_grid_cells <= MAX_GRID_CELLS,
-                 f"1 to {MAX_GRID_CELLS}"),
-                ("max-references", self.max_references, 0 <= self.max_references <= 5, "0 to 5"),
-                ("cache-bundle-timeout", self.cache_bundle_timeout, self.cache_bundle_timeout > 0, "positive"),
-                ("upload-budget-mb", self.upload_budget_mb, self.upload_budget_mb >= 1, "at least 1"),
-                ("upload-retention", self.upload_retention, self.upload_retention > 0, "positive"),
-                ("replicas", self.replicas, self.replicas >= 0, "0 (no Ray) or more")):
-            if not ok:
-                raise ValueError(f"--{flag} must be {rule}, got {value}")
-        if self.cache_bundle_deadline <= 0 or self.cache_bundle_min_rate < 0 or self.cache_bundle_max_mb < 1:
-            raise ValueError("--cache-bundle-deadline must be positive, --cache-bundle-min-rate 0 or more, "
-                             "--cache-bundle-max-mb at least 1")
-        if self.mcp_sessions < 1 or self.mcp_session_idle <= 0:
-            raise ValueError(f"--mcp-sessions must be at least 1 and --mcp-session-idle positive, got "
-                             f"{self.mcp_sessions} and {self.mcp_session_idle}")
+        for name, (ok, rule) in NUMBER_RULES.items():
+            if not ok(getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {getattr(self, name)}")
         self.loras = tuple(self.loras)
         if self.loras and (self.tp or 1) > 1:
             raise ValueError("--lora with --tp: styles are fused into the weights whole, and tensor parallelism "
@@ -162,80 +153,12 @@ def parse_switch(value: str | None, name: str) -> bool:
     raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {value!r}")
 
 
-def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-bundle-sha256", help="import only bundles with these sha256 digests, one per "
-                        "bundle (comma-separated, in order); needed for a URL or hf:// bundle "
-                        "(env NEURON_UI_CACHE_BUNDLE_SHA256)")
-    parser.add_argument("--cache-bundle-timeout", type=float, help="seconds to connect, and of silence mid-download, "
-                        "before a bundle download is tried again (env NEURON_UI_CACHE_BUNDLE_TIMEOUT; default 30)")
-    parser.add_argument("--cache-bundle-deadline", type=float, help="seconds a whole bundle download may take, "
-                        "tries included (env NEURON_UI_CACHE_BUNDLE_DEADLINE; default 3600)")
-    parser.add_argument("--cache-bundle-min-rate", type=float, help="KiB/s: a bundle download slower than this over "
-                        "30 s is given up (env NEURON_UI_CACHE_BUNDLE_MIN_RATE; default 64; 0: no minimum)")
-    parser.add_argument("--cache-bundle-max-mb", type=int, help="MiB: a larger bundle is refused "
-                        "(env NEURON_UI_CACHE_BUNDLE_MAX_MB; default 16384)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The app's flags; `python -m neuron_ui generate` reuses the model and engine ones."""
-    parser = argparse.ArgumentParser(description="neuron-ui: FLUX.2-klein on Trainium, CUDA or CPU")
-    add_engine_arguments(parser)
-    parser.add_argument("--host", help="interface to bind (env GRADIO_SERVER_NAME; default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (env GRADIO_SERVER_PORT; default 7860)")
-    parser.add_argument("--share", action="store_true", help="open a public Gradio share link")
-    parser.add_argument("--max-queue", type=int, help="requests allowed to wait (env NEURON_UI_MAX_QUEUE; default 16)")
-    parser.add_argument("--max-queue-per-user", type=int,
-                        help="requests one visitor may have waiting (env NEURON_UI_MAX_QUEUE_PER_USER; default 4)")
-    parser.add_argument("--no-previews", action="store_true", help="never show or send each step's estimate of the "
-                        "image (env NEURON_UI_NO_PREVIEWS=1); /generate's preview=True then yields the image only")
-    parser.add_argument("--max-grid-cells", type=int, help="images one grid (the Compare panel, /grid) may make "
-                        f"(env NEURON_UI_MAX_GRID_CELLS; default 16, at most {MAX_GRID_CELLS})")
-    parser.add_argument("--mcp", action="store_true",
-                        help="serve generate, grid, ab, inpaint, status and warmup as MCP tools at /gradio_api/mcp/ "
-                             "(env NEURON_UI_MCP)")
-    parser.add_argument("--mcp-sessions", type=int, help="MCP sessions open at once; past it the one idle longest is "
-                        "closed (env NEURON_UI_MCP_SESSIONS; default 100)")
-    parser.add_argument("--mcp-session-idle", type=float, help="seconds an idle MCP session is kept "
-                        "(env NEURON_UI_MCP_SESSION_IDLE; default 300)")
-    parser.add_argument("--warmup", help="presets to compile in the background once serving, or 'all' "
-                        "(env NEURON_UI_WARMUP)")
-    parser.add_argument("--cache-bundle", help="import this compile-cache bundle before serving: a file, an https:// "
-                        "URL or hf://<repo_id>/<path>[@revision]; several comma-separated (env NEURON_UI_CACHE_BUNDLE)")
-    add_bundle_pin_argument(parser)
-    parser.add_argument("--upload-budget-mb", type=int, help="MB all uploads may take on disk at once "
-                        "(env NEURON_UI_UPLOAD_BUDGET_MB; default 512)")
-    parser.add_argument("--upload-retention", type=float, help="seconds an upload is kept after its last use "
-                        "(env NEURON_UI_UPLOAD_RETENTION; default 600)")
-    parser.add_argument("--replicas", type=int, help="engine replicas on Ray Serve; 0 or unset: one process, no Ray "
-                        "(env NEURON_UI_REPLICAS)")
-    parser.add_argument("--ray-address", help="join this Ray cluster ('auto' or host:port) instead of starting a local "
-                        "one (env NEURON_UI_RAY_ADDRESS)")
-    return parser
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="'auto', 'tiny', a Hugging Face repo id or a local folder "
-                        "(env NEURON_UI_MODEL)")
-    parser.add_argument("--device", choices=DEVICES, help="env NEURON_UI_DEVICE; default auto")
-    parser.add_argument("--dtype", choices=DTYPES, help="env NEURON_UI_DTYPE; default auto (bf16 on accelerators)")
-    parser.add_argument("--compile", choices=COMPILE_MODES, help="env NEURON_UI_COMPILE; default regional; "
-                        "aot: AOTInductor packages, CUDA and CPU only")
-    parser.add_argument("--compile-backend", help="torch.compile backend (default: neuron on Neuron, else inductor)")
-    parser.add_argument("--resolutions", help="comma-separated WIDTHxHEIGHT presets (env NEURON_UI_RESOLUTIONS)")
-    parser.add_argument("--cache-dir", help="persistent compile cache folder (env NEURON_UI_CACHE_DIR)")
-    parser.add_argument("--hub-timeout", type=float, help="seconds to wait for the Hub with --model auto (default 5)")
-    parser.add_argument("--tp", type=int, help="tensor-parallel degree; must match torchrun's --nproc_per_node")
-    parser.add_argument("--tp-timeout", type=float,
-                        help="seconds a tensor-parallel call may take at least before a rank counts as hung "
-                             "(env NEURON_UI_TP_TIMEOUT; default 60; a size's first call gets 30 min to compile)")
-    parser.add_argument("--max-references", type=int,
-                        help="reference images per request, 0-5 (env NEURON_UI_MAX_REFERENCES; default 2)")
-    parser.add_argument("--lora", action="append", metavar="[NAME=]PATH[@SCALE]",
-                        help="a style: a LoRA .safetensors file, a folder or a Hub repo id (repeatable; env "
-                             "NEURON_UI_LORAS, comma-separated); see docs/styles.md")
-
-
-# The number flags and the env var each falls back to; the type is the default's.
+# The env var each flag falls back to (flags win over env vars, env vars over defaults), named in its --help too.
+# A text flag's empty variable counts as unset; its default is Settings'.
+TEXT_ENV = {"model": "NEURON_UI_MODEL", "device": "NEURON_UI_DEVICE", "dtype": "NEURON_UI_DTYPE",
+            "compile": "NEURON_UI_COMPILE", "compile_backend": "NEURON_UI_COMPILE_BACKEND",
+            "host": "GRADIO_SERVER_NAME", "ray_address": "NEURON_UI_RAY_ADDRESS"}
+# A number flag takes its default's type.
 NUMBER_ENV = {"port": "GRADIO_SERVER_PORT", "max_queue": "NEURON_UI_MAX_QUEUE",
               "max_queue_per_user": "NEURON_UI_MAX_QUEUE_PER_USER", "max_grid_cells": "NEURON_UI_MAX_GRID_CELLS",
               "hub_timeout": "NEURON_UI_HUB_TIMEOUT", "tp_timeout": "NEURON_UI_TP_TIMEOUT",
@@ -246,53 +169,117 @@ NUMBER_ENV = {"port": "GRADIO_SERVER_PORT", "max_queue": "NEURON_UI_MAX_QUEUE",
               "cache_bundle_max_mb": "NEURON_UI_CACHE_BUNDLE_MAX_MB", "upload_budget_mb": "NEURON_UI_UPLOAD_BUDGET_MB",
               "upload_retention": "NEURON_UI_UPLOAD_RETENTION", "mcp_sessions": "NEURON_UI_MCP_SESSIONS",
               "mcp_session_idle": "NEURON_UI_MCP_SESSION_IDLE"}
+ENV = {**TEXT_ENV, **NUMBER_ENV, "resolutions": "NEURON_UI_RESOLUTIONS", "cache_dir": "NEURON_UI_CACHE_DIR",
+       "warmup": "NEURON_UI_WARMUP", "cache_bundle": "NEURON_UI_CACHE_BUNDLE",
+       "cache_bundle_sha256": "NEURON_UI_CACHE_BUNDLE_SHA256", "lora": "NEURON_UI_LORAS", "mcp": "NEURON_UI_MCP",
+       "no_previews": "NEURON_UI_NO_PREVIEWS"}
+
+
+def add_flag(parser: argparse.ArgumentParser, name: str, text: str, **kwargs: Any) -> None:
+    """--NAME, its help `text` then the env var it falls back to and its default; a number flag is typed by it."""
+    said = [f"env {ENV[name]}"] if name in ENV else []
+    default = getattr(Settings, name, None)
+    if name in NUMBER_ENV:
+        kwargs["type"] = type(default)
+        said.append(f"default {default:g}")
+    elif isinstance(default, str):
+        said.append(f"default {default}")
+    parser.add_argument("--" + name.replace("_", "-"), help=f"{text} ({'; '.join(said)})" if said else text, **kwargs)
+
+
+def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "cache_bundle_sha256", "import only bundles with these sha256 digests, one per bundle "
+             "(comma-separated, in order); needed for a URL or hf:// bundle")
+    add_flag(parser, "cache_bundle_timeout", "seconds to connect, and of silence mid-download, before a bundle "
+             "download is tried again")
+    add_flag(parser, "cache_bundle_deadline", "seconds a whole bundle download may take, tries included")
+    add_flag(parser, "cache_bundle_min_rate", "KiB/s: a download slower than this over 30 s is given up; 0: none")
+    add_flag(parser, "cache_bundle_max_mb", "MiB: a larger bundle is refused")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The app's flags; `python -m neuron_ui generate` reuses the model and engine ones."""
+    parser = argparse.ArgumentParser(description="neuron-ui: FLUX.2-klein on Trainium, CUDA or CPU")
+    add_engine_arguments(parser)
+    add_flag(parser, "host", "interface to bind")
+    add_flag(parser, "port", "port")
+    add_flag(parser, "share", "open a public Gradio share link", action="store_true")
+    add_flag(parser, "max_queue", "requests allowed to wait")
+    add_flag(parser, "max_queue_per_user", "requests one visitor may have waiting")
+    add_flag(parser, "no_previews", "never show or send each step's estimate of the image: /generate's preview=True "
+             "then yields the image only", action="store_true")
+    add_flag(parser, "max_grid_cells", f"images one grid (the Compare panel, /grid) may make, at most {MAX_GRID_CELLS}")
+    add_flag(parser, "mcp", "serve generate, grid, ab, inpaint, status and warmup as MCP tools at /gradio_api/mcp/",
+             action="store_true")
+    add_flag(parser, "mcp_sessions", "MCP sessions open at once; past it the one idle longest is closed")
+    add_flag(parser, "mcp_session_idle", "seconds an idle MCP session is kept")
+    add_flag(parser, "warmup", "presets to compile in the background once serving, or 'all'")
+    add_flag(parser, "cache_bundle", "import this compile-cache bundle before serving: a file, an https:// URL or "
+             "hf://<repo_id>/<path>[@revision]; several comma-separated")
+    add_bundle_pin_argument(parser)
+    add_flag(parser, "upload_budget_mb", "MB all uploads may take on disk at once")
+    add_flag(parser, "upload_retention", "seconds an upload is kept after its last use")
+    add_flag(parser, "replicas", "engine replicas on Ray Serve; 0: one process, no Ray")
+    add_flag(parser, "ray_address", "join this Ray cluster ('auto' or host:port) instead of starting a local one")
+    return parser
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "model", "'auto', 'tiny', a Hugging Face repo id or a local folder")
+    add_flag(parser, "device", "where the model runs; auto: Neuron, then CUDA, then CPU", choices=DEVICES)
+    add_flag(parser, "dtype", "the weights' precision; auto: bf16 on accelerators", choices=DTYPES)
+    add_flag(parser, "compile", "aot: AOTInductor packages, CUDA and CPU only", choices=COMPILE_MODES)
+    add_flag(parser, "compile_backend", "torch.compile backend; by default neuron on Neuron, else inductor")
+    add_flag(parser, "resolutions", "comma-separated WIDTHxHEIGHT presets")
+    add_flag(parser, "cache_dir", "persistent compile cache folder")
+    add_flag(parser, "hub_timeout", "seconds to wait for the Hub with --model auto")
+    add_flag(parser, "tp", "tensor-parallel degree; must match torchrun's --nproc_per_node", type=int)
+    add_flag(parser, "tp_timeout", "seconds a tensor-parallel call may take at least before a rank counts as hung; "
+             "a size's first call gets 30 min to compile")
+    add_flag(parser, "max_references", "reference images per request, 0-5")
+    add_flag(parser, "lora", "a style: a LoRA .safetensors file, a folder or a Hub repo id; repeatable, the env var "
+             "comma-separated; see docs/styles.md", action="append", metavar="[NAME=]PATH[@SCALE]")
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Flags win over env vars, env vars over defaults."""
 
-    def text(name: str, env: str) -> str | None:
+    def text(name: str) -> str | None:
         flag = getattr(args, name, None)
-        return str(flag) if flag else environ.get(env) or None
+        return str(flag) if flag else environ.get(ENV[name]) or None
 
-    def number(name: str, env: str, kind: Callable[[str], N], default: N) -> N:
-        flag = getattr(args, name, None)
+    def number(name: str) -> Any:  # of the default's type
+        env, flag, default = ENV[name], getattr(args, name, None), getattr(Settings, name)
         value = str(flag) if flag is not None else environ.get(env)
         if value is None:
             return default
         try:
-            return kind(value)
+            return type(default)(value)
         except ValueError:
             raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
 
-    resolutions = text("resolutions", "NEURON_UI_RESOLUTIONS")
+    resolutions = text("resolutions")
     presets = parse_resolutions(resolutions) if resolutions else DEFAULT_RESOLUTIONS
-    warmup = text("warmup", "NEURON_UI_WARMUP")
-    bundle = text("cache_bundle", "NEURON_UI_CACHE_BUNDLE")
-    pin = text("cache_bundle_sha256", "NEURON_UI_CACHE_BUNDLE_SHA256")
-    loras = getattr(args, "lora", None) or [s for s in environ.get("NEURON_UI_LORAS", "").split(",") if s.strip()]
-    cache_dir = text("cache_dir", "NEURON_UI_CACHE_DIR")
+    warmup = text("warmup")
+    bundle = text("cache_bundle")
+    pin = text("cache_bundle_sha256")
+    loras = getattr(args, "lora", None) or [s for s in environ.get(ENV["lora"], "").split(",") if s.strip()]
+    cache_dir = text("cache_dir")
+    texts: dict[str, Any] = {name: text(name) or getattr(Settings, name) for name in TEXT_ENV}
     return Settings(
-        model=text("model", "NEURON_UI_MODEL") or Settings.model,
-        device=text("device", "NEURON_UI_DEVICE") or Settings.device,
-        dtype=text("dtype", "NEURON_UI_DTYPE") or Settings.dtype,
-        compile=text("compile", "NEURON_UI_COMPILE") or Settings.compile,
-        compile_backend=text("compile_backend", "NEURON_UI_COMPILE_BACKEND"),
+        **texts,
         cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-        host=text("host", "GRADIO_SERVER_NAME") or Settings.host,
-        ray_address=text("ray_address", "NEURON_UI_RAY_ADDRESS"),
         resolutions=presets,
-        **{name: number(name, env, type(getattr(Settings, name)), getattr(Settings, name))
-           for name, env in NUMBER_ENV.items()},
+        **{name: number(name) for name in NUMBER_ENV},
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
         cache_bundle=split_list(bundle) if bundle else (),
         cache_bundle_sha256=split_list(pin) if pin else (),
         loras=tuple(s.strip() for s in loras),
         tp=getattr(args, "tp", None),
         share=bool(getattr(args, "share", False)),
-        mcp=bool(getattr(args, "mcp", False)) or parse_switch(environ.get("NEURON_UI_MCP"), "NEURON_UI_MCP"),
+        mcp=bool(getattr(args, "mcp", False)) or parse_switch(environ.get(ENV["mcp"]), ENV["mcp"]),
         previews=not (getattr(args, "no_previews", False)
-                      or parse_switch(environ.get("NEURON_UI_NO_PREVIEWS"), "NEURON_UI_NO_PREVIEWS")),
+                      or parse_switch(environ.get(ENV["no_previews"]), ENV["no_previews"])),
         session_secret=environ.get("NEURON_UI_SESSION_SECRET") or None,
         auth=parse_auth(environ.get("NEURON_UI_AUTH")),
     )

@@ -176,9 +176,7 @@ def decoded(source: ImageSource, role: str, limits: UploadLimits = LIMITS
         yield source.copy(), hashlib.sha256(source.tobytes()).hexdigest(), notes
         return
     if isinstance(source, (bytes, bytearray)):
-        if len(source) > limits.max_bytes:
-            raise too_big(role, limits.max_bytes)
-        file: BinaryIO = io.BytesIO(source)
+        file: BinaryIO = io.BytesIO(source)  # counted as it is read, as a file is
     elif isinstance(source, (str, Path)):
         file = open_regular(source, role)
     else:
@@ -186,8 +184,7 @@ def decoded(source: ImageSource, role: str, limits: UploadLimits = LIMITS
     with file:
         digest, head = _hash_capped(file, role, limits.max_bytes)
         file.seek(0)
-        image = _open(file, head, role, limits.max_pixels)
-        with image:
+        with _open(file, head, role, limits.max_pixels) as image:
             _load(image, role, notes)
             yield image, digest, notes
 

@@ -1,19 +1,31 @@
-"""Load a Flux2KleinPipeline from a hub id or a folder, or choose the offline tiny model."""
+"""Load a Flux2KleinPipeline from a hub id or a folder, or choose the offline tiny model; shard its transformer
+over a tensor-parallel device mesh (diffusers' parallel_config); ask the Hub, within a bound, whether it answers.
+
+Why the bound: huggingface_hub's `hf_hub_download` retries a file it does not have in its cache with back-off when
+the network fails (file_download._get_metadata_or_catch_error, retry_on_errors=True in huggingface_hub 2.4): about
+23 s and 10 warnings before it gives up on a Hub that cannot be reached. One request without retries
+(`get_hf_file_metadata`, retry_on_errors=False by default; `model_info`), bounded by a thread's wait as well as the
+request's timeout (DNS and proxies can ignore the latter), says so in one line instead.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
+from contextlib import nullcontext, suppress
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 # From diffusers' subpackages, not diffusers: mypy reads diffusers 0.42's top-level names as their torch-less dummies.
-from diffusers.models import Flux2Transformer2DModel
+from diffusers.models import Flux2Transformer2DModel, TensorParallelConfig
 from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 
+from neuron_ui.config.processes import in_daemon_thread
+from neuron_ui.contract.errors import first_line
 from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
+from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
 
 logger = logging.getLogger(__name__)
 
@@ -37,41 +49,40 @@ class LoadedModel:
         return bool(self.pipe.config.get("is_distilled", False))
 
 
-def find_local_snapshot(repo_id: str) -> str | None:
-    """The folder of a complete copy in the local Hugging Face cache, without touching the network."""
-    from huggingface_hub import snapshot_download
+def hub_silence(repo: str, filename: str, timeout: float, endpoint: str | None = None) -> str | None:
+    """Why the Hub did not answer a request for this file within `timeout` s (a style's, `--lora owner/repo`);
+    None when it answered anything, an error status included (the download then says which), or when offline mode
+    asks nothing of it."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError
 
-    try:
-        return snapshot_download(repo_id, local_files_only=True)
-    except Exception:  # not cached (or partially): the caller decides what to do next
+    if constants.is_offline_mode():  # hf_hub_download reads the cache alone, at once
         return None
+    url = hf_hub_url(repo, filename, endpoint=endpoint)
+    try:
+        in_daemon_thread(lambda: get_hf_file_metadata(url, timeout=timeout, endpoint=endpoint),
+                         "lora-hub-probe").result(timeout)
+    except HfHubHTTPError:
+        pass  # an answer: no such repo or file, no access... the download's own error names it
+    except Exception as error:  # noqa: BLE001 - a refused connection, a timeout, DNS: no answer
+        if _is_timeout(error):  # the request's own timeout is our bound: say it in the bound's words
+            return f"the Hub did not answer within {timeout:g} s"
+        return f"the Hub cannot be reached ({first_line(error)})"
+    return None
 
 
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE is set: huggingface_hub asks the Hub nothing, and neither do we."""
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+def _is_timeout(error: BaseException) -> bool:
+    """The wait's, httpx's and the socket's timeouts, whichever fires first, and any they were raised from."""
+    import httpx
 
-
-def hub_answers(repo_id: str, timeout: float) -> bool:
-    """Ask the Hub whether repo_id exists, giving up after `timeout` seconds whatever the network does."""
-    if hub_offline():
-        return False
-    from huggingface_hub import HfApi
-
-    answer: list[bool] = []
-
-    def probe() -> None:
-        try:
-            endpoint = os.environ.get("HF_ENDPOINT")
-            HfApi(endpoint=endpoint).model_info(repo_id, timeout=timeout)
-            answer.append(True)
-        except Exception as error:
-            logger.info("the Hub did not answer for %s: %s", repo_id, error)
-
-    thread = threading.Thread(target=probe, daemon=True, name="hub-probe")
-    thread.start()
-    thread.join(timeout)  # a hard bound: DNS and proxies can ignore the request timeout
-    return bool(answer)
+    chain: BaseException | None = error
+    for _ in range(8):  # a chain is short; a cycle in one must not hang the probe
+        if chain is None:
+            return False
+        if isinstance(chain, (TimeoutError, FutureTimeout, httpx.TimeoutException)):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
 
 
 @dataclass(frozen=True)
@@ -88,36 +99,42 @@ class ModelChoice:
 
 
 def choose_model(model: str, hub_timeout: float = 5.0) -> ModelChoice:
-    """Decide what `--model` means on this machine, without loading anything."""
+    """Decide what `--model` means on this machine, without loading anything: auto is a folder named like the Hub's
+    model, a complete copy of it in the local Hugging Face cache, or the Hub if it answers within `hub_timeout` s;
+    else the tiny model."""
+    from huggingface_hub import HfApi, snapshot_download
+
     if model != AUTO:
         return ModelChoice(model, model)
     if Path(HUB_MODEL_ID).is_dir():
         return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
-    local = find_local_snapshot(HUB_MODEL_ID)
-    if local:
-        return ModelChoice(local, HUB_MODEL_ID)
-    if hub_offline():
+    with suppress(Exception):  # not cached (or partly): the Hub is asked next, without touching the network here
+        return ModelChoice(snapshot_download(HUB_MODEL_ID, local_files_only=True), HUB_MODEL_ID)
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):  # huggingface_hub asks nothing
         return ModelChoice(TINY, TINY, f"HF_HUB_OFFLINE is set, so the Hub was not asked, and {HUB_MODEL_ID} is "
                                        "not in the local cache")
-    if hub_answers(HUB_MODEL_ID, hub_timeout):
-        return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
-    return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
-                                   f"{hub_timeout:g} s")
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT"))
+    try:  # the wait bounds it too: DNS and proxies can ignore the request's timeout
+        in_daemon_thread(lambda: api.model_info(HUB_MODEL_ID, timeout=hub_timeout), "hub-probe").result(hub_timeout)
+    except Exception as error:  # noqa: BLE001 - no answer, or not a yes: the tiny model
+        logger.info("the Hub did not answer for %s: %s", HUB_MODEL_ID, first_line(error))
+        return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
+                                       f"{hub_timeout:g} s")
+    return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
 
 
 def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedModel:
     """Load on the CPU (the engine moves the pipeline to its device); with a tensor-parallel device mesh, shard the
     transformer: real weights while reading the checkpoint (each rank reads only its shard), models built in
     code after building."""
-    from neuron_ui.model.sharding import check_heads, shard_transformer, tensor_parallel_config
-
     if choice.fallback_reason:  # said where the model loads (once), not where it is chosen (twice on a warm boot)
         logger.warning("%s: serving the tiny random-weight model instead (images are noise)", choice.fallback_reason)
     if choice.is_tiny or choice.source == RANDOM_KLEIN:
         pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
         if mesh is not None:
             check_heads(mesh.size(), pipe.transformer.config.num_attention_heads)
-            shard_transformer(pipe.transformer, mesh)
+            with allow_cpu_tensor_parallelism() if mesh.device_type == "cpu" else nullcontext():
+                pipe.transformer.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
         return LoadedModel(pipe, name=choice.name, is_tiny=True, fallback_reason=choice.fallback_reason)
     logger.info("loading %s in %s", choice.source, dtype)
     components = {}
@@ -125,7 +142,14 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
         heads = Flux2Transformer2DModel.load_config(choice.source, subfolder="transformer")["num_attention_heads"]
         check_heads(mesh.size(), heads)
         components["transformer"] = Flux2Transformer2DModel.from_pretrained(
-            choice.source, subfolder="transformer", torch_dtype=dtype, parallel_config=tensor_parallel_config(mesh)
-        )
+            choice.source, subfolder="transformer", torch_dtype=dtype, parallel_config=TensorParallelConfig(mesh=mesh))
     pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **components)
     return LoadedModel(pipe, name=choice.name, is_tiny=False)
+
+
+def check_heads(degree: int, attention_heads: int) -> None:
+    """Heads are split evenly over the ranks: a degree that does not divide them is refused, with the ones that do."""
+    if attention_heads % degree:
+        divisors = [d for d in range(1, attention_heads + 1) if attention_heads % d == 0]
+        raise ValueError(f"tensor-parallel degree {degree} does not divide the transformer's "
+                         f"{attention_heads} attention heads; use one of {divisors}")

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from neuron_ui.model.lora_hub import cached_file, hub_silence
+from neuron_ui.contract.errors import first_line
+from neuron_ui.model.loading import hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
 HUB_TIMEOUT = 5.0  # seconds the Hub has to answer before a repo id is given up (Settings.hub_timeout)
@@ -78,22 +79,20 @@ def resolve_file(source: str, hub_timeout: float = HUB_TIMEOUT) -> tuple[Path, s
 
 def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None = None) -> tuple[Path, str]:
     """A Hub repo's LoRA file (`owner/repo[:weight_name]`), through the local Hugging Face cache; a Hub that does
-    not answer within `hub_timeout` s is one line at once, not huggingface_hub's retries (lora_hub.py)."""
+    not answer within `hub_timeout` s is one line at once, not huggingface_hub's retries (loading.py)."""
     from huggingface_hub import hf_hub_download
 
     repo, _, weight_name = source.partition(":")
     filename, name = weight_name or DIFFUSERS_WEIGHT_NAME, repo.split("/")[1]
     silence = hub_silence(repo, filename, hub_timeout, endpoint)
-    if silence is not None:
-        cached = cached_file(repo, filename)
-        if cached is None:
-            raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache")
-        return cached, name
     try:
+        if silence is not None:  # the cache alone, without touching the network
+            return Path(hf_hub_download(repo, filename, local_files_only=True)), name
         return Path(hf_hub_download(repo, filename, endpoint=endpoint)), name
-    except Exception as error:  # noqa: BLE001 - offline, no such repo or file, no access: one line for the log
-        raise StyleError(f"{source}: could not fetch it from the Hub: {type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")) from None
+    except Exception as error:  # noqa: BLE001 - not cached, offline, no such repo or file, no access: one line
+        if silence is not None:
+            raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache") from None
+        raise StyleError(f"{source}: could not fetch it from the Hub: {first_line(error)}") from None
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
@@ -120,20 +119,20 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
     return tensors, config
 
 
+# Adapters that are not plain LoRA, by a part of their weights' names: what each is, in its error.
+NOT_LORA = {"lokr_": "a LoKr adapter (lokr_* weights)", "hada_": "a LoHa adapter (hada_* weights)",
+            "dora_scale": "a DoRA adapter (magnitude weights)", "lora_magnitude_vector": "a DoRA adapter (magnitude "
+            "weights)"}
+
+
 def check_format(path: Path, keys: list[str]) -> None:
     """Refuse what cannot be fused as a transformer LoRA, naming the format."""
-    def some(match) -> list[str]:
-        return [k for k in keys if match(k)]
-
     if not keys:
         raise StyleError(f"{path}: holds no weights")
-    if some(lambda k: "lokr_" in k):
-        raise StyleError(f"{path}: a LoKr adapter (lokr_* weights); styles here are LoRA only (lora_A/lora_B)")
-    if some(lambda k: "hada_" in k):
-        raise StyleError(f"{path}: a LoHa adapter (hada_* weights); styles here are LoRA only (lora_A/lora_B)")
-    if some(lambda k: "dora_scale" in k or "lora_magnitude_vector" in k):
-        raise StyleError(f"{path}: a DoRA adapter (magnitude weights); styles here are plain LoRA only")
-    text = some(lambda k: k.startswith(TEXT_ENCODER_PREFIXES))
+    for part, adapter in NOT_LORA.items():
+        if any(part in key for key in keys):
+            raise StyleError(f"{path}: {adapter}; styles here are plain LoRA only (lora_A/lora_B)")
+    text = [k for k in keys if k.startswith(TEXT_ENCODER_PREFIXES)]
     if text:
         raise StyleError(f"{path}: targets the text encoder ({len(text)} weights, e.g. {text[0]!r}); klein loads "
                          "transformer LoRAs only")
@@ -146,8 +145,7 @@ def convert(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     try:
         return Flux2KleinPipeline.lora_state_dict(dict(tensors))
     except Exception as error:  # noqa: BLE001 - any conversion failure is one line for the log
-        raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''})") from None
+        raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({first_line(error)})") from None
 
 
 JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
@@ -197,24 +195,17 @@ def lora_config(path: Path, header: object) -> dict[str, Any] | None:
     return config
 
 
-def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
-    """PEFT's rank_pattern/alpha_pattern lookup (peft.utils.other.get_pattern_key): a key matches a module name
-    that ends with it."""
-    for key, value in patterns.items():
-        if re.match(rf"(.*\.)?({key})$", module):
-            return value
-    return default
-
-
 def scalings(modules: dict[str, int], config: dict[str, Any] | None) -> dict[str, float]:
-    """`alpha / rank` per layer as PEFT computes it from diffusers' saved config; without one, diffusers takes
+    """`alpha / rank` per layer as PEFT computes it from diffusers' saved config, an alpha_pattern key matching a
+    layer whose name ends with it (peft.utils.other.get_pattern_key); without a config, diffusers takes
     alpha = rank (utils/peft_utils.get_peft_kwargs): a scaling of 1."""
     if config is None:
         return dict.fromkeys(modules, 1.0)
     alpha = config.get("lora_alpha", 8)  # LoraConfig's default
     patterns = config.get("alpha_pattern") or {}
     root = math.sqrt if config.get("use_rslora") else (lambda r: r)
-    return {m: pattern_value(patterns, m, alpha) / root(rank) for m, rank in modules.items()}
+    return {m: next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", m)), alpha) / root(rank)
+            for m, rank in modules.items()}
 
 
 def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, Any] | None,

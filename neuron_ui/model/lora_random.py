@@ -15,27 +15,20 @@ import torch
 BLOCKS = ("transformer_blocks.", "single_transformer_blocks.")
 
 
-def target_layers(transformer: torch.nn.Module) -> list[str]:
-    """The linear layers of the transformer's blocks, by name."""
-    return [name for name, module in transformer.named_modules()
-            if name.startswith(BLOCKS) and isinstance(module, torch.nn.Linear)]
-
-
 def build_random_lora(transformer: torch.nn.Module, rank: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
-    """`transformer.<layer>.lora_A/B.weight` for every block layer; both factors non-zero (a trained LoRA's
-    lora_B starts at zero; this one must change images visibly): the delta's entries are a few times as large
+    """`transformer.<layer>.lora_A/B.weight` for every linear layer of the blocks; both factors non-zero (a trained
+    LoRA's lora_B starts at zero; this one must change images visibly): the delta's entries are a few times as large
     as the base weights' (a layer's default init has entries up to 1/sqrt(in))."""
     if rank < 1:
         raise ValueError(f"rank must be at least 1, got {rank}")
     generator = torch.Generator().manual_seed(seed)
     state = {}
-    for name in target_layers(transformer):
-        layer = transformer.get_submodule(name)
-        assert isinstance(layer, torch.nn.Linear)  # target_layers names linear layers only
-        down = torch.randn(rank, layer.in_features, generator=generator) / layer.in_features ** 0.5
-        up = torch.randn(layer.out_features, rank, generator=generator) * (2 / rank ** 0.5)
-        state[f"{name}.lora_A.weight"] = down
-        state[f"{name}.lora_B.weight"] = up
+    for name, layer in transformer.named_modules():
+        if not (name.startswith(BLOCKS) and isinstance(layer, torch.nn.Linear)):
+            continue
+        fan_in = layer.in_features
+        state[f"{name}.lora_A.weight"] = torch.randn(rank, fan_in, generator=generator) / fan_in ** 0.5
+        state[f"{name}.lora_B.weight"] = torch.randn(layer.out_features, rank, generator=generator) * (2 / rank ** 0.5)
     return state
 
 

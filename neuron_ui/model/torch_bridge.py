@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -60,14 +60,12 @@ def share_cpu_kernels_across_thread_counts() -> None:
     set_for_every_thread(inductor_config, "cpp.dynamic_threads", True)
 
 
-@contextmanager
-def temporary_inductor_cache(folder: str) -> Iterator[None]:
+def temporary_inductor_cache(folder: str) -> AbstractContextManager[None]:
     """Inductor compiles into `folder` for a while (torch._inductor.runtime.cache_dir_utils.temporary_cache_dir),
     which also clears inductor's memoized paths, both ways (tests/test_disk.py)."""
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    with temporary_cache_dir(folder):
-        yield
+    return temporary_cache_dir(folder)
 
 
 def aoti_compile_and_package(program: torch.export.ExportedProgram, path: str, metadata: dict[str, str]) -> None:
