@@ -196,7 +196,6 @@ class EngineReplica:
             stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
             raise
         finally:
-            pacer.close()  # no more ticks, whether the result went or the front stopped reading
             self._wake.set()  # idle: reported once the result is on its way
 
     def snapshot(self, busy: bool) -> ReplicaReport:
