@@ -68,9 +68,8 @@ class LinePacer:
             with self._lock:
                 wait = max(self._last_sent + self.gap - self._clock(), 0.0) or self.gap
             try:
-                async with asyncio.timeout(wait):
-                    message = await self._queue.get()
-            except TimeoutError:  # the tick
+                message = await asyncio.wait_for(self._queue.get(), wait)  # a get cut short leaves its message queued
+            except asyncio.TimeoutError:  # the tick
                 with self._lock:
                     now = self._clock()
                     if self._held is None or now - self._last_sent < self.gap:
