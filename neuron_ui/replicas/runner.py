@@ -58,7 +58,6 @@ class ReplicaRunner:
         time a request lost on a replica that died; `grpc`: calls over Serve's gRPC (neuron_ui.replicas.stream)."""
         self.board = board
         self.plan = plan
-        self.app_name = app_name
         self.slots = plan.replicas  # each replica makes one image at a time
         self.allowed = Layouts(settings.resolutions, refs.REFERENCE_SIZES, settings.max_references)
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
