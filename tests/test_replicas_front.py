@@ -19,6 +19,7 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate
+from neuron_ui.engine.graphs import Holdings
 from neuron_ui.replicas.board import ReplicaReport
 from neuron_ui.replicas.messages import Compiled, Done, Progress, Started
 from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
@@ -106,8 +107,9 @@ def test_the_front_logs_each_compile_and_image_as_the_engine_does(front, caplog)
 
 
 def snapshot(replica: str, busy: bool, status: EngineStatus) -> ReplicaReport:
-    return ReplicaReport(replica, pid=1, node="n1", devices="cpu, 1 thread", busy=busy, images=0, graphs=[],
-                         layouts=[], key=CompileKey("tiny", "regional", "eager", "float32", "t", "d"), status=status)
+    return ReplicaReport(replica, pid=1, node="n1", devices="cpu, 1 thread", busy=busy, images=0,
+                         graphs=Holdings({}, {}), key=CompileKey("tiny", "regional", "eager", "float32", "t", "d"),
+                         status=status)
 
 
 def status_of(busy: bool) -> EngineStatus:

@@ -9,6 +9,7 @@ Serve replica (replicas.runner), as many at once as the runner has slots.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,6 @@ from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
 from neuron_ui.engine.runner import Job
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
-from neuron_ui.engine.warmup import WarmupList
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import Health
@@ -43,6 +43,53 @@ def _ignore(update: ProgressUpdate) -> None:
     pass
 
 
+class WarmupList:
+    """Layouts to compile in the background, one after another on one thread, each listed until it is done; the
+    engine's front keeps one, whatever its runner. `warm(item)` compiles one; it returns False to drop the rest
+    (shutting down)."""
+
+    def __init__(self, warm: Callable[[Layout], bool]):
+        self._warm = warm
+        self._lock = threading.Lock()
+        self._items: list[Layout] = []
+        self._thread: threading.Thread | None = None
+
+    def add(self, items: list[Layout]) -> None:
+        with self._lock:
+            self._items.extend(item for item in items if item not in self._items)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="warmup", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> list[Layout]:
+        """What is still to compile, the one compiling now first."""
+        with self._lock:
+            return list(self._items)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the list is done (for tests and for scripts that want a warm server)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._items:
+                    return
+                item = self._items[0]
+            try:
+                go_on = self._warm(item)
+            finally:
+                with self._lock:
+                    self._items.remove(item)
+            if not go_on:
+                with self._lock:
+                    self._items.clear()
+                return
+
+
 class Engine(Generic[Job]):
     """The front of one runner behind the engine interface: one request per runner slot on the device at a time,
     visitors in turn (`max_queue_per_user` each), users before background warm-up."""
@@ -56,7 +103,7 @@ class Engine(Generic[Job]):
         self.observers = runner.observers  # the runner tells them its compiles; the front, images and failures
         self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.turns)
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
-        self._warmups: WarmupList[Layout] = WarmupList(self._warm_one)
+        self._warmups = WarmupList(self._warm_one)
 
     @staticmethod
     def local(*args: Any, max_queue_per_user: int | None = None, **kwargs: Any) -> Engine[LocalJob]:

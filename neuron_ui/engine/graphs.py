@@ -2,14 +2,15 @@
 what each layout cost, and what the next one will cost, from the manifest.
 
 The in-process engine keeps one book for the graphs it compiles; the replicas' front keeps one over the same
-manifest for what no replica holds yet. No torch here: the front and the UI's process need not load it.
+manifest that takes what the replicas' own books hold (take()), so its status is built the same way. No torch here:
+the front and the UI's process need not load it.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from neuron_ui.cache.estimates import estimate_compile_seconds, measured_cold_seconds, measured_load_seconds
 from neuron_ui.contract.layouts import Layout
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from neuron_ui.cache.records import ShapeRecord
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.compile.strategies import Backend
-    from neuron_ui.config.resolutions import Resolution
 
 
 @dataclass
@@ -40,6 +40,20 @@ class LayoutStats:
     images: int = 0  # images made at this layout, whatever the cache did
     hits: int = 0  # ... of which found the graph in memory
     last_latency: float | None = None
+
+
+FIRST = (Phase.READY, Phase.COMPILING, Phase.FAILED)  # a graph over several books: the first of these any holds
+
+
+class Holdings(NamedTuple):
+    """What a book holds, as plain values: a replica reports its own; the front's book takes them all."""
+
+    graphs: dict[int, GraphState]
+    stats: dict[Layout, LayoutStats]
+
+    def ready(self) -> list[int]:
+        """The token counts whose graph is ready."""
+        return sorted(tokens for tokens, graph in self.graphs.items() if graph.state == Phase.READY)
 
 
 @dataclass(frozen=True)
@@ -65,15 +79,14 @@ class Claim:
 class GraphBook:
     """Graph states by token count, stats by layout, and estimates from the manifest; thread-safe."""
 
-    def __init__(self, key: CompileKey, manifest: CacheManifest, compile_mode: str, backend: Backend,
-                 presets: tuple[Resolution, ...] = ()):
+    def __init__(self, key: CompileKey, manifest: CacheManifest, compile_mode: str, backend: Backend):
         self.key = key
         self.manifest = manifest
         self.compile_mode = compile_mode
         self.backend = backend
         self._lock = threading.Lock()
         self._graphs: dict[int, GraphState] = {}
-        self._stats = {Layout(preset): LayoutStats() for preset in presets}  # other layouts join when used
+        self._stats: dict[Layout, LayoutStats] = {}  # the layouts used
 
     def claim(self, layout: Layout) -> Claim | None:
         """None when this layout's graph is held; else mark it compiling and say what it should cost.
@@ -111,10 +124,34 @@ class GraphBook:
         with self._lock:
             self._stats.setdefault(layout, LayoutStats())
 
-    def held(self) -> list[int]:
-        """The token counts whose graph is ready here."""
+    def holdings(self) -> Holdings:
         with self._lock:
-            return sorted(tokens for tokens, graph in self._graphs.items() if graph.state == Phase.READY)
+            return Holdings(dict(self._graphs), {layout: replace(stats) for layout, stats in self._stats.items()})
+
+    def take(self, holdings: list[Holdings]) -> None:
+        """Hold what these books hold (the healthy replicas'), in place of what it held: a graph ready where any
+        holds it, else compiling where any compiles it, else failed; each layout's images and hits summed, the first
+        latency heard."""
+        tokens = {count for held in holdings for count in held.graphs}
+        graphs = {count: min((held.graphs[count] for held in holdings if count in held.graphs),
+                             key=lambda graph: FIRST.index(graph.state)) for count in tokens}
+        stats: dict[Layout, LayoutStats] = {}
+        for held in holdings:
+            for layout, each in held.stats.items():
+                total = stats.setdefault(layout, LayoutStats())
+                total.images += each.images
+                total.hits += each.hits
+                total.last_latency = each.last_latency if total.last_latency is None else total.last_latency
+        with self._lock:
+            self._graphs, self._stats = graphs, stats
+
+    def compile_left(self, layout: Layout) -> float | None:
+        """Seconds a request at `layout` would compile before its image: 0.0 when held, None when unknown."""
+        with self._lock:
+            graph = self._graphs.get(layout.tokens)
+        if self.compile_mode == "eager" or (graph is not None and graph.state == Phase.READY):
+            return 0.0
+        return self.estimate(layout)
 
     def disk_records(self, layout: Layout) -> list[ShapeRecord]:
         """What the persistent cache holds for this layout's graph (its own record first)."""
@@ -132,8 +169,9 @@ class GraphBook:
         records = self.manifest.shapes(self.key).values()
         return not self.disk_records(layout) and not any(map(measured_cold_seconds, records))
 
-    def status(self, layout: Layout, warmup: list[Resolution] | tuple[Resolution, ...] = ()) -> ShapeStatus:
-        """One layout's state, e.g. for the status table or the line under the form before the click."""
+    def status(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
+        """One layout's state, e.g. for the status table or the line under the form before the click (`warmup`: the
+        presets still to warm up)."""
         with self._lock:
             stats = self._stats.get(layout, LayoutStats())
             graph = self._graphs.get(layout.tokens)
@@ -144,7 +182,7 @@ class GraphBook:
             tokens=layout.tokens,
             state=Phase.COLD,
             on_disk=bool(disk),
-            warmup_queued=layout.plain and layout.resolution in warmup,
+            warmup_queued=layout.plain and layout in warmup,
             hits=stats.hits,
             images=stats.images,
             last_latency=stats.last_latency,

@@ -92,7 +92,7 @@ class LocalRunner:
             if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
-        self.graphs = GraphBook(self.key, self.manifest, compile_mode, backend, presets)
+        self.graphs = GraphBook(self.key, self.manifest, compile_mode, backend)
         self.pipe = prepare_pipeline(loaded.pipe, device=device, compile_mode=compile_mode, backend=backend,
                                      cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
         self.pipeline = pipeline or PipelineRunner(self.pipe)
@@ -224,9 +224,7 @@ class LocalRunner:
         return seconds
 
     def compile_left(self, layout: Layout) -> float | None:
-        if self.compile_mode == "eager" or layout.tokens in self.graphs.held():
-            return 0.0
-        return self.graphs.estimate(layout)
+        return self.graphs.compile_left(layout)
 
     def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken, preview: bool = False) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
@@ -236,7 +234,7 @@ class LocalRunner:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
 
     def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
-        return self.graphs.status(layout, [w.resolution for w in warmup if w.plain])
+        return self.graphs.status(layout, warmup)
 
     def used(self) -> list[Layout]:
         return self.graphs.used()

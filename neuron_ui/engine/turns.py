@@ -58,9 +58,6 @@ class Turns:
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def __contains__(self, ticket: Ticket) -> bool:
-        return ticket in self._waiting
-
     def join(self, job: Layout | None, visitor: str | None) -> Ticket:
         self._arrivals += 1
         ticket = Ticket(job, visitor, self._arrivals, self._clock)

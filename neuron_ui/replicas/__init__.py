@@ -3,9 +3,9 @@
     plan        what each replica asks Ray for          launch      Ray, the board, the deployment, the runner
     deployment  the replica: an engine, by shape        runner      ReplicaRunner, the engine front's runner
     messages    what a replica's stream carries         stream      one call's stream, read at the front
-    board       where replicas report                   watcher     the front reading the board
-    lease       compile a shape once per deployment     status      each size over the replicas, their rows
-    tp_group    a tensor-parallel replica's ranks       ray_bridge  every read of Ray's internals
+    board       where replicas report                   watcher     the front reading the board, a row each
+    lease       compile a shape once per deployment     tp_group    a tensor-parallel replica's ranks
+    ray_bridge  every read of Ray's internals
 """
 
 import os

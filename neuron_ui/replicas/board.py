@@ -12,8 +12,8 @@ import ray
 
 if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
-    from neuron_ui.contract.layouts import Layout
     from neuron_ui.contract.results import EngineStatus
+    from neuron_ui.engine.graphs import Holdings
 
 NAMESPACE = "neuron-ui"
 REPORT_SECONDS = 1.0  # how often a replica tells the board what it holds
@@ -55,8 +55,7 @@ class ReplicaReport:
     devices: str  # e.g. "cpu, 1 thread" or "neuron cores 0-1, tensor-parallel x2"
     busy: bool
     images: int  # made since it started
-    graphs: list[int]  # the token counts whose graph it holds, ready
-    layouts: list[Layout]  # the editing layouts it used or warmed up
+    graphs: Holdings  # its graph book's: each graph's state, each layout's images (the front's book takes them)
     key: CompileKey
     status: EngineStatus  # its engine's own status
     ranks: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of each tensor-parallel rank

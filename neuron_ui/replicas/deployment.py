@@ -196,7 +196,6 @@ class EngineReplica:
             stop.stop()  # the front cancelled: the device is free after this step, not after the whole image
             raise
         finally:
-            pacer.close()  # no more ticks, whether the result went or the front stopped reading
             self._wake.set()  # idle: reported once the result is on its way
 
     def snapshot(self, busy: bool) -> ReplicaReport:
@@ -207,8 +206,7 @@ class EngineReplica:
             devices=self.devices,
             busy=busy,
             images=self.images,
-            graphs=self.runner.graphs.held(),
-            layouts=self.runner.graphs.used(),
+            graphs=self.runner.graphs.holdings(),
             key=self.runner.key,
             status=self.engine.status(),
             ranks=list(self.group.group.processes) if self.group else [],

@@ -124,23 +124,18 @@ def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str
     """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
     serve.start(proxy_location="Disabled")  # started already by launch: a no-op then
     group_options: dict[str, Any] = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
+    runtime_env = dict(plan.actor_options.get("runtime_env") or {})  # REPLICA_ENV added to the plan's variables
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **REPLICA_ENV}
     deployment = serve.deployment(name=DEPLOYMENT_NAME)(EngineReplica).options(
         num_replicas=plan.replicas,
         max_ongoing_requests=plan.max_ongoing_requests,
-        ray_actor_options=with_env(plan.actor_options, REPLICA_ENV),
+        ray_actor_options={**plan.actor_options, "runtime_env": runtime_env},
         health_check_period_s=5,
         logging_config={"enable_access_log": False},  # a log line per request, on every image's path; ours suffice
         graceful_shutdown_timeout_s=5,
         **(group_options if plan.bundles else {}),
     )
     return serve.run(deployment.bind(settings, plan.threads, board_name), name=app_name, route_prefix=None)
-
-
-def with_env(options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Actor options with these variables added to their runtime_env's env_vars."""
-    runtime_env = dict(options.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
-    return {**options, "runtime_env": runtime_env}
 
 
 def grpc_ready() -> bool:

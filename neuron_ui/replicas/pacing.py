@@ -42,8 +42,6 @@ class LinePacer:
         self._lock = threading.Lock()  # held, last_sent: the engine's thread and the loop both read and set them
         self._held: Line | None = None
         self._last_sent = clock()  # the gap counts from now: Started goes as the engine's thread takes the work
-        self._timer: asyncio.TimerHandle | None = None  # the loop's next tick, while messages() runs
-        self._finished = False  # the result is in, or the stream closed: no more ticks
 
     def offer(self, line: Line) -> None:
         """From the engine's thread: send the line at once (it says the request waits, or the gap is up), else
@@ -59,37 +57,24 @@ class LinePacer:
     def finish(self, result: Done | Failed) -> None:
         """From the engine's thread, after its last line: the result, which drops the line held."""
         with self._lock:
-            self._held, self._finished = None, True
+            self._held = None
             self._loop.call_soon_threadsafe(self._queue.put_nowait, result)
 
     async def messages(self) -> AsyncIterator[Line | Done | Failed]:
-        """On the loop: the lines as they go, then the result, the last one."""
-        self._timer = self._loop.call_later(self.gap, self._tick)
-        try:
-            while True:
-                message = await self._queue.get()
-                yield message
-                if isinstance(message, (Done, Failed)):
-                    return
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """No more ticks: the result went, or the front stopped reading (else they would go on until the engine
-        ends, a whole compile for a warm-up)."""
-        with self._lock:
-            self._finished = True
-            if self._timer is not None:
-                self._timer.cancel()
-
-    def _tick(self) -> None:
-        """The held line goes once the gap since the last message is up; then the next tick, a gap later."""
-        with self._lock:
-            if self._finished:
+        """On the loop: the lines as they go, then the result, the last one. The loop ticks once the gap since the
+        last message is up (else a gap later): the held line goes then. Nothing ticks once the result went, or the
+        front stopped reading (else ticks would go on until the engine ends, a whole compile for a warm-up)."""
+        while True:
+            with self._lock:
+                wait = max(self._last_sent + self.gap - self._clock(), 0.0) or self.gap
+            try:
+                message = await asyncio.wait_for(self._queue.get(), wait)  # a get cut short leaves its message queued
+            except asyncio.TimeoutError:  # the tick
+                with self._lock:
+                    now = self._clock()
+                    if self._held is None or now - self._last_sent < self.gap:
+                        continue
+                    message, self._held, self._last_sent = self._held, None, now
+            yield message
+            if isinstance(message, (Done, Failed)):
                 return
-            now = self._clock()
-            if self._held is not None and now - self._last_sent >= self.gap:
-                self._queue.put_nowait(self._held)
-                self._held, self._last_sent = None, now
-            wait = max(self._last_sent + self.gap - now, 0.0) or self.gap
-            self._timer = self._loop.call_later(wait, self._tick)

@@ -1,8 +1,9 @@
 """ReplicaRunner: the engine front's runner (engine.runner.DeviceRunner) whose images are made by a Ray Serve
 deployment of engine replicas. The front (engine.engine.Engine, the same as in one process) gives it as many requests
 at once as there are replicas; it sends each as a stream routed by its layout (neuron_ui.replicas.stream), retried once
-where its replica dies, and reads the replicas' reports (neuron_ui.replicas.watcher) for each size's state over all of
-them and a row per replica, so the status and /healthz never wait for Ray.
+where its replica dies, and reads the replicas' reports (neuron_ui.replicas.watcher): its graph book takes what their
+books hold, for each size's state over all of them, beside a row per replica, so the status and /healthz never wait
+for Ray.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens
 from neuron_ui.contract.results import GenerateResult
 from neuron_ui.engine.graphs import GraphBook
-from neuron_ui.replicas.board import APP_NAME, REPORT_SECONDS, STALE_SECONDS, Reports
+from neuron_ui.replicas.board import APP_NAME, REPORT_SECONDS, STALE_SECONDS, ReplicaReport, Reports
 from neuron_ui.replicas.routing import ShapeRouting
-from neuron_ui.replicas.status import merge_layout, replica_rows
 from neuron_ui.replicas.stream import StreamCaller
-from neuron_ui.replicas.watcher import ReplicaWatcher
+from neuron_ui.replicas.watcher import ReplicaWatcher, replica_rows
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -58,7 +58,6 @@ class ReplicaRunner:
         time a request lost on a replica that died; `grpc`: calls over Serve's gRPC (neuron_ui.replicas.stream)."""
         self.board = board
         self.plan = plan
-        self.app_name = app_name
         self.slots = plan.replicas  # each replica makes one image at a time
         self.allowed = Layouts(settings.resolutions, refs.REFERENCE_SIZES, settings.max_references)
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
@@ -116,9 +115,9 @@ class ReplicaRunner:
         return {key: (age, replace(report, busy=True) if report.replica in running else report)
                 for key, (age, report) in self.watcher.reports().items()}
 
-    def book(self) -> GraphBook:
-        """Estimates for what no replica holds, from the shared manifest as it was on disk at most a report ago."""
-        healthy = self.watcher.healthy()
+    def book(self, healthy: list[ReplicaReport]) -> GraphBook:
+        """The front's graph book: what the healthy replicas' books hold, and estimates for what none holds from the
+        shared manifest as it was on disk at most a report ago."""
         if healthy and (self._book is None or time.monotonic() - self._book[0] > REPORT_SECONDS):
             status = healthy[0].status  # the shared manifest as it is on disk now
             book = GraphBook(healthy[0].key, CacheManifest(self.manifest_path), status.compile_mode,
@@ -126,23 +125,22 @@ class ReplicaRunner:
             self._book = (time.monotonic(), book)
         if self._book is None:
             raise EngineError("no replica has reported yet", kind=ErrorKind.NO_REPLICA)
+        self._book[1].take([report.graphs for report in healthy])
         return self._book[1]
 
     def compile_left(self, layout: Layout) -> float | None:
         healthy = self.watcher.healthy()
-        if not healthy:
-            return None
-        if healthy[0].status.compile_mode == "eager" or any(layout.tokens in r.graphs for r in healthy):
-            return 0.0
-        return self.book().estimate(layout)
+        return self.book(healthy).compile_left(layout) if healthy else None
 
     def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
-        """One layout over the healthy replicas: ready on k of N (neuron_ui.replicas.status)."""
-        return merge_layout(layout, self.watcher.healthy(), self.book(), [w.resolution for w in warmup if w.plain],
-                            self.plan.replicas)
+        """One layout over the healthy replicas, as the front's book holds it: ready on k of N."""
+        healthy = self.watcher.healthy()
+        book = self.book(healthy)
+        ready_on = sum(book.compile_mode == "eager" or layout.tokens in r.graphs.ready() for r in healthy)
+        return replace(book.status(layout, warmup), ready_on=ready_on, replicas_total=self.plan.replicas)
 
     def used(self) -> list[Layout]:
-        return sorted({layout for report in self.watcher.healthy() for layout in report.layouts}, key=str)
+        return sorted(self.book(self.watcher.healthy()).used(), key=str)
 
     def status(self) -> EngineStatus:
         """A replica's status (the last heard) with a row per replica and Serve's count per replica state."""

@@ -104,7 +104,8 @@ class StreamCaller:
         lost = self.clock() - sent
         report(ProgressUpdate(Phase.WAITING, f"{RETRIED}; the image starts again"))
         try:
-            value = self._stream(method, argument, layout, lambda update: report(retried(update)), stop)
+            value = self._stream(method, argument, layout,  # each line says why its steps start again
+                                 lambda update: report(replace(update, message=f"{RETRIED} · {update.message}")), stop)
         except REPLICA_LOST as error:
             raise EngineError("the replica making this image stopped twice; try again in a minute",
                               kind=ErrorKind.REPLICA_LOST) from error
@@ -228,8 +229,3 @@ class StreamCaller:
                 pass  # counted by the caller: the request no longer waits in the router
             case _:  # a replica running other code than this front's: its message is ignored, as before
                 logger.warning("a replica sent an unknown message: %r", message)
-
-
-def retried(update: ProgressUpdate) -> ProgressUpdate:
-    """A retried request's progress line, saying why its steps start again."""
-    return replace(update, message=f"{RETRIED} · {update.message}")

@@ -1,5 +1,5 @@
 """The front's view of its replicas: a thread that reads the board's reports and Serve's replica states, so the
-status, /healthz and /metrics never wait for Ray."""
+status, /healthz and /metrics never wait for Ray; and the status's row per replica."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from neuron_ui.replicas.ray_bridge import replica_states
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
+
+    from neuron_ui.contract.results import ReplicaRow
 
 logger = logging.getLogger(__name__)
 
@@ -105,3 +107,16 @@ class ReplicaWatcher:
                 raise TimeoutError(f"fewer than {count} replicas reported within {timeout:.0f} s")
             time.sleep(0.2)
             self.read()
+
+
+def replica_rows(reports: Reports, total: int) -> list[ReplicaRow]:
+    """The status's section per replica, in a stable order (by replica id): the deployment's `total` replicas,
+    not every id the board still remembers. A silent one is listed ("not responding") only while fewer than `total`
+    answer: once Serve's replacement reports, the dead one it replaced is gone from the status at once."""
+    fresh = [(age, report) for age, report in reports.values() if age < STALE_SECONDS]
+    silent = sorted((r for r in reports.values() if r[0] >= STALE_SECONDS), key=lambda r: r[0])
+    shown = fresh + silent[:max(0, total - len(fresh))]  # the most recently heard of the silent ones
+    return [{"replica": report.replica, "pid": report.pid, "node": report.node, "devices": report.devices,
+             "busy": report.busy, "images": report.images, "graphs": report.graphs.ready(),
+             "state": "healthy" if age < STALE_SECONDS else "not responding", "seen_seconds_ago": round(age, 1)}
+            for age, report in sorted(shown, key=lambda r: r[1].replica)]
