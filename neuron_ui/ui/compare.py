@@ -14,10 +14,8 @@ import gradio as gr
 from neuron_ui.studio.grid_plan import AXIS_HELP, GridPlan, estimate_seconds
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.history import HistoryEntry, gallery_items, merge_history
-from neuron_ui.ui.session_events import HISTORY_SIZE
 from neuron_ui.ui.styles import describe_style
-from neuron_ui.ui.session import BrowserSession
-from neuron_ui.ui.visitors import current_visitor
+from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, current_visitor
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.gradio_bridge import Listen, current_event
@@ -64,12 +62,6 @@ def describe_grid(grid: GridResult) -> str:
     head = f"**Stopped** after {made} of {total} images" if grid.stopped else f"**Grid** of {total} images"
     return (f"{head} at {grid.plan.resolution} · {grid.seconds:.1f} s · {switches} style switch"
             f"{'es' if switches != 1 else ''} · each image is in the history; click one to make it again")
-
-
-def cell_entry(done: CellResult, path: str, show_guidance: bool) -> HistoryEntry:
-    result = done.result
-    return HistoryEntry.made_from(result, path, describe_result(result, show_guidance) + describe_style(result)
-                                  + f" · grid cell {done.cell.index + 1}")
 
 
 @dataclass(frozen=True)
@@ -121,8 +113,9 @@ class CompareHandlers:
         entries: list[HistoryEntry] = []
 
         def saved(done: CellResult, path: str) -> None:
-            # Each cell is held for the browser session too: its other pages' history finds them (session_events).
-            entry = cell_entry(done, path, self.show_guidance)
+            # Each cell is held for the browser session too: its other pages' history finds them (SessionEvents).
+            words = describe_result(done.result, self.show_guidance) + describe_style(done.result)
+            entry = HistoryEntry.made_from(done.result, path, f"{words} · grid cell {done.cell.index + 1}")
             entries.insert(0, entry)
             self.held.hold(sid, entry)
 

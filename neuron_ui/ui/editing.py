@@ -1,9 +1,10 @@
 """Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
 
-`build_demo` (blocks.py) calls `add_reference_panel`, `add_inpaint_tab` and `api_inpaint_inputs` inside its Blocks;
-the functions here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
-file value names one of the app's files or is refused unread (contract/files.py, the rule the gate applies too);
-the engine checks and fits the images (contract/references.py), and the editor's layers are read the same way.
+`build_demo` (blocks.py) calls `add_reference_panel` and `add_inpaint_tab` inside its Blocks (the API's inputs are
+named_api's); the functions here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest
+fields. Every file value names one of the app's files or is refused unread (contract/files.py, the rule the gate
+applies too); the engine checks and fits the images (contract/references.py), and the editor's layers are read the
+same way.
 """
 
 from __future__ import annotations
@@ -143,17 +144,6 @@ class EditingHandlers:
         return True if entry is not None and entry.mode == Mode.INPAINT and entry.editor else gr.skip()
 
 
-def api_reference_inputs() -> list[gr.Component]:
-    """The optional inputs /generate takes for references (hidden; gradio_client's handle_file fills them)."""
-    return [gr.File(label="references", file_count="multiple", file_types=["image"]),
-            gr.Textbox(label="reference_size")]
-
-
-def api_style_inputs() -> list[gr.Component]:
-    """The optional style inputs of /generate and /inpaint: a loaded style's name and its strength."""
-    return [gr.Textbox(label="lora"), gr.Number(label="lora_scale")]
-
-
 class ReferencePanel(TypedDict):
     files: gr.File
     size: gr.Dropdown
@@ -219,10 +209,3 @@ def add_result_buttons() -> ResultButtons:
         use = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
         edit = gr.Button("Edit this image", size="sm", elem_id="edit-image")
     return {"use": use, "edit": edit}
-
-
-def api_inpaint_inputs() -> list[gr.Component]:
-    """/inpaint's inputs: image, mask, prompt, strength, resolution, steps, seed, optional references and style."""
-    return [gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"),
-            gr.Textbox(label="prompt"), gr.Number(label="strength"), gr.Textbox(label="resolution"),
-            gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs(), *api_style_inputs()]
