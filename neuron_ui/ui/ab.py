@@ -27,13 +27,10 @@ class ABPanel(TypedDict):
     left: gr.State  # the path on the left (A) while the panel is open, else None
 
 
-def add_ab_button() -> gr.Button:
-    """Under the image, beside the result's other buttons."""
-    return gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
-
-
-def add_ab_panel(opener: gr.Button) -> ABPanel:
-    """The slider and its words, hidden until *Compare (A/B)*."""
+def add_ab_panel() -> ABPanel:
+    """*Compare (A/B)* under the image, beside the result's other buttons, then the slider and its words, hidden until
+    it is clicked."""
+    opener = gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
     with gr.Column(visible=False, elem_id="ab-panel") as panel:
         slider = gr.ImageSlider(label="A/B: drag the handle", type="filepath", interactive=False, elem_id="ab-slider",
                                 buttons=["fullscreen"])

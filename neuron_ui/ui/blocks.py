@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -10,7 +9,7 @@ import gradio as gr
 from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.ab import add_ab_button, add_ab_panel, wire_ab
+from neuron_ui.ui.ab import add_ab_panel, wire_ab
 from neuron_ui.ui.compare import CompareHandlers, add_compare_panel, wire_compare
 from neuron_ui.ui.editing import (
     EditingHandlers,
@@ -47,11 +46,7 @@ if TYPE_CHECKING:
 # shows, into view; a wide page, where it is in view beside the button, does not move.
 SHOW_IMAGE = """(...args) => { if (window.innerWidth <= 720)
     document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'}); return args; }"""
-
-
-def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+PROMPTS = ASSETS / "prompts.txt"  # the examples under the form, one a line ("#" starts a comment)
 
 
 def build_demo(engine: EngineLike, settings: Settings,
@@ -116,7 +111,8 @@ def build_demo(engine: EngineLike, settings: Settings,
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
                         edit_inpaint = add_inpaint_tab()
                     compare = add_compare_panel([style["name"] for style in status.styles])
-                    examples = load_example_prompts()
+                    lines = PROMPTS.read_text(encoding="utf-8").splitlines() if PROMPTS.is_file() else []
+                    examples = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
                     if examples:
                         gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
             with gr.Column(scale=3, min_width=340, elem_id="result"):
@@ -124,7 +120,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
                 edit_result = add_result_buttons()
-                ab = add_ab_panel(add_ab_button())
+                ab = add_ab_panel()
                 layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
@@ -143,9 +139,8 @@ def build_demo(engine: EngineLike, settings: Settings,
         # be stopped, and the next image starts on the device while the previous one is encoded and sent.
         # Keyword sets shared by many events.
         on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
-        private: Listen = {"api_visibility": "private"}
-        private_on_device: Listen = {**on_device, **private}  # the page's own events that run the pipeline
-        hidden: Listen = {"show_progress": "hidden", "queue": False, **private}
+        private_on_device: Listen = {**on_device, "api_visibility": "private"}  # the page's own device events
+        hidden: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
         # gr.Warning reaches the page only when queued
         told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
         refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],

@@ -84,9 +84,8 @@ def describe_running(job: GridJob[GridShown], seconds: float | None) -> str:
 
 
 class CompareHandlers:
-    """The panel's events. A grid runs as a job of its visitor's (studio/grid_jobs.py), outside any page's event:
-    the event that starts it, and any page of the same visitor loaded while it runs, only watch it; a page that goes
-    away leaves it running, a Stop from any of that visitor's pages ends the rest."""
+    """The panel's events: they start a visitor's grid, watch it (from any of that visitor's pages) and stop it; the
+    grid is a job outside any page's event, which a page going away leaves running (the module's docstring)."""
 
     def __init__(self, studio: Studio, held: sessions.HeldResults, show_guidance: bool = False):
         self.studio, self.engine, self.held, self.stops = studio, studio.engine, held, studio.stops

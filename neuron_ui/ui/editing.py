@@ -83,15 +83,11 @@ class EditingHandlers:
 
     def on_preview(self, files: object, reference_size: str, fit: str) -> list[tuple[Image.Image, str]]:
         """What the model sees: each reference fitted, before anything runs; a bad file says why at once."""
-        try:
+        try:  # a file that is not the app's (ForeignFile), too many, a bad size: each a ValueError, said at once
             paths = file_paths(files, self.stored)
-        except ValueError as error:
-            gr.Warning(str(error))
-            return []
-        if len(paths) > self.engine.max_references:
-            gr.Warning(f"{len(paths)} reference images; this server takes at most {self.engine.max_references}")
-            return []
-        try:
+            if len(paths) > self.engine.max_references:
+                raise ValueError(f"{len(paths)} reference images; this server takes at most "
+                                 f"{self.engine.max_references}")
             size = refs.validate_reference_size(reference_size, self.engine.reference_sizes)
             fitted = refs.fit_references(paths, size, fit, self.engine.max_references)
         except ValueError as error:

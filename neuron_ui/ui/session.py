@@ -104,10 +104,7 @@ class HeldResults:
 
     def __init__(self, hold_seconds: float = HOLD_SECONDS, max_sessions: int = MAX_SESSIONS,
                  max_held: int = MAX_HELD, clock: Callable[[], float] = time.monotonic):
-        self.hold_seconds = hold_seconds
-        self.max_sessions = max_sessions
-        self.max_held = max_held
-        self.clock = clock
+        self.hold_seconds, self.max_sessions, self.max_held, self.clock = hold_seconds, max_sessions, max_held, clock
         # sessions are never dropped by the registry's own bound: _make_room keeps room, sparing sessions owed results
         self._sessions: BoundedRegistry[str, _Held] = BoundedRegistry(max_sessions)
         self._errors: BoundedRegistry[str, tuple[str, float]] = BoundedRegistry(max_sessions)
@@ -231,9 +228,7 @@ class SessionEvents:
         form = self._restore_form(saved)
         if arrived:
             form["seed"] = arrived[0].seed  # the seed box shows the seed of the image shown
-        image = info = gr.skip()
-        if history:
-            image, info = history[0].path, history[0].info
+        image, info = (history[0].path, history[0].info) if history else (gr.skip(), gr.skip())
         running = self.held.running(sid)
         if running:
             info = (f"*Your image at {running} is still being made (asked for before this page loaded); "

@@ -30,6 +30,7 @@ EVENT_WORDS = {
     "memory_hit": "cache hit, {total:.2f} s",
     "eager": "eager, {total:.1f} s",
 }
+COMPILE_WORDS = {"eager": "none (eager)", "aot": "ahead-of-time (AOTInductor packages)"}
 REFRESH_SECONDS = 2.0
 
 
@@ -170,9 +171,8 @@ def status_rows(status: EngineStatus) -> list[list[str]]:
 
 
 def describe_engine(status: EngineStatus, settings: Settings) -> str:
-    eager = status.compile_mode == "eager"
-    compile_text = ("none (eager)" if eager else "ahead-of-time (AOTInductor packages)" if status.compile_mode == "aot"
-                    else f"{status.compile_mode}, {status.compile_backend}")
+    """The header: the model, where and how it runs, and how many requests it takes."""
+    compile_text = COMPILE_WORDS.get(status.compile_mode, f"{status.compile_mode}, {status.compile_backend}")
     parallel = f" x{status.tensor_parallel['degree']} tensor-parallel" if status.tensor_parallel else ""
     per = f" on each of {settings.replicas} replicas" if settings.replicas else ""
     return (
