@@ -31,7 +31,7 @@ from neuron_ui.web.files import ImageStore
 from neuron_ui.web.gradio_bridge import DEVICE
 from neuron_ui.ui.handlers import Handlers
 from neuron_ui.ui.history import EditorValue, HistoryEntry, clean_history
-from neuron_ui.ui.session_events import HISTORY_SIZE
+from neuron_ui.ui.session import HISTORY_SIZE
 from neuron_ui.ui.styles import describe_style
 from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.ui.words import (
@@ -685,10 +685,9 @@ def test_a_built_in_estimate_is_called_a_guess_until_this_machine_measured_one(m
 def test_ab_compares_the_image_shown_with_another_of_the_history(tmp_path):
     """Issue 35, A/B: the image shown on the left, the one made before it on the right; a history click while the
     panel is open puts that image on the right; the caption says which is which."""
-    from neuron_ui.ui.ab import ABHandlers
+    from neuron_ui.ui import ab
 
     history = [fake_entry(tmp_path, seed) for seed in (12, 11, 10)]
-    ab = ABHandlers()
     left, panel, pair, caption = ab.on_open(history[1].path, history)
     assert left == history[1].path and pair == (history[1].path, history[2].path)
     assert caption.startswith("**A (left)**: seed 11, 256x256, 3 steps · **B (right)**: seed 10")

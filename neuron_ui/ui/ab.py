@@ -7,7 +7,6 @@ always does); *Close* goes back to the image alone. Only paths of the session's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TypedDict
 
 import gradio as gr
@@ -28,13 +27,10 @@ class ABPanel(TypedDict):
     left: gr.State  # the path on the left (A) while the panel is open, else None
 
 
-def add_ab_button() -> gr.Button:
-    """Under the image, beside the result's other buttons."""
-    return gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
-
-
-def add_ab_panel(opener: gr.Button) -> ABPanel:
-    """The slider and its words, hidden until *Compare (A/B)*."""
+def add_ab_panel() -> ABPanel:
+    """*Compare (A/B)* under the image, beside the result's other buttons, then the slider and its words, hidden until
+    it is clicked."""
+    opener = gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
     with gr.Column(visible=False, elem_id="ab-panel") as panel:
         slider = gr.ImageSlider(label="A/B: drag the handle", type="filepath", interactive=False, elem_id="ab-slider",
                                 buttons=["fullscreen"])
@@ -56,46 +52,33 @@ def describe_pair(left: HistoryEntry | None, right: HistoryEntry) -> str:
             "Click another image of the history to put it on the right.")
 
 
-@dataclass
-class ABHandlers:
-    """Open, change the right side, close; the paths come from the session's history only."""
+def on_open(image: object, history: list[HistoryEntry]) -> tuple[object, ...]:
+    """A: the image shown; B: the one made before it (else the newest other). Outputs: left, panel, slider, caption."""
+    shown = entry_named(history, image)
+    if shown is None:
+        gr.Warning(NO_IMAGE)
+        return (gr.skip(),) * 4
+    after = history[history.index(shown) + 1:]
+    right = next((e for e in [*after, *history] if e.path != shown.path), None)
+    if right is None:
+        gr.Warning(ALONE)
+        return (gr.skip(),) * 4
+    return (shown.path, gr.Column(visible=True), (shown.path, right.path), describe_pair(shown, right))
 
-    @staticmethod
-    def on_open(image: object, history: list[HistoryEntry]) -> tuple[object, ...]:
-        """A: the image shown; B: the one made before it (else the newest other). Outputs: left, panel, slider,
-        caption."""
-        shown = entry_named(history, image)
-        if shown is None:
-            gr.Warning(NO_IMAGE)
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        others = [e for e in history if e.path != shown.path]
-        if not others:
-            gr.Warning(ALONE)
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        after = history[history.index(shown) + 1:]
-        right = next((e for e in after if e.path != shown.path), others[0])
-        return (shown.path, gr.Column(visible=True), (shown.path, right.path), describe_pair(shown, right))
 
-    @staticmethod
-    def on_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> tuple[object, object]:
-        """A history image clicked while comparing: it goes on the right. Outputs: slider, caption."""
-        shown, right = entry_named(history, left), picked(history, event)
-        if shown is None or right is None:
-            return gr.skip(), gr.skip()
-        return (shown.path, right.path), describe_pair(shown, right)
-
-    @staticmethod
-    def on_close() -> tuple[None, gr.Column]:
-        """Back to the image alone. Outputs: left, panel."""
-        return None, gr.Column(visible=False)
+def on_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> tuple[object, object]:
+    """A history image clicked while comparing: it goes on the right. Outputs: slider, caption."""
+    shown, right = entry_named(history, left), picked(history, event)
+    if shown is None or right is None:
+        return gr.skip(), gr.skip()
+    return (shown.path, right.path), describe_pair(shown, right)
 
 
 def wire_ab(panel: ABPanel, image: gr.Image, history: gr.State, history_gallery: gr.Gallery,
             hidden: Listen) -> None:
-    """The panel's events (queue=False: nothing here waits for the device)."""
-    handlers = ABHandlers()
+    """The panel's events: open, change the right side, close (queue=False: nothing here waits for the device)."""
     told: Listen = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
-    panel["open"].click(handlers.on_open, [image, history],
+    panel["open"].click(on_open, [image, history],
                         [panel["left"], panel["panel"], panel["slider"], panel["caption"]], **told)
-    history_gallery.select(handlers.on_pick, [panel["left"], history], [panel["slider"], panel["caption"]], **hidden)
-    panel["close"].click(handlers.on_close, None, [panel["left"], panel["panel"]], **hidden)
+    history_gallery.select(on_pick, [panel["left"], history], [panel["slider"], panel["caption"]], **hidden)
+    panel["close"].click(lambda: (None, gr.Column(visible=False)), None, [panel["left"], panel["panel"]], **hidden)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -10,21 +9,18 @@ import gradio as gr
 from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.ab import add_ab_button, add_ab_panel, wire_ab
-from neuron_ui.ui.compare import AXIS_KINDS, CompareHandlers, add_compare_panel, wire_compare
+from neuron_ui.ui.ab import add_ab_panel, wire_ab
+from neuron_ui.ui.compare import CompareHandlers, add_compare_panel, wire_compare
 from neuron_ui.ui.editing import (
     EditingHandlers,
     add_inpaint_tab,
     add_reference_panel,
     add_result_buttons,
-    api_inpaint_inputs,
-    api_reference_inputs,
-    api_style_inputs,
 )
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, Listen, Then, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
-from neuron_ui.ui.named_api import add_api, numbers, texts
+from neuron_ui.ui.named_api import add_named_api
 from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
@@ -50,11 +46,7 @@ if TYPE_CHECKING:
 # shows, into view; a wide page, where it is in view beside the button, does not move.
 SHOW_IMAGE = """(...args) => { if (window.innerWidth <= 720)
     document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'}); return args; }"""
-
-
-def load_example_prompts(path: Path = ASSETS / "prompts.txt") -> list[str]:
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+PROMPTS = ASSETS / "prompts.txt"  # the examples under the form, one a line ("#" starts a comment)
 
 
 def build_demo(engine: EngineLike, settings: Settings,
@@ -119,7 +111,8 @@ def build_demo(engine: EngineLike, settings: Settings,
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
                         edit_inpaint = add_inpaint_tab()
                     compare = add_compare_panel([style["name"] for style in status.styles])
-                    examples = load_example_prompts()
+                    lines = PROMPTS.read_text(encoding="utf-8").splitlines() if PROMPTS.is_file() else []
+                    examples = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
                     if examples:
                         gr.Examples([[text] for text in examples], inputs=[prompt], label="Example prompts")
             with gr.Column(scale=3, min_width=340, elem_id="result"):
@@ -127,7 +120,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
                 edit_result = add_result_buttons()
-                ab = add_ab_panel(add_ab_button())
+                ab = add_ab_panel()
                 layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
@@ -146,14 +139,12 @@ def build_demo(engine: EngineLike, settings: Settings,
         # be stopped, and the next image starts on the device while the previous one is encoded and sent.
         # Keyword sets shared by many events.
         on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
-        private: Listen = {"api_visibility": "private"}
-        private_on_device: Listen = {**on_device, **private}  # the page's own events that run the pipeline
-        hidden: Listen = {"show_progress": "hidden", "queue": False, **private}
+        private_on_device: Listen = {**on_device, "api_visibility": "private"}  # the page's own device events
+        hidden: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
         # gr.Warning reaches the page only when queued
         told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
         refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                          "outputs": [table, activity, resolution, hint, now, seen], **hidden}
-        failed: Then = {"fn": handlers.on_failed, "inputs": [session], "outputs": [info], **hidden}
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
         made = [image, info, seed, history, history_gallery]
@@ -161,15 +152,11 @@ def build_demo(engine: EngineLike, settings: Settings,
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image],
                           js=SHOW_IMAGE, **private_on_device)
-        generated.then(**refresh)
-        generated.failure(**failed)
         varied = make_variations.click(lambda: gr.Gallery(value=[], visible=True), None, variations, queue=False,
                                        js=SHOW_IMAGE, api_visibility="private").then(
             handlers.on_variations, [*form, count, history, session, *style_inputs],
             [image, info, seed, variations, history, history_gallery],
             show_progress_on=[image, variations], **private_on_device)
-        varied.then(**refresh)
-        varied.failure(**failed)
         warmup.click(handlers.on_warmup, [resolution, session], [hint], **private_on_device).then(**refresh)
         resolution.change(handlers.on_resolution, [resolution], [hint], **hidden)
         seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
@@ -213,28 +200,20 @@ def build_demo(engine: EngineLike, settings: Settings,
             made, show_progress_on=[image], **private_on_device,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
-        inpainted.then(**refresh)
-        inpainted.failure(**failed)
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
         compared = wire_compare(CompareHandlers(handlers.studio, handlers.held, not handlers.distilled), compare,
                                 [prompt, resolution], history, history_gallery, session, demo, private_on_device,
                                 hidden)
         stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
-        # After a request, the line under the image says the size's state now (it said "Compiling now" on a stop).
+        # After a request: the status refreshes, a failure's line under the image says why (on_failed), and once the
+        # request has ended the layout hint says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
+            ended.then(**refresh)
+            ended.failure(handlers.on_failed, [session], [info], **hidden)
             ended.then(handlers.on_settled, [session], None, **hidden).then(
                 editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
-        api = handlers.api
-        add_api("generate", api.api_generate, lambda: [
-            *texts("prompt", "resolution"), *numbers("steps", "seed", "guidance"), *api_reference_inputs(),
-            *api_style_inputs(), gr.Checkbox(label="preview")], "image", on_device)
-        add_api("inpaint", api.api_inpaint, api_inpaint_inputs, "image", on_device)
-        add_api("grid", api.api_grid, lambda: texts("prompt", "resolution", *AXIS_KINDS), "grid_png", on_device)
-        add_api("ab", api.api_ab, lambda: texts("prompt", "resolution", "a", "b"), "ab_png", on_device)
-        gr.api(handlers.api.api_warmup, api_name="warmup", **on_device)
-        gr.api(handlers.api.api_status, api_name="status", concurrency_limit=None)
-        gr.api(handlers.api.api_stop, api_name="stop", concurrency_limit=None)
+        add_named_api(handlers.api, on_device)
     return demo, handlers

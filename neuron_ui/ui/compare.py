@@ -14,10 +14,8 @@ import gradio as gr
 from neuron_ui.studio.grid_plan import AXIS_HELP, GridPlan, estimate_seconds
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.history import HistoryEntry, gallery_items, merge_history
-from neuron_ui.ui.session_events import HISTORY_SIZE
 from neuron_ui.ui.styles import describe_style
-from neuron_ui.ui.session import BrowserSession
-from neuron_ui.ui.visitors import current_visitor
+from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, current_visitor
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.gradio_bridge import Listen, current_event
@@ -66,12 +64,6 @@ def describe_grid(grid: GridResult) -> str:
             f"{'es' if switches != 1 else ''} · each image is in the history; click one to make it again")
 
 
-def cell_entry(done: CellResult, path: str, show_guidance: bool) -> HistoryEntry:
-    result = done.result
-    return HistoryEntry.made_from(result, path, describe_result(result, show_guidance) + describe_style(result)
-                                  + f" · grid cell {done.cell.index + 1}")
-
-
 @dataclass(frozen=True)
 class GridShown:
     """What a finished grid shows on its visitor's pages: the saved sheet, its line, the cells' history entries."""
@@ -92,9 +84,8 @@ def describe_running(job: GridJob[GridShown], seconds: float | None) -> str:
 
 
 class CompareHandlers:
-    """The panel's events. A grid runs as a job of its visitor's (studio/grid_jobs.py), outside any page's event:
-    the event that starts it, and any page of the same visitor loaded while it runs, only watch it; a page that goes
-    away leaves it running, a Stop from any of that visitor's pages ends the rest."""
+    """The panel's events: they start a visitor's grid, watch it (from any of that visitor's pages) and stop it; the
+    grid is a job outside any page's event, which a page going away leaves running (the module's docstring)."""
 
     def __init__(self, studio: Studio, held: sessions.HeldResults, show_guidance: bool = False):
         self.studio, self.engine, self.held, self.stops = studio, studio.engine, held, studio.stops
@@ -121,8 +112,9 @@ class CompareHandlers:
         entries: list[HistoryEntry] = []
 
         def saved(done: CellResult, path: str) -> None:
-            # Each cell is held for the browser session too: its other pages' history finds them (session_events).
-            entry = cell_entry(done, path, self.show_guidance)
+            # Each cell is held for the browser session too: its other pages' history finds them (SessionEvents).
+            words = describe_result(done.result, self.show_guidance) + describe_style(done.result)
+            entry = HistoryEntry.made_from(done.result, path, f"{words} · grid cell {done.cell.index + 1}")
             entries.insert(0, entry)
             self.held.hold(sid, entry)
 

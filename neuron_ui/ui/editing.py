@@ -1,9 +1,10 @@
 """Editing in the UI and the API: reference images with "what the model sees", and inpainting; no torch.
 
-`build_demo` (blocks.py) calls `add_reference_panel`, `add_inpaint_tab` and `api_inpaint_inputs` inside its Blocks;
-the functions here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest fields. Every
-file value names one of the app's files or is refused unread (contract/files.py, the rule the gate applies too);
-the engine checks and fits the images (contract/references.py), and the editor's layers are read the same way.
+`build_demo` (blocks.py) calls `add_reference_panel` and `add_inpaint_tab` inside its Blocks (the API's inputs are
+named_api's); the functions here translate Gradio values (file dicts, the image editor's layers) into GenerateRequest
+fields. Every file value names one of the app's files or is refused unread (contract/files.py, the rule the gate
+applies too); the engine checks and fits the images (contract/references.py), and the editor's layers are read the
+same way.
 """
 
 from __future__ import annotations
@@ -82,15 +83,11 @@ class EditingHandlers:
 
     def on_preview(self, files: object, reference_size: str, fit: str) -> list[tuple[Image.Image, str]]:
         """What the model sees: each reference fitted, before anything runs; a bad file says why at once."""
-        try:
+        try:  # a file that is not the app's (ForeignFile), too many, a bad size: each a ValueError, said at once
             paths = file_paths(files, self.stored)
-        except ValueError as error:
-            gr.Warning(str(error))
-            return []
-        if len(paths) > self.engine.max_references:
-            gr.Warning(f"{len(paths)} reference images; this server takes at most {self.engine.max_references}")
-            return []
-        try:
+            if len(paths) > self.engine.max_references:
+                raise ValueError(f"{len(paths)} reference images; this server takes at most "
+                                 f"{self.engine.max_references}")
             size = refs.validate_reference_size(reference_size, self.engine.reference_sizes)
             fitted = refs.fit_references(paths, size, fit, self.engine.max_references)
         except ValueError as error:
@@ -141,17 +138,6 @@ class EditingHandlers:
         """A picked inpaint brings its image and mask back into the editor (ui.Handlers.on_select): it holds one."""
         entry = picked(history, event)
         return True if entry is not None and entry.mode == Mode.INPAINT and entry.editor else gr.skip()
-
-
-def api_reference_inputs() -> list[gr.Component]:
-    """The optional inputs /generate takes for references (hidden; gradio_client's handle_file fills them)."""
-    return [gr.File(label="references", file_count="multiple", file_types=["image"]),
-            gr.Textbox(label="reference_size")]
-
-
-def api_style_inputs() -> list[gr.Component]:
-    """The optional style inputs of /generate and /inpaint: a loaded style's name and its strength."""
-    return [gr.Textbox(label="lora"), gr.Number(label="lora_scale")]
 
 
 class ReferencePanel(TypedDict):
@@ -219,10 +205,3 @@ def add_result_buttons() -> ResultButtons:
         use = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
         edit = gr.Button("Edit this image", size="sm", elem_id="edit-image")
     return {"use": use, "edit": edit}
-
-
-def api_inpaint_inputs() -> list[gr.Component]:
-    """/inpaint's inputs: image, mask, prompt, strength, resolution, steps, seed, optional references and style."""
-    return [gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"),
-            gr.Textbox(label="prompt"), gr.Number(label="strength"), gr.Textbox(label="resolution"),
-            gr.Number(label="steps"), gr.Number(label="seed"), *api_reference_inputs(), *api_style_inputs()]

@@ -20,13 +20,11 @@ from neuron_ui.ui import session as sessions
 from neuron_ui.ui.editing import editor_files, file_paths, painted_mask
 from neuron_ui.ui.history import EditorValue, HistoryEntry, entry_named, gallery_items, picked
 from neuron_ui.ui.named_api import NamedApi
-from neuron_ui.ui.session import BrowserSession
-from neuron_ui.ui.session_events import HISTORY_SIZE, SessionEvents
+from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, SessionEvents, asker
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.previews import PreviewFiles
 from neuron_ui.web.progress import ProgressBar, ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
-from neuron_ui.ui.visitors import asker
 from neuron_ui.ui.words import (
     describe_activity,
     describe_inputs,
@@ -55,7 +53,7 @@ MAX_VARIATIONS = 4
 
 class Handlers:
     """The form's events: UI values in, one studio call, UI values out. The browser session's save and restore
-    (`session`, ui/session_events.py) and the named API (`api`, ui/named_api.py) are objects of their own over the
+    (`session`, ui/session.py) and the named API (`api`, ui/named_api.py) are objects of their own over the
     same studio, built here with what they share."""
 
     def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
@@ -176,17 +174,15 @@ class Handlers:
         count = int(count)
         if not 1 <= count <= MAX_VARIATIONS:
             raise gr.Error(f"variations must be 1 to {MAX_VARIATIONS}, got {count}", print_exception=False)
-        first, gallery = 0, []
+        first: int | None = None  # the seed the first image used: the others follow it
+        gallery = []
         for index in range(count):
-            if index == 0:
-                next_seed = None if randomize else seed
-            else:
-                next_seed = (first + index) % (MAX_SEED + 1)
+            next_seed = (None if randomize else seed) if first is None else (first + index) % (MAX_SEED + 1)
             request = self._request(prompt, resolution, steps, next_seed, guidance, style=style,
                                     style_strength=style_strength)
             entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ", session=session,
                                before=next(iter(history), None))
-            first = entry.seed if index == 0 else first  # the seed the first image used: the others follow it
+            first = entry.seed if first is None else first
             gallery.append((entry.path, f"seed {entry.seed}"))
             history = self._remember(entry, history)
             yield entry.path, entry.info, entry.seed, list(gallery), history, gallery_items(history)
@@ -219,19 +215,15 @@ class Handlers:
         """The line under the image after an error: it says the error, never the previous image's parameters. A Stop
         fails the event before its request ends (at its next step, or once a load or compile is done): the line
         waits for the reason (HeldResults.settled) without holding a thread."""
-        sid = sessions.session_id(session)
-        await self._settled(sid)
-        error = self.held.error(sid)
+        await self.on_settled(session)
+        error = self.held.error(sessions.session_id(session))
         why = f" {error}{'' if error.endswith(('.', '!', '?')) else '.'}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
 
     async def on_settled(self, session: BrowserSession | None) -> None:
-        """Returns once the session's requests here have ended: a cancelled event ends in the page before its request
-        does, and what follows it must see the request's end."""
-        await self._settled(sessions.session_id(session))
-
-    async def _settled(self, sid: str | None) -> None:
-        """Waits, without holding a thread, until the session's requests have ended or FAILED_WAIT has passed."""
+        """Returns once the session's requests here have ended (or FAILED_WAIT has passed), without holding a thread:
+        a cancelled event ends in the page before its request does, and what follows it must see the request's end."""
+        sid = sessions.session_id(session)
         deadline = time.monotonic() + FAILED_WAIT
         while not self.held.settled(sid) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

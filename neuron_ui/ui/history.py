@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from neuron_ui.contract.references import FIT_MODES
 from neuron_ui.contract.requests import GUIDANCE, SEED, STEPS, STRENGTH, STYLE_SCALE
@@ -32,14 +32,6 @@ MAX_PATHS = 16  # references or editor layers of one history entry: more than an
 MAX_INFO = 2000  # characters of the line under the image
 
 
-class EditorJSON(TypedDict):
-    """The ImageEditor's value, as Gradio reads and writes it."""
-
-    background: str | None
-    layers: list[str]
-    composite: str | None
-
-
 @dataclass(frozen=True)
 class EditorValue:
     """The inpaint editor's image and painted layers (files of the app's), so picking an inpaint restores its mask."""
@@ -47,8 +39,8 @@ class EditorValue:
     background: str
     layers: tuple[str, ...] = ()
 
-    def to_gradio(self) -> EditorJSON:
-        """The ImageEditor's value."""
+    def to_gradio(self) -> dict[str, object]:
+        """The ImageEditor's value, as Gradio reads and writes it: background, layers, composite."""
         return {"background": self.background, "layers": list(self.layers), "composite": None}
 
 

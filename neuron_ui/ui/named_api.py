@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 import gradio as gr
 
 from neuron_ui.contract.requests import GenerateRequest
+from neuron_ui.studio.grid_plan import AXIS_HELP
 from neuron_ui.ui.editing import file_path, file_paths
 from neuron_ui.web.errors import public_status, user_errors
 from neuron_ui.web.gradio_bridge import Listen
-from neuron_ui.ui.visitors import asker
+from neuron_ui.ui.session import asker
 from neuron_ui.ui.words import describe_stop
 
 if TYPE_CHECKING:
@@ -116,21 +117,37 @@ class NamedApi:
         return public_status(self.status())
 
 
-def add_api(name: str, fn: Callable[..., object], inputs: Callable[[], list[Component]], image: str,
-            on_device: Listen) -> None:
-    """/`name` for gradio_client: its own hidden `inputs` (made here, inside the hidden column), so the engine, not
-    the UI's widgets, checks them: preprocess=False, the values as sent (a number for the prompt is refused, not
-    made text); it answers the PNG (labelled `image`) and the info."""
-    with gr.Column(visible=False):
-        given = inputs()
-        outputs = [gr.Image(label=image, type="filepath", format="png"), gr.JSON(label="info")]
-        trigger = gr.Button()
-    trigger.click(fn, given, outputs, api_name=name, preprocess=False, **on_device)
+def add_named_api(api: NamedApi, on_device: Listen) -> None:
+    """Every endpoint, inside the Blocks being built. /generate, /inpaint, /grid and /ab each have their own hidden
+    inputs (made inside a hidden column), so the engine, not the UI's widgets, checks them: preprocess=False, the
+    values as sent (a number for the prompt is refused, not made text); each answers a PNG (labelled by what it
+    shows) and the info."""
+    def texts(*labels: str) -> list[Component]:
+        return [gr.Textbox(label=label) for label in labels]
 
+    def numbers(*labels: str) -> list[Component]:
+        return [gr.Number(label=label) for label in labels]
 
-def texts(*labels: str) -> list[Component]:
-    return [gr.Textbox(label=label) for label in labels]
+    def edits() -> list[Component]:  # the optional references and style of /generate and /inpaint
+        return [gr.File(label="references", file_count="multiple", file_types=["image"]),
+                *texts("reference_size", "lora"), *numbers("lora_scale")]
 
-
-def numbers(*labels: str) -> list[Component]:
-    return [gr.Number(label=label) for label in labels]
+    endpoints: dict[str, tuple[Callable[..., object], str, Callable[[], list[Component]]]] = {
+        "generate": (api.api_generate, "image", lambda: [*texts("prompt", "resolution"),
+                                                         *numbers("steps", "seed", "guidance"), *edits(),
+                                                         gr.Checkbox(label="preview")]),
+        "inpaint": (api.api_inpaint, "image", lambda: [
+            gr.Image(label="image", type="filepath"), gr.Image(label="mask", type="filepath"), *texts("prompt"),
+            *numbers("strength"), *texts("resolution"), *numbers("steps", "seed"), *edits()]),
+        "grid": (api.api_grid, "grid_png", lambda: texts("prompt", "resolution", *AXIS_HELP)),
+        "ab": (api.api_ab, "ab_png", lambda: texts("prompt", "resolution", "a", "b")),
+    }
+    for name, (fn, image, inputs) in endpoints.items():
+        with gr.Column(visible=False):
+            given = inputs()
+            outputs = [gr.Image(label=image, type="filepath", format="png"), gr.JSON(label="info")]
+            trigger = gr.Button()
+        trigger.click(fn, given, outputs, api_name=name, preprocess=False, **on_device)
+    gr.api(api.api_warmup, api_name="warmup", **on_device)
+    gr.api(api.api_status, api_name="status", concurrency_limit=None)
+    gr.api(api.api_stop, api_name="stop", concurrency_limit=None)

@@ -77,10 +77,6 @@ class StyleHandlers:
         kept = self._valid(saved.get("style"), saved.get("strength")) if isinstance(saved, dict) else None
         return kept if kept else (gr.skip(), gr.skip())
 
-    @staticmethod
-    def on_save(style: str, strength: float) -> dict[str, object]:
-        return {"style": style, "strength": strength}
-
 
 class StyleControls(TypedDict):
     style: gr.Dropdown
@@ -106,5 +102,5 @@ def wire_style_controls(handlers: StyleHandlers, controls: StyleControls, histor
     style.input(handlers.on_style, [style], [strength], **hidden)
     history_gallery.select(handlers.on_select, [history], [style, strength], **hidden)
     demo.load(handlers.on_restore, [state], [style, strength], **hidden)
-    gr.on([style.change, strength.change], handlers.on_save, [style, strength], [state],
-          trigger_mode="always_last", **hidden)
+    gr.on([style.change, strength.change], lambda style, strength: {"style": style, "strength": strength},
+          [style, strength], [state], trigger_mode="always_last", **hidden)

@@ -30,6 +30,7 @@ EVENT_WORDS = {
     "memory_hit": "cache hit, {total:.2f} s",
     "eager": "eager, {total:.1f} s",
 }
+COMPILE_WORDS = {"eager": "none (eager)", "aot": "ahead-of-time (AOTInductor packages)"}
 REFRESH_SECONDS = 2.0
 
 
@@ -41,10 +42,8 @@ def describe_cache_event(result: GenerateResult) -> str:
 
 def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
     """The line under the image; a compile's cost is told apart from the run's."""
-    if not show_guidance:
-        guidance = ""
-    else:
-        guidance = " · no guidance" if result.guidance is None else f" · guidance {result.guidance:g}"
+    guidance = "" if not show_guidance else \
+        " · no guidance" if result.guidance is None else f" · guidance {result.guidance:g}"
     total = f" · {result.total_seconds:.2f} s total" if result.cache_event in ("compiled", "disk_hit") else ""
     waited = f"waited {result.waited_seconds:.0f} s for {result.waited_for} · " if result.waited_for else ""
     return (
@@ -81,7 +80,8 @@ def describe_stop(phases: list[Phase]) -> str:
 def describe_state(shape: ShapeStatus) -> str:
     """A preset's state in a few words, for the dropdown and the status table."""
     if shape.state == Phase.READY and shape.replicas_total:
-        return describe_ready_on(shape)
+        # on how many replicas the size's graph is loaded; the others load it from the cache when asked
+        return f"ready on {shape.ready_on} of {shape.replicas_total}"
     if shape.state == Phase.READY:
         # "(graph of 1344x768)" was jargon to a designer: say what it means for them
         return f"ready (same pixel count as {shape.shares_graph_with})" if shape.shares_graph_with else "ready"
@@ -95,11 +95,6 @@ def describe_state(shape: ShapeStatus) -> str:
     else:
         words = f"compiles on first use ({describe_estimate(shape, short=True)})"
     return f"{words}, warm-up queued" if shape.warmup_queued else words
-
-
-def describe_ready_on(shape: ShapeStatus) -> str:
-    """With replicas: on how many the size's graph is loaded; the others load it from the cache when asked."""
-    return f"ready on {shape.ready_on} of {shape.replicas_total}"
 
 
 def describe_replicas(status: EngineStatus, waiting: str = "") -> str:
@@ -131,16 +126,15 @@ def describe_size(shape: ShapeStatus) -> str:
         else:
             took = "Images"
         return f"**Ready.** {took} at {size} come at full speed."
+    about = describe_estimate(shape) if shape.estimate_seconds is not None else \
+        "load time not measured yet" if shape.on_disk else "a while"
     if shape.state == Phase.COMPILING and shape.on_disk:
-        about = describe_estimate(shape) if shape.estimate_seconds is not None else "load time not measured yet"
         return f"**Loading now** from the disk cache ({about}): a request at {size} waits for it."
     if shape.state == Phase.COMPILING:
         return f"**Compiling now.** A request at {size} waits for the compilation to finish."
     if shape.state == Phase.FAILED:
         return f"**Failed to compile** {size} ({shape.error}). Generate or warm up to try again, or pick another size."
-    about = describe_estimate(shape) if shape.estimate_seconds is not None else "a while"
     if shape.on_disk:
-        about = "load time not measured yet" if shape.estimate_seconds is None else about
         return (f"**Cached on disk.** The first image at {size} loads its compiled graph from the disk cache "
                 f"({about}); later ones are fast.")
     warm = " *Warm up this size* compiles it without making an image." if shape.layout is None else ""
@@ -177,9 +171,8 @@ def status_rows(status: EngineStatus) -> list[list[str]]:
 
 
 def describe_engine(status: EngineStatus, settings: Settings) -> str:
-    eager = status.compile_mode == "eager"
-    compile_text = ("none (eager)" if eager else "ahead-of-time (AOTInductor packages)" if status.compile_mode == "aot"
-                    else f"{status.compile_mode}, {status.compile_backend}")
+    """The header: the model, where and how it runs, and how many requests it takes."""
+    compile_text = COMPILE_WORDS.get(status.compile_mode, f"{status.compile_mode}, {status.compile_backend}")
     parallel = f" x{status.tensor_parallel['degree']} tensor-parallel" if status.tensor_parallel else ""
     per = f" on each of {settings.replicas} replicas" if settings.replicas else ""
     return (
