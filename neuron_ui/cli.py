@@ -276,7 +276,7 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths, h
         elif args.action == "import":
             return import_command(settings, cache)
         elif args.action == "publish":
-            from neuron_ui.cache.publish import publish_bundle
+            from neuron_ui.cache.bundle_export import publish_bundle
 
             published = publish_bundle(cache, key_for_settings(settings), args.to, shapes, hub_api)
             print(f"uploaded {', '.join(published.info.resolutions)} ({len(published.info.files)} files, "

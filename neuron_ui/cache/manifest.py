@@ -45,10 +45,9 @@ class CacheManifest:
                 data = load_json(handle.read(MAX_MANIFEST_BYTES + 1), str(self.path), MAX_MANIFEST_BYTES)
             if not isinstance(data, dict) or "entries" not in data:
                 raise ValueError("not a neuron-ui manifest")
-        except FileNotFoundError:
-            return {"version": 1, "entries": {}}
         except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable manifest %s: %s", self.path, first_line(error))
+            if not isinstance(error, FileNotFoundError):
+                logger.warning("ignoring unreadable manifest %s: %s", self.path, first_line(error))
             return {"version": 1, "entries": {}}
         entries, problems = parse_entries(data["entries"])
         for problem in problems:
@@ -82,18 +81,11 @@ class CacheManifest:
         with self._lock:
             self._reload()
             entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
-            previous = entry["shapes"].get(resolution, {})
-            entry["shapes"][resolution] = asdict(
-                ShapeRecord(
-                    resolution=resolution,
-                    tokens=tokens,
-                    seconds=round(seconds, 3),
-                    cold_seconds=round(seconds, 3) if event == CacheEvent.COMPILED else previous.get("cold_seconds"),
-                    event=event,
-                    date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    load_seconds=round(seconds, 3) if event == CacheEvent.DISK_HIT else previous.get("load_seconds"),
-                )
-            )
+            previous, seconds = entry["shapes"].get(resolution, {}), round(seconds, 3)
+            cold = seconds if event == CacheEvent.COMPILED else previous.get("cold_seconds")
+            load = seconds if event == CacheEvent.DISK_HIT else previous.get("load_seconds")
+            entry["shapes"][resolution] = asdict(ShapeRecord(resolution, tokens, seconds, cold, event,
+                                                             time.strftime("%Y-%m-%dT%H:%M:%S%z"), load))
             self._write()
 
     def entries(self) -> dict:

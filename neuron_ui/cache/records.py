@@ -6,11 +6,13 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any
 
 from neuron_ui.compile.key import key_digest
-from neuron_ui.contract.checks import shown
 from neuron_ui.config.resolutions import parse_resolution
+from neuron_ui.contract.checks import shown
 
 
 @dataclass
@@ -31,6 +33,25 @@ MAX_JSON_DEPTH = 32  # ours nest 5 deep; json.loads recurses once per level
 _DIGEST = re.compile(r"[0-9a-f]{16}")
 _EVENT = re.compile(r"[a-z_]{1,32}")
 DATE_PATTERN = re.compile(r"[0-9A-Za-z:+. -]{0,40}")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: object) -> bool:
+    return _count(value) or isinstance(value, float) and math.isfinite(value) and value >= 0
+
+
+# Each field's check after its presence: what the value must pass, and the words that say so when it does not.
+_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "tokens": (_count, "a whole number"),
+    "seconds": (_seconds, "a number of seconds"),
+    "cold_seconds": (lambda v: v is None or _seconds(v), "a number of seconds"),
+    "load_seconds": (lambda v: v is None or _seconds(v), "a number of seconds"),
+    "event": (lambda v: isinstance(v, str) and bool(_EVENT.fullmatch(v)), f"match {_EVENT.pattern}"),
+    "date": (lambda v: isinstance(v, str) and bool(DATE_PATTERN.fullmatch(v)), f"match {DATE_PATTERN.pattern}"),
+}
 
 
 def load_json(data: bytes, what: str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH) -> object:
@@ -66,8 +87,9 @@ def record_name_tokens(name: str) -> tuple[int, int]:
     if match is None:
         raise ValueError("its name is not a WIDTHxHEIGHT resolution or an editing layout")
     inpaint, output, count, sizes = match.groups()
-    resolutions = [parse_resolution(text) for text in [output, *(sizes.split(", ") if sizes else [])]]
-    if any(str(r) != text for r, text in zip(resolutions, [output, *(sizes.split(", ") if sizes else [])])):
+    texts = [output, *(sizes.split(", ") if sizes else [])]
+    resolutions = [parse_resolution(text) for text in texts]
+    if any(str(r) != text for r, text in zip(resolutions, texts)):
         raise ValueError("its name does not write its sizes the way we write them")
     base = resolutions[0].tokens * (2 if inpaint else 1)
     refs = [r.tokens for r in resolutions[1:]]
@@ -84,25 +106,20 @@ def parse_shape_record(name: str, raw: object) -> ShapeRecord:
     """One record checked against the schema; ValueError names the field. Unknown fields are ignored."""
     if not isinstance(raw, dict):
         raise ValueError(f"not a mapping but {type(raw).__name__}")
-    for f in fields(ShapeRecord):
-        if f.name not in raw and f.default is MISSING:
-            raise ValueError(f"field {f.name!r} is missing")
+    values: dict[str, Any] = {f.name: raw.get(f.name, f.default) for f in fields(ShapeRecord)}
+    for field_name, value in values.items():
+        if value is MISSING:
+            raise ValueError(f"field {field_name!r} is missing")
     low, high = record_name_tokens(name)
-    if raw["resolution"] != name:
-        raise ValueError(f"field 'resolution' is {shown(raw['resolution'], 60)}, not its name")
-    tokens = _whole(raw, "tokens")
-    if not low <= tokens <= high:
+    if values["resolution"] != name:
+        raise ValueError(f"field 'resolution' is {shown(values['resolution'], 60)}, not its name")
+    for field_name, (valid, what) in _FIELDS.items():
+        if not valid(values[field_name]):
+            raise ValueError(f"field {field_name!r} must be {what}, got {shown(values[field_name], 60)}")
+    if not low <= values["tokens"] <= high:
         expected = low if low == high else f"{low} to {high}"
-        raise ValueError(f"field 'tokens' is {tokens}, {name} has {expected}")
-    return ShapeRecord(
-        resolution=name,
-        tokens=tokens,
-        seconds=_seconds(raw, "seconds"),
-        cold_seconds=None if raw["cold_seconds"] is None else _seconds(raw, "cold_seconds"),
-        load_seconds=None if raw.get("load_seconds") is None else _seconds(raw, "load_seconds"),
-        event=_text(raw, "event", _EVENT),
-        date=_text(raw, "date", DATE_PATTERN),
-    )
+        raise ValueError(f"field 'tokens' is {values['tokens']}, {name} has {expected}")
+    return ShapeRecord(**values)
 
 
 def parse_entries(raw: object) -> tuple[dict[str, dict], list[str]]:
@@ -140,25 +157,3 @@ def _check_entry(digest: str, entry: object) -> dict:
     if not isinstance(shapes, dict):
         raise ValueError("field 'shapes' must be a mapping")
     return key
-
-
-def _whole(raw: dict, name: str) -> int:
-    value = raw[name]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"field {name!r} must be a whole number, got {shown(value, 60)}")
-    return value
-
-
-def _seconds(raw: dict, name: str) -> float:
-    value = raw[name]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"field {name!r} must be a number of seconds, got {shown(value, 60)}")
-    return float(value)
-
-
-def _text(raw: dict, name: str, pattern: re.Pattern) -> str:
-    value = raw[name]
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ValueError(f"field {name!r} must match {pattern.pattern}, got {shown(value, 60)}")
-    return value
-
