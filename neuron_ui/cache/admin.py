@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO
 
-from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.cache.records import ShapeRecord
+from neuron_ui.cache.manifest import CacheManifest, ShapeRecord
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import STAGING_PREFIX, sweep_staging
 from neuron_ui.config.resolutions import parse_resolution
@@ -75,16 +74,15 @@ def key_for_settings(settings: Settings, model_name: str | None = None) -> Compi
 
 
 def describe_key(key: CompileKey | dict) -> str:
+    """A key's fields as name=value, for a listing or an error (a key from the manifest may lack newer fields)."""
     k = asdict(key) if isinstance(key, CompileKey) else key
-    return " ".join(f"{name}={k.get(name)}" for name in (f.name for f in fields(CompileKey)))
+    return " ".join(f"{f.name}={k.get(f.name)}" for f in fields(CompileKey))
 
 
 def folder_usage(folder: Path) -> FolderUsage:
-    files = size = 0
-    for path in walk_files(folder):
-        files += 1
-        size += path.stat().st_size
-    return FolderUsage(folder, files, size)
+    """How many files the folder holds (lock files and links aside) and what they weigh."""
+    sizes = [path.stat().st_size for path in walk_files(folder)]
+    return FolderUsage(folder, len(sizes), sum(sizes))
 
 
 def list_cache(cache: CachePaths) -> CacheListing:

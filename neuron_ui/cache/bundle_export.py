@@ -76,14 +76,8 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
                          "holds no artifacts (cleared?); compile again before exporting")
     files = [BundleFile(name, *hash_file(path), mode=path.stat().st_mode & 0o755) for name, path in
              sorted(sources.items())]
-    info = BundleInfo(
-        path=out,
-        key=asdict(key),
-        resolutions=chosen,
-        files=files,
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        built_on=this_machine(),
-    )
+    info = BundleInfo(out, asdict(key), chosen, files, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      built_on=this_machine())
     header = {"format": BUNDLE_FORMAT, "created": info.created, "key": info.key, "digest": key.digest,
               "resolutions": chosen, "built_on": info.built_on, "files": [asdict(f) for f in files],
               "entries": {key.digest: {"key": asdict(key), "shapes": {r: recorded[r] for r in chosen}}}}

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.records import DATE_PATTERN, load_json, parse_entries
+from neuron_ui.cache.manifest import DATE_PATTERN, load_json, parse_entries
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -189,7 +189,6 @@ class HeaderPeek:
 
     def __init__(self, key: CompileKey, label: str):
         self.key, self.label = key, label
-        self.header: dict | None = None
         self.done = False
         self._inflate = zlib.decompressobj(wbits=31)  # gzip framing only
         self._head = bytearray()
@@ -224,5 +223,4 @@ class HeaderPeek:
         except (ValueError, tarfile.TarError, EOFError):
             return None
         check_key(header, self.key, self.label)  # BundleError naming each field that differs
-        self.header = header
         return header
