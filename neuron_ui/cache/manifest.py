@@ -186,8 +186,15 @@ class CacheManifest:
         self._problem = f"{error}; serving without persistence" if error else None  # for good: the folder
         self._write_error: str | None = None  # until a write succeeds again (a disk that filled, then had room)
         self._data = self._read()
-        if self._problem is None:
-            self._check_writable()
+        if self._problem is None:  # an unwritable folder is said at start-up, not at the first compile
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
+                    pass
+            except OSError as error:
+                self._problem = (f"cache folder {self.path.parent} is not writable ({error.strerror or error}); "
+                                 "serving without persistence")
+                logger.warning(self._problem)
 
     def _read(self) -> dict:
         """What passes the schema; a bad record is left out with a warning, a bad file read as empty."""
@@ -204,16 +211,6 @@ class CacheManifest:
         for problem in problems:
             logger.warning("ignoring %s in %s", problem, self.path)
         return {"version": 1, "entries": entries}
-
-    def _check_writable(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
-                pass
-        except OSError as error:
-            self._problem = (f"cache folder {self.path.parent} is not writable ({error.strerror or error}); "
-                             "serving without persistence")
-            logger.warning(self._problem)
 
     @property
     def error(self) -> str | None:

@@ -97,12 +97,7 @@ def import_at_start(settings: Settings, cache: CachePaths, loading: LoadingState
     finally:
         if loading is not None:  # whatever a failed download left there
             loading.clear()
-    log_outcomes(outcomes)
-    return outcomes
-
-
-def log_outcomes(outcomes: list[BundleOutcome]) -> None:
-    """One line per bundle; a lone refused bundle's line also says the app starts cold."""
+    # One line per bundle; a lone refused bundle's line also says the app starts cold.
     imported = any(o.info for o in outcomes)
     for o in outcomes:
         if o.info is not None:
@@ -115,6 +110,7 @@ def log_outcomes(outcomes: list[BundleOutcome]) -> None:
             logger.warning("not using --cache-bundle: %s%s", o.problem, cold)
     if not imported and len(outcomes) > 1:
         logger.warning("none of the %d --cache-bundle items was imported; starting cold", len(outcomes))
+    return outcomes
 
 
 def import_bundles(cache: CachePaths, key: CompileKey, bundles: tuple[str, ...], pins: tuple[str, ...] = (),
