@@ -1,5 +1,5 @@
-"""Cache admin: what is on disk per compile key (ls) and clearing it; and the files every cache command (ls, export,
-import, publish, clear) and the bundle fetch share: walking a folder, hashing a file or a stream, removing a path."""
+"""Cache admin: what is on disk per compile key (ls) and clearing it; and the files the cache's commands (ls, export,
+import, publish, clear) share: walking a folder, hashing a file or a stream, removing a path."""
 
 from __future__ import annotations
 

@@ -115,6 +115,8 @@ def _member(name: str, size: int, mode: int) -> tarfile.TarInfo:
 
 @dataclass
 class Published:
+    """What `cache publish` uploaded, and the pinned hf:// address a new machine fetches it from."""
+
     info: BundleInfo
     sha256: str
     size: int
