@@ -280,7 +280,7 @@ def run_cache(args: argparse.Namespace, settings: Settings, cache: CachePaths, h
                       + (f"; kept this cache's own {', '.join(o.info.kept_shapes)}" if o.info.kept_shapes else ""))
             return 0 if any(o.info for o in outcomes) else 2
         elif args.action == "publish":
-            from neuron_ui.cache.publish import publish_bundle
+            from neuron_ui.cache.bundle_export import publish_bundle
 
             published = publish_bundle(cache, key_for_settings(settings), args.to, shapes, hub_api)
             print(f"uploaded {', '.join(published.info.resolutions)} ({len(published.info.files)} files, "

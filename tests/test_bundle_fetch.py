@@ -37,8 +37,7 @@ from test_bundles import ARTIFACTS, KEY, OTHER_KEY, REPO, fabricate, snapshot
 
 from neuron_ui.cache.admin import clear_cache, key_for_settings, list_cache
 from neuron_ui.cache.bundle_export import export_bundle
-from neuron_ui.cache.bundle_source import parse_bundle_source
-from neuron_ui.cache.fetch import FetchPolicy
+from neuron_ui.cache.fetch import FetchPolicy, parse_bundle_source
 from neuron_ui.cache.fetch_bounds import Watchdog
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.cache.warm_boot import import_at_start, import_bundles, kept_path

@@ -4,7 +4,7 @@ every other size's estimate, and the words keep calling them estimates."""
 import pytest
 
 from neuron_ui.cache.estimates import estimate_compile_seconds, scaled_seconds
-from neuron_ui.cache.records import ShapeRecord
+from neuron_ui.cache.manifest import ShapeRecord
 from neuron_ui.config.resolutions import parse_resolution
 
 

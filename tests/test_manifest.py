@@ -9,8 +9,7 @@ import pytest
 from serving import served
 
 from neuron_ui.cache.admin import list_cache
-from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.cache.records import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, load_json
+from neuron_ui.cache.manifest import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, CacheManifest, load_json
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import configure_cache_env
 

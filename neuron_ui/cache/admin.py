@@ -1,17 +1,20 @@
-"""Cache admin: what is on disk per compile key (ls) and clearing it."""
+"""Cache admin: what is on disk per compile key (ls) and clearing it; and the files the cache's commands (ls, export,
+import, publish, clear) share: walking a folder, hashing a file or a stream, removing a path."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, BinaryIO
 
-from neuron_ui.cache.files import remove_path, walk_files
-from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.cache.records import ShapeRecord
+from neuron_ui.cache.manifest import CacheManifest, ShapeRecord
 from neuron_ui.compile.key import CompileKey
-from neuron_ui.config.cache_paths import sweep_staging
+from neuron_ui.config.cache_paths import STAGING_PREFIX, sweep_staging
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.config.runtime import Runtime, detect_launch
 
@@ -20,6 +23,9 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+SKIPPED_DIRS = {"locks"}  # inductor's empty filelock files, recreated on demand
+CHUNK = 2**20
 
 
 @dataclass
@@ -68,16 +74,15 @@ def key_for_settings(settings: Settings, model_name: str | None = None) -> Compi
 
 
 def describe_key(key: CompileKey | dict) -> str:
+    """A key's fields as name=value, for a listing or an error (a key from the manifest may lack newer fields)."""
     k = asdict(key) if isinstance(key, CompileKey) else key
-    return " ".join(f"{name}={k.get(name)}" for name in (f.name for f in fields(CompileKey)))
+    return " ".join(f"{f.name}={k.get(f.name)}" for f in fields(CompileKey))
 
 
 def folder_usage(folder: Path) -> FolderUsage:
-    files = size = 0
-    for path in walk_files(folder):
-        files += 1
-        size += path.stat().st_size
-    return FolderUsage(folder, files, size)
+    """How many files the folder holds (lock files and links aside) and what they weigh."""
+    sizes = [path.stat().st_size for path in walk_files(folder)]
+    return FolderUsage(folder, len(sizes), sum(sizes))
 
 
 def list_cache(cache: CachePaths) -> CacheListing:
@@ -170,3 +175,56 @@ def describe_holdings(cache: CachePaths) -> str:
     return "it holds " + "; ".join(f"{describe_key(e.get('key', {}))}: {', '.join(sorted(e.get('shapes', {})))}"
                                    for e in entries.values())
 
+
+def walk_files(folder: Path) -> Iterator[Path]:
+    """Regular files under folder, sorted, skipping lock files and links (a bundle never carries links)."""
+    if not folder.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith(STAGING_PREFIX))
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if path.is_symlink() or not path.is_file():
+                logger.warning("skipping %s: not a plain file", path)
+                continue
+            yield path
+
+
+def hash_stream(handle: BinaryIO) -> tuple[int, str]:
+    """The size and sha256 of what is left in handle, read in chunks."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := handle.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def hash_file(path: Path) -> tuple[int, str]:
+    """The file's size and sha256, read in chunks."""
+    with open(path, "rb") as handle:
+        return hash_stream(handle)
+
+
+class HashingReader:
+    """Hash what tarfile reads, so the bytes archived are the bytes listed."""
+
+    def __init__(self, handle: IO[bytes]):
+        self.handle, self.digest = handle, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.digest.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def remove_path(path: Path | None) -> None:
+    """Remove a file, a link or a whole folder; nothing when it is not there."""
+    if path is None or not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

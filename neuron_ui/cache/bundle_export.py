@@ -1,4 +1,5 @@
-"""Export a compile-cache bundle: one instance compiles, the fleet imports."""
+"""Export a compile-cache bundle, to a file (`cache export`) or to the Hub (`cache publish`, which also says what a
+new Space sets to start warm from it): one instance compiles, the fleet imports."""
 
 from __future__ import annotations
 
@@ -9,11 +10,19 @@ import os
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from neuron_ui.cache.admin import describe_holdings, describe_key, human_bytes
+from neuron_ui.cache.admin import (
+    HashingReader,
+    describe_holdings,
+    describe_key,
+    hash_file,
+    human_bytes,
+    remove_path,
+    walk_files,
+)
 from neuron_ui.cache.bundle_format import (
     ARTIFACTS,
     BUNDLE_FORMAT,
@@ -24,9 +33,11 @@ from neuron_ui.cache.bundle_format import (
     bundle_name,
     this_machine,
 )
-from neuron_ui.cache.files import HashingReader, Readable, hash_file, walk_files
+from neuron_ui.cache.fetch import parse_bundle_source
 from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.config.cache_paths import staging_prefix
 from neuron_ui.config.resolutions import parse_resolution
+from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
     from neuron_ui.compile.key import CompileKey
@@ -65,14 +76,8 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
                          "holds no artifacts (cleared?); compile again before exporting")
     files = [BundleFile(name, *hash_file(path), mode=path.stat().st_mode & 0o755) for name, path in
              sorted(sources.items())]
-    info = BundleInfo(
-        path=out,
-        key=asdict(key),
-        resolutions=chosen,
-        files=files,
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        built_on=this_machine(),
-    )
+    info = BundleInfo(out, asdict(key), chosen, files, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      built_on=this_machine())
     header = {"format": BUNDLE_FORMAT, "created": info.created, "key": info.key, "digest": key.digest,
               "resolutions": chosen, "built_on": info.built_on, "files": [asdict(f) for f in files],
               "entries": {key.digest: {"key": asdict(key), "shapes": {r: recorded[r] for r in chosen}}}}
@@ -88,11 +93,11 @@ def _write_tar(out: Path, header: dict, files: list[BundleFile], sources: dict[s
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar:
             data = json.dumps(header, indent=1, sort_keys=True).encode()
-            _add(tar, BUNDLE_JSON, len(data), 0o644, io.BytesIO(data))
+            tar.addfile(_member(BUNDLE_JSON, len(data), 0o644), io.BytesIO(data))
             for f in files:
                 with open(sources[f.path], "rb") as handle:
                     reader = HashingReader(handle)
-                    _add(tar, f.path, f.size, f.mode, reader)
+                    tar.addfile(_member(f.path, f.size, f.mode), reader)
                 if reader.hexdigest() != f.sha256:
                     raise RuntimeError(f"{sources[f.path]} changed during export (is a compile running?); try again")
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the bundle from the service user that imports it
@@ -102,7 +107,60 @@ def _write_tar(out: Path, header: dict, files: list[BundleFile], sources: dict[s
         raise
 
 
-def _add(tar: tarfile.TarFile, name: str, size: int, mode: int, fileobj: Readable) -> None:
+def _member(name: str, size: int, mode: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, mode, int(time.time())
-    tar.addfile(info, fileobj)
+    return info
+
+
+@dataclass
+class Published:
+    """What `cache publish` uploaded, and the pinned hf:// address a new machine fetches it from."""
+
+    info: BundleInfo
+    sha256: str
+    size: int
+    pinned: str  # hf://...@<commit>: the exact upload, whatever is pushed to the branch later
+    commit_url: str = ""
+
+    def lines(self) -> list[str]:
+        """What to paste: the flags, and the same as a Space's variables."""
+        return [f"--cache-bundle {self.pinned} --cache-bundle-sha256 {self.sha256}",
+                f"NEURON_UI_CACHE_BUNDLE={self.pinned}",
+                f"NEURON_UI_CACHE_BUNDLE_SHA256={self.sha256}"]
+
+
+def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions: list[str] | None = None,
+                   api: Any = None) -> Published:
+    """Export `key`'s compiled shapes and upload the bundle to `target` (hf://...) with `api` (an HfApi).
+
+    The bundle is written to a staging folder in the cache folder (swept if this is killed) and removed after the
+    upload. A model or dataset repo that does not exist yet is created private; a Space must exist already."""
+    source = parse_bundle_source(target)
+    if source.kind != "hub":
+        raise ValueError(f"--to {target[:200]!r}: publish uploads to the Hub: hf://<owner>/<repo>/<path>[@revision]")
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+    staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
+    try:
+        info = export_bundle(cache, key, staging / bundle_name(key), resolutions)
+        size, sha256 = hash_file(info.path)
+        try:
+            if source.repo_type != "space":
+                api.create_repo(source.repo_id, repo_type=source.repo_type, private=True, exist_ok=True)
+            commit = api.upload_file(
+                path_or_fileobj=str(info.path), path_in_repo=source.filename, repo_id=source.repo_id,
+                repo_type=source.repo_type, revision=source.revision,
+                commit_message=f"neuron-ui compile cache: {', '.join(info.resolutions)} "
+                               f"({key.model}, {key.mode}, {key.backend}, {key.dtype}, key {key.digest})")
+        except Exception as error:  # noqa: BLE001 the Hub's HTTP errors, no token, no network: one line
+            raise ValueError(f"uploading to {target} failed: {first_line(error)}") from None
+    finally:
+        remove_path(staging)
+    revision = getattr(commit, "oid", None) or source.revision or "main"
+    prefix = {"model": "", "dataset": "datasets/", "space": "spaces/"}[source.repo_type]
+    pinned = f"hf://{prefix}{source.repo_id}/{source.filename}@{revision}"
+    logger.info("published %s (%s, sha256 %s) as %s", ", ".join(info.resolutions), human_bytes(size), sha256, pinned)
+    return Published(info, sha256, size, pinned, getattr(commit, "commit_url", "") or "")

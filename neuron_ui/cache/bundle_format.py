@@ -1,16 +1,18 @@
-"""The bundle format: bundle.json's schema, names and hashes, shared by export and import."""
+"""The bundle format: bundle.json's schema, names and hashes, shared by export, import and the fetch."""
 
 from __future__ import annotations
 
+import io
 import logging
 import platform
 import re
 import tarfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.records import DATE_PATTERN, load_json, parse_entries
+from neuron_ui.cache.manifest import DATE_PATTERN, load_json, parse_entries
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -176,3 +178,49 @@ def safe_parts(name: str, bundle: str | Path, is_file: bool = True) -> tuple[str
             or (is_file and len(parts) < 2)):
         raise BundleError(f"{bundle} holds an unsafe or unexpected path {name!r}; refusing it, nothing was changed")
     return parts
+
+
+class HeaderPeek:
+    """bundle.json read off the download's first kilobytes, so a bundle of another compile key, or a body that is
+    not gzip at all (an HTML error page), is dropped before the rest downloads. Only these two are decided here:
+    anything else is left to the full, verified import once the pinned digest matched."""
+
+    LIMIT = MAX_BUNDLE_JSON + 1024
+
+    def __init__(self, key: CompileKey, label: str):
+        self.key, self.label = key, label
+        self.done = False
+        self._inflate = zlib.decompressobj(wbits=31)  # gzip framing only
+        self._head = bytearray()
+
+    def feed(self, chunk: bytes) -> dict | None:
+        """The bundle's header, the first time it is whole and of this key; BundleError when it is not."""
+        if self.done:
+            return None
+        try:
+            self._head += self._inflate.decompress(chunk, self.LIMIT - len(self._head))
+        except zlib.error:
+            raise BundleError(f"{self.label} is not a bundle: the server sent something that is not gzip "
+                              f"(it starts {bytes(chunk[:40])!r}); nothing was kept") from None
+        if len(self._head) < 512:
+            self.done = self._inflate.eof
+            return None
+        try:
+            member = tarfile.TarInfo.frombuf(bytes(self._head[:512]), "utf-8", "surrogateescape")
+        except tarfile.TarError:
+            self.done = True  # not for us to judge before the digest: the import says what is wrong
+            return None
+        if member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
+            self.done = True
+            return None
+        if len(self._head) < 512 + member.size:
+            self.done = self._inflate.eof or len(self._head) >= self.LIMIT
+            return None
+        self.done = True
+        try:
+            with tarfile.open(fileobj=io.BytesIO(bytes(self._head)), mode="r|") as tar:
+                header = read_header(tar, self.label)
+        except (ValueError, tarfile.TarError, EOFError):
+            return None
+        check_key(header, self.key, self.label)  # BundleError naming each field that differs
+        return header

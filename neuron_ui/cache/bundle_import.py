@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import hashlib
 import logging
 import os
 import shutil
@@ -15,7 +14,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from neuron_ui.cache.admin import human_bytes
+from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream, human_bytes, remove_path
 from neuron_ui.cache.bundle_format import (
     BUNDLE_JSON,
     BundleError,
@@ -24,7 +23,6 @@ from neuron_ui.cache.bundle_format import (
     read_header,
     safe_parts,
 )
-from neuron_ui.cache.files import CHUNK, HashingReader, hash_stream, remove_path
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
 from neuron_ui.config.settings import parse_sha256
@@ -57,7 +55,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     try:
         with open_bundle(bundle, shown) as raw:
             if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
-                _check_sha256(hash_stream(raw), sha256, shown)
+                _check_sha256(hash_stream(raw)[1], sha256, shown)
                 raw.seek(0)
             reader = HashingReader(raw)
             # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
@@ -76,17 +74,13 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
                 pass
         if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
             _check_sha256(reader.hexdigest(), sha256, shown)
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+    except BaseException as error:
         remove_path(staging)
-        raise BundleError(f"{shown} is corrupt or truncated ({first_line(error)}); nothing was changed. "
-                          "Copy it again or export a new one.") from error
-    except OSError as error:
-        remove_path(staging)
-        if header is None:  # could not open or read the bundle file itself
+        if isinstance(error, (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)):
+            raise BundleError(f"{shown} is corrupt or truncated ({first_line(error)}); nothing was changed. "
+                              "Copy it again or export a new one.") from error
+        if isinstance(error, OSError) and header is None:  # could not open or read the bundle file itself
             raise BundleError(f"{shown} is not a readable bundle ({first_line(error)}); nothing was changed") from error
-        raise
-    except BaseException:
-        remove_path(staging)
         raise
     try:
         for f in info.files:
@@ -154,16 +148,13 @@ def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, B
         seen.add(name)
         target = staging.joinpath(*parts)
         target.parent.mkdir(parents=True, exist_ok=True)
-        digest, size = hashlib.sha256(), 0
         source = tar.extractfile(member)
         if source is None:  # a regular member (checked above) always has its data
             raise BundleError(f"{bundle}: {name} has no data; nothing was changed")
-        with source, open(target, "xb") as sink:
-            while chunk := source.read(CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                sink.write(chunk)
-        if size != want.size or digest.hexdigest() != want.sha256:
+        with source, open(target, "xb") as sink:  # tarfile reads member.size bytes exactly, or raises ReadError
+            reader = HashingReader(source)
+            shutil.copyfileobj(reader, sink, CHUNK)
+        if reader.hexdigest() != want.sha256:
             raise BundleError(f"{bundle}: {name} does not match its checksum (corrupt bundle); nothing was changed")
         os.chmod(target, (want.mode & 0o755) | 0o600)
     absent = sorted(set(expected) - seen)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.records import record_name_tokens
+from neuron_ui.cache.manifest import record_name_tokens
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract.results import CacheEvent
 
 if TYPE_CHECKING:
-    from neuron_ui.cache.records import ShapeRecord
+    from neuron_ui.cache.manifest import ShapeRecord
     from neuron_ui.compile.strategies import Backend
 
 

@@ -1,4 +1,6 @@
-"""Download a pinned bundle into the cache folder: streamed, resumed, bounded in size and time, checked by its sha256.
+"""Where a bundle comes from (a local file, an http(s):// URL, or a Hub file: hf://, resolved by huggingface_hub), and
+the download of a remote one, pinned, into the cache folder: streamed, resumed, bounded in size and time, checked by
+its sha256.
 
 The bytes go to a file in a staging folder inside the cache folder (the same disk the bundle unpacks to; a folder,
 so the sweep at the next start removes it if the process was killed), never into memory. A try that times out,
@@ -11,29 +13,25 @@ no number of tries can stretch. The caller gets the file only once its sha256 is
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import shutil
-import tarfile
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+from urllib.parse import urlsplit
 
 import httpx
 
 from neuron_ui.cache.admin import human_bytes
-from neuron_ui.cache.bundle_format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleError, check_key, read_header
-from neuron_ui.cache.bundle_source import resolve_url
+from neuron_ui.cache.bundle_format import BundleError, HeaderPeek
 from neuron_ui.cache.fetch_bounds import Watchdog
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, staging_prefix
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
-    from neuron_ui.cache.bundle_source import BundleSource
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
@@ -43,9 +41,78 @@ logger = logging.getLogger(__name__)
 # log. Its warnings still do; our own lines name a URL without its query (BundleSource.label).
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
+HUB_SCHEME = "hf://"
+URL_SCHEMES = ("https://", "http://")
+HUB_PREFIXES = {"datasets/": "dataset", "spaces/": "space", "models/": "model"}
+HUB_FORM = "hf://[datasets/|spaces/]<owner>/<repo>/<path in repo>[@revision]"
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 LOG_EVERY = 5.0  # seconds between progress lines in the log
 Progress = Callable[[int, "int | None"], None]
+
+
+@dataclass(frozen=True)
+class BundleSource:
+    """One --cache-bundle item, parsed; `text` is what the user wrote, used in every message."""
+
+    text: str
+    kind: str  # "file", "url" or "hub"
+    repo_id: str = ""
+    repo_type: str = "model"
+    filename: str = ""
+    revision: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The source for messages and logs: a URL without its query or login, which may hold a signature."""
+        if self.kind != "url":
+            return self.text
+        parts = urlsplit(self.text)
+        query = "?..." if parts.query else ""
+        return f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}{query}"
+
+
+def parse_bundle_source(text: str) -> BundleSource:
+    """A file path, an http(s):// URL or HUB_FORM; ValueError naming the expected form otherwise."""
+    if text.startswith(URL_SCHEMES):
+        return BundleSource(text, "url")
+    if not text.startswith(HUB_SCHEME):
+        if "://" in text:
+            raise ValueError(f"{text[:200]!r}: a bundle is a file, an https:// or http:// URL, or {HUB_FORM}")
+        return BundleSource(text, "file")
+    rest, revision = text[len(HUB_SCHEME):], None
+    if "@" in rest:  # the revision follows the last @ and may hold slashes (refs/pr/3)
+        rest, _, revision = rest.rpartition("@")
+    repo_type = "model"
+    for prefix, kind in HUB_PREFIXES.items():
+        if rest.startswith(prefix):
+            rest, repo_type = rest[len(prefix):], kind
+            break
+    parts = rest.split("/")
+    if len(parts) < 3 or not all(parts) or revision == "" or "@" in rest:
+        raise ValueError(f"{text[:200]!r} is not a Hub file: write {HUB_FORM}, e.g. "
+                         "hf://my-org/neuron-ui-caches/trn2/klein-regional.tar.gz@main")
+    return BundleSource(text, "hub", repo_id="/".join(parts[:2]), repo_type=repo_type, filename="/".join(parts[2:]),
+                        revision=revision)
+
+
+def resolve_url(source: BundleSource) -> tuple[str, dict[str, str]]:
+    """The URL to GET and the headers to send; a Hub file's through huggingface_hub (HF_ENDPOINT, HF_TOKEN).
+
+    huggingface_hub builds the resolve URL and the token header; the bytes then go through this module's own
+    download, so staging, resume, the size cap and progress are the same for the Hub and for plain URLs."""
+    if source.kind == "url":
+        return source.text, {}
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import HFValidationError, build_hf_headers, validate_repo_id
+
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError("HF_HUB_OFFLINE is set, so the Hub is not asked; unset it to fetch a bundle from the Hub")
+    try:
+        validate_repo_id(source.repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"{source.repo_id[:100]!r} is not a Hub repo id ({str(error).splitlines()[0]})") from None
+    url = hf_hub_url(source.repo_id, source.filename, repo_type=source.repo_type, revision=source.revision)
+    return url, build_hf_headers()
 
 
 class FetchError(BundleError):
@@ -58,6 +125,8 @@ class _Retry(Exception):
 
 @dataclass(frozen=True)
 class FetchPolicy:
+    """How long a download may take and how much it may bring (the --cache-bundle-* flags), and how it retries."""
+
     connect_timeout: float = 30.0
     read_timeout: float = 30.0  # silence mid-body this long ends the try
     tries: int = 4
@@ -75,61 +144,14 @@ class FetchPolicy:
                    min_rate=settings.cache_bundle_min_rate * 2**10)
 
 
-class HeaderPeek:
-    """bundle.json read off the download's first kilobytes, so a bundle of another compile key, or a body that is
-    not gzip at all (an HTML error page), is dropped before the rest downloads. Only these two are decided here:
-    anything else is left to the full, verified import once the pinned digest matched."""
-
-    LIMIT = MAX_BUNDLE_JSON + 1024
-
-    def __init__(self, key: CompileKey, label: str):
-        self.key, self.label = key, label
-        self.header: dict | None = None
-        self.done = False
-        self._inflate = zlib.decompressobj(wbits=31)  # gzip framing only
-        self._head = bytearray()
-
-    def feed(self, chunk: bytes) -> dict | None:
-        """The bundle's header, the first time it is whole and of this key; BundleError when it is not."""
-        if self.done:
-            return None
-        try:
-            self._head += self._inflate.decompress(chunk, self.LIMIT - len(self._head))
-        except zlib.error:
-            raise BundleError(f"{self.label} is not a bundle: the server sent something that is not gzip "
-                              f"(it starts {bytes(chunk[:40])!r}); nothing was kept") from None
-        if len(self._head) < 512:
-            self.done = self._inflate.eof
-            return None
-        try:
-            member = tarfile.TarInfo.frombuf(bytes(self._head[:512]), "utf-8", "surrogateescape")
-        except tarfile.TarError:
-            self.done = True  # not for us to judge before the digest: the import says what is wrong
-            return None
-        if member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
-            self.done = True
-            return None
-        if len(self._head) < 512 + member.size:
-            self.done = self._inflate.eof or len(self._head) >= self.LIMIT
-            return None
-        self.done = True
-        try:
-            with tarfile.open(fileobj=io.BytesIO(bytes(self._head)), mode="r|") as tar:
-                header = read_header(tar, self.label)
-        except (ValueError, tarfile.TarError, EOFError):
-            return None
-        check_key(header, self.key, self.label)  # BundleError naming each field that differs
-        self.header = header
-        return header
-
-
 class _Download:
-    """The staging file and what is known of it across tries."""
+    """One download into the staging file: its tries, and what is known of the bundle across them."""
 
-    def __init__(self, path: Path, key: CompileKey, label: str, room: int, root: Path, max_bytes: int,
-                 watchdog: Watchdog):
-        self.path, self.key, self.label, self.room, self.root = path, key, label, room, root
-        self.max_bytes, self.watchdog = max_bytes, watchdog
+    def __init__(self, client: httpx.Client, url: str, path: Path, source: BundleSource, key: CompileKey,
+                 root: Path, policy: FetchPolicy, watchdog: Watchdog, progress: Progress | None):
+        self.client, self.url, self.path, self.label, self.key = client, url, path, source.label, key
+        self.root, self.policy, self.watchdog, self.progress = root, policy, watchdog, progress
+        self.room = policy.free(root) - MIN_FREE_BYTES
         self.restart()
 
     def restart(self) -> None:
@@ -140,9 +162,10 @@ class _Download:
 
     def check_size(self, size: int, what: str) -> None:
         """The cap on a bundle's size, then the room on the disk."""
-        if size > self.max_bytes:
+        if size > self.policy.max_bytes:
             raise FetchError(f"{self.label}: {what} {human_bytes(size)}, more than the "
-                             f"{human_bytes(self.max_bytes)} a bundle may be (--cache-bundle-max-mb); nothing was kept")
+                             f"{human_bytes(self.policy.max_bytes)} a bundle may be (--cache-bundle-max-mb); "
+                             "nothing was kept")
         self.check_room(size, what)
 
     def check_room(self, needed: int, what: str) -> None:
@@ -161,6 +184,93 @@ class _Download:
         if header is not None:  # the bundle file and what it unpacks to are on this disk together for a moment
             unpacked = sum(f["size"] for f in header["files"])
             self.check_room((self.total or self.done) + unpacked, "downloading and unpacking it needs")
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def run(self) -> None:
+        """Try, back off and resume until the download is whole; FetchError once the tries or the time are spent."""
+        policy, watchdog = self.policy, self.watchdog
+        for attempt in range(1, policy.tries + 1):
+            watchdog.start_try()
+            try:
+                self._get()
+                return
+            except _Retry as error:
+                if watchdog.reason is not None:
+                    break
+                if attempt == policy.tries:
+                    raise FetchError(f"{self.label}: {error}, {policy.tries} tries; nothing was kept") from None
+                wait = policy.backoff * 2 ** (attempt - 1)
+                if wait >= watchdog.remaining():
+                    break
+                logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", self.label, error,
+                            wait, attempt + 1, policy.tries)
+                time.sleep(wait)
+            finally:
+                watchdog.end_try()
+        reason = watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
+        raise FetchError(f"{self.label}: {reason} after {human_bytes(self.done)}; nothing was kept")
+
+    def _get(self) -> None:
+        """One try: GET (from where the last one stopped), streaming into the staging file."""
+        resume = {"Range": f"bytes={self.done}-"} if self.done else {}
+        logged = time.monotonic()
+        try:
+            with self.client.stream("GET", self.url, headers=resume,
+                                    extensions={"trace": self.watchdog.trace}) as response:
+                self._check_response(response)
+                with open(self.path, "ab") as sink:
+                    for chunk in response.iter_raw():  # as it arrives: a chunk_size would buffer, and lose it on a cut
+                        self.add(chunk, sink)
+                        if time.monotonic() - logged > LOG_EVERY:
+                            logged = time.monotonic()
+                            logger.info("fetching %s: %s of %s", self.label, human_bytes(self.done),
+                                        human_bytes(self.total) if self.total else "an unknown size")
+        except httpx.ConnectTimeout:
+            raise _Retry(f"no connection within {self.policy.connect_timeout:g} s") from None
+        except httpx.TimeoutException:
+            raise _Retry(f"the server stalled: nothing for {self.policy.read_timeout:g} s after "
+                         f"{human_bytes(self.done)}") from None
+        except httpx.UnsupportedProtocol as error:
+            raise FetchError(f"{self.label}: {first_line(error)}; nothing was kept") from None
+        except httpx.TransportError as error:  # refused, DNS, reset, a body cut short of its Content-Length
+            raise _Retry(f"{first_line(error)[:200]} after {human_bytes(self.done)}") from None
+        except httpx.TooManyRedirects:
+            raise FetchError(f"{self.label}: too many redirects; nothing was kept") from None
+        except httpx.InvalidURL as error:  # a redirect to `data:,x` or `http://[::1`: not an HTTPError in httpx
+            raise FetchError(f"{self.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
+                             "nothing was kept") from None
+        if self.watchdog.reason is not None:  # a body without a length ends as the watchdog shuts it
+            raise _Retry(self.watchdog.reason)
+        if self.total is not None and self.done != self.total:
+            raise _Retry(f"the connection closed after {self.done} of {self.total} bytes")
+
+    def _check_response(self, response: httpx.Response) -> None:
+        """Take a 200 or the 206 that resumes us; retry what may pass, refuse the rest in one line."""
+        code, length = response.status_code, response.headers.get("content-length")
+        if code == 206 and self.done:
+            start, _, total = response.headers.get("content-range", "").removeprefix("bytes ").partition("/")
+            if start.partition("-")[0] != str(self.done):
+                self.restart()
+                raise _Retry("the server resumed at another offset")
+            self.total = int(total) if total.isdigit() else None
+        elif code == 200:
+            if self.done:
+                logger.info("fetching %s: the server does not resume downloads; starting again", self.label)
+                self.restart()
+            self.total = int(length) if length and length.isdigit() else None
+        elif code == 416 and self.done:
+            self.restart()
+            raise _Retry("the server refused to resume")
+        elif code in RETRY_STATUS:
+            raise _Retry(f"HTTP {code} {response.reason_phrase}")
+        else:
+            hint = {401: ": a private or gated repo needs HF_TOKEN (or a URL that needs no login)",
+                    403: ": a private or gated repo needs HF_TOKEN with access to it",
+                    404: ": check the path and the revision"}.get(code, "")
+            raise FetchError(f"{self.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
+        if self.total is not None:
+            self.check_size(self.total, "the server announces")
 
 
 def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: CompileKey,
@@ -176,9 +286,9 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
         with (Watchdog(policy.deadline, policy.min_rate, policy.rate_window) as watchdog,
               httpx.Client(timeout=timeout, follow_redirects=True,
                            headers={**headers, "Accept-Encoding": "identity"}) as client):
-            download = _Download(staging / "bundle.tar.gz", key, source.label,
-                                 policy.free(cache.root) - MIN_FREE_BYTES, cache.root, policy.max_bytes, watchdog)
-            _tries(client, url, download, policy, progress)
+            download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, watchdog,
+                                 progress)
+            download.run()
         got = download.sha256.hexdigest()
         if got != sha256:
             raise FetchError(f"{source.label} is not the pinned bundle: expected sha256 {sha256}, got {got} "
@@ -194,93 +304,3 @@ def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: Comp
 def discard(fetched: Path) -> None:
     """Remove what fetch_bundle returned, with its staging folder (the file may already have been moved away)."""
     shutil.rmtree(fetched.parent, ignore_errors=True)
-
-
-def _tries(client: httpx.Client, url: str, download: _Download, policy: FetchPolicy, progress: Progress | None) -> None:
-    """Try, back off and resume until the download is whole; FetchError once the tries or the time are spent."""
-    watchdog = download.watchdog
-    for attempt in range(1, policy.tries + 1):
-        watchdog.start_try()
-        try:
-            _get(client, url, download, policy, progress)
-            return
-        except _Retry as error:
-            if watchdog.reason is not None:
-                break
-            if attempt == policy.tries:
-                raise FetchError(f"{download.label}: {error}, {policy.tries} tries; nothing was kept") from None
-            wait = policy.backoff * 2 ** (attempt - 1)
-            if wait >= watchdog.remaining():
-                break
-            logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", download.label, error,
-                        wait, attempt + 1, policy.tries)
-            time.sleep(wait)
-        finally:
-            watchdog.end_try()
-    reason = watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
-    raise FetchError(f"{download.label}: {reason} after {human_bytes(download.done)}; nothing was kept")
-
-
-def _get(client: httpx.Client, url: str, download: _Download, policy: FetchPolicy, progress: Progress | None) -> None:
-    """One try: GET (from where the last one stopped), streaming into the staging file."""
-    resume = {"Range": f"bytes={download.done}-"} if download.done else {}
-    logged = time.monotonic()
-    try:
-        with client.stream("GET", url, headers=resume,
-                           extensions={"trace": download.watchdog.trace}) as response:
-            _check_response(response, download)
-            with open(download.path, "ab") as sink:
-                for chunk in response.iter_raw():  # as it arrives: a chunk_size would buffer, and lose it on a cut
-                    download.add(chunk, sink)
-                    if progress is not None:
-                        progress(download.done, download.total)
-                    if time.monotonic() - logged > LOG_EVERY:
-                        logged = time.monotonic()
-                        logger.info("fetching %s: %s of %s", download.label, human_bytes(download.done),
-                                    human_bytes(download.total) if download.total else "an unknown size")
-    except httpx.ConnectTimeout:
-        raise _Retry(f"no connection within {policy.connect_timeout:g} s") from None
-    except httpx.TimeoutException:
-        raise _Retry(f"the server stalled: nothing for {policy.read_timeout:g} s after "
-                     f"{human_bytes(download.done)}") from None
-    except httpx.UnsupportedProtocol as error:
-        raise FetchError(f"{download.label}: {first_line(error)}; nothing was kept") from None
-    except httpx.TransportError as error:  # refused, DNS, reset, a body cut short of its Content-Length
-        raise _Retry(f"{first_line(error)[:200]} after {human_bytes(download.done)}") from None
-    except httpx.TooManyRedirects:
-        raise FetchError(f"{download.label}: too many redirects; nothing was kept") from None
-    except httpx.InvalidURL as error:  # a redirect to `data:,x` or `http://[::1`: not an HTTPError in httpx
-        raise FetchError(f"{download.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
-                         "nothing was kept") from None
-    if download.watchdog.reason is not None:  # a body without a length ends as the watchdog shuts it
-        raise _Retry(download.watchdog.reason)
-    if download.total is not None and download.done != download.total:
-        raise _Retry(f"the connection closed after {download.done} of {download.total} bytes")
-
-
-def _check_response(response: httpx.Response, download: _Download) -> None:
-    """Take a 200 or the 206 that resumes us; retry what may pass, refuse the rest in one line."""
-    code, length = response.status_code, response.headers.get("content-length")
-    if code == 206 and download.done:
-        start, _, total = response.headers.get("content-range", "").removeprefix("bytes ").partition("/")
-        if start.partition("-")[0] != str(download.done):
-            download.restart()
-            raise _Retry("the server resumed at another offset")
-        download.total = int(total) if total.isdigit() else None
-    elif code == 200:
-        if download.done:
-            logger.info("fetching %s: the server does not resume downloads; starting again", download.label)
-            download.restart()
-        download.total = int(length) if length and length.isdigit() else None
-    elif code == 416 and download.done:
-        download.restart()
-        raise _Retry("the server refused to resume")
-    elif code in RETRY_STATUS:
-        raise _Retry(f"HTTP {code} {response.reason_phrase}")
-    else:
-        hint = {401: ": a private or gated repo needs HF_TOKEN (or a URL that needs no login)",
-                403: ": a private or gated repo needs HF_TOKEN with access to it",
-                404: ": check the path and the revision"}.get(code, "")
-        raise FetchError(f"{download.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
-    if download.total is not None:
-        download.check_size(download.total, "the server announces")

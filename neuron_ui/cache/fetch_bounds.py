@@ -75,7 +75,9 @@ class Watchdog:
         while not self._done.wait(tick):
             reason = self.check()
             if reason is not None:
-                self._end(reason)
+                with self._lock:
+                    self.reason = reason
+                self._shut()
                 return
 
     def check(self) -> str | None:
@@ -92,11 +94,6 @@ class Watchdog:
             return (f"too slow: {human_bytes(got)} in {round(span, 1):g} s, under the minimum "
                     f"{human_bytes(int(self.min_rate))}/s (--cache-bundle-min-rate)")
         return None
-
-    def _end(self, reason: str) -> None:
-        with self._lock:
-            self.reason = reason
-        self._shut()
 
     def _shut(self) -> None:
         with self._lock:

@@ -19,18 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import kept_bundles, key_for_settings
+from neuron_ui.cache.admin import hash_file, kept_bundles, key_for_settings
 from neuron_ui.cache.bundle_format import BundleError
 from neuron_ui.cache.bundle_import import import_bundle
-from neuron_ui.cache.bundle_source import parse_bundle_source
-from neuron_ui.cache.fetch import FetchPolicy, discard, fetch_bundle
-from neuron_ui.cache.files import hash_file
+from neuron_ui.cache.fetch import FetchPolicy, discard, fetch_bundle, parse_bundle_source
 from neuron_ui.contract.errors import first_line
 from neuron_ui.contract.loading import LoadingState
 
 if TYPE_CHECKING:
     from neuron_ui.cache.bundle_format import BundleInfo
-    from neuron_ui.cache.bundle_source import BundleSource
+    from neuron_ui.cache.fetch import BundleSource
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
@@ -99,12 +97,7 @@ def import_at_start(settings: Settings, cache: CachePaths, loading: LoadingState
     finally:
         if loading is not None:  # whatever a failed download left there
             loading.clear()
-    log_outcomes(outcomes)
-    return outcomes
-
-
-def log_outcomes(outcomes: list[BundleOutcome]) -> None:
-    """One line per bundle; a lone refused bundle's line also says the app starts cold."""
+    # One line per bundle; a lone refused bundle's line also says the app starts cold.
     imported = any(o.info for o in outcomes)
     for o in outcomes:
         if o.info is not None:
@@ -117,6 +110,7 @@ def log_outcomes(outcomes: list[BundleOutcome]) -> None:
             logger.warning("not using --cache-bundle: %s%s", o.problem, cold)
     if not imported and len(outcomes) > 1:
         logger.warning("none of the %d --cache-bundle items was imported; starting cold", len(outcomes))
+    return outcomes
 
 
 def import_bundles(cache: CachePaths, key: CompileKey, bundles: tuple[str, ...], pins: tuple[str, ...] = (),
@@ -133,8 +127,8 @@ def _import_one(cache: CachePaths, key: CompileKey, text: str, pin: str, policy:
     try:
         source = parse_bundle_source(text)
         shown = source.label  # a URL's query (a signature) never reaches the log
-        if not source.remote:
-            return BundleOutcome(shown, import_bundle(cache, key, source.path, pin or None), origin="file")
+        if source.kind == "file":
+            return BundleOutcome(shown, import_bundle(cache, key, Path(text).expanduser(), pin or None), origin="file")
         if not pin:
             return BundleOutcome(shown, problem=f"{shown}: {UNPINNED}")
         kept = kept_path(cache, pin)

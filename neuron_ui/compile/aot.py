@@ -81,8 +81,7 @@ class PackageStore:
     """The packages of one compile key: in memory once loaded, on disk in `folder`, compiled when neither has one."""
 
     def __init__(self, folder: Path, key: CompileKey):
-        self.folder = Path(folder)
-        self.key = key
+        self.folder, self.key = Path(folder), key
         self._loaded: dict[str, AOTICompiledModel] = {}  # by signature
         self._lock = threading.Lock()
 
@@ -159,8 +158,7 @@ class _Functional(torch.nn.Module):
     def __init__(self, block: torch.nn.Module, names: list[str], fixed: dict[str, Any]):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: its weights must not become package constants
-        self.names = names
-        self.fixed = fixed
+        self.names, self.fixed = names, fixed
 
     def forward(self, weights: tuple[torch.Tensor, ...], inputs: dict[str, Any]) -> Any:
         # functional_call's own swap of the weights, but then the block's plain forward: calling the block would
@@ -172,9 +170,7 @@ class AOTBlock:
     """One block's call through its class's package: installed where `nn.Module.compile` puts a compiled call."""
 
     def __init__(self, block: torch.nn.Module, store: PackageStore):
-        self.block = block
-        self.store = store
-        self.name = type(block).__name__
+        self.block, self.store, self.name = block, store, type(block).__name__
         self.parameters = inspect.signature(block.forward)
         self.names = [n for n, _ in block.named_parameters()] + [n for n, _ in block.named_buffers()]
 

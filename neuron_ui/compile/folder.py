@@ -35,9 +35,7 @@ class CompileFolder:
 
     def __init__(self, cache: CachePaths | None, free: Callable[[Path], int] = free_bytes,
                  min_free: int = MIN_FREE_BYTES):
-        self.cache = cache
-        self.free = free
-        self.min_free = min_free
+        self.cache, self.free, self.min_free = cache, free, min_free
         self.problem: str | None = None
         self._temp: str | None = None
 

@@ -18,8 +18,7 @@ from neuron_ui.contract.results import CacheEvent, ShapeState, ShapeStatus
 from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
-    from neuron_ui.cache.manifest import CacheManifest
-    from neuron_ui.cache.records import ShapeRecord
+    from neuron_ui.cache.manifest import CacheManifest, ShapeRecord
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.compile.strategies import Backend
 
