@@ -61,19 +61,20 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)  # an oversized body is cut: parse_json refuses it
 
 
-def parse_json(body: bytes) -> tuple[object, Refusal | None]:
-    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong),
-    or a refusal when it is too big, too deep, or carries a NUL character."""
+def parse_json(body: bytes) -> object:
+    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
+    Refusal when it is too big, too deep, or carries a NUL character."""
     if len(body) > MAX_JSON_BODY:
-        return NOT_JSON, Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+        raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
     try:
         value = json.loads(body)
     except RecursionError:
-        return NOT_JSON, Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+        raise Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
-        return NOT_JSON, None
-    problem = json_problem(value)
-    return value, Refusal(400, problem) if problem else None
+        return NOT_JSON
+    if problem := json_problem(value):
+        raise Refusal(400, problem)
+    return value
 
 
 def json_problem(value: object) -> str | None:
@@ -155,8 +156,10 @@ class Outbound:
         await self.send({"type": "http.response.body", "body": body})
 
 
-@dataclass
-class Refusal:
+@dataclass(eq=False)
+class Refusal(Exception):
+    """A request refused in one JSON line (`reply`): the gate's checks raise it."""
+
     status: int
     message: str
     headers: tuple[tuple[str, str], ...] = ()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract.files import ForeignFile, StoredFiles
@@ -33,13 +32,11 @@ EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value 
 
 
 class FileDoors:
-    """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget,
-    `lacks_login(scope)` whether a request must be refused for want of the login (Gradio then refuses it itself)."""
+    """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget."""
 
-    def __init__(self, stored: StoredFiles, uploads: UploadFolder, lacks_login: Callable[[dict], bool]):
+    def __init__(self, stored: StoredFiles, uploads: UploadFolder):
         self.stored_files = stored
         self.uploads = uploads
-        self.lacks_login = lacks_login
         self._file_inputs: dict[BlockFunction, tuple[frozenset[int], frozenset[str]]] = {}  # per function, found once
 
     def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
@@ -56,25 +53,25 @@ class FileDoors:
             data = {**data, "data": [self.paths(value, index in indices) for index, value in enumerate(data["data"])]}
         return self.paths(data, False)
 
-    def file_route(self, scope: dict) -> tuple[dict, Refusal | None]:
-        """A request on a file route names one of the app's files, or is refused before Gradio sees it: a relative
-        name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one must lie
-        in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes is served.
-        Gradio then checks the file itself (links resolved)."""
+    def file_route(self, scope: dict) -> dict:
+        """A request on a file route names one of the app's files, or is refused (Refusal) before Gradio sees it: a
+        relative name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one
+        must lie in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes
+        is served. Gradio then checks the file itself (links resolved)."""
         path = scope["path"]
         route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
         if route is None:
-            return scope, None
+            return scope
         name = path[len(route):]
         try:
             full = self.stored_files.resolve(name)
         except ForeignFile:
-            return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app")
+            raise Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app") from None
         folder, _, rest = full[len(self.stored_files.prefix):].partition(os.sep)
         if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
-            return scope, Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
+            raise Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
         routed = FILE_ROUTES[0] + full
-        return {**scope, "path": routed, "raw_path": routed.encode()}, None
+        return {**scope, "path": routed, "raw_path": routed.encode()}
 
     def file_inputs(self, fn: BlockFunction | None) -> tuple[frozenset[int], frozenset[str]]:
         if fn is None:
@@ -99,18 +96,16 @@ class FileDoors:
             value["path"] = self.stored_files.resolve(value["path"])
         return value
 
-    async def admit_upload(self, scope: dict) -> tuple[Refusal | None, UploadAnswer | None]:
-        """An upload within the budget on disk (web/uploads.py), refused unread past it. Without the login Gradio
-        refuses it before reading anything, and it reserves nothing."""
-        if self.lacks_login(scope):
-            return None, None
+    async def admit_upload(self, scope: dict) -> UploadAnswer:
+        """An upload within the budget on disk (web/uploads.py), refused unread past it (Refusal). One without the
+        login never gets here (the gate refuses it first), so it reserves nothing."""
         length = content_length(scope)
         refused = await asyncio.to_thread(self.uploads.admit, length)
         if refused is not None:
             status, retry = UPLOAD_REFUSALS[refused.kind]
-            return Refusal(status, refused.message, (("retry-after", retry),) if retry else ()), None
+            raise Refusal(status, refused.message, (("retry-after", retry),) if retry else ())
         assert length is not None  # admit refuses an upload that does not say its size
-        return None, UploadAnswer(length)
+        return UploadAnswer(length)
 
 
 class UploadAnswer:

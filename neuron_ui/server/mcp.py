@@ -17,7 +17,7 @@ server's mount keeps it off, and this one calls the studio the way the UI does:
 - progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
   every second, steps) as MCP progress notifications when the client asks for them;
 - errors: one line as a tool error, never a trace; a cancelled call stops the engine's request;
-- sessions: at most --mcp-sessions open, idle ones closed after --mcp-session-idle (server/mcp_sessions.py).
+- sessions: at most --mcp-sessions open, idle ones closed after --mcp-session-idle (SessionBound).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,6 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.server import mcp_bridge, mcp_tools
 from neuron_ui.server.asgi import Message, Receive, Refusal, Send, reply
-from neuron_ui.server.mcp_sessions import SessionBound
 from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.studio.studio import Asker, Studio
 from neuron_ui.web.errors import public_status, redact_paths
@@ -58,12 +58,44 @@ MAX_BODY = 48 * 2**20  # an inpaint's image and mask as base64: up to the upload
 LOGIN = ("login required: send the NEURON_UI_AUTH user and password as HTTP Basic credentials "
          "(header Authorization: Basic base64(user:password))")
 UNEXPECTED = "the server failed unexpectedly; the details are in the server log"
+SUMMARY_SECONDS = 60.0  # at most one line this often about sessions closed to make room
 ToolArguments = dict[str, Any]  # a tool call's JSON as the client sent it: the studio and the engine check each value
 
 
+class SessionBound:
+    """Keeps `manager`'s open sessions at `limit` (--mcp-sessions): `make_room(keep=its id)` as each request that
+    opens one answers.
+
+    The mcp library's own bounds (10,000 sessions, 30 minutes idle) let 3,000 `initialize` requests never closed take
+    the app from 587 to 772 MB with a log line each (docs/operations.md), and 10,000 answer every new client 503 "Too
+    many open sessions" for 30 minutes. Here, as Gradio's sessions are bounded (web/gradio_mount.py), a session that
+    opens past the bound closes the one idle longest (one with a request in flight, such as a client's open event
+    stream, only when none is idle), never the newcomer, so a stranger's sessions never lock out the next client; a
+    flood is said in one line a minute at most."""
+
+    def __init__(self, manager: StreamableHTTPSessionManager, limit: int) -> None:
+        self.manager = manager
+        self.limit = limit
+        self.closed = 0  # sessions closed to make room, since the server started
+        self._said_at = -SUMMARY_SECONDS
+
+    async def make_room(self, keep: str) -> None:
+        """Close the sessions idle longest until at most `limit` are open, never `keep` (the one just opened); one
+        line at the first closed, then at most one a minute while more are: the running total."""
+        while mcp_bridge.open_count(self.manager) > self.limit:
+            others = [s for s in mcp_bridge.open_sessions(self.manager) if s.id != keep]
+            # idle longest first; busy ones (idle since inf) only when none is idle, the oldest opened first
+            await mcp_bridge.close_session(self.manager, min(others, key=lambda s: s.idle_since).id)
+            self.closed += 1
+            if (now := time.monotonic()) - self._said_at >= SUMMARY_SECONDS:
+                logger.warning("MCP sessions past --mcp-sessions (%d open at most): %d closed to make room so far, "
+                               "the one idle longest first; said at most once a minute", self.limit, self.closed)
+                self._said_at = now
+
+
 class McpEndpoint:
-    """The ASGI app at /gradio_api/mcp/: login, then the MCP session manager. `running()` belongs in the server's
-    lifespan; `serve(engine)` once the model is loaded (before, the gate answers "loading")."""
+    """The ASGI app at /gradio_api/mcp/: login, then the MCP session manager. Its `manager.run()` belongs in the
+    server's lifespan; `serve(engine)` once the model is loaded (before, the gate answers "loading")."""
 
     def __init__(self, settings: Settings, admission: Admission, authorized: Callable[[dict], bool]):
         self.settings = settings
@@ -80,11 +112,6 @@ class McpEndpoint:
 
     def serve(self, engine: EngineLike) -> None:
         self.studio = Studio(engine, max_grid_cells=self.settings.max_grid_cells)  # MCP sends its results: no store
-
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        async with self.manager.run():
-            yield
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if self.studio is None:

@@ -19,10 +19,8 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 class EngineMetrics:
     """An engine observer that counts images, errors, compilations and cache events, and times requests."""
 
-    def __init__(self, engine=None, registry: CollectorRegistry | None = None,
-                 waiting: Callable[[], int] | None = None):
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
         self.images = Counter("neuron_ui_images", "Images generated", ["resolution", "cache_event"], registry=r)
         self.errors = Counter("neuron_ui_errors", "Requests that failed, by kind", ["kind"], registry=r)
         self.compilations = Counter(
@@ -50,13 +48,11 @@ class EngineMetrics:
                           "(docs/operations.md#memory)", ["record"], registry=r)
         self._engine = None
         self._waiting: Callable[[], int] = lambda: 0
-        if engine is not None:
-            self.attach(engine, waiting)
 
-    def attach(self, engine, waiting: Callable[[], int] | None = None) -> None:
-        """Observe `engine`; `waiting` counts requests not yet on the device (the engine's own count if None)."""
+    def attach(self, engine, waiting: Callable[[], int]) -> None:
+        """Observe `engine`; `waiting` counts requests not yet on the device."""
         self._engine = engine
-        self._waiting = waiting or (lambda: engine.status().queue_depth)
+        self._waiting = waiting
         engine.observers.add(self)
         self.loaded.set(1)
 

@@ -47,21 +47,21 @@ def open_without_login(path: str, method: str) -> bool:
     return bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES)
 
 
-def refusal(scope: dict, demo: gr.Blocks) -> Refusal | None:
-    """A route this app does not serve, or a request naming a page, event or session Gradio does not have (Gradio
-    answered a 500 for an unknown page, and began a 200 stream it then broke for an unknown event or session)."""
+def check(scope: dict, demo: gr.Blocks) -> None:
+    """Refusal for a route this app does not serve, or a request naming a page, event or session Gradio does not have
+    (Gradio answered a 500 for an unknown page, and began a 200 stream it then broke for an unknown event or
+    session)."""
     path, method = scope["path"], scope["method"]
     if path.rstrip("/") == COMPONENT_SERVER:
-        return Refusal(404, "this app's components take no server calls (the image editor sends its images by upload)")
+        raise Refusal(404, "this app's components take no server calls (the image editor sends its images by upload)")
     if method not in ("GET", "HEAD"):
-        return None
+        return
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)  # FastAPI reads the last
     if path == "/" and (unknown := set(query.get("page", [])) - gradio_bridge.page_names(demo)):
-        return Refusal(404, f"there is no page {min(unknown)[:80]!r}")
+        raise Refusal(404, f"there is no page {min(unknown)[:80]!r}")
     sessions = query.get("session_hash", [""])
     if path == SESSION_STREAM and not all(gradio_bridge.known_session(demo, s) for s in sessions):
-        return Refusal(404, "this session has no events waiting: join the queue first (its results may have been sent "
-                            "already)")
+        raise Refusal(404, "this session has no events waiting: join the queue first (its results may have been sent "
+                           "already)")
     if (named := EVENT_RESULT.match(path)) and not gradio_bridge.known_event(demo, named.group(1)):
-        return Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")
-    return None
+        raise Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")

@@ -36,7 +36,7 @@ from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.server.mounted import Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
-from neuron_ui.web.gradio_bridge import device_events, device_queue_length, waiting_for_device
+from neuron_ui.web.gradio_bridge import device_queue_length
 from neuron_ui.web.gradio_mount import GradioLimits
 from neuron_ui.web.uploads import UploadFolder
 
@@ -62,13 +62,12 @@ class Server:
 
     `gradio_limits` bounds what Gradio keeps per session (the tests give small ones)."""
 
-    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
-                 health: Callable[[], str | None] | None = None, loading: LoadingState | None = None,
-                 gradio_limits: GradioLimits | None = None):
+    def __init__(self, settings: Settings, health: Callable[[], str | None] | None = None,
+                 loading: LoadingState | None = None, gradio_limits: GradioLimits | None = None):
         self.settings = settings
         self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
         self.loading = loading or LoadingState()  # what start-up does before serving (a compile-cache download)
-        self.metrics = metrics or EngineMetrics()
+        self.metrics = EngineMetrics()
         self.gradio_limits = gradio_limits or GradioLimits()
         self.mounted: Mounted | None = None  # the UI, once mount() serves it
         self.engine: EngineLike | None = None
@@ -81,11 +80,15 @@ class Server:
         self.draining = False
         # the device's one bound over every door: Gradio's events (once mounted) and MCP's calls
         self.admission = Admission(settings.max_queue,
-                                   lambda: device_events(self.mounted.demo) if self.mounted is not None else 0)
+                                   lambda: device_queue_length(self.mounted.demo, running=True) if self.mounted else 0)
         self._drain_requested = threading.Event()
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
-        self.mcp = self._build_mcp() if settings.mcp else None
+        self.mcp: McpEndpoint | None = None
+        if settings.mcp:
+            from neuron_ui.server.mcp import McpEndpoint  # only with --mcp: the `mcp` package
+
+            self.mcp = McpEndpoint(settings, self.admission, self._logged_in)
         self.app = self._build_app()
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=3)
@@ -110,7 +113,7 @@ class Server:
         async def lifespan(app: FastAPI):
             self._loop = asyncio.get_running_loop()
             # Gradio's own lifespan, entered by mount(), ends with ours; the MCP sessions' too (--mcp)
-            async with self._gradio_lifespan, self.mcp.running() if self.mcp else nullcontext():
+            async with self._gradio_lifespan, self.mcp.manager.run() if self.mcp else nullcontext():
                 yield
 
         app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -140,12 +143,6 @@ class Server:
         if self.mcp is not None:  # before Gradio's mount at /, which would answer these paths itself
             app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)
         return app
-
-    def _build_mcp(self) -> McpEndpoint:
-        """The MCP tools (--mcp): imported only then (the `mcp` package)."""
-        from neuron_ui.server.mcp import McpEndpoint
-
-        return McpEndpoint(self.settings, self.admission, self._logged_in)
 
     def _logged_in(self, scope: dict) -> bool:
         """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
@@ -188,7 +185,8 @@ class Server:
         gradio_app = gradio_mount.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)
         started = gradio_mount.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
         asyncio.run_coroutine_threadsafe(started, self._loop).result(timeout)
-        self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
+        # everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)
+        self.metrics.attach(engine, waiting=lambda: device_queue_length(demo) + engine.status().queue_depth)
         self.metrics.watch_held(lambda: gradio_mount.held(demo, gradio_app))
         self.engine, self.mounted = engine, Mounted(demo, gradio_app, stops)
         if self.mcp is not None:
@@ -198,10 +196,6 @@ class Server:
         if self.settings.share:
             self.share_url = gradio_mount.open_share_link(demo, self.settings)
         return self
-
-    def device_queue_length(self) -> int:
-        """Requests in Gradio's queue for the device, not yet in the engine's."""
-        return device_queue_length(self.mounted.demo) if self.mounted is not None else 0
 
     def request_drain(self) -> None:
         """Safe in a signal handler: serve_forever() drains and returns."""
@@ -235,7 +229,7 @@ class Server:
         deadline = time.monotonic() + timeout
         finished = self.engine.drain(timeout) if self.engine is not None else True
         # Gradio starts what waited in its queue one by one; each is refused by the closed device at once.
-        while self.device_queue_length() and time.monotonic() < deadline:
+        while self.mounted and device_queue_length(self.mounted.demo) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the last answers reach their event streams
         if not finished:

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from gradio.components import Component
     from gradio.routes import App
 
-    from neuron_ui.contract.engine_like import EngineLike
-
 logger = logging.getLogger(__name__)
 
 DEVICE = "device"  # the concurrency group of every event that runs the pipeline
@@ -140,14 +138,9 @@ async def cancel_event_task(session: str, fn_index: int, event_id: str) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def device_events(demo: gr.Blocks) -> int:
-    """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
-    engine's queue or holds the device). server.gate.Gate bounds this by --max-queue + 1."""
-    return device_queue_length(demo, running=True)
-
-
 def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
-    """Requests Gradio has accepted for the device and not yet started (`running`: and the ones started).
+    """Requests Gradio has accepted for the device and not yet started (`running`: and the ones started, each waiting
+    in the engine's queue or holding the device: server/admission.py bounds those by --max-queue + 1).
 
     Gradio 6 has no public call for this. Its queue keeps one EventQueue per concurrency id, whose `queue` list
     holds the events not yet started (gradio/queueing.py: Queue.event_queue_per_concurrency_id); only this
@@ -166,11 +159,6 @@ def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
 
 
 _UNREADABLE_QUEUE: list[bool] = []  # warned once
-
-
-def waiting_for_device(demo: gr.Blocks, engine: EngineLike) -> int:
-    """Everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)."""
-    return device_queue_length(demo) + engine.status().queue_depth
 
 
 def known_session(demo: gr.Blocks, session: str) -> bool:
