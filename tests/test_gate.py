@@ -1,4 +1,4 @@
-"""The gate's seam: it reads of the server only what GateServer names (server/mounted.py), and its file checks get
+"""The gate's seam: it reads of the server only what GateServer names (server/gate.py), and its file checks get
 their collaborators, so both are built here from plain objects, without a server, Gradio or a model."""
 
 import asyncio
@@ -13,8 +13,7 @@ from neuron_ui.contract.files import StoredFiles
 from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import Refusal, folder_prefix
 from neuron_ui.server.file_doors import FileDoors
-from neuron_ui.server.gate import LOADING_PAGE, Gate
-from neuron_ui.server.mounted import GateServer, Mounted
+from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
 
 

@@ -23,20 +23,16 @@ def folder_prefix(folder: Path) -> str:
     return str(folder).rstrip("/") + "/"
 
 
-async def send_html(send: Send, status: int, page: str, headers: tuple[tuple[str, str], ...]) -> None:
-    body = page.encode()
-    raw = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": raw + [(k.encode(), v.encode()) for k, v in headers]})
+async def respond(send: Send, status: int, body: bytes, headers: tuple[tuple[str, str], ...]) -> None:
+    """A whole answer in one piece; `headers` name its content-type."""
+    raw = [(k.encode(), v.encode()) for k, v in headers] + [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
 async def reply(send: Send, refusal: Refusal) -> None:
     body = json.dumps({"detail": refusal.message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in refusal.headers]
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, refusal.status, body, (("content-type", "application/json"), *refusal.headers))
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

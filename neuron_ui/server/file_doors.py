@@ -37,7 +37,7 @@ class FileDoors:
     def __init__(self, stored: StoredFiles, uploads: UploadFolder):
         self.stored_files = stored
         self.uploads = uploads
-        self._file_inputs: dict[BlockFunction, tuple[frozenset[int], frozenset[str]]] = {}  # per function, found once
+        self._file_inputs: dict[BlockFunction, frozenset[int]] = {}  # per function, found once
 
     def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
         """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
@@ -46,9 +46,10 @@ class FileDoors:
         value must name one of the app's files, in any shape: a path, a FileData with or without "meta", a list,
         an editor value. Elsewhere a FileData with "meta" (a gallery's selected image) is checked the same way.
         The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
-        indices, names = self.file_inputs(fn)
+        indices = self.file_inputs(fn)
         if isinstance(data, dict) and by_name:
-            data = {key: self.paths(value, key in names) for key, value in data.items()}
+            names = gradio_bridge.parameter_names(fn) if fn is not None else []
+            data = {key: self.paths(value, key in names and names.index(key) in indices) for key, value in data.items()}
         elif isinstance(data, dict) and isinstance(data.get("data"), list):
             data = {**data, "data": [self.paths(value, index in indices) for index, value in enumerate(data["data"])]}
         return self.paths(data, False)
@@ -73,9 +74,9 @@ class FileDoors:
         routed = FILE_ROUTES[0] + full
         return {**scope, "path": routed, "raw_path": routed.encode()}
 
-    def file_inputs(self, fn: BlockFunction | None) -> tuple[frozenset[int], frozenset[str]]:
+    def file_inputs(self, fn: BlockFunction | None) -> frozenset[int]:
         if fn is None:
-            return frozenset(), frozenset()
+            return frozenset()
         if fn not in self._file_inputs:
             self._file_inputs[fn] = gradio_bridge.file_inputs(fn)
         return self._file_inputs[fn]

@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 from starlette.requests import ClientDisconnect
@@ -48,15 +49,20 @@ from neuron_ui.server.asgi import (
     read_body,
     replay,
     reply,
-    send_html,
+    respond,
 )
 from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
-from neuron_ui.server.mounted import GateServer, Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
 
 if TYPE_CHECKING:
+    import gradio as gr
+    from gradio.routes import App
 
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.stopping import SessionStops
+    from neuron_ui.server.admission import Admission
+    from neuron_ui.web.uploads import UploadFolder
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +78,29 @@ SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
+
+
+@dataclass(frozen=True)
+class Mounted:
+    """The UI once it is served: the queued demo, Gradio's own app mounted at / (gradio.routes.App) and the UI's
+    registry of running requests by session, which a client's cancel or disconnect stops."""
+
+    demo: gr.Blocks
+    gradio_app: App
+    stops: SessionStops
+
+
+class GateServer(Protocol):
+    """What the gate may read of the server (neuron_ui.server.server.Server), by name and typed: all of it, so the
+    gate and its file checks are built from plain objects in tests/test_gate.py."""
+
+    settings: Settings  # the login (auth) and the device's bound (max_queue)
+    files_prefix: str  # the server's file folder, cut from every answer
+    stored: StoredFiles  # the only files a request may name
+    uploads: UploadFolder  # the uploads' disk budget
+    mounted: Mounted | None  # None while the model loads
+    draining: bool  # shutting down: no new work
+    admission: Admission  # the device's bound (--max-queue), over Gradio's requests and MCP's
 
 
 class Gate:
@@ -105,7 +134,8 @@ class Gate:
             return
         mounted = self.server.mounted
         if mounted is None:
-            await send_html(send, 503, LOADING_PAGE, (("retry-after", "5"),))
+            await respond(send, 503, LOADING_PAGE.encode(), (("content-type", "text/html; charset=utf-8"),
+                                                              ("retry-after", "5")))
             return
         upload: UploadAnswer | None = None
         try:
@@ -186,9 +216,13 @@ class Gate:
         bound, naming only the app's own files, its values fit for their components. Returns the body to pass on and
         whether the call is for the device."""
         demo = mounted.demo
-        if name == "stop" and isinstance(data, dict):
-            data = stop_on_behalf(data, mounted.stops)
-        fn = values.called(demo, data, name)
+        stopped = data.get("session_hash") if name == "stop" and isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(stopped, str) and stopped:
+            # A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
+            # put this call's answer into that stream, and the two readers took each other's answers (the stopped
+            # client waited for its timeout). The call runs in a session of its own that stops the named one.
+            data = {**data, "session_hash": mounted.stops.on_behalf(stopped)}
+        fn = gradio_bridge.called_function(demo, name, data)
         data = values.with_defaults(data, fn)
         checked = self.files.full_paths(data, fn, by_name=by_name)
         if not isinstance(data, dict):
@@ -219,7 +253,7 @@ class Gate:
 
     def page_call(self, data: object, mounted: Mounted) -> object:
         """A page's non-queued call: its files the app's own, its values fit for their components."""
-        fn = values.called(mounted.demo, data, None)
+        fn = gradio_bridge.called_function(mounted.demo, None, data)
         checked = self.files.full_paths(data, fn)
         if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, checked, by_name=False)):
             raise Refusal(422, problem)
@@ -239,16 +273,6 @@ async def stop_cancelled(data: object, stops: SessionStops) -> object:
     stops.stop(session, stopping.StopReason.CANCELLED, event_id)
     await gradio_bridge.cancel_event_task(session, fn_index, event_id)
     return {**data, "fn_index": gradio_bridge.NO_FUNCTION}
-
-
-def stop_on_behalf(data: dict, stops: SessionStops) -> dict:
-    """A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
-    put this call's answer into that stream, and the two readers took each other's answers (the stopped client
-    waited for its timeout). The call runs in a session of its own that stops the named one."""
-    session = data.get("session_hash")
-    if not isinstance(session, str) or not session:
-        return data
-    return {**data, "session_hash": stops.on_behalf(session)}
 
 
 def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: SessionStops) -> Receive:

@@ -120,17 +120,12 @@ class McpEndpoint:
         if self.settings.auth and not self.authorized(scope):
             await reply(send, Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),)))
             return
-        if any(name == b"mcp-session-id" for name, _ in scope.get("headers", ())):
-            await self.manager.handle_request(scope, receive, send)
-        else:
-            await self._open(scope, receive, send)
-
-    async def _open(self, scope: dict, receive: Receive, send: Send) -> None:
-        """A request without a session, which may open one: once it has (its answer names the new session), past
-        --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
+        opens = not any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
 
         async def make_room_then_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] < 400:
+            """A request without a session may open one: once it has (its answer names the new session), past
+            --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
+            if opens and message["type"] == "http.response.start" and message["status"] < 400:
                 for name, value in message.get("headers", ()):
                     if name == b"mcp-session-id":
                         await self.sessions.make_room(keep=value.decode())
@@ -167,15 +162,18 @@ class McpEndpoint:
         try:
             mcp_tools.check_arguments(name, arguments, await self._tools())
             if name == "status":
-                return _ok(mcp_tools.json_result(public_status(await asyncio.to_thread(self._studio().engine.status))))
-            with self.admission.admitted():  # the same bound as the gate's, in the same count
-                return _ok(await self._on_device(name, arguments))
+                content = mcp_tools.json_result(public_status(await asyncio.to_thread(self._studio().engine.status)))
+            else:
+                with self.admission.admitted():  # the same bound as the gate's, in the same count
+                    content = await self._on_device(name, arguments)
+            return types.CallToolResult(content=content, isError=False)
         except (ValueError, EngineError) as error:
             line = str(error) if isinstance(error, ValueError) else redact_paths(str(error))
-            return _failed(line.splitlines()[0] if line else type(error).__name__)
+            line = line.splitlines()[0] if line else type(error).__name__
         except Exception:
             logger.exception("MCP tool %s failed", name)
-            return _failed(UNEXPECTED)
+            line = UNEXPECTED
+        return types.CallToolResult(content=[types.TextContent(type="text", text=line)], isError=True)
 
     async def _on_device(self, name: str, arguments: ToolArguments) -> list[types.ContentBlock]:
         """Run the tool on a thread of its own through the studio's bridge (it may wait its turn a long while),
@@ -228,12 +226,4 @@ class McpEndpoint:
             return visitor_name(user=self.settings.auth[0])
         session = request.headers.get("mcp-session-id") if request is not None else None
         return f"mcp:{session}" if session else None
-
-
-def _ok(content: list[types.ContentBlock]) -> types.CallToolResult:
-    return types.CallToolResult(content=content, isError=False)
-
-
-def _failed(line: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=line)], isError=True)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,16 +22,12 @@ class EngineMetrics:
         self.registry = r = CollectorRegistry()
         self.images = Counter("neuron_ui_images", "Images generated", ["resolution", "cache_event"], registry=r)
         self.errors = Counter("neuron_ui_errors", "Requests that failed, by kind", ["kind"], registry=r)
-        self.compilations = Counter(
-            "neuron_ui_compilations", "Shape compilations, by cache event", ["resolution", "cache_event"], registry=r
-        )
-        self.compile_seconds = Counter(
-            "neuron_ui_compile_seconds", "Seconds spent compiling shapes", ["resolution"], registry=r
-        )
-        self.latency = Histogram(
-            "neuron_ui_generation_seconds", "Request latency, compilation included", ["resolution"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )
+        self.compilations = Counter("neuron_ui_compilations", "Shape compilations, by cache event",
+                                    ["resolution", "cache_event"], registry=r)
+        self.compile_seconds = Counter("neuron_ui_compile_seconds", "Seconds spent compiling shapes", ["resolution"],
+                                       registry=r)
+        self.latency = Histogram("neuron_ui_generation_seconds", "Request latency, compilation included",
+                                 ["resolution"], buckets=LATENCY_BUCKETS, registry=r)
         self.replica_images = Counter("neuron_ui_replica_images", "Images generated, by engine replica (--replicas)",
                                       ["replica"], registry=r)
         self.queue_depth = Gauge("neuron_ui_queue_depth", "Requests accepted and waiting for the device", registry=r)
@@ -49,17 +44,15 @@ class EngineMetrics:
         self._engine = None
         self._waiting: Callable[[], int] = lambda: 0
 
-    def attach(self, engine, waiting: Callable[[], int]) -> None:
-        """Observe `engine`; `waiting` counts requests not yet on the device."""
+    def attach(self, engine, waiting: Callable[[], int], held: Callable[[], dict[str, int]]) -> None:
+        """Observe `engine`; `waiting` counts requests not yet on the device, `held()` what Gradio holds, served as
+        neuron_ui_gradio_held{record=...}; both read at each scrape."""
         self._engine = engine
         self._waiting = waiting
         engine.observers.add(self)
         self.loaded.set(1)
-
-    def watch_held(self, held: Callable[[], dict[str, int]]) -> None:
-        """Serve `held()`'s counts as neuron_ui_gradio_held{record=...}, read at each scrape."""
         for record in held():
-            self.held.labels(record).set_function(functools.partial(_count, held, record))
+            self.held.labels(record).set_function(lambda record=record: held()[record])
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()
@@ -76,7 +69,3 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _count(held: Callable[[], dict[str, int]], record: str) -> float:
-    return held()[record]

@@ -31,9 +31,8 @@ from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import folder_prefix
-from neuron_ui.server.gate import SHUTTING_DOWN, Gate
+from neuron_ui.server.gate import SHUTTING_DOWN, Gate, Mounted
 from neuron_ui.server.metrics import EngineMetrics
-from neuron_ui.server.mounted import Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
 from neuron_ui.web.gradio_bridge import device_queue_length
@@ -186,8 +185,8 @@ class Server:
         started = gradio_mount.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
         asyncio.run_coroutine_threadsafe(started, self._loop).result(timeout)
         # everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)
-        self.metrics.attach(engine, waiting=lambda: device_queue_length(demo) + engine.status().queue_depth)
-        self.metrics.watch_held(lambda: gradio_mount.held(demo, gradio_app))
+        self.metrics.attach(engine, waiting=lambda: device_queue_length(demo) + engine.status().queue_depth,
+                            held=lambda: gradio_mount.held(demo, gradio_app))
         self.engine, self.mounted = engine, Mounted(demo, gradio_app, stops)
         if self.mcp is not None:
             self.mcp.serve(engine)

@@ -6,6 +6,7 @@ these two files against the new source, and the tests named beside each use fail
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from pathlib import Path
@@ -57,10 +58,9 @@ def current_event() -> tuple[str | None, str | None]:
     return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
 
 
-def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
-    """Which inputs of a demo function take files: their positions, and their handler's parameter names (the
-    names /call/v2 bodies use: gradio/routes.py maps them by the function's signature, 6.31). A component takes
-    files when its API schema holds a FileData (gradio_client's value_is_file, as the client decides to upload)."""
+def file_inputs(fn: BlockFunction) -> frozenset[int]:
+    """Which inputs of a demo function take files, by position. A component takes files when its API schema holds a
+    FileData (gradio_client's value_is_file, as the client decides to upload)."""
     from gradio_client.utils import value_is_file
 
     def takes_files(block: Component | BlockContext) -> bool:
@@ -71,9 +71,7 @@ def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
         except Exception:  # noqa: BLE001 - a component without an API schema takes no file
             return False
 
-    indices = frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
-    parameters = [parameter.name for parameter in _parameters(fn)]
-    return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
+    return frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
 
 
 def input_defaults(fn: BlockFunction) -> list[Any]:
@@ -102,11 +100,12 @@ def current_user() -> str | None:
     return getattr(LocalContext.request.get(None), "username", None)
 
 
-def called_function(demo: gr.Blocks, api_name: str | None, index: object = None) -> BlockFunction | None:
-    """The demo's function a call names: by api_name, else by fn_index (the browser's calls); None if none.
+def called_function(demo: gr.Blocks, api_name: str | None, body: object) -> BlockFunction | None:
+    """The demo's function a call names: by api_name, else by its body's fn_index (the browser's calls); None if none.
     Gradio 6.31 keeps them in `Blocks.fns`, a dict by fn_index of BlockFunction (gradio/block_function.py)."""
     if api_name is not None:
         return next((fn for fn in demo.fns.values() if fn.api_name == api_name), None)
+    index = body.get("fn_index") if isinstance(body, dict) else None
     return demo.fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
 
 
@@ -152,13 +151,13 @@ def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
             return 0
         return len(event_queue.queue) + (event_queue.current_concurrency if running else 0)
     except AttributeError:
-        if not _UNREADABLE_QUEUE:
-            _UNREADABLE_QUEUE.append(True)
-            logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
+        _warn_unreadable_queue()
         return 0
 
 
-_UNREADABLE_QUEUE: list[bool] = []  # warned once
+@functools.cache  # warned once
+def _warn_unreadable_queue() -> None:
+    logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
 
 
 def known_session(demo: gr.Blocks, session: str) -> bool:
@@ -239,7 +238,8 @@ def runs_preprocess(fn: BlockFunction) -> bool:
 
 
 def parameter_names(fn: BlockFunction) -> list[str]:
-    """The handler's parameter names, by input position (what a /call/v2 body names its values by)."""
+    """The handler's parameter names, by input position: the names /call/v2 bodies use (gradio/routes.py maps them by
+    the function's signature, 6.31)."""
     return [parameter.name for parameter in _parameters(fn)]
 
 
