@@ -12,7 +12,7 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import Refusal, folder_prefix
-from neuron_ui.server.file_doors import FileDoors
+from neuron_ui.server.doors import FileDoors
 from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
 

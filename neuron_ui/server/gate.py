@@ -10,10 +10,10 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
 
 So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
-route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
+route but the login page's (doors.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
 message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
 folder, so gradio_client still downloads the image). Every file a call or the file route names
-must be one the app stored, and uploads stay within their disk budget (file_doors.py); every value must fit its
+must be one the app stored, and uploads stay within their disk budget (doors.py); every value must fit its
 component before Gradio preprocesses it (values.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
@@ -35,7 +35,7 @@ from starlette.requests import ClientDisconnect
 
 from neuron_ui.contract import stopping
 from neuron_ui.contract.files import ForeignFile
-from neuron_ui.server import routes, values
+from neuron_ui.server import values
 from neuron_ui.server.asgi import (
     NOT_JSON,
     UNEXPLAINED,
@@ -51,7 +51,7 @@ from neuron_ui.server.asgi import (
     reply,
     respond,
 )
-from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
+from neuron_ui.server.doors import FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
 from neuron_ui.web import gradio_bridge, gradio_mount
 
 if TYPE_CHECKING:
@@ -112,12 +112,6 @@ class Gate:
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
         self.files = FileDoors(server.stored, server.uploads)
 
-    def lacks_login(self, scope: dict) -> bool:
-        """With NEURON_UI_AUTH set, whether the request carries no login Gradio issued (its cookie)."""
-        mounted = self.server.mounted
-        return bool(self.server.settings.auth) and (
-            mounted is None or not gradio_mount.logged_in(mounted.gradio_app, scope))
-
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.server.mounted is None:
             await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
@@ -141,9 +135,10 @@ class Gate:
         try:
             if self.server.draining and method == "POST" and NEW_WORK.match(path):
                 raise Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),))
-            if not routes.open_without_login(path, method) and self.lacks_login(scope):
+            if self.server.settings.auth and not open_without_login(path, method) and not (
+                    gradio_mount.logged_in(mounted.gradio_app, scope)):  # the login Gradio issued: its cookie
                 raise Refusal(401, "Not authenticated")
-            routes.check(scope, mounted.demo)
+            check_route(scope, mounted.demo)
             scope = self.files.file_route(scope)
             receive, device = await self.check_body(scope, receive, mounted)
             if path == UPLOAD and method == "POST":
@@ -223,7 +218,7 @@ class Gate:
             # client waited for its timeout). The call runs in a session of its own that stops the named one.
             data = {**data, "session_hash": mounted.stops.on_behalf(stopped)}
         fn = gradio_bridge.called_function(demo, name, data)
-        data = values.with_defaults(data, fn)
+        data = gradio_bridge.with_defaults(data, fn)
         checked = self.files.full_paths(data, fn, by_name=by_name)
         if not isinstance(data, dict):
             return checked, False

@@ -82,8 +82,8 @@ class SessionBound:
     async def make_room(self, keep: str) -> None:
         """Close the sessions idle longest until at most `limit` are open, never `keep` (the one just opened); one
         line at the first closed, then at most one a minute while more are: the running total."""
-        while mcp_bridge.open_count(self.manager) > self.limit:
-            others = [s for s in mcp_bridge.open_sessions(self.manager) if s.id != keep]
+        while len(sessions := mcp_bridge.open_sessions(self.manager)) > self.limit:
+            others = [s for s in sessions if s.id != keep]
             # idle longest first; busy ones (idle since inf) only when none is idle, the oldest opened first
             await mcp_bridge.close_session(self.manager, min(others, key=lambda s: s.idle_since).id)
             self.closed += 1

@@ -56,10 +56,6 @@ def open_sessions(manager: StreamableHTTPSessionManager) -> list[OpenSession]:
     return sessions
 
 
-def open_count(manager: StreamableHTTPSessionManager) -> int:
-    return len(manager._server_instances)
-
-
 async def close_session(manager: StreamableHTTPSessionManager, session_id: str) -> None:
     """Close a session as the library's idle expiry does (`_discard_session`): it is forgotten at once, so its id
     answers 404 ("Session not found", and a client initializes a new one), then its transport is terminated, which

@@ -178,7 +178,7 @@ class Server:
         running requests by session (its builder's), which a client's cancel or disconnect stops (the gate)."""
         if self._loop is None:
             raise RuntimeError("start() the server before mounting the UI")
-        if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/routes.py)
+        if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/doors.py)
             raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
         gradio_mount.send_files_in_pieces(DOWNLOAD_PIECE)
         gradio_app = gradio_mount.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)

@@ -20,7 +20,6 @@ of any other kind passes through unchanged.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -67,7 +66,7 @@ def value_problem(block: Block, value: object, preprocessed: bool) -> str | None
     """What the component takes and what came instead, when `value` is not that; None when it fits (or the component
     is of no kind known here)."""
     fits = gradio_bridge.fits_data_model(block, value)
-    if fits is not None:  # files: never echoed, their paths are the server's by now (file_doors.py)
+    if fits is not None:  # files: never echoed, their paths are the server's by now (doors.py)
         if value is None:
             return None  # an empty file, image or editor: the handler says what it needs
         if not fits:
@@ -154,17 +153,3 @@ def shown(value: object) -> str:
     """A value as the caller sent it, cut short: one line, never long."""
     text = json.dumps(value, default=str)
     return text if len(text) <= SHOWN else text[:SHOWN] + "..."
-
-
-def with_defaults(data: object, fn: BlockFunction | None) -> object:
-    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
-    /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
-    if not isinstance(data, dict) or fn is None:
-        return data
-    values, defaults = data.get("data"), gradio_bridge.input_defaults(fn)
-    if not isinstance(values, list) or len(values) >= len(defaults):
-        return data
-    missing = defaults[len(values):]
-    if any(default is inspect.Parameter.empty for default in missing):
-        return data
-    return {**data, "data": [*values, *missing]}

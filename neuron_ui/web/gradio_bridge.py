@@ -74,12 +74,18 @@ def file_inputs(fn: BlockFunction) -> frozenset[int]:
     return frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
 
 
-def input_defaults(fn: BlockFunction) -> list[Any]:
-    """The default of each input of a demo function, from its handler's signature (inspect.Parameter.empty where
-    it has none): a call that leaves out trailing inputs that all have defaults gets those, as a keyword call
-    would (an older client's call, from before a release added an input)."""
+def with_defaults(body: object, fn: BlockFunction | None) -> object:
+    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
+    /generate's lora and lora_scale) gets the defaults from the handler's signature, as a keyword call would; one that
+    leaves out a required input is refused later."""
+    if not isinstance(body, dict) or fn is None or not isinstance(values := body.get("data"), list):
+        return body
     parameters = _parameters(fn)
-    return [parameters[i].default if i < len(parameters) else inspect.Parameter.empty for i in range(len(fn.inputs))]
+    missing = [parameters[i].default if i < len(parameters) else inspect.Parameter.empty
+               for i in range(len(values), len(fn.inputs))]
+    if not missing or any(default is inspect.Parameter.empty for default in missing):
+        return body
+    return {**body, "data": [*values, *missing]}
 
 
 def _parameters(fn: BlockFunction) -> list[inspect.Parameter]:
