@@ -146,11 +146,12 @@ class Gate:
         except Refusal as refusal:
             await reply(send, refusal)
             return
-        if rewritten(path):  # API answers are not compressed, so Outbound can read what it sends
+        rewrite = rewritten(path)
+        if rewrite:  # API answers are not compressed, so Outbound can read what it sends
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
         if upload is not None:
             send = upload.watch(send)
-        send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
+        send = Outbound(send, self.server.files_prefix, rewrite)
         if path == EVENT_STREAM and method == "GET":
             receive = stop_on_disconnect(scope, receive, send, mounted.stops)
         if device:
@@ -198,8 +199,11 @@ class Gate:
         try:
             if path == CANCEL:
                 data = await stop_cancelled(data, mounted.stops)
-            elif page:
-                data = self.page_call(data, mounted)
+            elif page:  # its files the app's own, its values fit for their components
+                fn = gradio_bridge.called_function(mounted.demo, None, data)
+                data = self.files.full_paths(data, fn)
+                if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, data, by_name=False)):
+                    raise Refusal(422, problem)
             else:
                 data, device = self.check_call(data, name, route == "call/v2", mounted)
         except ForeignFile as error:
@@ -245,14 +249,6 @@ class Gate:
         if full := self.server.admission.refusal(self.admitting):  # the one on the device and those waiting
             raise Refusal(503, full, (("retry-after", "5"),))
         return checked, True
-
-    def page_call(self, data: object, mounted: Mounted) -> object:
-        """A page's non-queued call: its files the app's own, its values fit for their components."""
-        fn = gradio_bridge.called_function(mounted.demo, None, data)
-        checked = self.files.full_paths(data, fn)
-        if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, checked, by_name=False)):
-            raise Refusal(422, problem)
-        return checked
 
 
 async def stop_cancelled(data: object, stops: SessionStops) -> object:

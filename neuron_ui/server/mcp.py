@@ -102,7 +102,11 @@ class McpEndpoint:
         self.admission = admission  # the server's one count of device work against --max-queue, Gradio's and ours
         self.authorized = authorized  # the request carries the login (NEURON_UI_AUTH set)
         self.studio: Studio | None = None
-        self.server = self._build_server()
+        self.server: McpServer = McpServer("neuron-ui", instructions=(
+            "An image studio for FLUX.2-klein: call status to see which resolutions are ready, warmup to compile "
+            "one ahead, generate to make an image, inpaint to redo part of one."))
+        self.server.list_tools()(self._tools)
+        self.server.call_tool(validate_input=False)(self._call)  # the engine checks values, in the API's own words
         # The library's own session bound refuses newcomers (503) while strangers' sessions are open: off, the
         # bound is kept by closing the session idle longest (SessionBound).
         self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_BODY, max_sessions=None,
@@ -134,21 +138,6 @@ class McpEndpoint:
         await self.manager.handle_request(scope, receive, make_room_then_send)
 
     # -- the MCP server ----------------------------------------------------------------------------
-
-    def _build_server(self) -> McpServer:
-        server: McpServer = McpServer("neuron-ui", instructions=(
-            "An image studio for FLUX.2-klein: call status to see which resolutions are ready, warmup to compile "
-            "one ahead, generate to make an image, inpaint to redo part of one."))
-
-        @server.list_tools()
-        async def list_tools() -> list[types.Tool]:
-            return await self._tools()
-
-        @server.call_tool(validate_input=False)  # the engine checks values, with the same words as the API
-        async def call_tool(name: str, arguments: ToolArguments) -> types.CallToolResult:
-            return await self._call(name, arguments or {})
-
-        return server
 
     def _studio(self) -> Studio:
         """The studio the tools call: requests reach them only once serve() gave it (__call__ answers 503 before)."""
