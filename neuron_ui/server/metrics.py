@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,7 @@ class EngineMetrics:
         engine.observers.add(self)
         self.loaded.set(1)
         for record in held():
-            self.held.labels(record).set_function(lambda record=record: held()[record])
+            self.held.labels(record).set_function(functools.partial(_count, held, record))
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()
@@ -69,3 +70,7 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _count(held: Callable[[], dict[str, int]], record: str) -> float:
+    return held()[record]
