@@ -1,8 +1,9 @@
-"""The gate's seam: it reads of the server only what GateServer names (server/mounted.py), and its file checks get
+"""The gate's seam: it reads of the server only what GateServer names (server/gate.py), and its file checks get
 their collaborators, so both are built here from plain objects, without a server, Gradio or a model."""
 
 import asyncio
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,10 +11,9 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.server.admission import Admission
-from neuron_ui.server.asgi import folder_prefix
-from neuron_ui.server.file_doors import FileDoors
-from neuron_ui.server.gate import LOADING_PAGE, Gate
-from neuron_ui.server.mounted import GateServer, Mounted
+from neuron_ui.server.asgi import Refusal, folder_prefix
+from neuron_ui.server.doors import FileDoors
+from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
 
 
@@ -72,22 +72,32 @@ def test_the_gate_reads_only_its_doors_while_the_model_loads(tmp_path):
 
 def test_the_file_checks_take_the_stored_files_and_the_upload_budget_alone(tmp_path):
     server = doors(tmp_path, budget=1000)
-    files = FileDoors(server.stored, server.uploads, lacks_login=lambda scope: False)
+    files = FileDoors(server.stored, server.uploads)
     own = {"type": "http", "path": "/gradio_api/file=upload/a.png", "headers": []}
-    scope, refusal = files.file_route(own)
-    assert refusal is None and scope["path"] == f"/gradio_api/file={tmp_path.resolve()}/upload/a.png"
-    _, refusal = files.file_route({**own, "path": "/gradio_api/file=/etc/passwd"})
-    assert refusal.status == 403 and "not a file of this app" in refusal.message
+    assert files.file_route(own)["path"] == f"/gradio_api/file={tmp_path.resolve()}/upload/a.png"
+    with pytest.raises(Refusal) as refused:
+        files.file_route({**own, "path": "/gradio_api/file=/etc/passwd"})
+    assert refused.value.status == 403 and "not a file of this app" in refused.value.message
 
     upload = {"type": "http", "path": "/gradio_api/upload", "headers": [(b"content-length", b"2000")]}
-    refusal, answer = asyncio.run(files.admit_upload(upload))
-    assert refusal.status == 413 and answer is None  # over the whole budget
-    refusal, answer = asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
-    assert refusal is None and answer.length == 600 and server.uploads.used == 600
-    refusal, _ = asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
-    assert refusal.status == 507 and "\n" not in refusal.message  # full now: one line, to retry later
-    refused_without_login = FileDoors(server.stored, server.uploads, lacks_login=lambda scope: True)
-    assert asyncio.run(refused_without_login.admit_upload(upload)) == (None, None)  # Gradio refuses it unread
+    with pytest.raises(Refusal) as refused:
+        asyncio.run(files.admit_upload(upload))
+    assert refused.value.status == 413  # over the whole budget
+    answer = asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
+    assert answer.length == 600 and server.uploads.used == 600
+    with pytest.raises(Refusal) as refused:
+        asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
+    assert refused.value.status == 507 and "\n" not in refused.value.message  # full now: one line, to retry later
+
+
+def test_an_upload_without_the_login_is_refused_unread_and_reserves_nothing(tmp_path):
+    server = doors(tmp_path, budget=1000)
+    server.settings = Settings(model="tiny", auth=("ada", "lovelace"))
+    no_tokens = SimpleNamespace(cookie_id="x", tokens={})  # Gradio's app: no login cookie was issued
+    server.mounted = Mounted(demo=None, gradio_app=no_tokens, stops=None)
+    gate = Gate(lambda *_: pytest.fail("the upload reached Gradio"), server)
+    headers = ((b"content-length", b"600"),)
+    assert request(gate, "/gradio_api/upload", "POST", headers)[0] == 401 and server.uploads.used == 0
 
 
 def test_each_kind_of_component_takes_its_own_values_and_an_unknown_kind_anything():

@@ -174,7 +174,7 @@ def test_no_previews_turns_them_off_for_the_whole_server():
 
 
 def test_preview_files_keep_the_newest_and_a_full_disk_loses_only_the_preview(tmp_path):
-    from neuron_ui.web.previews import PreviewFiles
+    from neuron_ui.web.files import PreviewFiles
 
     files = PreviewFiles(tmp_path / "previews", keep=3)
     files.folder.mkdir()

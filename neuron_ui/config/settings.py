@@ -61,7 +61,7 @@ class Settings:
     max_queue_per_user: int = 4  # requests one visitor may have waiting (visitors take turns on the device)
     max_grid_cells: int = 16  # images one grid may make (studio/grid_plan.py)
     mcp: bool = False  # serve the tools generate, inpaint, status and warmup to MCP clients at /gradio_api/mcp/
-    mcp_sessions: int = 100  # MCP sessions open at once; past it the one idle longest closes (server/mcp_sessions.py)
+    mcp_sessions: int = 100  # MCP sessions open at once; past it the one idle longest closes (server/mcp.py)
     mcp_session_idle: float = 300.0  # seconds an MCP session may stay idle (no request, no open stream) before closing
     auth: tuple[str, str] | None = None
     warmup: tuple[Resolution, ...] = ()

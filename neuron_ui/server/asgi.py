@@ -23,20 +23,16 @@ def folder_prefix(folder: Path) -> str:
     return str(folder).rstrip("/") + "/"
 
 
-async def send_html(send: Send, status: int, page: str, headers: tuple[tuple[str, str], ...]) -> None:
-    body = page.encode()
-    raw = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": raw + [(k.encode(), v.encode()) for k, v in headers]})
+async def respond(send: Send, status: int, body: bytes, headers: tuple[tuple[str, str], ...]) -> None:
+    """A whole answer in one piece; `headers` name its content-type."""
+    raw = [(k.encode(), v.encode()) for k, v in headers] + [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
 async def reply(send: Send, refusal: Refusal) -> None:
     body = json.dumps({"detail": refusal.message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in refusal.headers]
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, refusal.status, body, (("content-type", "application/json"), *refusal.headers))
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -61,19 +57,20 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)  # an oversized body is cut: parse_json refuses it
 
 
-def parse_json(body: bytes) -> tuple[object, Refusal | None]:
-    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong),
-    or a refusal when it is too big, too deep, or carries a NUL character."""
+def parse_json(body: bytes) -> object:
+    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
+    Refusal when it is too big, too deep, or carries a NUL character."""
     if len(body) > MAX_JSON_BODY:
-        return NOT_JSON, Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+        raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
     try:
         value = json.loads(body)
     except RecursionError:
-        return NOT_JSON, Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+        raise Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
-        return NOT_JSON, None
-    problem = json_problem(value)
-    return value, Refusal(400, problem) if problem else None
+        return NOT_JSON
+    if problem := json_problem(value):
+        raise Refusal(400, problem)
+    return value
 
 
 def json_problem(value: object) -> str | None:
@@ -155,8 +152,10 @@ class Outbound:
         await self.send({"type": "http.response.body", "body": body})
 
 
-@dataclass
-class Refusal:
+@dataclass(eq=False)
+class Refusal(Exception):
+    """A request refused in one JSON line (`reply`): the gate's checks raise it."""
+
     status: int
     message: str
     headers: tuple[tuple[str, str], ...] = ()

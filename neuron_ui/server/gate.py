@@ -10,10 +10,10 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
 
 So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
-route but the login page's (routes.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
+route but the login page's (doors.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
 message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
 folder, so gradio_client still downloads the image). Every file a call or the file route names
-must be one the app stored, and uploads stay within their disk budget (file_doors.py); every value must fit its
+must be one the app stored, and uploads stay within their disk budget (doors.py); every value must fit its
 component before Gradio preprocesses it (values.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
@@ -27,14 +27,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 from starlette.requests import ClientDisconnect
 
 from neuron_ui.contract import stopping
 from neuron_ui.contract.files import ForeignFile
-from neuron_ui.server import routes, values
+from neuron_ui.server import values
 from neuron_ui.server.asgi import (
     NOT_JSON,
     UNEXPLAINED,
@@ -48,15 +49,20 @@ from neuron_ui.server.asgi import (
     read_body,
     replay,
     reply,
-    send_html,
+    respond,
 )
-from neuron_ui.server.file_doors import FILE_ROUTES, FileDoors, UploadAnswer
-from neuron_ui.server.mounted import GateServer, Mounted
+from neuron_ui.server.doors import FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
 from neuron_ui.web import gradio_bridge, gradio_mount
 
 if TYPE_CHECKING:
+    import gradio as gr
+    from gradio.routes import App
 
+    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.stopping import SessionStops
+    from neuron_ui.server.admission import Admission
+    from neuron_ui.web.uploads import UploadFolder
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +80,29 @@ LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-eq
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
 
 
+@dataclass(frozen=True)
+class Mounted:
+    """The UI once it is served: the queued demo, Gradio's own app mounted at / (gradio.routes.App) and the UI's
+    registry of running requests by session, which a client's cancel or disconnect stops."""
+
+    demo: gr.Blocks
+    gradio_app: App
+    stops: SessionStops
+
+
+class GateServer(Protocol):
+    """What the gate may read of the server (neuron_ui.server.server.Server), by name and typed: all of it, so the
+    gate and its file checks are built from plain objects in tests/test_gate.py."""
+
+    settings: Settings  # the login (auth) and the device's bound (max_queue)
+    files_prefix: str  # the server's file folder, cut from every answer
+    stored: StoredFiles  # the only files a request may name
+    uploads: UploadFolder  # the uploads' disk budget
+    mounted: Mounted | None  # None while the model loads
+    draining: bool  # shutting down: no new work
+    admission: Admission  # the device's bound (--max-queue), over Gradio's requests and MCP's
+
+
 class Gate:
     """ASGI middleware around the whole server (see the module docstring); it reads of the server only GateServer."""
 
@@ -81,13 +110,7 @@ class Gate:
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
-        self.files = FileDoors(server.stored, server.uploads, self.lacks_login)
-
-    def lacks_login(self, scope: dict) -> bool:
-        """With NEURON_UI_AUTH set, whether the request carries no login Gradio issued (its cookie)."""
-        mounted = self.server.mounted
-        return bool(self.server.settings.auth) and (
-            mounted is None or not gradio_mount.logged_in(mounted.gradio_app, scope))
+        self.files = FileDoors(server.stored, server.uploads)
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.server.mounted is None:
@@ -98,39 +121,37 @@ class Gate:
             return
         path, method = scope["path"], scope["method"]
         if path in OPEN_PATHS:
-            if method not in ("GET", "HEAD"):
+            if method in ("GET", "HEAD"):
+                await self.app(scope, receive, send)
+            else:
                 await reply(send, Refusal(405, f"{path} answers GET and HEAD", (("allow", "GET, HEAD"),)))
-                return
-            await self.app(scope, receive, send)
             return
         mounted = self.server.mounted
         if mounted is None:
-            await send_html(send, 503, LOADING_PAGE, (("retry-after", "5"),))
-            return
-        if self.server.draining and method == "POST" and NEW_WORK.match(path):
-            await reply(send, Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),)))
-            return
-        if not routes.open_without_login(path, method) and self.lacks_login(scope):
-            await reply(send, Refusal(401, "Not authenticated"))
+            await respond(send, 503, LOADING_PAGE.encode(), (("content-type", "text/html; charset=utf-8"),
+                                                              ("retry-after", "5")))
             return
         upload: UploadAnswer | None = None
-        device = False
-        refusal = routes.refusal(scope, mounted.demo)
-        if refusal is None:
-            scope, refusal = self.files.file_route(scope)
-        if refusal is None:
-            receive, refusal, device = await self.check_call(scope, receive, mounted)
-        if refusal is None and path == UPLOAD and method == "POST":
-            refusal, upload = await self.files.admit_upload(scope)
-        if refusal is None and path == CANCEL and method == "POST":
-            receive, refusal = await self.stop_cancelled(receive, mounted.stops)
-        if refusal is not None:
+        try:
+            if self.server.draining and method == "POST" and NEW_WORK.match(path):
+                raise Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),))
+            if self.server.settings.auth and not open_without_login(path, method) and not (
+                    gradio_mount.logged_in(mounted.gradio_app, scope)):  # the login Gradio issued: its cookie
+                raise Refusal(401, "Not authenticated")
+            check_route(scope, mounted.demo)
+            scope = self.files.file_route(scope)
+            receive, device = await self.check_body(scope, receive, mounted)
+            if path == UPLOAD and method == "POST":
+                upload = await self.files.admit_upload(scope)
+        except Refusal as refusal:
             await reply(send, refusal)
             return
-        scope = self.inbound(scope)
+        rewrite = rewritten(path)
+        if rewrite:  # API answers are not compressed, so Outbound can read what it sends
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
         if upload is not None:
             send = upload.watch(send)
-        send = Outbound(send, self.server.files_prefix, rewrite=rewritten(path))
+        send = Outbound(send, self.server.files_prefix, rewrite)
         if path == EVENT_STREAM and method == "GET":
             receive = stop_on_disconnect(scope, receive, send, mounted.stops)
         if device:
@@ -153,117 +174,96 @@ class Gate:
     def _admitted(self) -> None:
         self.admitting -= 1
 
-    # -- checks ----------------------------------------------------------------------------------------
+    # -- checks (each raises Refusal) ------------------------------------------------------------------
 
-    async def check_call(self, scope: dict, receive: Receive, mounted: Mounted) -> tuple[Receive, Refusal | None, bool]:
-        """Which function a POST calls, by name or fn_index: only ours by name, within the device's bound, naming
-        only the app's own files.
-
-        Returns the receive to pass on (the body, once read here, is replayed), a refusal or None, and whether
+    async def check_body(self, scope: dict, receive: Receive, mounted: Mounted) -> tuple[Receive, bool]:
+        """A POST that calls a function (ours by name, or any by fn_index) or cancels an event: its body is read here
+        once, checked, and replayed as checked (its files as full paths). Returns the receive to pass on and whether
         the request is for the device."""
-        path, method = scope["path"], scope["method"]
+        path = scope["path"]
         named = NAMED_CALL.match(path)
-        if method != "POST" or not (named or path == QUEUE_JOIN):
-            return receive, None, False
-        demo = mounted.demo
-        if named:
-            route, name = named.groups()
-            if route in ("run", "api") and name == "predict":  # the browser's non-queued UI events, by fn_index
-                try:  # Gradio refuses queued ones (api_open=False)
-                    receive, refusal = await self.with_full_paths(receive, mounted)
-                    return receive, refusal, False
-                except ForeignFile as error:
-                    return receive, Refusal(403, str(error)), False
+        if scope["method"] != "POST" or not (named or path in (QUEUE_JOIN, CANCEL)):
+            return receive, False
+        route, name = named.groups() if named else ("", None)
+        page = route in ("run", "api") and name == "predict"  # the browser's non-queued UI events, by fn_index
+        if named and not page:  # Gradio refuses queued ones there (api_open=False)
             if name not in PUBLIC_ENDPOINTS:
-                return receive, Refusal(404, f"there is no /{name}; this API has {endpoint_list()}"), False
+                raise Refusal(404, f"there is no /{name}; this API has {', '.join(f'/{n}' for n in PUBLIC_ENDPOINTS)}")
             if route in ("run", "api"):
-                return receive, None, False  # Gradio refuses it (api_open=False) and says to join the queue
+                return receive, False  # Gradio refuses it (api_open=False) and says to join the queue
         body = await read_body(receive)
-        data, refusal = parse_json(body)
-        if refusal is not None or data is NOT_JSON:
-            return replay(body, receive), refusal, False  # not JSON: Gradio says what is wrong with it
-        if named and named.group(2) == "stop" and isinstance(data, dict):
-            data = stop_on_behalf(data, mounted.stops)
-        fn = values.called(demo, data, named.group(2) if named else None)
-        data = values.with_defaults(data, fn)
-        by_name = named is not None and named.group(1) == "call/v2"  # /call/v2 takes keyword arguments
+        data = parse_json(body)
+        if data is NOT_JSON:
+            return replay(body, receive), False  # not JSON: Gradio says what is wrong with it
+        device = False
         try:
-            checked = self.files.full_paths(data, fn, by_name=by_name)
-            receive = replay(json.dumps(checked).encode(), receive)
+            if path == CANCEL:
+                data = await stop_cancelled(data, mounted.stops)
+            elif page:  # its files the app's own, its values fit for their components
+                fn = gradio_bridge.called_function(mounted.demo, None, data)
+                data = self.files.full_paths(data, fn)
+                if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, data, by_name=False)):
+                    raise Refusal(422, problem)
+            else:
+                data, device = self.check_call(data, name, route == "call/v2", mounted)
         except ForeignFile as error:
-            return receive, Refusal(403, str(error)), False
+            raise Refusal(403, str(error)) from None
+        return replay(json.dumps(data).encode(), receive), device
+
+    def check_call(self, data: object, name: str | None, by_name: bool, mounted: Mounted) -> tuple[object, bool]:
+        """A call by name (`by_name`: /call/v2, keyword arguments) or by fn_index (`name` None): within the device's
+        bound, naming only the app's own files, its values fit for their components. Returns the body to pass on and
+        whether the call is for the device."""
+        demo = mounted.demo
+        stopped = data.get("session_hash") if name == "stop" and isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(stopped, str) and stopped:
+            # A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
+            # put this call's answer into that stream, and the two readers took each other's answers (the stopped
+            # client waited for its timeout). The call runs in a session of its own that stops the named one.
+            data = {**data, "session_hash": mounted.stops.on_behalf(stopped)}
+        fn = gradio_bridge.called_function(demo, name, data)
+        data = gradio_bridge.with_defaults(data, fn)
+        checked = self.files.full_paths(data, fn, by_name=by_name)
         if not isinstance(data, dict):
-            return receive, None, False
+            return checked, False
         session = data.get("session_hash")
         if session is not None and not (isinstance(session, str) and session):  # "" broke Gradio's queue: a 500
-            return receive, Refusal(422, "session_hash must be a non-empty string, or left out"), False
-        if named and by_name and (problem := gradio_bridge.keyword_problem(demo, named.group(2), data)):
-            return receive, Refusal(422, problem), False
-        if not named:
+            raise Refusal(422, "session_hash must be a non-empty string, or left out")
+        if by_name and name and (problem := gradio_bridge.keyword_problem(demo, name, data)):
+            raise Refusal(422, problem)
+        if name is None:
             index = data.get("fn_index")
             if not isinstance(index, int) or isinstance(index, bool):
-                return receive, None, False  # Gradio's own validation names the field
+                return checked, False  # Gradio's own validation names the field
             if fn is None:
-                return receive, Refusal(404, f"there is no function {index}"), False
+                raise Refusal(404, f"there is no function {index}")
         if fn is None:
-            return receive, None, False
+            return checked, False
         given = data.get("data")
         if isinstance(given, list) and (problem := gradio_bridge.arity_problem(fn, len(given))):
-            return receive, Refusal(422, problem), False
+            raise Refusal(422, problem)
         if problem := values.call_problem(mounted.gradio_app, fn, checked, by_name):
-            return receive, Refusal(422, problem), False
+            raise Refusal(422, problem)
         if not gradio_bridge.runs_on_device(fn):
-            return receive, None, False
-        full = self.server.admission.refusal(self.admitting)  # the one on the device and those waiting
-        if full is not None:
-            return receive, Refusal(503, full, (("retry-after", "5"),)), False
-        return receive, None, True
-
-    async def stop_cancelled(self, receive: Receive, stops: SessionStops) -> tuple[Receive, Refusal | None]:
-        """A cancel names its session, function and event: stop the engine's request for that event and cancel that
-        event's task only (Gradio's own cancel hit every request of the function in the session). A cancel without
-        an event id (gradio_client's job.cancel() before it knew the id) cannot say which request it meant: it stops
-        none, and Gradio refuses its body."""
-        body = await read_body(receive)
-        data, refusal = parse_json(body)
-        if refusal is not None or not isinstance(data, dict):
-            return replay(body, receive), refusal
-        session, fn_index, event_id = data.get("session_hash"), data.get("fn_index"), data.get("event_id")
-        if isinstance(session, str) and isinstance(event_id, str) and isinstance(fn_index, int):
-            stops.stop(session, stopping.StopReason.CANCELLED, event_id)
-            await gradio_bridge.cancel_event_task(session, fn_index, event_id)
-            body = json.dumps({**data, "fn_index": gradio_bridge.NO_FUNCTION}).encode()
-        return replay(body, receive), None
-
-    async def with_full_paths(self, receive: Receive, mounted: Mounted) -> tuple[Receive, Refusal | None]:
-        """A page's non-queued call: its files the app's own, its values fit for their components."""
-        body = await read_body(receive)
-        data, refusal = parse_json(body)
-        if refusal is not None or data is NOT_JSON:
-            return replay(body, receive), refusal
-        fn = values.called(mounted.demo, data, None)
-        checked = self.files.full_paths(data, fn)
-        if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, checked, by_name=False)):
-            return replay(body, receive), Refusal(422, problem)
-        return replay(json.dumps(checked).encode(), receive), None
-
-    def inbound(self, scope: dict) -> dict:
-        """API requests are not compressed, so Outbound can read what it sends (a file route's path is already the
-        file's full path: FileDoors.file_route)."""
-        if not rewritten(scope["path"]):
-            return scope
-        headers = [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]
-        return {**scope, "headers": headers}
+            return checked, False
+        if full := self.server.admission.refusal(self.admitting):  # the one on the device and those waiting
+            raise Refusal(503, full, (("retry-after", "5"),))
+        return checked, True
 
 
-def stop_on_behalf(data: dict, stops: SessionStops) -> dict:
-    """A raw POST /call/stop names the session to stop, whose event stream its own client reads: Gradio would
-    put this call's answer into that stream, and the two readers took each other's answers (the stopped client
-    waited for its timeout). The call runs in a session of its own that stops the named one."""
-    session = data.get("session_hash")
-    if not isinstance(session, str) or not session:
+async def stop_cancelled(data: object, stops: SessionStops) -> object:
+    """A cancel names its session, function and event: stop the engine's request for that event and cancel that
+    event's task only (Gradio's own cancel hit every request of the function in the session). A cancel without an
+    event id (gradio_client's job.cancel() before it knew the id) cannot say which request it meant: it stops none,
+    and Gradio refuses its body."""
+    if not isinstance(data, dict):
         return data
-    return {**data, "session_hash": stops.on_behalf(session)}
+    session, fn_index, event_id = data.get("session_hash"), data.get("fn_index"), data.get("event_id")
+    if not (isinstance(session, str) and isinstance(event_id, str) and isinstance(fn_index, int)):
+        return data
+    stops.stop(session, stopping.StopReason.CANCELLED, event_id)
+    await gradio_bridge.cancel_event_task(session, fn_index, event_id)
+    return {**data, "fn_index": gradio_bridge.NO_FUNCTION}
 
 
 def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: SessionStops) -> Receive:
@@ -283,9 +283,4 @@ def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: Ses
 def rewritten(path: str) -> bool:
     """Gradio's API answers (JSON and event streams), not pages, assets or files' bytes."""
     return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTES)) or path in ("/config", "/config/")
-
-
-def endpoint_list() -> str:
-    return ", ".join(f"/{name}" for name in PUBLIC_ENDPOINTS)
-
 

@@ -13,7 +13,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 # INFO lines the library writes per session or per request (mcp 1.30.0): "Created new transport with session ID",
 # "Session ... idle timeout" (the manager), "Terminating session" (the transport), "Processing request of type"
-# (the low-level server). A flood of sessions is said in one line by server/mcp_sessions.py instead.
+# (the low-level server). A flood of sessions is said in one line by server/mcp.py (SessionBound) instead.
 PER_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http", "mcp.server.lowlevel.server")
 
 
@@ -54,10 +54,6 @@ def open_sessions(manager: StreamableHTTPSessionManager) -> list[OpenSession]:
         idle = math.inf if timeout is None else deadline - timeout
         sessions.append(OpenSession(session_id, idle))
     return sessions
-
-
-def open_count(manager: StreamableHTTPSessionManager) -> int:
-    return len(manager._server_instances)
 
 
 async def close_session(manager: StreamableHTTPSessionManager, session_id: str) -> None:

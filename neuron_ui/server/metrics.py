@@ -19,22 +19,16 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 class EngineMetrics:
     """An engine observer that counts images, errors, compilations and cache events, and times requests."""
 
-    def __init__(self, engine=None, registry: CollectorRegistry | None = None,
-                 waiting: Callable[[], int] | None = None):
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
         self.images = Counter("neuron_ui_images", "Images generated", ["resolution", "cache_event"], registry=r)
         self.errors = Counter("neuron_ui_errors", "Requests that failed, by kind", ["kind"], registry=r)
-        self.compilations = Counter(
-            "neuron_ui_compilations", "Shape compilations, by cache event", ["resolution", "cache_event"], registry=r
-        )
-        self.compile_seconds = Counter(
-            "neuron_ui_compile_seconds", "Seconds spent compiling shapes", ["resolution"], registry=r
-        )
-        self.latency = Histogram(
-            "neuron_ui_generation_seconds", "Request latency, compilation included", ["resolution"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )
+        self.compilations = Counter("neuron_ui_compilations", "Shape compilations, by cache event",
+                                    ["resolution", "cache_event"], registry=r)
+        self.compile_seconds = Counter("neuron_ui_compile_seconds", "Seconds spent compiling shapes", ["resolution"],
+                                       registry=r)
+        self.latency = Histogram("neuron_ui_generation_seconds", "Request latency, compilation included",
+                                 ["resolution"], buckets=LATENCY_BUCKETS, registry=r)
         self.replica_images = Counter("neuron_ui_replica_images", "Images generated, by engine replica (--replicas)",
                                       ["replica"], registry=r)
         self.queue_depth = Gauge("neuron_ui_queue_depth", "Requests accepted and waiting for the device", registry=r)
@@ -50,18 +44,14 @@ class EngineMetrics:
                           "(docs/operations.md#memory)", ["record"], registry=r)
         self._engine = None
         self._waiting: Callable[[], int] = lambda: 0
-        if engine is not None:
-            self.attach(engine, waiting)
 
-    def attach(self, engine, waiting: Callable[[], int] | None = None) -> None:
-        """Observe `engine`; `waiting` counts requests not yet on the device (the engine's own count if None)."""
+    def attach(self, engine, waiting: Callable[[], int], held: Callable[[], dict[str, int]]) -> None:
+        """Observe `engine`; `waiting` counts requests not yet on the device, `held()` what Gradio holds, served as
+        neuron_ui_gradio_held{record=...}; both read at each scrape."""
         self._engine = engine
-        self._waiting = waiting or (lambda: engine.status().queue_depth)
+        self._waiting = waiting
         engine.observers.add(self)
         self.loaded.set(1)
-
-    def watch_held(self, held: Callable[[], dict[str, int]]) -> None:
-        """Serve `held()`'s counts as neuron_ui_gradio_held{record=...}, read at each scrape."""
         for record in held():
             self.held.labels(record).set_function(functools.partial(_count, held, record))
 

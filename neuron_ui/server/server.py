@@ -31,12 +31,11 @@ from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import folder_prefix
-from neuron_ui.server.gate import SHUTTING_DOWN, Gate
+from neuron_ui.server.gate import SHUTTING_DOWN, Gate, Mounted
 from neuron_ui.server.metrics import EngineMetrics
-from neuron_ui.server.mounted import Mounted
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
-from neuron_ui.web.gradio_bridge import device_events, device_queue_length, waiting_for_device
+from neuron_ui.web.gradio_bridge import device_queue_length
 from neuron_ui.web.gradio_mount import GradioLimits
 from neuron_ui.web.uploads import UploadFolder
 
@@ -62,13 +61,12 @@ class Server:
 
     `gradio_limits` bounds what Gradio keeps per session (the tests give small ones)."""
 
-    def __init__(self, settings: Settings, metrics: EngineMetrics | None = None,
-                 health: Callable[[], str | None] | None = None, loading: LoadingState | None = None,
-                 gradio_limits: GradioLimits | None = None):
+    def __init__(self, settings: Settings, health: Callable[[], str | None] | None = None,
+                 loading: LoadingState | None = None, gradio_limits: GradioLimits | None = None):
         self.settings = settings
         self.health = health  # why serving is impaired (None: it is not), e.g. a tensor-parallel rank is gone
         self.loading = loading or LoadingState()  # what start-up does before serving (a compile-cache download)
-        self.metrics = metrics or EngineMetrics()
+        self.metrics = EngineMetrics()
         self.gradio_limits = gradio_limits or GradioLimits()
         self.mounted: Mounted | None = None  # the UI, once mount() serves it
         self.engine: EngineLike | None = None
@@ -81,11 +79,15 @@ class Server:
         self.draining = False
         # the device's one bound over every door: Gradio's events (once mounted) and MCP's calls
         self.admission = Admission(settings.max_queue,
-                                   lambda: device_events(self.mounted.demo) if self.mounted is not None else 0)
+                                   lambda: device_queue_length(self.mounted.demo, running=True) if self.mounted else 0)
         self._drain_requested = threading.Event()
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
-        self.mcp = self._build_mcp() if settings.mcp else None
+        self.mcp: McpEndpoint | None = None
+        if settings.mcp:
+            from neuron_ui.server.mcp import McpEndpoint  # only with --mcp: the `mcp` package
+
+            self.mcp = McpEndpoint(settings, self.admission, self._logged_in)
         self.app = self._build_app()
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=3)
@@ -110,7 +112,7 @@ class Server:
         async def lifespan(app: FastAPI):
             self._loop = asyncio.get_running_loop()
             # Gradio's own lifespan, entered by mount(), ends with ours; the MCP sessions' too (--mcp)
-            async with self._gradio_lifespan, self.mcp.running() if self.mcp else nullcontext():
+            async with self._gradio_lifespan, self.mcp.manager.run() if self.mcp else nullcontext():
                 yield
 
         app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -140,12 +142,6 @@ class Server:
         if self.mcp is not None:  # before Gradio's mount at /, which would answer these paths itself
             app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)
         return app
-
-    def _build_mcp(self) -> McpEndpoint:
-        """The MCP tools (--mcp): imported only then (the `mcp` package)."""
-        from neuron_ui.server.mcp import McpEndpoint
-
-        return McpEndpoint(self.settings, self.admission, self._logged_in)
 
     def _logged_in(self, scope: dict) -> bool:
         """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
@@ -182,14 +178,15 @@ class Server:
         running requests by session (its builder's), which a client's cancel or disconnect stops (the gate)."""
         if self._loop is None:
             raise RuntimeError("start() the server before mounting the UI")
-        if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/routes.py)
+        if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/doors.py)
             raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
         gradio_mount.send_files_in_pieces(DOWNLOAD_PIECE)
         gradio_app = gradio_mount.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)
         started = gradio_mount.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
         asyncio.run_coroutine_threadsafe(started, self._loop).result(timeout)
-        self.metrics.attach(engine, waiting=lambda: waiting_for_device(demo, engine))
-        self.metrics.watch_held(lambda: gradio_mount.held(demo, gradio_app))
+        # everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)
+        self.metrics.attach(engine, waiting=lambda: device_queue_length(demo) + engine.status().queue_depth,
+                            held=lambda: gradio_mount.held(demo, gradio_app))
         self.engine, self.mounted = engine, Mounted(demo, gradio_app, stops)
         if self.mcp is not None:
             self.mcp.serve(engine)
@@ -198,10 +195,6 @@ class Server:
         if self.settings.share:
             self.share_url = gradio_mount.open_share_link(demo, self.settings)
         return self
-
-    def device_queue_length(self) -> int:
-        """Requests in Gradio's queue for the device, not yet in the engine's."""
-        return device_queue_length(self.mounted.demo) if self.mounted is not None else 0
 
     def request_drain(self) -> None:
         """Safe in a signal handler: serve_forever() drains and returns."""
@@ -235,7 +228,7 @@ class Server:
         deadline = time.monotonic() + timeout
         finished = self.engine.drain(timeout) if self.engine is not None else True
         # Gradio starts what waited in its queue one by one; each is refused by the closed device at once.
-        while self.device_queue_length() and time.monotonic() < deadline:
+        while self.mounted and device_queue_length(self.mounted.demo) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the last answers reach their event streams
         if not finished:

@@ -20,7 +20,6 @@ of any other kind passes through unchanged.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -59,7 +58,7 @@ def call_problem(gradio_app: App, fn: BlockFunction, data: object, by_name: bool
         if index in values and index not in wrapped and not getattr(block, "stateful", False):
             problem = value_problem(block, values[index], preprocessed)
             if problem is not None:
-                return f"{label(block, index)} {problem}"
+                return f"{getattr(block, 'label', None) or f'input {index + 1}'} {problem}"
     return None
 
 
@@ -67,7 +66,7 @@ def value_problem(block: Block, value: object, preprocessed: bool) -> str | None
     """What the component takes and what came instead, when `value` is not that; None when it fits (or the component
     is of no kind known here)."""
     fits = gradio_bridge.fits_data_model(block, value)
-    if fits is not None:  # files: never echoed, their paths are the server's by now (file_doors.py)
+    if fits is not None:  # files: never echoed, their paths are the server's by now (doors.py)
         if value is None:
             return None  # an empty file, image or editor: the handler says what it needs
         if not fits:
@@ -80,8 +79,9 @@ def value_problem(block: Block, value: object, preprocessed: bool) -> str | None
 
 
 def plain_problem(block: Block, value: object) -> str | None:
-    if value is None:
-        return None if isinstance(block, gr.Number) or may_be_empty(block) else "takes a value"
+    if value is None:  # a component whose own value may be None (nothing chosen yet) takes None; one that always
+        own = getattr(block, "value", None)  # holds a value never sends None from the page
+        return None if isinstance(block, gr.Number) or own is None or callable(own) else "takes a value"
     if isinstance(block, (gr.Dropdown, gr.Radio, gr.CheckboxGroup)):
         return choice_problem(block, value)
     if isinstance(block, gr.Checkbox):
@@ -95,13 +95,6 @@ def plain_problem(block: Block, value: object) -> str | None:
         fits = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < count
         return None if fits else f"takes the index of an example, from 0 to {count - 1}"
     return None
-
-
-def may_be_empty(block: Block) -> bool:
-    """A component whose own value may be None (nothing chosen yet) takes None; one that always holds a value never
-    sends None from the page."""
-    value = getattr(block, "value", None)
-    return value is None or callable(value)
 
 
 def choice_problem(block: gr.Dropdown | gr.Radio | gr.CheckboxGroup, value: object) -> str | None:
@@ -147,10 +140,6 @@ def file_type_problem(block: Block, value: object) -> str | None:
     return f"takes {', '.join(types)} files only, got {shown(os.path.basename(wrong[0]))}"
 
 
-def label(block: Block, index: int) -> str:
-    return str(getattr(block, "label", None) or f"input {index + 1}")
-
-
 def kind(value: object) -> str:
     """What a refused file value is, without its paths."""
     if isinstance(value, dict):
@@ -164,23 +153,3 @@ def shown(value: object) -> str:
     """A value as the caller sent it, cut short: one line, never long."""
     text = json.dumps(value, default=str)
     return text if len(text) <= SHOWN else text[:SHOWN] + "..."
-
-
-def called(demo: gr.Blocks, data: object, api_name: str | None) -> BlockFunction | None:
-    """The demo's function a call names (by api_name, or by the body's fn_index), None if it names none."""
-    index = data.get("fn_index") if isinstance(data, dict) else None
-    return gradio_bridge.called_function(demo, api_name, index)
-
-
-def with_defaults(data: object, fn: BlockFunction | None) -> object:
-    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
-    /generate's lora and lora_scale) gets the defaults; one that leaves out a required input is refused later."""
-    if not isinstance(data, dict) or fn is None:
-        return data
-    values, defaults = data.get("data"), gradio_bridge.input_defaults(fn)
-    if not isinstance(values, list) or len(values) >= len(defaults):
-        return data
-    missing = defaults[len(values):]
-    if any(default is inspect.Parameter.empty for default in missing):
-        return data
-    return {**data, "data": [*values, *missing]}

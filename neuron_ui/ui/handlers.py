@@ -22,7 +22,7 @@ from neuron_ui.ui.history import EditorValue, HistoryEntry, entry_named, gallery
 from neuron_ui.ui.named_api import NamedApi
 from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, SessionEvents, asker
 from neuron_ui.web.errors import user_errors
-from neuron_ui.web.previews import PreviewFiles
+from neuron_ui.web.files import PreviewFiles
 from neuron_ui.web.progress import ProgressBar, ProgressReporter
 from neuron_ui.ui.styles import describe_style, request_style
 from neuron_ui.ui.words import (

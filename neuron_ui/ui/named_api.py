@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.results import EngineStatus, StepPreview
     from neuron_ui.studio.studio import PreviewSink, Studio
-    from neuron_ui.web.previews import PreviewFiles
+    from neuron_ui.web.files import PreviewFiles
 
 
 class NamedApi:

@@ -1,5 +1,5 @@
-"""Where images are written for Gradio to serve: a persistent folder in the cache folder, bounded, and a private
-folder per process for everything else Gradio keeps (uploads)."""
+"""Where images are written for Gradio to serve: a persistent folder in the cache folder, bounded; step previews in a
+folder of their own, bounded too; and a private folder per process for everything else Gradio keeps (uploads)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,30 @@ import secrets
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from neuron_ui.config.cache_paths import is_disk_full
 from neuron_ui.config.processes import pid_alive
 from neuron_ui.contract.errors import EngineError
+from neuron_ui.studio.bridge import Bridge, Finished
 
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
 
     from neuron_ui.studio.grid_sheet import GridResult
-    from neuron_ui.contract.results import GenerateResult
+    from neuron_ui.contract.results import GenerateResult, StepPreview
+
+R = TypeVar("R")
+F = TypeVar("F")
 
 logger = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 IMAGES = "images"  # the images' folder in the cache folder; its link in the private folder is named images-<hash>
 IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
+KEEP_PREVIEWS = 64  # files: a page fetches its preview at once; 64 leave 16 images of 4 steps in flight at a time
 
 
 DISK_FULL = ("the image was made but the server's disk is full, so it could not be saved; free some space and try "
@@ -147,6 +153,45 @@ def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
     return ImageStore(folder, keep, served=link, spill=True)
 
 
+class PreviewFiles:
+    """The step previews' PNGs (a few kB each at the latents' resolution), under random names, the newest kept. An
+    image a handler yields would otherwise go into Gradio's cache, one file per step of every image, never removed."""
+
+    def __init__(self, folder: Path | None = None, keep: int = KEEP_PREVIEWS):
+        if folder is None:
+            folder = Path(tempfile.mkdtemp(prefix="previews-", dir=private_file_folder()))
+        self.folder = Path(folder)
+        self.keep = keep
+        self._saved: collections.deque[Path] = collections.deque()
+        self._lock = threading.Lock()
+
+    def save(self, preview: StepPreview) -> str | None:
+        """The preview's file, or None when it cannot be written (a full disk): a preview never fails the image."""
+        path = self.folder / f"{secrets.token_hex(8)}-step{preview.step}.png"
+        try:
+            path.write_bytes(preview.png())
+        except OSError as error:
+            path.unlink(missing_ok=True)
+            logger.warning("a step preview was not written: %s", error)
+            return None
+        with self._lock:
+            self._saved.append(path)
+            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
+        for oldest in dropped:
+            oldest.unlink(missing_ok=True)
+        return str(path)
+
+    def shown(self, work: Callable[[Callable[[StepPreview], None]], R],
+              frame: Callable[[str, StepPreview], F]) -> Iterator[R | F]:
+        """`work(on_preview)` through the studio's bridge, for a generator handler: each step's estimate of the image
+        saved and yielded as `frame(its file, it)` (a slow reader skips to the newest), then work's value."""
+        for item in Bridge(work):
+            if isinstance(item, Finished):
+                yield item.value
+            elif path := self.save(item):
+                yield frame(path, item)
+
+
 PRIVATE_FOLDER = re.compile(r"neuron-ui-(\d+)-\w+")
 
 
@@ -156,8 +201,8 @@ def private_file_folder(environ: MutableMapping[str, str] = os.environ) -> Path:
     Gradio's file route serves everything under GRADIO_TEMP_DIR (default <temp>/gradio: other apps' and other
     users' files too) and under GRADIO_EXAMPLES_CACHE; both are pointed here, inside the folder they named
     (or <temp>), so this app serves only its own files. Gradio reads them when it builds components and mounts,
-    so this runs first (Server() and build_demo). Folders of killed processes (`neuron-ui-<pid>-*` whose pid
-    is gone) are swept.
+    so this runs first (Server() and build_demo). Folders of processes that died without cleaning up (killed, out
+    of memory: `neuron-ui-<pid>-*` whose pid is gone) are swept.
     """
     current = Path(environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir())
     mine = PRIVATE_FOLDER.fullmatch(current.name)
@@ -165,18 +210,14 @@ def private_file_folder(environ: MutableMapping[str, str] = os.environ) -> Path:
         return current
     base = current.resolve()
     base.mkdir(parents=True, exist_ok=True)
-    sweep_dead_folders(base)
+    for dead in base.glob("neuron-ui-*"):
+        owner = PRIVATE_FOLDER.fullmatch(dead.name)
+        if owner and dead.is_dir() and dead.stat().st_uid == os.getuid() and not pid_alive(int(owner.group(1))):
+            logger.info("removing %s, left by a stopped process", dead)
+            shutil.rmtree(dead, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f"neuron-ui-{os.getpid()}-", dir=base))
     atexit.register(shutil.rmtree, folder, True)
     environ["GRADIO_TEMP_DIR"] = str(folder)
     environ["GRADIO_EXAMPLES_CACHE"] = str(folder / "examples")
     return folder
 
-
-def sweep_dead_folders(base: Path) -> None:
-    """Remove the private folders of processes that died without cleaning up (killed, out of memory)."""
-    for folder in base.glob("neuron-ui-*"):
-        owner = PRIVATE_FOLDER.fullmatch(folder.name)
-        if owner and folder.is_dir() and folder.stat().st_uid == os.getuid() and not pid_alive(int(owner.group(1))):
-            logger.info("removing %s, left by a stopped process", folder)
-            shutil.rmtree(folder, ignore_errors=True)

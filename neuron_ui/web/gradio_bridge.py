@@ -6,6 +6,7 @@ these two files against the new source, and the tests named beside each use fail
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from pathlib import Path
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from gradio.blocks import Block, BlockContext
     from gradio.components import Component
     from gradio.routes import App
-
-    from neuron_ui.contract.engine_like import EngineLike
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +58,9 @@ def current_event() -> tuple[str | None, str | None]:
     return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
 
 
-def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
-    """Which inputs of a demo function take files: their positions, and their handler's parameter names (the
-    names /call/v2 bodies use: gradio/routes.py maps them by the function's signature, 6.31). A component takes
-    files when its API schema holds a FileData (gradio_client's value_is_file, as the client decides to upload)."""
+def file_inputs(fn: BlockFunction) -> frozenset[int]:
+    """Which inputs of a demo function take files, by position. A component takes files when its API schema holds a
+    FileData (gradio_client's value_is_file, as the client decides to upload)."""
     from gradio_client.utils import value_is_file
 
     def takes_files(block: Component | BlockContext) -> bool:
@@ -73,17 +71,21 @@ def file_inputs(fn: BlockFunction) -> tuple[frozenset[int], frozenset[str]]:
         except Exception:  # noqa: BLE001 - a component without an API schema takes no file
             return False
 
-    indices = frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
-    parameters = [parameter.name for parameter in _parameters(fn)]
-    return indices, frozenset(parameters[i] for i in indices if i < len(parameters))
+    return frozenset(i for i, block in enumerate(fn.inputs) if takes_files(block))
 
 
-def input_defaults(fn: BlockFunction) -> list[Any]:
-    """The default of each input of a demo function, from its handler's signature (inspect.Parameter.empty where
-    it has none): a call that leaves out trailing inputs that all have defaults gets those, as a keyword call
-    would (an older client's call, from before a release added an input)."""
+def with_defaults(body: object, fn: BlockFunction | None) -> object:
+    """A positional call that leaves out trailing inputs with defaults (one made before a release added them, e.g.
+    /generate's lora and lora_scale) gets the defaults from the handler's signature, as a keyword call would; one that
+    leaves out a required input is refused later."""
+    if not isinstance(body, dict) or fn is None or not isinstance(values := body.get("data"), list):
+        return body
     parameters = _parameters(fn)
-    return [parameters[i].default if i < len(parameters) else inspect.Parameter.empty for i in range(len(fn.inputs))]
+    missing = [parameters[i].default if i < len(parameters) else inspect.Parameter.empty
+               for i in range(len(values), len(fn.inputs))]
+    if not missing or any(default is inspect.Parameter.empty for default in missing):
+        return body
+    return {**body, "data": [*values, *missing]}
 
 
 def _parameters(fn: BlockFunction) -> list[inspect.Parameter]:
@@ -104,11 +106,12 @@ def current_user() -> str | None:
     return getattr(LocalContext.request.get(None), "username", None)
 
 
-def called_function(demo: gr.Blocks, api_name: str | None, index: object = None) -> BlockFunction | None:
-    """The demo's function a call names: by api_name, else by fn_index (the browser's calls); None if none.
+def called_function(demo: gr.Blocks, api_name: str | None, body: object) -> BlockFunction | None:
+    """The demo's function a call names: by api_name, else by its body's fn_index (the browser's calls); None if none.
     Gradio 6.31 keeps them in `Blocks.fns`, a dict by fn_index of BlockFunction (gradio/block_function.py)."""
     if api_name is not None:
         return next((fn for fn in demo.fns.values() if fn.api_name == api_name), None)
+    index = body.get("fn_index") if isinstance(body, dict) else None
     return demo.fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
 
 
@@ -140,14 +143,9 @@ async def cancel_event_task(session: str, fn_index: int, event_id: str) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def device_events(demo: gr.Blocks) -> int:
-    """Device events Gradio has accepted and not finished: its queue, and the ones running (each waits in the
-    engine's queue or holds the device). server.gate.Gate bounds this by --max-queue + 1."""
-    return device_queue_length(demo, running=True)
-
-
 def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
-    """Requests Gradio has accepted for the device and not yet started (`running`: and the ones started).
+    """Requests Gradio has accepted for the device and not yet started (`running`: and the ones started, each waiting
+    in the engine's queue or holding the device: server/admission.py bounds those by --max-queue + 1).
 
     Gradio 6 has no public call for this. Its queue keeps one EventQueue per concurrency id, whose `queue` list
     holds the events not yet started (gradio/queueing.py: Queue.event_queue_per_concurrency_id); only this
@@ -159,18 +157,13 @@ def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
             return 0
         return len(event_queue.queue) + (event_queue.current_concurrency if running else 0)
     except AttributeError:
-        if not _UNREADABLE_QUEUE:
-            _UNREADABLE_QUEUE.append(True)
-            logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
+        _warn_unreadable_queue()
         return 0
 
 
-_UNREADABLE_QUEUE: list[bool] = []  # warned once
-
-
-def waiting_for_device(demo: gr.Blocks, engine: EngineLike) -> int:
-    """Everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)."""
-    return device_queue_length(demo) + engine.status().queue_depth
+@functools.cache  # warned once
+def _warn_unreadable_queue() -> None:
+    logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
 
 
 def known_session(demo: gr.Blocks, session: str) -> bool:
@@ -251,7 +244,8 @@ def runs_preprocess(fn: BlockFunction) -> bool:
 
 
 def parameter_names(fn: BlockFunction) -> list[str]:
-    """The handler's parameter names, by input position (what a /call/v2 body names its values by)."""
+    """The handler's parameter names, by input position: the names /call/v2 bodies use (gradio/routes.py maps them by
+    the function's signature, 6.31)."""
     return [parameter.name for parameter in _parameters(fn)]
 
 

@@ -49,21 +49,17 @@ def send_files_in_pieces(piece: int) -> None:
     FileResponse.chunk_size = piece
 
 
-def launch_options() -> dict[str, Any]:
-    """Theme and CSS: Gradio 6 takes them at launch (or mount), not in Blocks()."""
-    theme = gr.themes.Soft(primary_hue="amber", secondary_hue="slate", neutral_hue="slate")
-    return {"theme": theme, "css_paths": [ASSETS / "style.css"]}
-
-
 def mount(app: FastAPI, demo: gr.Blocks, settings: Settings, max_file_size: str, limits: GradioLimits) -> Any:
     """Mount the queued demo at / of `app`; returns Gradio's own App, which gr.mount_gradio_app does not return:
     in 6.31 it appends one starlette Mount to the parent's routes (gradio/routes.py, mount_gradio_app)."""
     demo.state_session_capacity = limits.sessions  # read when mounting (gradio/state_holder.py, set_blocks)
+    theme = gr.themes.Soft(primary_hue="amber", secondary_hue="slate", neutral_hue="slate")
     gr.mount_gradio_app(app, demo, path="/", server_name=settings.host, server_port=settings.port,
                         auth=settings.auth,
                         show_error=False,  # only our gr.Error messages reach users; anything else is logged
                         mcp_server=False,  # never Gradio's own MCP server, even with GRADIO_MCP_SERVER (server.mcp)
-                        max_file_size=max_file_size, **launch_options())
+                        max_file_size=max_file_size,
+                        theme=theme, css_paths=[ASSETS / "style.css"])  # Gradio 6 takes them at mount, not in Blocks()
     mounted = app.router.routes[-1]
     if not isinstance(mounted, Mount):
         raise RuntimeError("gr.mount_gradio_app did not append its mount (a Gradio change?)")
@@ -84,8 +80,7 @@ async def start(demo: gr.Blocks, gradio_app: App, lifespan: AsyncExitStack, limi
     demo._queue.ANALYTICS_MAX_EVENTS = 1
     demo._queue.pending_messages_per_session.max_size = limits.streams
     demo._queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # (sic) never summarised
-    housekeeping = _housekeeping(demo, gradio_app, limits.housekeeping_seconds)
-    lifespan.push_async_callback(_cancel, asyncio.create_task(housekeeping))
+    lifespan.callback(asyncio.create_task(_housekeeping(demo, gradio_app, limits.housekeeping_seconds)).cancel)
 
 
 async def _housekeeping(demo: gr.Blocks, gradio_app: App, seconds: float) -> None:
@@ -96,10 +91,6 @@ async def _housekeeping(demo: gr.Blocks, gradio_app: App, seconds: float) -> Non
         await asyncio.sleep(seconds)
         forget(demo, gradio_app)
         release_free_heap()
-
-
-async def _cancel(task: asyncio.Task) -> None:
-    task.cancel()
 
 
 def forget(demo: gr.Blocks, gradio_app: App) -> None:

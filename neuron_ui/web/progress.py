@@ -78,7 +78,10 @@ class ProgressReporter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._stop_ticker()
+        if self.compile is not None:
+            self.compile = None
+            self.on_compile(None)
 
     def __call__(self, update: ProgressUpdate) -> None:
         self._stop_ticker()
@@ -99,12 +102,6 @@ class ProgressReporter:
             self.on_compile(None)
         # Gradio shows no text for a None fraction, so a stage of unknown length shows as 0%.
         self.progress(update.fraction or 0.0, desc=self.prefix + update.message)
-
-    def close(self) -> None:
-        self._stop_ticker()
-        if self.compile is not None:
-            self.compile = None
-            self.on_compile(None)
 
     def _show_compile(self) -> None:
         wait = self.compile

@@ -12,6 +12,7 @@ thousand tiny files cost what they take on disk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -93,49 +94,39 @@ class UploadFolder:
         """Remove the uploads unused for `retention` seconds, and count the rest."""
         deadline = self.clock() - self.retention
         total = removed = 0
-        try:
-            entries = list(os.scandir(self.root))
-        except OSError:
-            entries = []
-        for entry in entries:
-            if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-                kept, gone = self._sweep_folder(entry.path, deadline)
-                total, removed = total + kept, removed + gone
-            elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                kept, gone = self._sweep_file(entry.path, deadline)
-                total, removed = total + kept, removed + gone
+        folders, files = self._uploaded()
+        for path in files:
+            try:
+                info = os.lstat(path)
+                if info.st_mtime < deadline:
+                    os.unlink(path)
+                    removed += 1
+                else:
+                    total += max(info.st_size, FILE_COST)
+            except OSError:
+                pass
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only once empty
         with self._lock:
             self._counted, self._since = total, 0
         if removed:
             logger.info("removed %d uploads unused for %.0f s; %.1f MB of uploads kept", removed, self.retention,
                         total / 2**20)
 
-    def _sweep_folder(self, folder: str, deadline: float) -> tuple[int, int]:
-        total = removed = 0
-        try:
-            files = list(os.scandir(folder))
-        except OSError:
-            return 0, 0
-        for entry in files:
-            kept, gone = self._sweep_file(entry.path, deadline)
-            total, removed = total + kept, removed + gone
-        try:
-            os.rmdir(folder)  # only once empty
-        except OSError:
-            pass
-        return total, removed
-
-    @staticmethod
-    def _sweep_file(path: str, deadline: float) -> tuple[int, int]:
-        """(bytes it still counts for, 1 if it was removed)."""
-        try:
-            info = os.lstat(path)
-            if info.st_mtime < deadline:
-                os.unlink(path)
-                return 0, 1
-        except OSError:
-            return 0, 0
-        return max(info.st_size, FILE_COST), 0
+    def _uploaded(self) -> tuple[list[str], list[str]]:
+        """Gradio's upload folders, and their files with the parsers' leftovers."""
+        folders: list[str] = []
+        files: list[str] = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.root):
+                if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                    with contextlib.suppress(OSError):
+                        files.extend(item.path for item in os.scandir(entry.path))
+                elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    files.append(entry.path)
+        return folders, files
 
     # -- the sweeper ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,200 @@
+"""The gate's checks on the doors a request goes through: its route and its files.
+
+Routes: which answer without a login, which this app does not use, and which must name a page, an event or a session
+that exists. Gradio 6.31 mounts about 90 routes and checks the login on some of them only (`/gradio_api/stream/<id>`
+and `/gradio_api/stream/<id>/close`, `/cancel`, `/reset` and others answered anyone); so with a login the gate asks
+for it everywhere except on a short list, which a new Gradio route cannot join by accident (tests/test_http.py sends
+every mounted route without a login).
+
+Files: every file a call names is one the app stored, the file route serves only those, and uploads stay within their
+budget.
+
+The API takes files as sent (preprocess=False), and so does the inpaint editor, so a path in a request would be read
+from disk as is: `full_paths` refuses (ForeignFile, a 403) any that is not inside the app's folder, before anything
+reads it, with the one rule of contract/files.py; `file_route` applies the same rule to the file route (Gradio's own
+list of what it serves is the interpreter's, and grows with gradio_bridge.serve_in_place). Uploads reach Gradio only
+within the disk budget of web/uploads.py: `admit_upload` refuses the rest in one line, unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
+
+from neuron_ui.contract.files import ForeignFile, StoredFiles
+from neuron_ui.server.asgi import Message, Refusal, Send
+from neuron_ui.web import gradio_bridge
+from neuron_ui.web.files import IMAGE_NAME, IMAGES
+
+if TYPE_CHECKING:
+    import gradio as gr
+    from gradio.block_function import BlockFunction
+
+    from neuron_ui.web.uploads import UploadFolder
+
+# Answered without a login (docs/operations.md, "Without a login"): what the login page loads (a browser's
+# requests, recorded), and the files every site serves. GET and HEAD only; the login form's POST besides.
+OPEN_WITHOUT_LOGIN = frozenset({"/", "/theme.css", "/robots.txt", "/manifest.json", "/favicon.ico"})
+OPEN_PREFIXES = ("/assets/", "/static/")
+LOGIN_FORM = "/login"
+# The MCP tools (--mcp, server/mcp.py) check the login themselves: HTTP Basic, which MCP clients send, or the cookie.
+OWN_LOGIN = "/gradio_api/mcp"
+# Components' server functions (ImageEditor.accept_blobs, FileExplorer.ls). Gradio 6.31's editor page calls
+# accept_blobs only with a `realtime` prop its Python side cannot set, so this app's editor sends its images by upload;
+# and accept_blobs kept whatever anyone posted in memory for ever (a layer index of 10^8 alone cost 763 MB).
+# server.Server.mount refuses a demo whose page would call one (gradio_bridge.page_server_calls).
+COMPONENT_SERVER = "/gradio_api/component_server"
+EVENT_RESULT = re.compile(r"^/gradio_api/call/(?:v2/)?[^/]+/([^/]+)/?$")  # GET: one event's stream
+SESSION_STREAM = "/gradio_api/queue/data"
+FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # Gradio 6.31's file route, and its older spelling
+UPLOAD_REFUSALS = {"length": (411, ""), "too_large": (413, ""), "full": (507, "60")}  # status, retry-after
+EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value holds files under these keys
+
+
+def open_without_login(path: str, method: str) -> bool:
+    """Whether a request may go on without a login when NEURON_UI_AUTH is set."""
+    bare = path.rstrip("/") or "/"
+    if bare == OWN_LOGIN:
+        return True
+    if bare == LOGIN_FORM:
+        return method == "POST"
+    if method not in ("GET", "HEAD"):
+        return False
+    return bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES)
+
+
+def check_route(scope: dict, demo: gr.Blocks) -> None:
+    """Refusal for a route this app does not serve, or a request naming a page, event or session Gradio does not have
+    (Gradio answered a 500 for an unknown page, and began a 200 stream it then broke for an unknown event or
+    session)."""
+    path, method = scope["path"], scope["method"]
+    if path.rstrip("/") == COMPONENT_SERVER:
+        raise Refusal(404, "this app's components take no server calls (the image editor sends its images by upload)")
+    if method not in ("GET", "HEAD"):
+        return
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)  # FastAPI reads the last
+    if path == "/" and (unknown := set(query.get("page", [])) - gradio_bridge.page_names(demo)):
+        raise Refusal(404, f"there is no page {min(unknown)[:80]!r}")
+    sessions = query.get("session_hash", [""])
+    if path == SESSION_STREAM and not all(gradio_bridge.known_session(demo, s) for s in sessions):
+        raise Refusal(404, "this session has no events waiting: join the queue first (its results may have been sent "
+                           "already)")
+    if (named := EVENT_RESULT.match(path)) and not gradio_bridge.known_event(demo, named.group(1)):
+        raise Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")
+
+
+
+class FileDoors:
+    """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget."""
+
+    def __init__(self, stored: StoredFiles, uploads: UploadFolder):
+        self.stored_files = stored
+        self.uploads = uploads
+        self._file_inputs: dict[BlockFunction, frozenset[int]] = {}  # per function, found once
+
+    def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
+        """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
+
+        Where an input takes files (`fn`'s file inputs, by position, or by parameter name for /call/v2) every
+        value must name one of the app's files, in any shape: a path, a FileData with or without "meta", a list,
+        an editor value. Elsewhere a FileData with "meta" (a gallery's selected image) is checked the same way.
+        The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
+        indices = self.file_inputs(fn)
+        if isinstance(data, dict) and by_name:
+            names = gradio_bridge.parameter_names(fn) if fn is not None else []
+            data = {key: self.paths(value, key in names and names.index(key) in indices) for key, value in data.items()}
+        elif isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = {**data, "data": [self.paths(value, index in indices) for index, value in enumerate(data["data"])]}
+        return self.paths(data, False)
+
+    def file_route(self, scope: dict) -> dict:
+        """A request on a file route names one of the app's files, or is refused (Refusal) before Gradio sees it: a
+        relative name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one
+        must lie in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes
+        is served. Gradio then checks the file itself (links resolved)."""
+        path = scope["path"]
+        route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
+        if route is None:
+            return scope
+        name = path[len(route):]
+        try:
+            full = self.stored_files.resolve(name)
+        except ForeignFile:
+            raise Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app") from None
+        folder, _, rest = full[len(self.stored_files.prefix):].partition(os.sep)
+        if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
+            raise Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
+        routed = FILE_ROUTES[0] + full
+        return {**scope, "path": routed, "raw_path": routed.encode()}
+
+    def file_inputs(self, fn: BlockFunction | None) -> frozenset[int]:
+        if fn is None:
+            return frozenset()
+        if fn not in self._file_inputs:
+            self._file_inputs[fn] = gradio_bridge.file_inputs(fn)
+        return self._file_inputs[fn]
+
+    def paths(self, value: object, as_file: bool) -> object:
+        """A value sent where a file goes (`as_file`): each path in it must be one of the app's files (its retention
+        restarts); elsewhere only a FileData with "meta" is checked. What is not a path the handler refuses."""
+        if isinstance(value, list):
+            return [self.paths(item, as_file) for item in value]
+        if isinstance(value, str) and as_file:
+            return self.stored_files.use(value)
+        if not isinstance(value, dict):
+            return value  # None, a number, or text where no file goes
+        value = {key: self.paths(item, as_file and key in EDITOR_PARTS) for key, item in value.items()}
+        if "path" in value and as_file:
+            value["path"] = self.stored_files.use(value["path"])
+        elif "path" in value and isinstance(value.get("meta"), dict):
+            value["path"] = self.stored_files.resolve(value["path"])
+        return value
+
+    async def admit_upload(self, scope: dict) -> UploadAnswer:
+        """An upload within the budget on disk (web/uploads.py), refused unread past it (Refusal). One without the
+        login never gets here (the gate refuses it first), so it reserves nothing."""
+        length = content_length(scope)
+        refused = await asyncio.to_thread(self.uploads.admit, length)
+        if refused is not None:
+            status, retry = UPLOAD_REFUSALS[refused.kind]
+            raise Refusal(status, refused.message, (("retry-after", retry),) if retry else ())
+        assert length is not None  # admit refuses an upload that does not say its size
+        return UploadAnswer(length)
+
+
+class UploadAnswer:
+    """Gradio's answer to an admitted upload, watched for how many files it wrote (a JSON list of their paths)."""
+
+    def __init__(self, length: int):
+        self.length = length
+        self._body: list[bytes] = []
+        self._ok = False
+
+    def watch(self, send: Send) -> Send:
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._ok = message["status"] == 200
+            elif message["type"] == "http.response.body" and self._ok:
+                self._body.append(message.get("body", b""))
+            await send(message)
+
+        return watched
+
+    def files(self) -> int:
+        try:
+            written = json.loads(b"".join(self._body)) if self._ok else []
+        except ValueError:
+            return 0
+        return len(written) if isinstance(written, list) else 0
+
+
+def content_length(scope: dict) -> int | None:
+    """The request's declared length (None if it declares none, or nonsense: a chunked body)."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            return int(value) if value.isdigit() and len(value) < 19 else None
+    return None
