@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.results import GenerateResult
+    from neuron_ui.studio.ab_sheet import ABFiles
+    from neuron_ui.studio.grid_plan import Info
+    from neuron_ui.studio.grid_sheet import GridResult
     from neuron_ui.studio.studio import Studio
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,17 +125,15 @@ def main(argv: list[str] | None = None, load: Callable[[Settings], EngineLike] |
         return run_lora(args)
     if problem := check_inputs(args, settings):  # before the model loads (seconds to minutes), naming the path
         return fail(problem)
-    if args.command == "ab" and args.images:
-        return compare_command(args)
     from neuron_ui.contract.errors import EngineError
 
-    with opened(settings, load) as studio:
-        try:
-            if args.command == "generate":
-                return generate_command(args, settings, studio)
-            return sheet_command(args, studio)
-        except (ValueError, EngineError) as error:
-            return fail(error)
+    try:
+        made, info = make(args, settings, load)
+    except (ValueError, EngineError) as error:
+        return fail(error)
+    out = made.save_png(Path(args.out).expanduser())
+    print(json.dumps({**info, "out": str(out)}, indent=1))
+    return 0
 
 
 def fail(error: object) -> int:
@@ -155,29 +157,42 @@ def opened(settings: Settings, load: Callable[[Settings], EngineLike] | None) ->
         loaded.stop()
 
 
-def generate_command(args: argparse.Namespace, settings: Settings, studio: Studio) -> int:
-    """`generate`: one image (an inpaint with --image and --mask) written to --out, its info as JSON."""
+def make(args: argparse.Namespace, settings: Settings,
+         load: Callable[[Settings], EngineLike] | None) -> tuple[GenerateResult | GridResult | ABFiles, Info]:
+    """What `generate`, `grid` or `ab` writes at --out, and its info; `ab` with two PNGs made here compares them from
+    their parameters, making nothing."""
+    if args.command == "ab" and args.images:
+        from neuron_ui.studio.ab_sheet import compare_files
+
+        compared = compare_files(Path(args.images[0]), Path(args.images[1]))
+        return compared, compared.info
+    with opened(settings, load) as studio:
+        if args.command == "generate":
+            result = generate(args, settings, studio)
+            return result, result.info()
+        return sheet(args, studio)
+
+
+def generate(args: argparse.Namespace, settings: Settings, studio: Studio) -> GenerateResult:
+    """`generate`: one image (an inpaint with --image and --mask)."""
     from neuron_ui.contract.requests import GenerateRequest
 
     status = studio.engine.status()
     loaded = [style["name"] for style in status.styles]
     if settings.loras and not loaded:  # the app starts without a bad style; this image asked for it
         spec = settings.loras[0]
-        return fail(f"style not loaded: {status.styles_refused.get(spec, f'{spec} (the log above says why)')}")
+        raise ValueError(f"style not loaded: {status.styles_refused.get(spec, f'{spec} (the log above says why)')}")
     request = GenerateRequest(args.prompt, args.resolution, args.steps, args.seed, args.guidance,
                               references=args.reference, reference_size=args.reference_size, fit=args.fit,
                               image=args.image, mask=args.mask, strength=args.strength,
                               lora=next(iter(loaded), None), lora_scale=args.lora_scale)
-    result = studio.generate(request).result  # an inpaint too, with --image and --mask
-    result.save_png(args.out)
-    print(json.dumps({**result.info(), "out": args.out}, indent=1))
-    return 0
+    return studio.generate(request).result  # an inpaint too, with --image and --mask
 
 
-def sheet_command(args: argparse.Namespace, studio: Studio) -> int:
-    """`grid` and `ab`: the plan checked against the loaded engine before any image, then every cell in turn; the
-    sheet at --out, each cell made beside it (<out>-<n>.png for a grid, n its place on the sheet from 1; <out>-A.png
-    and <out>-B.png for an A/B; a repeated cell shares its file), the info as JSON."""
+def sheet(args: argparse.Namespace, studio: Studio) -> tuple[GridResult, Info]:
+    """`grid` and `ab`: the plan checked against the loaded engine before any image, then every cell in turn, each
+    written beside --out (<out>-<n>.png for a grid, n its place on the sheet from 1; <out>-A.png and <out>-B.png for
+    an A/B; a repeated cell shares its file); the sheet, and its info with those files."""
     out = Path(args.out).expanduser()
     if args.command == "grid":
         axes = {axis: getattr(args, axis) for axis in AXIS_HELP}
@@ -189,23 +204,7 @@ def sheet_command(args: argparse.Namespace, studio: Studio) -> int:
         index = done.cell.index
         path = out.with_name(f"{out.stem}-{labels[index] if labels else index + 1}.png")
         paths[done.cell.index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
-    grid.save_png(out)
-    print(json.dumps({**grid.info(paths), "out": str(out)}, indent=1))
-    return 0
-
-
-def compare_command(args: argparse.Namespace) -> int:
-    """`ab` with two PNGs made here: compared from their parameters, nothing made."""
-    from neuron_ui.studio.ab_sheet import compare_files
-
-    out = Path(args.out).expanduser()
-    try:
-        compared = compare_files(Path(args.images[0]), Path(args.images[1]))
-    except ValueError as error:
-        return fail(error)
-    compared.save_png(out)
-    print(json.dumps({**compared.info, "out": str(out)}, indent=1))
-    return 0
+    return grid, grid.info(paths)
 
 
 def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:

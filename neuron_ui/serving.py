@@ -11,7 +11,7 @@ import gc
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
@@ -42,14 +42,8 @@ class Loaded:
     an exit that cannot wait). The drain itself is the engine's (EngineLike.drain), the same for every way."""
 
     engine: EngineLike
-    on_start: Callable[[], None] = field(default=_nothing)
-    on_stop: Callable[[bool], None] = field(default=_nothing)
-
-    def start(self) -> None:
-        self.on_start()
-
-    def stop(self, at_once: bool = False) -> None:
-        self.on_stop(at_once)
+    start: Callable[[], None] = _nothing
+    stop: Callable[..., None] = _nothing  # stop(at_once=False)
 
 
 @dataclass(frozen=True)
@@ -98,7 +92,7 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
         before it); stopping answers the user in flight and tells the followers to exit."""
         engine = build_engine(settings, rank.form(), rank.lead, loading)
         rank.handle_signals()  # torchrun's SIGTERM: unwind, so main's `finally` stops the group in order
-        return Loaded(engine, on_start=rank.serving, on_stop=lambda at_once: rank.stop())
+        return Loaded(engine, start=rank.serving, stop=lambda at_once=False: rank.stop())
 
     return Serving(lead, rank.health)
 
@@ -118,7 +112,7 @@ def load_replicas(settings: Settings) -> Loaded:
             runner.stop()
         stop_replicas(settings, at_once)
 
-    return Loaded(Engine(runner, settings.max_queue_per_user), on_stop=stop)
+    return Loaded(Engine(runner, settings.max_queue_per_user), stop=stop)
 
 
 def build_engine(settings: Settings, group: ParallelGroup | None = None,

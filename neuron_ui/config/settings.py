@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping
@@ -153,33 +153,26 @@ def parse_switch(value: str | None, name: str) -> bool:
     raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {value!r}")
 
 
-# The env var each flag falls back to (flags win over env vars, env vars over defaults), named in its --help too.
-# A text flag's empty variable counts as unset; its default is Settings'.
-TEXT_ENV = {"model": "NEURON_UI_MODEL", "device": "NEURON_UI_DEVICE", "dtype": "NEURON_UI_DTYPE",
-            "compile": "NEURON_UI_COMPILE", "compile_backend": "NEURON_UI_COMPILE_BACKEND",
-            "host": "GRADIO_SERVER_NAME", "ray_address": "NEURON_UI_RAY_ADDRESS"}
-# A number flag takes its default's type.
-NUMBER_ENV = {"port": "GRADIO_SERVER_PORT", "max_queue": "NEURON_UI_MAX_QUEUE",
-              "max_queue_per_user": "NEURON_UI_MAX_QUEUE_PER_USER", "max_grid_cells": "NEURON_UI_MAX_GRID_CELLS",
-              "hub_timeout": "NEURON_UI_HUB_TIMEOUT", "tp_timeout": "NEURON_UI_TP_TIMEOUT",
-              "max_references": "NEURON_UI_MAX_REFERENCES", "replicas": "NEURON_UI_REPLICAS",
-              "cache_bundle_timeout": "NEURON_UI_CACHE_BUNDLE_TIMEOUT",
-              "cache_bundle_deadline": "NEURON_UI_CACHE_BUNDLE_DEADLINE",
-              "cache_bundle_min_rate": "NEURON_UI_CACHE_BUNDLE_MIN_RATE",
-              "cache_bundle_max_mb": "NEURON_UI_CACHE_BUNDLE_MAX_MB", "upload_budget_mb": "NEURON_UI_UPLOAD_BUDGET_MB",
-              "upload_retention": "NEURON_UI_UPLOAD_RETENTION", "mcp_sessions": "NEURON_UI_MCP_SESSIONS",
-              "mcp_session_idle": "NEURON_UI_MCP_SESSION_IDLE"}
-ENV = {**TEXT_ENV, **NUMBER_ENV, "resolutions": "NEURON_UI_RESOLUTIONS", "cache_dir": "NEURON_UI_CACHE_DIR",
-       "warmup": "NEURON_UI_WARMUP", "cache_bundle": "NEURON_UI_CACHE_BUNDLE",
-       "cache_bundle_sha256": "NEURON_UI_CACHE_BUNDLE_SHA256", "lora": "NEURON_UI_LORAS", "mcp": "NEURON_UI_MCP",
-       "no_previews": "NEURON_UI_NO_PREVIEWS"}
+# The env var each flag falls back to (flags win over env vars, env vars over defaults), named in its --help too:
+# NEURON_UI_<FLAG>, but for Gradio's own two and --lora's (it takes several); --tp and --share have none.
+ENV_NAMES = {"host": "GRADIO_SERVER_NAME", "port": "GRADIO_SERVER_PORT", "lora": "NEURON_UI_LORAS"}
+NO_ENV = ("tp", "share")
+# A text flag's empty variable counts as unset; its default is Settings'. A number flag (NUMBER_FLAGS: a setting
+# whose default is a number) takes its default's type.
+TEXT_FLAGS = ("model", "device", "dtype", "compile", "compile_backend", "host", "ray_address")
+NUMBER_FLAGS = tuple(f.name for f in fields(Settings) if type(f.default) in (int, float))
+
+
+def env_name(name: str) -> str:
+    """The environment variable setting `name` is read from."""
+    return ENV_NAMES.get(name, f"NEURON_UI_{name.upper()}")
 
 
 def add_flag(parser: argparse.ArgumentParser, name: str, text: str, **kwargs: Any) -> None:
     """--NAME, its help `text` then the env var it falls back to and its default; a number flag is typed by it."""
-    said = [f"env {ENV[name]}"] if name in ENV else []
+    said = [] if name in NO_ENV else [f"env {env_name(name)}"]
     default = getattr(Settings, name, None)
-    if name in NUMBER_ENV:
+    if name in NUMBER_FLAGS:
         kwargs["type"] = type(default)
         said.append(f"default {default:g}")
     elif isinstance(default, str):
@@ -246,10 +239,10 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
 
     def text(name: str) -> str | None:
         flag = getattr(args, name, None)
-        return str(flag) if flag else environ.get(ENV[name]) or None
+        return str(flag) if flag else environ.get(env_name(name)) or None
 
     def number(name: str) -> Any:  # of the default's type
-        env, flag, default = ENV[name], getattr(args, name, None), getattr(Settings, name)
+        env, flag, default = env_name(name), getattr(args, name, None), getattr(Settings, name)
         value = str(flag) if flag is not None else environ.get(env)
         if value is None:
             return default
@@ -258,30 +251,28 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         except ValueError:
             raise ValueError(f"{env} / --{name.replace('_', '-')} must be a number, got {value!r}") from None
 
-    resolutions = text("resolutions")
+    def switch(name: str) -> bool:
+        return bool(getattr(args, name, False)) or parse_switch(environ.get(env_name(name)), env_name(name))
+
+    resolutions, warmup, cache_dir = text("resolutions"), text("warmup"), text("cache_dir")
     presets = parse_resolutions(resolutions) if resolutions else DEFAULT_RESOLUTIONS
-    warmup = text("warmup")
-    bundle = text("cache_bundle")
-    pin = text("cache_bundle_sha256")
-    loras = getattr(args, "lora", None) or [s for s in environ.get(ENV["lora"], "").split(",") if s.strip()]
-    cache_dir = text("cache_dir")
-    texts: dict[str, Any] = {name: text(name) or getattr(Settings, name) for name in TEXT_ENV}
+    loras = getattr(args, "lora", None) or [s for s in environ.get(env_name("lora"), "").split(",") if s.strip()]
+    texts: dict[str, Any] = {name: text(name) or getattr(Settings, name) for name in TEXT_FLAGS}
     return Settings(
         **texts,
+        **{name: number(name) for name in NUMBER_FLAGS},
         cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
         resolutions=presets,
-        **{name: number(name) for name in NUMBER_ENV},
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
-        cache_bundle=split_list(bundle) if bundle else (),
-        cache_bundle_sha256=split_list(pin) if pin else (),
+        cache_bundle=split_list(text("cache_bundle") or ()),
+        cache_bundle_sha256=split_list(text("cache_bundle_sha256") or ()),
         loras=tuple(s.strip() for s in loras),
         tp=getattr(args, "tp", None),
         share=bool(getattr(args, "share", False)),
-        mcp=bool(getattr(args, "mcp", False)) or parse_switch(environ.get(ENV["mcp"]), ENV["mcp"]),
-        previews=not (getattr(args, "no_previews", False)
-                      or parse_switch(environ.get(ENV["no_previews"]), ENV["no_previews"])),
-        session_secret=environ.get("NEURON_UI_SESSION_SECRET") or None,
-        auth=parse_auth(environ.get("NEURON_UI_AUTH")),
+        mcp=switch("mcp"),
+        previews=not switch("no_previews"),
+        session_secret=environ.get(env_name("session_secret")) or None,
+        auth=parse_auth(environ.get(env_name("auth"))),
     )
 
 

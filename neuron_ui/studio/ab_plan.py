@@ -81,33 +81,30 @@ def _one(key: str, value: str, parse: Callable[[str], tuple[T, ...]]) -> T:
 
 
 def side_cell(cell: GridCell, text: object, side: str, loaded: Mapping[str, float]) -> GridCell:
-    """`cell` with `side`'s settings (`text`) set; ValueError in one line that starts with the side's name."""
+    """`cell` with `side`'s settings (`text`) set, a new style at its default strength unless the side sets one;
+    ValueError in one line that starts with the side's name."""
     try:
-        return apply_settings(cell, parse_settings(text), loaded)
+        pairs = parse_settings(text)
+        prompt = validate_prompt(pairs["prompt"]) if "prompt" in pairs else cell.prompt
+        if "replace" in pairs:
+            variants = parse_prompts(pairs["replace"], prompt)
+            if len(variants) != 2:
+                raise ValueError("replace takes a word of the prompt and what replaces it, e.g. replace=fox,cat")
+            prompt = variants[1]
+        parsers: dict[str, Callable[[str], tuple[Any, ...]]] = {
+            "seed": lambda v: parse_seeds(v, 1), "steps": parse_steps, "style": lambda v: parse_styles(v, loaded),
+            "strength": parse_strengths}
+        changed = {key: _one(key, pairs[key], parse) for key, parse in parsers.items() if key in pairs}
+        if "style" in changed:
+            changed.setdefault("strength", None)
+        made = replace(cell, prompt=prompt, **changed)
+        if made.style is None:
+            if "strength" in pairs:
+                raise ValueError("strength is a style's strength: set style too (e.g. style=ink strength=0.8)")
+            return replace(made, strength=None)
+        return made if made.strength is not None else replace(made, strength=loaded[made.style])
     except ValueError as error:
         raise ValueError(f"{side}: {error}") from None
-
-
-def apply_settings(cell: GridCell, pairs: Mapping[str, str], loaded: Mapping[str, float]) -> GridCell:
-    """`cell` with `pairs` set; a new style comes at its default strength unless the side sets one."""
-    prompt = validate_prompt(pairs["prompt"]) if "prompt" in pairs else cell.prompt
-    if "replace" in pairs:
-        variants = parse_prompts(pairs["replace"], prompt)
-        if len(variants) != 2:
-            raise ValueError("replace takes a word of the prompt and what replaces it, e.g. replace=fox,cat")
-        prompt = variants[1]
-    parsers: dict[str, Callable[[str], tuple[Any, ...]]] = {
-        "seed": lambda v: parse_seeds(v, 1), "steps": parse_steps, "style": lambda v: parse_styles(v, loaded),
-        "strength": parse_strengths}
-    changed = {key: _one(key, pairs[key], parse) for key, parse in parsers.items() if key in pairs}
-    if "style" in changed:
-        changed.setdefault("strength", None)
-    made = replace(cell, prompt=prompt, **changed)
-    if made.style is None:
-        if "strength" in pairs:
-            raise ValueError("strength is a style's strength: set style too (e.g. style=ink strength=0.8)")
-        return replace(made, strength=None)
-    return made if made.strength is not None else replace(made, strength=loaded[made.style])
 
 
 def plan_ab(prompt: object, resolution: object, a: object, b: object, *, presets: tuple[Resolution, ...],

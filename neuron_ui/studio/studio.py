@@ -11,8 +11,8 @@ torchrun and with replicas. No Gradio here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -118,13 +118,10 @@ class Studio:
         self.max_grid_cells = max_grid_cells  # images one grid may make
         self.jobs: GridJobs[Any] = GridJobs(engine, max_grids)  # each job's outcome is its door's (start_grid)
 
-    @contextmanager
-    def _token(self, asker: Asker) -> Iterator[StopToken]:
+    def _token(self, asker: Asker) -> AbstractContextManager[StopToken]:
         if asker.stop is not None:
-            yield asker.stop
-            return
-        with self.stops.track(asker.session, asker.event, on_admitted=asker.on_admitted) as token:
-            yield token
+            return nullcontext(asker.stop)
+        return self.stops.track(asker.session, asker.event, on_admitted=asker.on_admitted)
 
     def generate(self, request: GenerateRequest, asker: Asker = Asker()) -> Made:
         """One image, saved in the store."""
