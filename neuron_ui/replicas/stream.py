@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator as St
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started, Value
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Progress, Started, Value
 from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
 
@@ -203,15 +203,13 @@ class StreamCaller:
         """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is), and log its
         compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide;
         Done's value once it came."""
-        if isinstance(message, (Progress, Preview)) and message.phase:  # before the line: a stop it prompts
+        if isinstance(message, Progress) and message.phase:  # before the line: a stop it prompts
             stop.enter(Phase(message.phase))  # knows where the request is
         match message:
             case Progress(update):
                 if update.stage == Phase.COMPILING:
                     logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
-                report(update)
-            case Preview():
-                report(message.update())
+                report(message.line())
             case Compiled(resolution, event, seconds):
                 logger.info("compiled %s: %s in %.1f s on replica %s", resolution, event, seconds, replica)
                 self.observers.compiled(resolution, event, seconds)
