@@ -75,15 +75,16 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
             check_runtime(runtime.device, runtime.backend, launch.world_size if launch else 1)
     if launch is None:  # the engine in this process
         return Serving(lambda loading: Loaded(build_engine(settings, loading=loading)))
-    from neuron_ui.engine.setup import build_follower_runner
+    from neuron_ui.engine.local import LocalRunner
     from neuron_ui.parallel.torchrun import TorchrunRank
 
     try:
         rank = TorchrunRank(launch, settings.tp, settings.tp_timeout, runtime.device if runtime else "cpu")
     except ValueError as error:
         raise StartupError(str(error)) from None
-    if not launch.is_leader:  # a follower: its shard, on its device, compiled as rank 0's is
-        code = rank.follow(build_follower_runner(settings, configure_cache_env(settings.cache_dir), rank.form()))
+    if not launch.is_leader:  # a follower: its shard, on its device, compiled as rank 0's is; none of its requests
+        cache = configure_cache_env(settings.cache_dir)
+        code = rank.follow(LocalRunner.from_settings(settings, cache, rank.form()).pipeline)
         gc.freeze()  # as main() does on its way out: the interpreter's exit need not collect the model (seconds)
         sys.exit(code)
 

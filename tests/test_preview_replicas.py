@@ -11,18 +11,18 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate, StepPreview
 from neuron_ui.contract.stopping import Phase
-from neuron_ui.replicas.messages import Done, Preview, Progress, Started, progress_message
+from neuron_ui.replicas.messages import Done, Progress, Started
 
 PREVIEW = StepPreview(2, 4, 48, 32, bytes(range(96)) * 48)
 
 
 def test_a_preview_travels_as_a_small_png_and_a_progress_line_as_itself():
     update = ProgressUpdate(Phase.DENOISING, "step 2/4", 0.5, preview=PREVIEW)
-    message = progress_message(update)
-    assert isinstance(message, Preview) and len(message.png) < len(PREVIEW.rgb)
-    assert message.update() == update
+    message = Progress.of(update)
+    assert message.png is not None and len(message.png) < len(PREVIEW.rgb)
+    assert message.line() == update
     line = ProgressUpdate(Phase.DENOISING, "step 1/4", 0.25)
-    assert progress_message(line) == Progress(line)
+    assert Progress.of(line) == Progress(line) and Progress(line).line() == line
 
 
 class Handle(StandInHandle):
@@ -32,7 +32,7 @@ class Handle(StandInHandle):
         def messages():
             yield Started("replica-a")
             yield Progress(ProgressUpdate(Phase.DENOISING, "step 1/4", 0.25))
-            yield progress_message(ProgressUpdate(Phase.DENOISING, "step 2/4", 0.5, preview=PREVIEW))
+            yield Progress.of(ProgressUpdate(Phase.DENOISING, "step 2/4", 0.5, preview=PREVIEW))
             yield Done(GenerateResult(Image.new("RGB", (8, 8)), request.prompt, "1024x1024", 4, request.seed, None,
                                       "tiny", "memory_hit", 0.0, 1.0, 1.0, tokens=4096))
 

@@ -9,7 +9,7 @@ import asyncio
 
 from neuron_ui.contract.results import ProgressUpdate
 from neuron_ui.contract.stopping import Phase
-from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
+from neuron_ui.replicas.messages import Done, Failed, Progress
 from neuron_ui.replicas.pacing import LinePacer
 
 LONG = 60.0  # a gap no test outlives: what is held stays held until something else comes
@@ -62,7 +62,8 @@ def test_an_image_shorter_than_the_gap_sends_no_line_only_its_result():
 def test_a_failure_drops_the_line_held_and_a_preview_is_held_as_a_line():
     failed = Failed("generation_failed", "the replica failed: boom")
     assert sent([step(1), step(2), failed]) == [failed]
-    assert sent([step(1), Preview(3, 4, b"a step's png"), DONE]) == [DONE]
+    preview = Progress(ProgressUpdate(Phase.DENOISING, "step 3/4", 0.75), png=b"a step's png")
+    assert sent([step(1), preview, DONE]) == [DONE]
 
 
 def test_a_line_that_says_the_request_waits_goes_at_once_and_drops_the_older_one_held():

@@ -74,7 +74,8 @@ class WarmupList:
         return thread is None or not thread.is_alive()
 
     def _run(self) -> None:
-        while True:
+        go_on = True
+        while go_on:
             with self._lock:
                 if not self._items:
                     return
@@ -84,10 +85,8 @@ class WarmupList:
             finally:
                 with self._lock:
                     self._items.remove(item)
-            if not go_on:
-                with self._lock:
-                    self._items.clear()
-                return
+                    if not go_on:
+                        self._items.clear()
 
 
 class Engine(Generic[Job]):

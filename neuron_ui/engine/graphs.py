@@ -20,7 +20,6 @@ from neuron_ui.contract.stopping import Phase
 if TYPE_CHECKING:
     from neuron_ui.cache.manifest import CacheManifest, ShapeRecord
     from neuron_ui.compile.key import CompileKey
-    from neuron_ui.compile.strategies import Backend
 
 
 @dataclass
@@ -78,11 +77,10 @@ class Claim:
 class GraphBook:
     """Graph states by token count, stats by layout, and estimates from the manifest; thread-safe."""
 
-    def __init__(self, key: CompileKey, manifest: CacheManifest, compile_mode: str, backend: Backend):
+    def __init__(self, key: CompileKey, manifest: CacheManifest):
         self.key = key
         self.manifest = manifest
-        self.compile_mode = compile_mode
-        self.backend = backend
+        self.compile_mode = key.mode
         self._lock = threading.Lock()
         self._graphs: dict[int, GraphState] = {}
         self._stats: dict[Layout, LayoutStats] = {}  # the layouts used
@@ -160,8 +158,8 @@ class GraphBook:
 
     def estimate(self, layout: Layout) -> float | None:
         """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
-        return estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.backend,
-                                                    on_disk=self.disk_records(layout), tokens=layout.tokens)
+        return estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.key.backend,
+                                        on_disk=self.disk_records(layout), tokens=layout.tokens)
 
     def estimate_is_guess(self, layout: Layout) -> bool:
         """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""

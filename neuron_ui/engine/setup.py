@@ -17,7 +17,7 @@ from neuron_ui.config.runtime import Runtime
 from neuron_ui.contract.layouts import Layouts
 from neuron_ui.contract.references import REFERENCE_SIZES
 from neuron_ui.model.loading import choose_model, load_model
-from neuron_ui.model.runner import PipelineCall, PipelineRunner
+from neuron_ui.model.runner import PipelineCall
 from neuron_ui.model.torch_bridge import share_cpu_kernels_across_thread_counts
 
 if TYPE_CHECKING:
@@ -82,17 +82,6 @@ def prepare_pipeline(pipe: DiffusionPipeline, *, device: str, compile_mode: str,
     else:
         compile_transformer(pipe.transformer, compile_mode, backend)
     return pipe
-
-
-def build_follower_runner(settings: Settings, cache: CachePaths, group: ParallelGroup) -> PipelineRunner:
-    """A follower rank's runner: the same shard, device and compile set-up as rank 0's engine, none of its
-    request handling (the follower runs what rank 0 broadcasts)."""
-    loaded, runtime = load_for(settings, group)
-    key, layouts = compile_plan(loaded.name, settings.compile, runtime.backend, runtime.dtype, group.degree,
-                                settings.resolutions, REFERENCE_SIZES, settings.max_references)
-    pipe = prepare_pipeline(loaded.pipe, device=group.device, compile_mode=settings.compile,
-                            backend=runtime.backend, cache=cache, key=key, layouts=layouts, tp_degree=group.degree)
-    return PipelineRunner(pipe)
 
 
 def warmup_call(layout: Layout, guidance: float) -> PipelineCall:

@@ -28,8 +28,7 @@ from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdat
 from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
 from neuron_ui.replicas.lease import ShapeLease
-from neuron_ui.replicas.messages import (Compiled, Done, Failed, Message, Progress, Started, Value,
-                                         progress_message)
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Progress, Started, Value
 from neuron_ui.replicas.pacing import LinePacer
 from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
@@ -128,7 +127,7 @@ class EngineReplica:
             yield item
 
     async def _serve(self, work: Callable[[ProgressFn, StopToken], Value], tokens: int) -> AsyncIterator[Message]:
-        """Stream Started, then Progress (and Preview) paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
+        """Stream Started, then Progress paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
         or Failed last (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's
         request at its next step. Started goes once the
         engine's thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the
@@ -151,7 +150,7 @@ class EngineReplica:
         pacer = LinePacer(loop)  # few lines, none mid-image for a short image (pacing.py)
 
         def report(update: ProgressUpdate) -> None:
-            pacer.offer(progress_message(update))
+            pacer.offer(Progress.of(update))
 
         stop = StopToken()
 

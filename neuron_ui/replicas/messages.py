@@ -1,9 +1,9 @@
 """The messages a replica's stream carries to the front, one frozen dataclass each, in the order they come:
 
     Started(replica)                       the request left the router and began on this replica
-    Progress(update, phase) ...            progress lines, each with where the request is now if that changed
-                                           (queued, compiling, running: neuron_ui.contract.stopping's phases)
-    Preview(step, steps, png, phase) ...   a step's estimate of the image, for a request that asked (a small PNG)
+    Progress(update, phase, png) ...       progress lines, each with where the request is now if that changed
+                                           (queued, compiling, running: neuron_ui.contract.stopping's phases), and
+                                           a step's estimate of the image for a request that asked (a small PNG)
     Compiled(resolution, event, seconds)   each compilation the request caused, after it ended
     Done(value) | Failed(kind, message)    the result, or the error as a value, so its kind survives the trip
 
@@ -12,7 +12,7 @@ The deployment (neuron_ui.replicas.deployment) sends them; the front (neuron_ui.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate, ShapeStatus, StepPreview
@@ -28,33 +28,26 @@ class Started:
 
 @dataclass(frozen=True)
 class Progress:
-    """One progress line, as the engine reported it."""
+    """One progress line, as the engine reported it; a step's preview goes as a PNG (`png`: a few kB at the latents'
+    resolution, where raw RGB is 49 kB), read back at the front (line())."""
 
-    update: ProgressUpdate
+    update: ProgressUpdate  # its preview, if any, without the pixels
     phase: Phase | None = None  # where the request went since the message before (what a stop would still save)
+    png: bytes | None = None
 
+    @classmethod
+    def of(cls, update: ProgressUpdate) -> Progress:
+        """What the stream carries for one of the engine's progress updates."""
+        if update.preview is None:
+            return cls(update)
+        return cls(replace(update, preview=replace(update.preview, rgb=b"")), png=update.preview.png())
 
-@dataclass(frozen=True)
-class Preview:
-    """A step's estimate of the image, encoded: a PNG at the latents' resolution is a few kB, raw RGB 49 kB."""
-
-    step: int
-    steps: int
-    png: bytes
-    phase: Phase | None = None  # as Progress's
-
-    def update(self) -> ProgressUpdate:
+    def line(self) -> ProgressUpdate:
         """The engine's progress update again, at the front."""
-        preview = StepPreview.from_png(self.step, self.steps, self.png)
-        return ProgressUpdate(Phase.DENOISING, f"step {self.step}/{self.steps}", self.step / self.steps,
-                              preview=preview)
-
-
-def progress_message(update: ProgressUpdate) -> Progress | Preview:
-    """What the stream carries for one of the engine's progress updates."""
-    if update.preview is not None:
-        return Preview(update.preview.step, update.preview.steps, update.preview.png())
-    return Progress(update)
+        kept = self.update.preview
+        if self.png is None or kept is None:
+            return self.update
+        return replace(self.update, preview=StepPreview.from_png(kept.step, kept.steps, self.png))
 
 
 @dataclass(frozen=True)
@@ -101,4 +94,4 @@ class Failed:
         return EngineError(self.message, kind=self.kind)
 
 
-Message = Started | Progress | Preview | Compiled | Done | Failed
+Message = Started | Progress | Compiled | Done | Failed

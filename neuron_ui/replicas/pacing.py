@@ -20,13 +20,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
-from neuron_ui.replicas.messages import Done, Failed, Preview, Progress
+from neuron_ui.replicas.messages import Done, Failed, Progress
 from neuron_ui.contract.stopping import Phase
 
 STEP_GAP = 0.1  # seconds: at most this much later than the step it shows does a held line go
 WAITS = (Phase.WAITING, Phase.COMPILING)  # a line of these stages goes at once: the person waits on it
-
-Line = Progress | Preview  # what the engine's thread offers, before its result (Done or Failed)
 
 
 class LinePacer:
@@ -38,17 +36,17 @@ class LinePacer:
         self.gap = gap
         self._loop = loop
         self._clock = clock
-        self._queue: asyncio.Queue[Line | Done | Failed] = asyncio.Queue()
+        self._queue: asyncio.Queue[Progress | Done | Failed] = asyncio.Queue()
         self._lock = threading.Lock()  # held, last_sent: the engine's thread and the loop both read and set them
-        self._held: Line | None = None
+        self._held: Progress | None = None
         self._last_sent = clock()  # the gap counts from now: Started goes as the engine's thread takes the work
 
-    def offer(self, line: Line) -> None:
+    def offer(self, line: Progress) -> None:
         """From the engine's thread: send the line at once (it says the request waits, or the gap is up), else
         hold it for the loop's next tick in place of the one held."""
         with self._lock:
             now = self._clock()
-            if (isinstance(line, Progress) and line.update.stage in WAITS) or now - self._last_sent >= self.gap:
+            if line.update.stage in WAITS or now - self._last_sent >= self.gap:
                 self._held, self._last_sent = None, now  # the newer line says more than the one held
                 self._loop.call_soon_threadsafe(self._queue.put_nowait, line)
             else:
@@ -60,7 +58,7 @@ class LinePacer:
             self._held = None
             self._loop.call_soon_threadsafe(self._queue.put_nowait, result)
 
-    async def messages(self) -> AsyncIterator[Line | Done | Failed]:
+    async def messages(self) -> AsyncIterator[Progress | Done | Failed]:
         """On the loop: the lines as they go, then the result, the last one. The loop ticks once the gap since the
         last message is up (else a gap later): the held line goes then. Nothing ticks once the result went, or the
         front stopped reading (else ticks would go on until the engine ends, a whole compile for a warm-up)."""

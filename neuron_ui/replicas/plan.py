@@ -42,34 +42,19 @@ class ReplicaPlan:
 
 
 def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPlan:
-    """Neuron: `neuron_cores` (Ray sets NEURON_RT_VISIBLE_CORES); CUDA: `num_gpus`; CPU: the cores split evenly."""
+    """Each rank's bundle (rank_bundle), on CPU the cores split between all replicas' ranks; tp > 1: each replica a
+    placement group of tp bundles (neuron_ui.replicas.tp_group)."""
     tp = settings.tp or 1
     device = settings.device
     if device == "auto":
         device = "neuron" if resources.get("neuron_cores") else "cuda" if resources.get("GPU") else "cpu"
-    if tp > 1:
-        return plan_groups(settings.replicas, tp, device, resources)
-    if device == "neuron":
-        return ReplicaPlan(settings.replicas, device, None, {"num_cpus": 1, "resources": {"neuron_cores": tp}})
-    if device == "cuda":
-        return ReplicaPlan(settings.replicas, device, None, {"num_cpus": 1, "num_gpus": tp})
-    cpus = resources.get("CPU", 1.0)
-    share = cpus / settings.replicas
-    threads = max(1, int(share))
-    return ReplicaPlan(settings.replicas, device, threads,
-                       {"num_cpus": share, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}}})
-
-
-def plan_groups(replicas: int, tp: int, device: str, resources: dict[str, float]) -> ReplicaPlan:
-    """tp > 1: each replica a placement group of tp bundles (neuron_ui.replicas.tp_group), on CPU the cores split
-    between all replicas' ranks."""
-    share = resources.get("CPU", 1.0) / (replicas * tp)
+    share = resources.get("CPU", 1.0) / (settings.replicas * tp)
     threads = max(1, int(share)) if device == "cpu" else None
     bundle = rank_bundle(device, share)
     options = actor_options(bundle)
     if threads:
         options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
-    return ReplicaPlan(replicas, device, threads, options, bundles=[bundle] * tp)
+    return ReplicaPlan(settings.replicas, device, threads, options, bundles=[bundle] * tp if tp > 1 else None)
 
 
 def describe_devices(device: str, threads: int | None) -> str:

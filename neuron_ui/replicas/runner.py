@@ -119,10 +119,8 @@ class ReplicaRunner:
         """The front's graph book: what the healthy replicas' books hold, and estimates for what none holds from the
         shared manifest as it was on disk at most a report ago."""
         if healthy and (self._book is None or time.monotonic() - self._book[0] > REPORT_SECONDS):
-            status = healthy[0].status  # the shared manifest as it is on disk now
-            book = GraphBook(healthy[0].key, CacheManifest(self.manifest_path), status.compile_mode,
-                             status.compile_backend)
-            self._book = (time.monotonic(), book)
+            # the shared manifest as it is on disk now
+            self._book = (time.monotonic(), GraphBook(healthy[0].key, CacheManifest(self.manifest_path)))
         if self._book is None:
             raise EngineError("no replica has reported yet", kind=ErrorKind.NO_REPLICA)
         self._book[1].take([report.graphs for report in healthy])

@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator as St
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
-from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Preview, Progress, Started, Value
+from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Progress, Started, Value
 from neuron_ui.replicas.ray_bridge import grpc_options
 from neuron_ui.replicas.routing import ShapeRouting
 
@@ -116,12 +116,10 @@ class StreamCaller:
     def _handle(self, method: str, key: str) -> DeploymentHandle:
         """The handle for one method and routing key: Serve's options() copies a handle each time, so built once
         (as many as methods times token counts seen, plus the spill's empty key)."""
-        handle = self._handles.get((method, key))
-        if handle is None:
+        if (method, key) not in self._handles:
             options = self.handle.options(stream=True, multiplexed_model_id=key, **grpc_options(self.grpc))
-            handle = getattr(options, method)
-            self._handles[(method, key)] = handle
-        return handle
+            self._handles[(method, key)] = getattr(options, method)
+        return self._handles[(method, key)]
 
     def _stream(self, method: str, argument: GenerateRequest | str, layout: Layout, report: ProgressFn,
                 stop: StopToken) -> Value:
@@ -138,19 +136,18 @@ class StreamCaller:
         if ahead:
             report(ProgressUpdate(Phase.WAITING, f"waiting for a free replica, {ahead} ahead"))
         try:
-            done: list[Value] = []
             forget = stop.listen(stream.cancel)
             if stop.stopped or closed:  # stopped (or shutting down) before the stream existed
                 stream.cancel()
             try:
                 for message in stream:
                     if isinstance(message, Started) and not started:
-                        started, replica = self._start(stream), message.replica
+                        started, replica = True, message.replica
+                        self._start(stream)
                         self.routing.placed(replica, layout.tokens)
-                    self._take(message, report, stop, done, layout, replica)
-                    if done:  # Done is the last message: the stream's end is read off the caller's path
-                        ending = started
-                        return done[0]
+                    if (done := self._take(message, report, stop, layout, replica)) is not None:
+                        ending = started  # Done is the last message: the stream's end is read off the caller's path
+                        return done
             except REPLICA_LOST:
                 if started:
                     self.routing.lost(replica)
@@ -195,26 +192,24 @@ class StreamCaller:
                 self._started -= 1
             self._waiting.pop(id(stream), None)
 
-    def _start(self, stream: Stream) -> bool:
+    def _start(self, stream: Stream) -> None:
         """The call left the router: it no longer waits, and a drain lets it finish."""
         with self._lock:
             self._waiting.pop(id(stream), None)
             self._started += 1
-        return True
 
-    def _take(self, message: Message, report: ProgressFn, stop: StopToken, done: list[Value], layout: Layout,
-              replica: str) -> None:
+    def _take(self, message: Message, report: ProgressFn, stop: StopToken, layout: Layout,
+              replica: str) -> Value | None:
         """Act on one message of a replica's stream (neuron_ui.replicas.messages says what each is), and log its
-        compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide."""
-        if isinstance(message, (Progress, Preview)) and message.phase:  # before the line: a stop it prompts
+        compiles and images in the engine's own lines, which a replica's log (Ray's files) would otherwise hide;
+        Done's value once it came."""
+        if isinstance(message, Progress) and message.phase:  # before the line: a stop it prompts
             stop.enter(Phase(message.phase))  # knows where the request is
         match message:
             case Progress(update):
                 if update.stage == Phase.COMPILING:
                     logger.info("%s (%d tokens) on replica %s", update.message, layout.tokens, replica)
-                report(update)
-            case Preview():
-                report(message.update())
+                report(message.line())
             case Compiled(resolution, event, seconds):
                 logger.info("compiled %s: %s in %.1f s on replica %s", resolution, event, seconds, replica)
                 self.observers.compiled(resolution, event, seconds)
@@ -224,8 +219,9 @@ class StreamCaller:
                 if isinstance(value, GenerateResult):
                     logger.info("generated %s: %s, %.2f s on replica %s", layout, value.cache_event,
                                 value.total_seconds, replica)
-                done.append(value)
+                return value
             case Started():
                 pass  # counted by the caller: the request no longer waits in the router
             case _:  # a replica running other code than this front's: its message is ignored, as before
                 logger.warning("a replica sent an unknown message: %r", message)
+        return None

@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import free_port, in_daemon_thread
-from neuron_ui.config.runtime import Launch
+from neuron_ui.config.runtime import Launch, detect_device
 from neuron_ui.replicas.plan import actor_options
 
 if TYPE_CHECKING:
@@ -55,12 +55,6 @@ def join_env(launch: Launch, address: tuple[str, int]) -> dict[str, str]:
             "MASTER_ADDR": address[0], "MASTER_PORT": str(address[1])}
 
 
-def detect_device(settings: Settings) -> str:
-    from neuron_ui.config.runtime import Runtime
-
-    return Runtime.detect(settings.device, settings.dtype, settings.compile_backend).device
-
-
 @ray.remote(max_restarts=0)
 class RankFollower:
     """Rank k > 0 of a replica's group: loads its shard, then runs every call rank 0 broadcasts, as under torchrun."""
@@ -77,7 +71,7 @@ class RankFollower:
 
         if threads:
             torch.set_num_threads(threads)
-        group = init_parallel(launch, detect_device(settings))
+        group = init_parallel(launch, detect_device(settings.device))
         return follow(LocalRunner.from_settings(settings, cache, group).pipeline, group)
 
 
@@ -112,7 +106,7 @@ class ReplicaGroup:
                                             **actor_options(placement.bundle_specs[rank])).remote()
             followers.append(follower)
             runs.append(follower.run.remote(settings, ray_launch(rank, tp), address, threads))
-        device = detect_device(settings)
+        device = detect_device(settings.device)
         launch = ray_launch(0, tp)
         check_launch(launch, tp, device)
         os.environ.update(join_env(launch, address))
