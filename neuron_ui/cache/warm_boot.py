@@ -148,7 +148,7 @@ def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, 
     """Download to a staging file, import it, and keep it by digest only once imported: a refused one leaves nothing."""
     state = loading or LoadingState()  # nobody reads it: a plain `cache import`
     state.set(FETCHING, 0, None)
-    staged = fetch_bundle(source, pin, cache, key, policy, lambda done, total: state.set(FETCHING, done, total))
+    staged = fetch_bundle(source, cache, key, policy, lambda done, total: state.set(FETCHING, done, total))
     try:
         state.set(IMPORTING)
         info = import_bundle(cache, key, staged, pin, label=source.label)
