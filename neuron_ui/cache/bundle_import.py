@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import gzip
 import logging
 import os
@@ -168,18 +167,12 @@ def _place(source: Path, dest: Path) -> bool:
     if dest.exists() or dest.is_symlink():
         return True
     dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(source, dest)
-    except OSError as error:
-        if error.errno != errno.EXDEV:  # NEFF folder on another filesystem: copy, then rename there
-            raise
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=STAGING_PREFIX)
-        os.close(fd)
-        try:
-            shutil.copy2(source, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=STAGING_PREFIX)
+    os.close(fd)
+    try:  # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
+        shutil.move(source, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return False
-

@@ -145,10 +145,12 @@ class FetchPolicy:
 class _Download:
     """One download into the staging file: its tries, and what is known of the bundle across them."""
 
+    watchdog: Watchdog  # the try's under way
+
     def __init__(self, client: httpx.Client, url: str, path: Path, source: BundleSource, key: CompileKey,
-                 root: Path, policy: FetchPolicy, watchdog: Watchdog, progress: Progress | None):
+                 root: Path, policy: FetchPolicy, progress: Progress | None):
         self.client, self.url, self.path, self.label, self.key = client, url, path, source.label, key
-        self.root, self.policy, self.watchdog, self.progress = root, policy, watchdog, progress
+        self.root, self.policy, self.progress = root, policy, progress
         self.room = policy.free(root) - MIN_FREE_BYTES
         self.restart()
 
@@ -185,26 +187,26 @@ class _Download:
 
     def run(self) -> None:
         """Try, back off and resume until the download is whole; FetchError once the tries or the time are spent."""
-        policy, watchdog = self.policy, self.watchdog
+        policy, started = self.policy, time.monotonic()
         for attempt in range(1, policy.tries + 1):
-            watchdog.start_try()
-            try:
-                self._get()
-                return
-            except _Retry as error:
-                if watchdog.reason is not None:
-                    break
-                if attempt == policy.tries:
-                    raise FetchError(f"{self.label}: {error}, {policy.tries} tries; nothing was kept") from None
-                wait = policy.backoff * 2 ** (attempt - 1)
-                if wait >= watchdog.remaining():
-                    break
-                logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", self.label, error,
-                            wait, attempt + 1, policy.tries)
-                time.sleep(wait)
-            finally:
-                watchdog.end_try()
-        reason = watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
+            # A watchdog per try: the rate counts from each try's start, the back-off is not the server's slowness.
+            with Watchdog(policy.deadline, policy.min_rate, policy.rate_window, started=started) as self.watchdog:
+                try:
+                    self._get()
+                    return
+                except _Retry as error:
+                    failure = error
+            if self.watchdog.reason is not None:
+                break
+            if attempt == policy.tries:
+                raise FetchError(f"{self.label}: {failure}, {policy.tries} tries; nothing was kept") from None
+            wait = policy.backoff * 2 ** (attempt - 1)
+            if wait >= self.watchdog.remaining():
+                break
+            logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", self.label, failure,
+                        wait, attempt + 1, policy.tries)
+            time.sleep(wait)
+        reason = self.watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
         raise FetchError(f"{self.label}: {reason} after {human_bytes(self.done)}; nothing was kept")
 
     def _get(self) -> None:
@@ -279,11 +281,9 @@ def fetch_bundle(source: BundleSource, cache: CachePaths, key: CompileKey, polic
     timeout = httpx.Timeout(policy.read_timeout, connect=policy.connect_timeout)
     staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
     try:
-        with (Watchdog(policy.deadline, policy.min_rate, policy.rate_window) as watchdog,
-              httpx.Client(timeout=timeout, follow_redirects=True,
-                           headers={**headers, "Accept-Encoding": "identity"}) as client):
-            download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, watchdog,
-                                 progress)
+        with httpx.Client(timeout=timeout, follow_redirects=True,
+                          headers={**headers, "Accept-Encoding": "identity"}) as client:
+            download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, progress)
             download.run()
         logger.info("fetched %s: %s", source.label, human_bytes(download.done))
         return download.path
