@@ -12,8 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.manifest import DATE_PATTERN, load_json, parse_entries
 from neuron_ui.compile.key import key_digest
+from neuron_ui.config.cache_paths import MIN_FREE_BYTES
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -71,6 +73,15 @@ class BundleInfo:
         return {"format": BUNDLE_FORMAT, "created": self.created, "key": self.key, "digest": digest,
                 "resolutions": self.resolutions, "built_on": self.built_on, "files": [asdict(f) for f in self.files],
                 "entries": {digest: {"key": self.key, "shapes": self.shapes}}}
+
+
+def check_room(root: Path, free: int, needed: int, what: str) -> None:
+    """Refuse a bundle that would leave less than MIN_FREE_BYTES on the cache folder's disk; `what` says which and
+    for what it needs `needed` bytes."""
+    if needed > free - MIN_FREE_BYTES:
+        raise BundleError(f"{what} {human_bytes(needed)}, more than {root} can take: {human_bytes(free)} free, "
+                          f"{human_bytes(MIN_FREE_BYTES)} of it kept spare; nothing was changed. Free some space, "
+                          "or bundle fewer shapes.")
 
 
 def this_machine() -> dict[str, str]:

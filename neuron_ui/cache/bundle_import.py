@@ -13,17 +13,18 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream, human_bytes, remove_path
+from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream, remove_path
 from neuron_ui.cache.bundle_format import (
     BUNDLE_JSON,
     BundleError,
     BundleInfo,
     check_key,
+    check_room,
     read_header,
     safe_parts,
 )
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
+from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, staging_prefix
 from neuron_ui.config.settings import parse_sha256
 from neuron_ui.contract.errors import first_line
 from neuron_ui.images.decode import open_regular
@@ -64,7 +65,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
                 info = read_header(tar, shown)
                 info.path = bundle
                 check_key(info, key, shown)
-                _check_space(cache, info, shown)
+                check_room(cache.root, free_bytes(cache.root), info.bytes, f"{shown} holds")
                 staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
                 _extract_verified(tar, staging, {f.path: f for f in info.files}, shown)
                 while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
@@ -114,15 +115,6 @@ def _check_sha256(got: str, expected: str, bundle: str) -> None:
         raise BundleError(f"{bundle} is not the pinned bundle: expected sha256 {parse_sha256(expected)}, got {got}; "
                           "nothing was changed. Import only bundles you trust, and pin the digest of the one you "
                           "exported or published (--cache-bundle-sha256); check a remote one's URL and revision.")
-
-
-def _check_space(cache: CachePaths, info: BundleInfo, shown: str) -> None:
-    """Refuse before extracting when the declared files would fill the disk (sizes are verified on extraction)."""
-    free = free_bytes(cache.root)
-    if info.bytes > free - MIN_FREE_BYTES:
-        raise BundleError(f"{shown} holds {human_bytes(info.bytes)}, more than {cache.root} can take: "
-                          f"{human_bytes(free)} free, {human_bytes(MIN_FREE_BYTES)} of it kept spare; "
-                          "nothing was changed. Free some space, or import fewer shapes.")
 
 
 def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, BundleFile], bundle: str) -> None:

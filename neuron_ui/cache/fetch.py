@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from neuron_ui.cache.admin import human_bytes
-from neuron_ui.cache.bundle_format import BundleError, HeaderPeek
+from neuron_ui.cache.bundle_format import BundleError, HeaderPeek, check_room
 from neuron_ui.cache.fetch_bounds import Watchdog
-from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, staging_prefix
+from neuron_ui.config.cache_paths import free_bytes, staging_prefix
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class _Download:
                  root: Path, policy: FetchPolicy, progress: Progress | None):
         self.client, self.url, self.path, self.label, self.key = client, url, path, source.label, key
         self.root, self.policy, self.progress = root, policy, progress
-        self.room = policy.free(root) - MIN_FREE_BYTES
+        self.free = policy.free(root)
         self.restart()
 
     def restart(self) -> None:
@@ -166,13 +166,7 @@ class _Download:
             raise FetchError(f"{self.label}: {what} {human_bytes(size)}, more than the "
                              f"{human_bytes(self.policy.max_bytes)} a bundle may be (--cache-bundle-max-mb); "
                              "nothing was kept")
-        self.check_room(size, what)
-
-    def check_room(self, needed: int, what: str) -> None:
-        if needed > self.room:
-            raise FetchError(f"{self.label}: {what} {human_bytes(needed)}, more than {self.root} can take "
-                             f"({human_bytes(self.room + MIN_FREE_BYTES)} free, {human_bytes(MIN_FREE_BYTES)} of it "
-                             "kept spare); nothing was kept. Free some space, or publish fewer shapes.")
+        check_room(self.root, self.free, size, f"{self.label}: {what}")
 
     def add(self, chunk: bytes, sink: BinaryIO) -> None:
         header = self.peek.feed(chunk)
@@ -181,7 +175,8 @@ class _Download:
         self.watchdog.got(len(chunk))
         self.check_size(self.done, "the download passed")
         if header is not None:  # the bundle file and what it unpacks to are on this disk together for a moment
-            self.check_room((self.total or self.done) + header.bytes, "downloading and unpacking it needs")
+            check_room(self.root, self.free, (self.total or self.done) + header.bytes,
+                       f"{self.label}: downloading and unpacking it needs")
         if self.progress is not None:
             self.progress(self.done, self.total)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import hash_file, kept_bundles, key_for_settings
+from neuron_ui.cache.admin import cache_folders, hash_file, key_for_settings
 from neuron_ui.cache.bundle_format import BundleError
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.fetch import FetchPolicy, discard, fetch_bundle, parse_bundle_source
@@ -51,7 +51,7 @@ class BundleOutcome:
 
 
 def kept_path(cache: CachePaths, sha256: str) -> Path:
-    return kept_bundles(cache) / f"{sha256}.tar.gz"
+    return cache_folders(cache)["bundles"] / f"{sha256}.tar.gz"
 
 
 @contextmanager
