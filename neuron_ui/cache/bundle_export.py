@@ -29,7 +29,6 @@ from neuron_ui.cache.bundle_format import (
     BundleFile,
     BundleInfo,
     artifact_folders,
-    bundle_name,
     this_machine,
 )
 from neuron_ui.cache.fetch import parse_bundle_source
@@ -66,7 +65,7 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
     if key.backend not in ARTIFACTS:
         raise ValueError(f"backend {key.backend!r} keeps no compiled artifacts on disk: nothing to export "
                          f"(bundles carry {', '.join(ARTIFACTS)} caches)")
-    out = Path(out) / bundle_name(key) if Path(out).is_dir() else Path(out)
+    out = Path(out) / f"neuron-ui-{key.digest}.tar.gz" if Path(out).is_dir() else Path(out)
     sections = artifact_folders(cache, key)
     sources = {f"{name}/{path.relative_to(folder).as_posix()}": path
                for name, folder in sections.items() for path in walk_files(folder)}
@@ -142,7 +141,7 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
         api = HfApi()
     staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
     try:
-        info = export_bundle(cache, key, staging / bundle_name(key), resolutions)
+        info = export_bundle(cache, key, staging, resolutions)  # named by its key
         size, sha256 = hash_file(info.path)
         try:
             if source.repo_type != "space":

@@ -89,10 +89,6 @@ def this_machine() -> dict[str, str]:
     return {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
 
 
-def bundle_name(key: CompileKey) -> str:
-    return f"neuron-ui-{key.digest}.tar.gz"
-
-
 def artifact_folders(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
     """The folders holding this key's artifacts: its own AOT packages, or the compiler caches of its backend."""
     if key.mode == AOT:

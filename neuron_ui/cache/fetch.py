@@ -15,7 +15,8 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -113,10 +114,6 @@ def resolve_url(source: BundleSource) -> tuple[str, dict[str, str]]:
     return url, build_hf_headers()
 
 
-class FetchError(BundleError):
-    """A download that failed for good; the message is one line and says nothing was kept."""
-
-
 class _Retry(Exception):
     """A failure the next try may not meet: a timeout, a dropped connection, a 5xx."""
 
@@ -163,7 +160,7 @@ class _Download:
     def check_size(self, size: int, what: str) -> None:
         """The cap on a bundle's size, then the room on the disk."""
         if size > self.policy.max_bytes:
-            raise FetchError(f"{self.label}: {what} {human_bytes(size)}, more than the "
+            raise BundleError(f"{self.label}: {what} {human_bytes(size)}, more than the "
                              f"{human_bytes(self.policy.max_bytes)} a bundle may be (--cache-bundle-max-mb); "
                              "nothing was kept")
         check_room(self.root, self.free, size, f"{self.label}: {what}")
@@ -181,7 +178,7 @@ class _Download:
             self.progress(self.done, self.total)
 
     def run(self) -> None:
-        """Try, back off and resume until the download is whole; FetchError once the tries or the time are spent."""
+        """Try, back off and resume until the download is whole; BundleError once the tries or the time are spent."""
         policy, started = self.policy, time.monotonic()
         for attempt in range(1, policy.tries + 1):
             # A watchdog per try: the rate counts from each try's start, the back-off is not the server's slowness.
@@ -194,7 +191,7 @@ class _Download:
             if self.watchdog.reason is not None:
                 break
             if attempt == policy.tries:
-                raise FetchError(f"{self.label}: {failure}, {policy.tries} tries; nothing was kept") from None
+                raise BundleError(f"{self.label}: {failure}, {policy.tries} tries; nothing was kept") from None
             wait = policy.backoff * 2 ** (attempt - 1)
             if wait >= self.watchdog.remaining():
                 break
@@ -202,7 +199,7 @@ class _Download:
                         wait, attempt + 1, policy.tries)
             time.sleep(wait)
         reason = self.watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
-        raise FetchError(f"{self.label}: {reason} after {human_bytes(self.done)}; nothing was kept")
+        raise BundleError(f"{self.label}: {reason} after {human_bytes(self.done)}; nothing was kept")
 
     def _get(self) -> None:
         """One try: GET (from where the last one stopped), streaming into the staging file."""
@@ -225,13 +222,13 @@ class _Download:
             raise _Retry(f"the server stalled: nothing for {self.policy.read_timeout:g} s after "
                          f"{human_bytes(self.done)}") from None
         except httpx.UnsupportedProtocol as error:
-            raise FetchError(f"{self.label}: {first_line(error)}; nothing was kept") from None
+            raise BundleError(f"{self.label}: {first_line(error)}; nothing was kept") from None
         except httpx.TransportError as error:  # refused, DNS, reset, a body cut short of its Content-Length
             raise _Retry(f"{first_line(error)[:200]} after {human_bytes(self.done)}") from None
         except httpx.TooManyRedirects:
-            raise FetchError(f"{self.label}: too many redirects; nothing was kept") from None
+            raise BundleError(f"{self.label}: too many redirects; nothing was kept") from None
         except httpx.InvalidURL as error:  # a redirect to `data:,x` or `http://[::1`: not an HTTPError in httpx
-            raise FetchError(f"{self.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
+            raise BundleError(f"{self.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
                              "nothing was kept") from None
         if self.watchdog.reason is not None:  # a body without a length ends as the watchdog shuts it
             raise _Retry(self.watchdog.reason)
@@ -261,16 +258,16 @@ class _Download:
             hint = {401: ": a private or gated repo needs HF_TOKEN (or a URL that needs no login)",
                     403: ": a private or gated repo needs HF_TOKEN with access to it",
                     404: ": check the path and the revision"}.get(code, "")
-            raise FetchError(f"{self.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
+            raise BundleError(f"{self.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
         if self.total is not None:
             self.check_size(self.total, "the server announces")
 
 
+@contextmanager
 def fetch_bundle(source: BundleSource, cache: CachePaths, key: CompileKey, policy: FetchPolicy | None = None,
-                 progress: Progress | None = None) -> Path:
-    """Download `source` to a staging file in the cache folder and return it, whole; its pin is the import's to check.
-
-    FetchError (or BundleError: another key, not gzip) on any failure, with nothing left in the cache folder."""
+                 progress: Progress | None = None) -> Iterator[Path]:
+    """Download `source` to a staging file in the cache folder, whole (its pin is the import's to check), for the
+    `with` block; the staging folder goes when the block ends, and on any failure (BundleError, one line)."""
     policy = policy or FetchPolicy()
     url, headers = resolve_url(source)
     timeout = httpx.Timeout(policy.read_timeout, connect=policy.connect_timeout)
@@ -281,12 +278,6 @@ def fetch_bundle(source: BundleSource, cache: CachePaths, key: CompileKey, polic
             download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, progress)
             download.run()
         logger.info("fetched %s: %s", source.label, human_bytes(download.done))
-        return download.path
-    except BaseException:
+        yield download.path
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def discard(fetched: Path) -> None:
-    """Remove what fetch_bundle returned, with its staging folder (the file may already have been moved away)."""
-    shutil.rmtree(fetched.parent, ignore_errors=True)
