@@ -203,7 +203,6 @@ def test_the_default_bounds_give_up_a_byte_every_2_s_within_a_minute():
     """The issue's drip, against the defaults an operator gets, on a clock this test moves (no 30 s wait)."""
     policy, now = FetchPolicy.from_settings(Settings()), [0.0]
     watchdog = Watchdog(policy.deadline, policy.min_rate, policy.rate_window, clock=lambda: now[0])
-    watchdog.start_try()
     reason = None
     while reason is None and now[0] < 600:
         now[0] += 2.0

@@ -92,14 +92,13 @@ def list_cache(cache: CachePaths) -> CacheListing:
     for digest, entry in sorted(entries.items(), key=lambda item: describe_key(item[1].get("key", {}))):
         shapes = [ShapeRecord(**rec) for rec in entry.get("shapes", {}).values()]
         keys.append(KeyListing(digest, entry.get("key", {}), sorted(shapes, key=lambda s: (s.tokens, s.resolution))))
-    return CacheListing(cache.root, keys, {"inductor": folder_usage(cache.inductor), "neff": folder_usage(cache.neff),
-                                           "aot": folder_usage(cache.aot),
-                                           "bundles": folder_usage(kept_bundles(cache))})
+    return CacheListing(cache.root, keys, {name: folder_usage(path) for name, path in cache_folders(cache).items()})
 
 
-def kept_bundles(cache: CachePaths) -> Path:
-    """Bundles fetched from a URL or the Hub, kept by digest so a restart downloads nothing (cache/warm_boot.py)."""
-    return cache.root / "bundles"
+def cache_folders(cache: CachePaths) -> dict[str, Path]:
+    """What `ls` weighs and a full clear empties: the compilers' folders, and the bundles fetched from a URL or the
+    Hub, kept by digest so a restart downloads nothing (cache/warm_boot.py)."""
+    return {"inductor": cache.inductor, "neff": cache.neff, "aot": cache.aot, "bundles": cache.root / "bundles"}
 
 
 def format_listing(listing: CacheListing, current: CompileKey | None = None) -> str:
@@ -151,7 +150,7 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
                              f"recorded: {', '.join(sorted(shapes)) or 'none'}")
     result = ClearResult(removed_shapes=manifest.forget(key.digest if key else None, wanted))
     if key is None:
-        for folder in (cache.inductor, cache.neff, cache.aot, kept_bundles(cache)):
+        for folder in cache_folders(cache).values():
             if not folder.resolve().is_relative_to(cache.root.resolve()):
                 logger.warning("not emptying %s: it is outside the cache folder %s", folder, cache.root)
                 result.skipped_folders.append(folder)

@@ -25,12 +25,10 @@ from neuron_ui.cache.admin import (
 )
 from neuron_ui.cache.bundle_format import (
     ARTIFACTS,
-    BUNDLE_FORMAT,
     BUNDLE_JSON,
     BundleFile,
     BundleInfo,
     artifact_folders,
-    bundle_name,
     this_machine,
 )
 from neuron_ui.cache.fetch import parse_bundle_source
@@ -67,7 +65,7 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
     if key.backend not in ARTIFACTS:
         raise ValueError(f"backend {key.backend!r} keeps no compiled artifacts on disk: nothing to export "
                          f"(bundles carry {', '.join(ARTIFACTS)} caches)")
-    out = Path(out) / bundle_name(key) if Path(out).is_dir() else Path(out)
+    out = Path(out) / f"neuron-ui-{key.digest}.tar.gz" if Path(out).is_dir() else Path(out)
     sections = artifact_folders(cache, key)
     sources = {f"{name}/{path.relative_to(folder).as_posix()}": path
                for name, folder in sections.items() for path in walk_files(folder)}
@@ -77,24 +75,22 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
     files = [BundleFile(name, *hash_file(path), mode=path.stat().st_mode & 0o755) for name, path in
              sorted(sources.items())]
     info = BundleInfo(out, asdict(key), chosen, files, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                      built_on=this_machine())
-    header = {"format": BUNDLE_FORMAT, "created": info.created, "key": info.key, "digest": key.digest,
-              "resolutions": chosen, "built_on": info.built_on, "files": [asdict(f) for f in files],
-              "entries": {key.digest: {"key": asdict(key), "shapes": {r: recorded[r] for r in chosen}}}}
-    _write_tar(out, header, files, sources)
+                      built_on=this_machine(), shapes={r: recorded[r] for r in chosen})
+    _write_tar(info, sources)
     logger.info("exported %s: %s, %d files, %s", out, ", ".join(chosen), len(files), human_bytes(info.bytes))
     return info
 
 
-def _write_tar(out: Path, header: dict, files: list[BundleFile], sources: dict[str, Path]) -> None:
-    """Write next to `out` and rename, so a reader never sees half a bundle at `out`."""
+def _write_tar(info: BundleInfo, sources: dict[str, Path]) -> None:
+    """Write next to `info.path` and rename, so a reader never sees half a bundle there."""
+    out = info.path
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar:
-            data = json.dumps(header, indent=1, sort_keys=True).encode()
+            data = json.dumps(info.header(), indent=1, sort_keys=True).encode()
             tar.addfile(_member(BUNDLE_JSON, len(data), 0o644), io.BytesIO(data))
-            for f in files:
+            for f in info.files:
                 with open(sources[f.path], "rb") as handle:
                     reader = HashingReader(handle)
                     tar.addfile(_member(f.path, f.size, f.mode), reader)
@@ -145,7 +141,7 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
         api = HfApi()
     staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
     try:
-        info = export_bundle(cache, key, staging / bundle_name(key), resolutions)
+        info = export_bundle(cache, key, staging, resolutions)  # named by its key
         size, sha256 = hash_file(info.path)
         try:
             if source.repo_type != "space":

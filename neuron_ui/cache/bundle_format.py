@@ -12,7 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.manifest import DATE_PATTERN, load_json, parse_entries
+from neuron_ui.compile.key import key_digest
+from neuron_ui.config.cache_paths import MIN_FREE_BYTES
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -47,7 +50,7 @@ class BundleFile:
 
 @dataclass
 class BundleInfo:
-    """What a bundle holds (export) or what an import did with it."""
+    """A bundle's bundle.json, read (import) or to be written (export), and what an import did with the bundle."""
 
     path: Path
     key: dict
@@ -55,6 +58,7 @@ class BundleInfo:
     files: list[BundleFile]
     created: str = ""
     built_on: dict = field(default_factory=dict)
+    shapes: dict[str, dict] = field(default_factory=dict)  # the manifest records of its key, measured where built
     added_shapes: list[str] = field(default_factory=list)  # import: new in this cache's manifest
     kept_shapes: list[str] = field(default_factory=list)  # import: this cache already had a record
     kept_files: int = 0  # import: already present here, left as they were
@@ -63,14 +67,26 @@ class BundleInfo:
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
 
+    def header(self) -> dict:
+        """bundle.json: the key, its shapes with their records, and every file with its size and sha256."""
+        digest = key_digest(self.key)
+        return {"format": BUNDLE_FORMAT, "created": self.created, "key": self.key, "digest": digest,
+                "resolutions": self.resolutions, "built_on": self.built_on, "files": [asdict(f) for f in self.files],
+                "entries": {digest: {"key": self.key, "shapes": self.shapes}}}
+
+
+def check_room(root: Path, free: int, needed: int, what: str) -> None:
+    """Refuse a bundle that would leave less than MIN_FREE_BYTES on the cache folder's disk; `what` says which and
+    for what it needs `needed` bytes."""
+    if needed > free - MIN_FREE_BYTES:
+        raise BundleError(f"{what} {human_bytes(needed)}, more than {root} can take: {human_bytes(free)} free, "
+                          f"{human_bytes(MIN_FREE_BYTES)} of it kept spare; nothing was changed. Free some space, "
+                          "or bundle fewer shapes.")
+
 
 def this_machine() -> dict[str, str]:
     """What a bundle records of the machine that built it; another one only risks cache misses."""
     return {"python": platform.python_version(), "machine": platform.machine(), "system": platform.system()}
-
-
-def bundle_name(key: CompileKey) -> str:
-    return f"neuron-ui-{key.digest}.tar.gz"
 
 
 def artifact_folders(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
@@ -80,7 +96,7 @@ def artifact_folders(cache: CachePaths, key: CompileKey) -> dict[str, Path]:
     return {name: getattr(cache, name) for name in ARTIFACTS[key.backend]}
 
 
-def read_header(tar: tarfile.TarFile, bundle: str | Path) -> dict:
+def read_header(tar: tarfile.TarFile, bundle: str | Path) -> BundleInfo:
     """bundle.json, checked against the schema before anything trusts it."""
     member = tar.next()
     handle = tar.extractfile(member) if member is not None and member.isreg() else None
@@ -96,7 +112,7 @@ def read_header(tar: tarfile.TarFile, bundle: str | Path) -> dict:
                           "nothing was changed") from error
 
 
-def _parse_header(header: object, bundle: str | Path) -> dict:
+def _parse_header(header: object, bundle: str | Path) -> BundleInfo:
     """The header with only the fields we read, each checked; a bad shape record is named with its field."""
     if not isinstance(header, dict):
         raise ValueError("not a mapping")
@@ -121,11 +137,10 @@ def _parse_header(header: object, bundle: str | Path) -> dict:
         raise ValueError("'created' is not a date")
     if not isinstance(built_on, dict) or not all(isinstance(v, str) and len(v) <= 100 for v in built_on.values()):
         raise ValueError("'built_on' must map names to short strings")
-    return {"format": BUNDLE_FORMAT, "key": entries[digest]["key"], "digest": digest, "entries": entries,
-            "resolutions": sorted(shapes), "files": files, "created": created, "built_on": built_on}
+    return BundleInfo(Path(bundle), entries[digest]["key"], sorted(shapes), files, created, built_on, shapes)
 
 
-def _parse_files(files: object, bundle: str | Path) -> list[dict]:
+def _parse_files(files: object, bundle: str | Path) -> list[BundleFile]:
     """The file list, each entry with a safe path (listed once), a size, a sha256 and a mode."""
     if not isinstance(files, list):
         raise ValueError("'files' must be a list")
@@ -141,31 +156,22 @@ def _parse_files(files: object, bundle: str | Path) -> list[dict]:
         if path in seen:
             raise ValueError(f"{where} is listed twice")
         seen.add(path)
-        checked.append({"path": path, "size": f["size"], "sha256": f["sha256"], "mode": f.get("mode", 0o644)})
+        checked.append(BundleFile(path, f["size"], f["sha256"], f.get("mode", 0o644)))
     return checked
 
 
-def bundle_info(bundle: Path, header: dict) -> BundleInfo:
-    """What a checked header (read_header) says the bundle holds."""
-    return BundleInfo(path=bundle, key=header["key"], resolutions=list(header["resolutions"]),
-                      files=[BundleFile(**f) for f in header["files"]], created=header.get("created", ""),
-                      built_on=header.get("built_on", {}))
-
-
-def check_key(header: dict, key: CompileKey, bundle: str | Path) -> None:
-    """Name every field that differs; a near miss is still a miss (the graphs would not match)."""
-    theirs, ours = header.get("key", {}), asdict(key)
+def check_key(info: BundleInfo, key: CompileKey, bundle: str | Path) -> None:
+    """Name every field that differs; a near miss is still a miss (the graphs would not match). The digest needs no
+    look of its own: the schema holds it to its key's."""
+    theirs, ours = info.key, asdict(key)
     diffs = [f"{name}: bundle {theirs.get(name, '(missing)')}, here {ours.get(name, '(missing)')}"
              for name in sorted(set(theirs) | set(ours)) if theirs.get(name) != ours.get(name)]
     if diffs:
         raise BundleError(f"{bundle} was compiled under a different compile key; differs in {'; '.join(diffs)}. "
                           "Nothing was changed. Export a bundle from an instance with the same settings and "
                           "versions, or let this one compile.")
-    if header.get("digest") != key.digest:
-        raise BundleError(f"{bundle}: its digest {header.get('digest')} does not match its key; nothing was changed")
-    built_on = header.get("built_on", {})
     here = this_machine()
-    other = {k: v for k, v in built_on.items() if here.get(k) not in (None, v)}
+    other = {k: v for k, v in info.built_on.items() if here.get(k) not in (None, v)}
     if other:  # the compile key covers what changes a graph; these only risk cache misses
         logger.warning("%s was built on %s, this machine is %s: expect cache misses", bundle, other, here)
 
@@ -193,7 +199,7 @@ class HeaderPeek:
         self._inflate = zlib.decompressobj(wbits=31)  # gzip framing only
         self._head = bytearray()
 
-    def feed(self, chunk: bytes) -> dict | None:
+    def feed(self, chunk: bytes) -> BundleInfo | None:
         """The bundle's header, the first time it is whole and of this key; BundleError when it is not."""
         if self.done:
             return None
@@ -202,25 +208,15 @@ class HeaderPeek:
         except zlib.error:
             raise BundleError(f"{self.label} is not a bundle: the server sent something that is not gzip "
                               f"(it starts {bytes(chunk[:40])!r}); nothing was kept") from None
-        if len(self._head) < 512:
-            self.done = self._inflate.eof
-            return None
-        try:
-            member = tarfile.TarInfo.frombuf(bytes(self._head[:512]), "utf-8", "surrogateescape")
-        except tarfile.TarError:
-            self.done = True  # not for us to judge before the digest: the import says what is wrong
-            return None
-        if member.name != BUNDLE_JSON or not member.isreg() or member.size > MAX_BUNDLE_JSON:
-            self.done = True
-            return None
-        if len(self._head) < 512 + member.size:
-            self.done = self._inflate.eof or len(self._head) >= self.LIMIT
-            return None
-        self.done = True
         try:
             with tarfile.open(fileobj=io.BytesIO(bytes(self._head)), mode="r|") as tar:
                 header = read_header(tar, self.label)
-        except (ValueError, tarfile.TarError, EOFError):
+        except (tarfile.TarError, EOFError):  # cut short: bundle.json is not whole yet
+            self.done = self._inflate.eof or len(self._head) >= self.LIMIT
             return None
+        except ValueError:  # not for us to judge before the digest: the import says what is wrong
+            self.done = True
+            return None
+        self.done = True
         check_key(header, self.key, self.label)  # BundleError naming each field that differs
         return header

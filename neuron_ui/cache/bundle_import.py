@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import gzip
 import logging
 import os
@@ -14,23 +13,24 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream, human_bytes, remove_path
+from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream, remove_path
 from neuron_ui.cache.bundle_format import (
     BUNDLE_JSON,
     BundleError,
-    bundle_info,
+    BundleInfo,
     check_key,
+    check_room,
     read_header,
     safe_parts,
 )
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import MIN_FREE_BYTES, STAGING_PREFIX, free_bytes, staging_prefix
+from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, staging_prefix
 from neuron_ui.config.settings import parse_sha256
 from neuron_ui.contract.errors import first_line
 from neuron_ui.images.decode import open_regular
 
 if TYPE_CHECKING:
-    from neuron_ui.cache.bundle_format import BundleFile, BundleInfo
+    from neuron_ui.cache.bundle_format import BundleFile
     from neuron_ui.compile.key import CompileKey
     from neuron_ui.config.cache_paths import CachePaths
 
@@ -51,7 +51,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     bundle = Path(bundle)
     shown = label or str(bundle)
     staging: Path | None = None
-    header: dict | None = None
+    info: BundleInfo | None = None
     try:
         with open_bundle(bundle, shown) as raw:
             if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
@@ -62,10 +62,10 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
             # typeshed's GzipFile wants a seekable fileobj; reading forward, as here, never seeks.
             with (gzip.GzipFile(fileobj=reader, mode="rb") as gz,  # type: ignore[call-overload]
                   tarfile.open(fileobj=gz, mode="r|") as tar):
-                header = read_header(tar, shown)
-                check_key(header, key, shown)
-                info = bundle_info(bundle, header)
-                _check_space(cache, info, shown)
+                info = read_header(tar, shown)
+                info.path = bundle
+                check_key(info, key, shown)
+                check_room(cache.root, free_bytes(cache.root), info.bytes, f"{shown} holds")
                 staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
                 _extract_verified(tar, staging, {f.path: f for f in info.files}, shown)
                 while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
@@ -79,7 +79,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
         if isinstance(error, (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)):
             raise BundleError(f"{shown} is corrupt or truncated ({first_line(error)}); nothing was changed. "
                               "Copy it again or export a new one.") from error
-        if isinstance(error, OSError) and header is None:  # could not open or read the bundle file itself
+        if isinstance(error, OSError) and info is None:  # could not open or read the bundle file itself
             raise BundleError(f"{shown} is not a readable bundle ({first_line(error)}); nothing was changed") from error
         raise
     try:
@@ -90,7 +90,7 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     finally:
         remove_path(staging)
     # this cache's own records win, as they were measured here
-    added, kept = CacheManifest(cache.manifest).merge(key, header["entries"][key.digest]["shapes"])
+    added, kept = CacheManifest(cache.manifest).merge(key, info.shapes)
     info.added_shapes.extend(added)
     info.kept_shapes.extend(kept)
     logger.info("imported %s: %d files (%d already here), shapes added %s, kept %s", shown, len(info.files),
@@ -114,16 +114,7 @@ def _check_sha256(got: str, expected: str, bundle: str) -> None:
     if got != parse_sha256(expected):
         raise BundleError(f"{bundle} is not the pinned bundle: expected sha256 {parse_sha256(expected)}, got {got}; "
                           "nothing was changed. Import only bundles you trust, and pin the digest of the one you "
-                          "exported (--cache-bundle-sha256).")
-
-
-def _check_space(cache: CachePaths, info: BundleInfo, shown: str) -> None:
-    """Refuse before extracting when the declared files would fill the disk (sizes are verified on extraction)."""
-    free = free_bytes(cache.root)
-    if info.bytes > free - MIN_FREE_BYTES:
-        raise BundleError(f"{shown} holds {human_bytes(info.bytes)}, more than {cache.root} can take: "
-                          f"{human_bytes(free)} free, {human_bytes(MIN_FREE_BYTES)} of it kept spare; "
-                          "nothing was changed. Free some space, or import fewer shapes.")
+                          "exported or published (--cache-bundle-sha256); check a remote one's URL and revision.")
 
 
 def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, BundleFile], bundle: str) -> None:
@@ -168,18 +159,12 @@ def _place(source: Path, dest: Path) -> bool:
     if dest.exists() or dest.is_symlink():
         return True
     dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(source, dest)
-    except OSError as error:
-        if error.errno != errno.EXDEV:  # NEFF folder on another filesystem: copy, then rename there
-            raise
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=STAGING_PREFIX)
-        os.close(fd)
-        try:
-            shutil.copy2(source, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=STAGING_PREFIX)
+    os.close(fd)
+    try:  # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
+        shutil.move(source, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return False
-

@@ -1,23 +1,22 @@
 """Where a bundle comes from (a local file, an http(s):// URL, or a Hub file: hf://, resolved by huggingface_hub), and
 the download of a remote one, pinned, into the cache folder: streamed, resumed, bounded in size and time, checked by
-its sha256.
+its sha256 (by the import, which the caller runs next).
 
 The bytes go to a file in a staging folder inside the cache folder (the same disk the bundle unpacks to; a folder,
 so the sweep at the next start removes it if the process was killed), never into memory. A try that times out,
 loses its connection or meets a 5xx is tried again after a back-off, resuming with a Range request where the server
 allows it. The whole download has a size cap and a deadline, and each try a minimum rate (fetch_bounds.py), which
-no number of tries can stretch. The caller gets the file only once its sha256 is the pinned one; on any failure
-(an exception, SIGTERM unwinding) the staging folder is gone.
+no number of tries can stretch. On any failure (an exception, SIGTERM unwinding) the staging folder is gone.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -26,9 +25,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from neuron_ui.cache.admin import human_bytes
-from neuron_ui.cache.bundle_format import BundleError, HeaderPeek
+from neuron_ui.cache.bundle_format import BundleError, HeaderPeek, check_room
 from neuron_ui.cache.fetch_bounds import Watchdog
-from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, staging_prefix
+from neuron_ui.config.cache_paths import free_bytes, staging_prefix
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -115,10 +114,6 @@ def resolve_url(source: BundleSource) -> tuple[str, dict[str, str]]:
     return url, build_hf_headers()
 
 
-class FetchError(BundleError):
-    """A download that failed for good; the message is one line and says nothing was kept."""
-
-
 class _Retry(Exception):
     """A failure the next try may not meet: a timeout, a dropped connection, a 5xx."""
 
@@ -147,69 +142,64 @@ class FetchPolicy:
 class _Download:
     """One download into the staging file: its tries, and what is known of the bundle across them."""
 
+    watchdog: Watchdog  # the try's under way
+
     def __init__(self, client: httpx.Client, url: str, path: Path, source: BundleSource, key: CompileKey,
-                 root: Path, policy: FetchPolicy, watchdog: Watchdog, progress: Progress | None):
+                 root: Path, policy: FetchPolicy, progress: Progress | None):
         self.client, self.url, self.path, self.label, self.key = client, url, path, source.label, key
-        self.root, self.policy, self.watchdog, self.progress = root, policy, watchdog, progress
-        self.room = policy.free(root) - MIN_FREE_BYTES
+        self.root, self.policy, self.progress = root, policy, progress
+        self.free = policy.free(root)
         self.restart()
 
     def restart(self) -> None:
         self.path.write_bytes(b"")
-        self.done, self.sha256 = 0, hashlib.sha256()
+        self.done = 0
         self.total: int | None = None  # the bundle's size once a response says it
         self.peek = HeaderPeek(self.key, self.label)
 
     def check_size(self, size: int, what: str) -> None:
         """The cap on a bundle's size, then the room on the disk."""
         if size > self.policy.max_bytes:
-            raise FetchError(f"{self.label}: {what} {human_bytes(size)}, more than the "
+            raise BundleError(f"{self.label}: {what} {human_bytes(size)}, more than the "
                              f"{human_bytes(self.policy.max_bytes)} a bundle may be (--cache-bundle-max-mb); "
                              "nothing was kept")
-        self.check_room(size, what)
-
-    def check_room(self, needed: int, what: str) -> None:
-        if needed > self.room:
-            raise FetchError(f"{self.label}: {what} {human_bytes(needed)}, more than {self.root} can take "
-                             f"({human_bytes(self.room + MIN_FREE_BYTES)} free, {human_bytes(MIN_FREE_BYTES)} of it "
-                             "kept spare); nothing was kept. Free some space, or publish fewer shapes.")
+        check_room(self.root, self.free, size, f"{self.label}: {what}")
 
     def add(self, chunk: bytes, sink: BinaryIO) -> None:
         header = self.peek.feed(chunk)
         sink.write(chunk)
-        self.sha256.update(chunk)
         self.done += len(chunk)
         self.watchdog.got(len(chunk))
         self.check_size(self.done, "the download passed")
         if header is not None:  # the bundle file and what it unpacks to are on this disk together for a moment
-            unpacked = sum(f["size"] for f in header["files"])
-            self.check_room((self.total or self.done) + unpacked, "downloading and unpacking it needs")
+            check_room(self.root, self.free, (self.total or self.done) + header.bytes,
+                       f"{self.label}: downloading and unpacking it needs")
         if self.progress is not None:
             self.progress(self.done, self.total)
 
     def run(self) -> None:
-        """Try, back off and resume until the download is whole; FetchError once the tries or the time are spent."""
-        policy, watchdog = self.policy, self.watchdog
+        """Try, back off and resume until the download is whole; BundleError once the tries or the time are spent."""
+        policy, started = self.policy, time.monotonic()
         for attempt in range(1, policy.tries + 1):
-            watchdog.start_try()
-            try:
-                self._get()
-                return
-            except _Retry as error:
-                if watchdog.reason is not None:
-                    break
-                if attempt == policy.tries:
-                    raise FetchError(f"{self.label}: {error}, {policy.tries} tries; nothing was kept") from None
-                wait = policy.backoff * 2 ** (attempt - 1)
-                if wait >= watchdog.remaining():
-                    break
-                logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", self.label, error,
-                            wait, attempt + 1, policy.tries)
-                time.sleep(wait)
-            finally:
-                watchdog.end_try()
-        reason = watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
-        raise FetchError(f"{self.label}: {reason} after {human_bytes(self.done)}; nothing was kept")
+            # A watchdog per try: the rate counts from each try's start, the back-off is not the server's slowness.
+            with Watchdog(policy.deadline, policy.min_rate, policy.rate_window, started=started) as self.watchdog:
+                try:
+                    self._get()
+                    return
+                except _Retry as error:
+                    failure = error
+            if self.watchdog.reason is not None:
+                break
+            if attempt == policy.tries:
+                raise BundleError(f"{self.label}: {failure}, {policy.tries} tries; nothing was kept") from None
+            wait = policy.backoff * 2 ** (attempt - 1)
+            if wait >= self.watchdog.remaining():
+                break
+            logger.info("fetching %s: %s; trying again in %.1f s (try %d of %d)", self.label, failure,
+                        wait, attempt + 1, policy.tries)
+            time.sleep(wait)
+        reason = self.watchdog.reason or f"not done within {policy.deadline:g} s (--cache-bundle-deadline)"
+        raise BundleError(f"{self.label}: {reason} after {human_bytes(self.done)}; nothing was kept")
 
     def _get(self) -> None:
         """One try: GET (from where the last one stopped), streaming into the staging file."""
@@ -232,13 +222,13 @@ class _Download:
             raise _Retry(f"the server stalled: nothing for {self.policy.read_timeout:g} s after "
                          f"{human_bytes(self.done)}") from None
         except httpx.UnsupportedProtocol as error:
-            raise FetchError(f"{self.label}: {first_line(error)}; nothing was kept") from None
+            raise BundleError(f"{self.label}: {first_line(error)}; nothing was kept") from None
         except httpx.TransportError as error:  # refused, DNS, reset, a body cut short of its Content-Length
             raise _Retry(f"{first_line(error)[:200]} after {human_bytes(self.done)}") from None
         except httpx.TooManyRedirects:
-            raise FetchError(f"{self.label}: too many redirects; nothing was kept") from None
+            raise BundleError(f"{self.label}: too many redirects; nothing was kept") from None
         except httpx.InvalidURL as error:  # a redirect to `data:,x` or `http://[::1`: not an HTTPError in httpx
-            raise FetchError(f"{self.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
+            raise BundleError(f"{self.label}: the server sent an unusable URL ({first_line(error)[:200]}); "
                              "nothing was kept") from None
         if self.watchdog.reason is not None:  # a body without a length ends as the watchdog shuts it
             raise _Retry(self.watchdog.reason)
@@ -268,39 +258,26 @@ class _Download:
             hint = {401: ": a private or gated repo needs HF_TOKEN (or a URL that needs no login)",
                     403: ": a private or gated repo needs HF_TOKEN with access to it",
                     404: ": check the path and the revision"}.get(code, "")
-            raise FetchError(f"{self.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
+            raise BundleError(f"{self.label}: HTTP {code} {response.reason_phrase}{hint}; nothing was kept")
         if self.total is not None:
             self.check_size(self.total, "the server announces")
 
 
-def fetch_bundle(source: BundleSource, sha256: str, cache: CachePaths, key: CompileKey,
-                 policy: FetchPolicy | None = None, progress: Progress | None = None) -> Path:
-    """Download `source` to a staging file in the cache folder and return it once its sha256 is `sha256`.
-
-    FetchError (or BundleError: another key, not gzip) on any failure, with nothing left in the cache folder."""
+@contextmanager
+def fetch_bundle(source: BundleSource, cache: CachePaths, key: CompileKey, policy: FetchPolicy | None = None,
+                 progress: Progress | None = None) -> Iterator[Path]:
+    """Download `source` to a staging file in the cache folder, whole (its pin is the import's to check), for the
+    `with` block; the staging folder goes when the block ends, and on any failure (BundleError, one line)."""
     policy = policy or FetchPolicy()
     url, headers = resolve_url(source)
     timeout = httpx.Timeout(policy.read_timeout, connect=policy.connect_timeout)
     staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
     try:
-        with (Watchdog(policy.deadline, policy.min_rate, policy.rate_window) as watchdog,
-              httpx.Client(timeout=timeout, follow_redirects=True,
-                           headers={**headers, "Accept-Encoding": "identity"}) as client):
-            download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, watchdog,
-                                 progress)
+        with httpx.Client(timeout=timeout, follow_redirects=True,
+                          headers={**headers, "Accept-Encoding": "identity"}) as client:
+            download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, progress)
             download.run()
-        got = download.sha256.hexdigest()
-        if got != sha256:
-            raise FetchError(f"{source.label} is not the pinned bundle: expected sha256 {sha256}, got {got} "
-                             f"({human_bytes(download.done)}); nothing was kept. Pin the digest `cache publish` "
-                             "printed, or check that the URL and revision are the ones you published.")
-        logger.info("fetched %s: %s, sha256 as pinned", source.label, human_bytes(download.done))
-        return download.path
-    except BaseException:
+        logger.info("fetched %s: %s", source.label, human_bytes(download.done))
+        yield download.path
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def discard(fetched: Path) -> None:
-    """Remove what fetch_bundle returned, with its staging folder (the file may already have been moved away)."""
-    shutil.rmtree(fetched.parent, ignore_errors=True)

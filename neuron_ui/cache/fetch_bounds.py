@@ -22,18 +22,19 @@ STREAM_EVENTS = ("connection.connect_tcp.complete", "connection.start_tls.comple
 
 
 class Watchdog:
-    """Ends a download past `deadline` seconds, or below `min_rate` bytes/s over any `window` seconds of a try.
+    """Ends a try of a download past `deadline` seconds from `started` (the download's start; by default now), or
+    below `min_rate` bytes/s over any `window` seconds of the try.
 
     `reason` says which, in words for the one line the user reads; the fetch checks it after every try."""
 
-    def __init__(self, deadline: float, min_rate: float, window: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, deadline: float, min_rate: float, window: float, clock: Callable[[], float] = time.monotonic,
+                 started: float | None = None):
         self.deadline, self.min_rate, self.window, self.clock = deadline, min_rate, window, clock
-        self.started = clock()
+        self.started = clock() if started is None else started
         self.reason: str | None = None
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
-        self._trying = False
-        self._window_start, self._window_bytes = self.started, 0
+        self._window_start, self._window_bytes = clock(), 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="bundle-fetch-watchdog")
 
@@ -53,15 +54,6 @@ class Watchdog:
                 ended = self.reason is not None
             if ended:  # a connection opened after the end (a redirect's): ended as well
                 self._shut()
-
-    def start_try(self) -> None:
-        """The rate counts from each try's start: the back-off between tries is not the server's slowness."""
-        with self._lock:
-            self._trying, self._window_start, self._window_bytes = True, self.clock(), 0
-
-    def end_try(self) -> None:
-        with self._lock:
-            self._trying = False
 
     def got(self, size: int) -> None:
         with self._lock:
@@ -87,7 +79,7 @@ class Watchdog:
             return f"not done within {self.deadline:g} s (--cache-bundle-deadline)"
         with self._lock:
             span = now - self._window_start
-            if not self._trying or span < self.window:
+            if span < self.window:
                 return None
             got, self._window_start, self._window_bytes = self._window_bytes, now, 0
         if got < self.min_rate * span:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.admin import hash_file, kept_bundles, key_for_settings
+from neuron_ui.cache.admin import cache_folders, hash_file, key_for_settings
 from neuron_ui.cache.bundle_format import BundleError
 from neuron_ui.cache.bundle_import import import_bundle
-from neuron_ui.cache.fetch import FetchPolicy, discard, fetch_bundle, parse_bundle_source
+from neuron_ui.cache.fetch import FetchPolicy, fetch_bundle, parse_bundle_source
 from neuron_ui.contract.errors import first_line
 from neuron_ui.contract.loading import LoadingState
 
@@ -51,7 +51,7 @@ class BundleOutcome:
 
 
 def kept_path(cache: CachePaths, sha256: str) -> Path:
-    return kept_bundles(cache) / f"{sha256}.tar.gz"
+    return cache_folders(cache)["bundles"] / f"{sha256}.tar.gz"
 
 
 @contextmanager
@@ -94,9 +94,6 @@ def import_at_start(settings: Settings, cache: CachePaths, loading: LoadingState
     except Exception:  # a bug of ours must not keep the app from starting either
         logger.exception("not using --cache-bundle: importing it failed unexpectedly; starting cold")
         return []
-    finally:
-        if loading is not None:  # whatever a failed download left there
-            loading.clear()
     # One line per bundle; a lone refused bundle's line also says the app starts cold.
     imported = any(o.info for o in outcomes)
     for o in outcomes:
@@ -148,18 +145,17 @@ def _fetch_and_import(cache: CachePaths, key: CompileKey, source: BundleSource, 
     """Download to a staging file, import it, and keep it by digest only once imported: a refused one leaves nothing."""
     state = loading or LoadingState()  # nobody reads it: a plain `cache import`
     state.set(FETCHING, 0, None)
-    staged = fetch_bundle(source, pin, cache, key, policy, lambda done, total: state.set(FETCHING, done, total))
     try:
-        state.set(IMPORTING)
-        info = import_bundle(cache, key, staged, pin, label=source.label)
-        kept = kept_path(cache, pin)
-        try:
-            kept.parent.mkdir(exist_ok=True)
-            os.replace(staged, kept)
-        except OSError as error:  # imported all the same; only the next start downloads again
-            logger.warning("could not keep %s as %s (%s): a restart will download it again", source.label, kept,
-                           first_line(error))
+        with fetch_bundle(source, cache, key, policy, lambda done, total: state.set(FETCHING, done, total)) as staged:
+            state.set(IMPORTING)
+            info = import_bundle(cache, key, staged, pin, label=source.label)
+            kept = kept_path(cache, pin)
+            try:
+                kept.parent.mkdir(exist_ok=True)
+                os.replace(staged, kept)
+            except OSError as error:  # imported all the same; only the next start downloads again
+                logger.warning("could not keep %s as %s (%s): a restart will download it again", source.label,
+                               kept, first_line(error))
     finally:
-        discard(staged)
         state.clear()
     return info
