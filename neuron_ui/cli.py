@@ -129,9 +129,11 @@ def main(argv: list[str] | None = None, load: Callable[[Settings], EngineLike] |
 
     try:
         made, info = make(args, settings, load)
+        out = made.save_png(Path(args.out).expanduser())
     except (ValueError, EngineError) as error:
         return fail(error)
-    out = made.save_png(Path(args.out).expanduser())
+    except OSError as error:  # a full disk, no permission: the file, and why
+        return fail(f"--out {args.out}: cannot be written ({error.strerror or error})")
     print(json.dumps({**info, "out": str(out)}, indent=1))
     return 0
 
@@ -217,7 +219,7 @@ def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
             return "give two PNGs to compare, or --prompt, --resolution and --b to make A and B"
     if args.command == "generate" and len(settings.loras) > 1:
         return "generate makes its image with one style: give --lora once"
-    inputs = []
+    inputs = [("PNG", path) for path in args.images] if args.command == "ab" else []
     if args.command == "generate":
         inputs = [("--reference", path) for path in args.reference]
         inputs += [(flag, path) for flag, path in (("--image", args.image), ("--mask", args.mask)) if path]
@@ -231,8 +233,10 @@ def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
             file.open("rb").close()
         except OSError as error:
             return f"{flag} {path}: cannot be read ({error.strerror})"
-    folder = Path(args.out).expanduser().parent
-    return None if folder.is_dir() else f"--out {args.out}: the folder {folder} does not exist"
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        return f"--out {args.out} is a folder: name the PNG to write, e.g. {out / 'out.png'}"
+    return None if out.parent.is_dir() else f"--out {args.out}: the folder {out.parent} does not exist"
 
 
 def run_lora(args: argparse.Namespace) -> int:

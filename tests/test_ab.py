@@ -5,6 +5,8 @@ compared from their own parameters; the `ab` command in process. The API and MCP
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 
 import pytest
 from fakes import Recorder
@@ -47,11 +49,14 @@ def test_b_is_a_with_its_settings_and_each_side_is_labelled_by_what_differs():
     ("seed=3", "seed=3", "256x256", "a and b make the same image: give b a setting that differs, e.g. b=\"seed=4\""),
     ("", "sead=3", "256x256", "b: 'sead' is not a setting; the settings are seed, steps, style, strength, prompt, "
                               "replace"),
-    ("style=chalk", "seed=1", "256x256", "a: lora 'chalk' is not a style loaded here; allowed: None, ink"),
+    ("style=chalk", "seed=1", "256x256", "a: lora 'chalk' is not a style loaded here; allowed: none, ink"),
     ("", "seed=1", "512x512", "resolution 512x512 is not a preset; allowed: 256x256, 384x256"),
     ("", "strength=1", "256x256", "b: strength is a style's strength: set style too (e.g. style=ink strength=0.8)"),
     ("", "seed=3,4", "256x256", "b: seed takes one value, got '3,4'"),
     ("", "seed", "256x256", "b: 'seed' is not key=value, e.g. seed=3 style=ink"),
+    ("", 'replace="fox,c\nat"', "256x256", "b: replace has a line break: give its values on one line, comma-separated"),
+    ('replace="fox,c\rat"', "seed=1", "256x256", "a: replace has a line break: give its values on one line, "
+                                                 "comma-separated"),
 ])
 def test_bad_settings_are_one_line(a, b, resolution, line):
     with pytest.raises(ValueError) as error:
@@ -76,7 +81,7 @@ def test_two_pngs_are_compared_from_their_parameters(tmp_path):
     plain = tmp_path / "plain.png"
     Image.new("RGB", (64, 64)).save(plain)
     assert compare_files(old, plain).info["labels"] == ["A", "B"]
-    with pytest.raises(ValueError, match="not an image that can be read"):
+    with pytest.raises(ValueError, match="is not a regular file"):
         compare_files(old, tmp_path)
 
 
@@ -96,7 +101,45 @@ def test_the_ab_command_makes_or_compares_and_refuses_in_one_line(tmp_path, caps
     code = cli.main([*common, "--prompt", PROMPT, "--resolution", "256x256", "--b", "style=chalk",
                      "--out", str(tmp_path / "bad.png")], load=lambda settings: engine)
     assert code == 2 and capsys.readouterr().err == "error: b: lora 'chalk' is not a style loaded here; allowed: " \
-        "None, ink\n"
+        "none, ink\n"
     assert len(engine.calls) == 2 and not (tmp_path / "bad.png").exists()  # nothing ran
     assert cli.main([*common, str(tmp_path / "ab-A.png")]) == 2
     assert capsys.readouterr().err.startswith("error: give two PNGs to compare, or --prompt, --resolution and --b")
+
+
+def bomb(path, width=30000, height=30000):
+    """A PNG that says it is width x height pixels: its header only (Pillow refuses such a size from it)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) +
+                     chunk(b"IEND", b""))
+    return path
+
+
+def test_the_ab_command_with_two_pngs_refuses_a_bomb_and_a_folder_in_one_line(tmp_path, capsys, environ):
+    """A 30000x30000 PNG and an --out that is a folder each printed a traceback."""
+    common = ["ab", "--cache-dir", str(tmp_path / "cache")]
+    old = saved(tmp_path, "old.png", seed=1)
+    for argv, line in [
+        ([str(bomb(tmp_path / "bomb.png")), str(old)], f"error: {tmp_path / 'bomb.png'} is too many pixels; the "
+                                                        "limit is 40 megapixels"),
+        ([str(old), str(old), "--out", str(tmp_path)], f"error: --out {tmp_path} is a folder: name the PNG to write, "
+                                                       f"e.g. {tmp_path / 'out.png'}"),
+        ([str(old), str(tmp_path)], f"error: PNG {tmp_path}: not a file"),
+    ]:
+        assert cli.main([*common, *argv]) == 2
+        assert capsys.readouterr().err == line + "\n"
+
+
+def test_a_b_of_another_shape_is_fitted_at_least_a_pixel_high(tmp_path, capsys, environ):
+    """A 65000x1 B beside a 256x256 A was Pillow's "height and width must be > 0"."""
+    Image.new("RGB", (65000, 1), (255, 0, 0)).save(tmp_path / "wide.png")
+    old = saved(tmp_path, "old.png", seed=1)
+    out = tmp_path / "ab.png"
+    assert cli.main(["ab", "--cache-dir", str(tmp_path / "cache"), str(old), str(tmp_path / "wide.png"),
+                     "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"] == ["A", "B"]
+    sheet = Image.open(out).convert("RGB")
+    assert (255, 0, 0) in {colour for _, colour in sheet.getcolors(1 << 16)}  # B's one row, drawn

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 
 import pytest
 from fakes import made_image
 import torch
-from PIL import Image
+from PIL import Image, ImageFont
 
 from neuron_ui import cli
 from neuron_ui.cache.manifest import CacheManifest
@@ -18,10 +19,12 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
 from neuron_ui.studio.grid_plan import estimate_seconds, plan_grid
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import EngineStatus, ShapeStatus
 from neuron_ui.contract.stopping import Phase, Stopped, StopReason, StopToken
 from neuron_ui.engine.engine import Engine
 from neuron_ui.studio.grid_jobs import GridJobs, run_grid
+from neuron_ui.studio.grid_sheet import FONT_SIZE, _fit
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.lora_random import write_random_lora
@@ -71,7 +74,7 @@ def test_the_run_order_switches_styles_the_fewest_times():
 @pytest.mark.parametrize("axes, words", [
     ({"seeds": "1+17"}, "seeds' count must be a whole number from 1 to 16"),
     ({"seeds": "1,2,3,4", "steps": "1,2,3,4,5"}, "a grid of 5 steps x 4 seeds = 20 images is more than 16"),
-    ({"styles": "none,chalk"}, "lora 'chalk' is not a style loaded here; allowed: None, ink, neon"),
+    ({"styles": "none,chalk"}, "lora 'chalk' is not a style loaded here; allowed: none, ink, neon"),
     ({"seeds": "1,2", "resolution": "384x256"}, "resolution 384x256 is not a preset; allowed: 256x256, 512x512"),
     ({"prompts": "fox,,cat"}, "prompt variant 2 is empty"),
     ({"prompts": "dog,cat"}, "prompt variant 'dog' is not in the prompt"),
@@ -81,11 +84,59 @@ def test_the_run_order_switches_styles_the_fewest_times():
     ({"strengths": "3", "styles": "ink"}, "lora_scale must be a number from 0 to 2"),
     ({"seeds": "1", "steps": "1", "styles": "ink", "prompts": "fox,cat"}, "at most 3 axes; got 4"),
     ({}, "a grid needs an axis"),
+    ({"seeds": "1,2\n3"}, "seeds has a line break: give its values on one line, comma-separated"),
+    ({"prompts": "fox,cat\r"}, "prompts has a line break"),
+    ({"steps": "1\r\n2"}, "steps has a line break"),
+    ({"styles": "ink\nnone"}, "styles has a line break"),
+    ({"styles": "ink", "strengths": "0.5,\n1"}, "strengths has a line break"),
 ])
 def test_bad_axes_are_one_line_before_anything_runs(axes, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("+", r"\+")) as error:
         plan(**axes)
     assert "\n" not in str(error.value)
+
+
+def test_a_number_is_an_axis_of_one_value():
+    """/grid's steps=4 (a JSON number, not text) was refused: "steps must be text such as \"1,2\""."""
+    assert plan(steps=4).axes[0].values == (4,) and plan(seeds=3.0).axes[0].values == (3,)
+    assert plan(styles="ink", strengths=0.5).axes[1].values == (0.5,)
+    with pytest.raises(ValueError, match="^steps must be text such as"):
+        plan(steps=True)
+
+
+class Measured:
+    """The sheet's font, counting its measurements."""
+
+    def __init__(self):
+        self.font, self.count = ImageFont.load_default(size=FONT_SIZE), 0
+
+    def getlength(self, text):
+        self.count += 1
+        return self.font.getlength(text)
+
+
+@pytest.mark.parametrize("length", [2000, 8000])
+def test_a_long_label_is_fitted_in_a_few_measurements(length):
+    """A label was cut one character at a time, each cut measured: 12.9 s for 2,000 characters, 239 s for 8,000."""
+    font, text = Measured(), ("a red fox in snow, " * length)[:length]
+    start = time.perf_counter()
+    label = _fit(text, font, 256)
+    assert time.perf_counter() - start < 1.0 and font.count <= 16
+    kept = label.removesuffix("…")
+    assert label.endswith("…") and text.startswith(kept) and font.getlength(label) <= 256
+    assert font.getlength(text[:len(kept) + 1] + "…") > 256  # the longest prefix that fits
+
+
+def test_a_short_label_is_fitted_as_before():
+    font = ImageFont.load_default(size=FONT_SIZE)
+    for text in ("seed 3", "a red fox in snow at dusk, painted in ink", "WWWWWWWWWWWWWW iiiiiiiii AV To"):
+        for width in (10, 60, 120, 174, 256):
+            before = text  # the old fit: a character off at a time, until it fits
+            if font.getlength(before) > width:
+                while before and font.getlength(before + "…") > width:
+                    before = before[:-1]
+                before += "…"
+            assert _fit(text, font, width) == before
 
 
 def test_max_cells_is_a_parameter():
@@ -169,6 +220,26 @@ def test_stop_ends_the_rest_and_the_sheet_says_what_was_not_made(tmp_path):
     assert sheet.getpixel((sheet.width - 20, sheet.height - 20)) == (200, 200, 200)  # the last cell: not made
     with pytest.raises(Stopped):
         run_grid(FakeEngine(stop_after=0), plan(seeds="1+4"))
+
+
+class ShuttingDown(FakeEngine):
+    """The server drains (SIGTERM) after two cells: the next is refused as every new request is."""
+
+    def generate(self, request, progress=None, stop=None):
+        if len(self.calls) >= 2:
+            raise EngineError("the server is shutting down; try again in a moment", ErrorKind.SHUTTING_DOWN)
+        return super().generate(request, progress, stop)
+
+
+def test_a_shutdown_mid_grid_ends_it_with_the_sheet_of_the_cells_made():
+    job = GridJobs(ShuttingDown(), max_running=1).start("browser:a", plan(seeds="1+4"), finish=lambda grid: grid)
+    assert job.wait(10) and job.failure is None
+    assert job.outcome.stopped == "the server is shutting down; try again in a moment; 2 of 4 images made"
+    assert job.outcome.image.width > 2 * 256  # its sheet, as a Stop's
+    engine = ShuttingDown()
+    engine.calls = [None, None]  # refused from its first cell: nothing to show, the error is the answer
+    with pytest.raises(EngineError, match="shutting down"):
+        run_grid(engine, plan(seeds="1+2"))
 
 
 def test_a_grid_is_its_visitors_job_that_outlives_the_page_and_a_stop_ends_it():
@@ -283,6 +354,9 @@ def test_the_grid_command_writes_the_sheet_and_each_cell_and_prints_the_info(eng
     assert code == 2 and err == "error: a grid of 4 steps x 5 seeds = 20 images is more than 16, this server's " \
         "limit (--max-grid-cells): take fewer values\n"
     assert not (tmp_path / "big.png").exists() and engine.status().shape("256x256").images == made  # nothing ran
+    code = cli.main([*argv, "--seeds", "1,2\n3", "--out", str(tmp_path / "nl.png")], load=lambda settings: engine)
+    assert code == 2 and capsys.readouterr().err == "error: seeds has a line break: give its values on one line, " \
+        "comma-separated\n"
 
 
 def test_max_grid_cells_is_a_flag_and_a_variable_within_bounds():

@@ -76,7 +76,7 @@ def test_another_visitors_image_comes_between_cells_and_stop_ends_the_rest(app, 
     (("a fox", "256x256", "1,2,3", None, None, "1,2,3", None),
      "a grid of 3 steps x 3 seeds = 9 images is more than 6, this server's limit (--max-grid-cells)"),
     (("a fox", "256x256", None, "none,chalk", None, None, None),
-     "lora 'chalk' is not a style loaded here; allowed: None, ink"),
+     "lora 'chalk' is not a style loaded here; allowed: none, ink"),
     (("a fox", "512x512", "1,2", None, None, None, None), "resolution 512x512 is not a preset"),
     (("a fox", "256x256", None, None, None, None, "fox,"), "prompt variant 2 is empty"),
 ])
@@ -168,7 +168,7 @@ def test_ab_is_one_request_whose_images_take_turns_with_another_visitors(app, tm
 @pytest.mark.parametrize("args, line", [
     (("a fox", "256x256", "seed=1", "seed=1"), "a and b make the same image"),
     (("a fox", "256x256", None, "colour=red"), "b: 'colour' is not a setting; the settings are seed, steps"),
-    (("a fox", "256x256", None, "style=chalk"), "b: lora 'chalk' is not a style loaded here; allowed: None, ink"),
+    (("a fox", "256x256", None, "style=chalk"), "b: lora 'chalk' is not a style loaded here; allowed: none, ink"),
     (("a fox", "512x512", None, "seed=2"), "resolution 512x512 is not a preset"),
 ])
 def test_bad_ab_settings_get_one_line_and_make_nothing(app, args, line):

@@ -65,7 +65,6 @@ class Layouts:
             raise ValueError(f"references must be a count from 0, got {references!r}")
         if references > self.max_references:  # the words refs.fit_references uses, whichever check comes first
             raise ValueError(f"{references} reference images; this server takes at most {self.max_references}")
-        if not references:
-            return Layout(preset, (), inpaint)
+        # checked without references too (the page always sends its choice), where it changes nothing
         size = refs.validate_reference_size(reference_size or str(self.reference_sizes[0]), self.reference_sizes)
         return Layout(preset, (size,) * references, inpaint)

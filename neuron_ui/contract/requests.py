@@ -121,11 +121,12 @@ NO_STYLE = "None"  # what the UI's Style dropdown shows for no style; the API ta
 STYLE_SCALE = NumberRange("lora_scale", 0.0, MAX_LORA_SCALE, empty=" (or empty for the style's default)")
 
 
-def validate_style(name: object, styles: Mapping[str, float]) -> str | None:
-    """A style by name (None, "" or "None": no style); ValueError names the ones loaded here."""
+def validate_style(name: object, styles: Mapping[str, float], no_style: str = NO_STYLE) -> str | None:
+    """A style by name (None, "" or "None": no style); ValueError names the ones loaded here, and no style as the
+    caller's word for it (a grid's axis says "none")."""
     if name is None or name == "" or name == NO_STYLE:
         return None
-    allowed = ", ".join([NO_STYLE, *styles]) if styles else None
+    allowed = ", ".join([no_style, *styles]) if styles else None
     if not isinstance(name, str) or name not in styles:
         if allowed is None:
             raise ValueError(f"lora {shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
@@ -147,7 +148,9 @@ def validate_request(request: GenerateRequest, layout: Layout, *, default_steps:
     loaded styles' default strengths by name. ValueError names what is allowed."""
     resolution = layout.resolution
     styles = styles or {}
-    lora = validate_style(request.lora, styles)  # a strength without a style is no style
+    lora = validate_style(request.lora, styles)
+    # a strength without a style is checked, and no style (the page always sends its slider's value)
+    scale = None if request.lora_scale is None else STYLE_SCALE.check(request.lora_scale)
     references: tuple = ()
     if layout.references:
         references = refs.fit_references(list(request.references), layout.references[0],
@@ -168,6 +171,5 @@ def validate_request(request: GenerateRequest, layout: Layout, *, default_steps:
         mask=mask,
         strength=1.0 if request.strength is None else STRENGTH.check(request.strength),
         lora=lora,
-        lora_scale=None if lora is None else styles[lora] if request.lora_scale is None
-        else STYLE_SCALE.check(request.lora_scale),
+        lora_scale=None if lora is None else styles[lora] if scale is None else scale,
     )

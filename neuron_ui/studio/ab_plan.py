@@ -87,7 +87,7 @@ def side_cell(cell: GridCell, text: object, side: str, loaded: Mapping[str, floa
         pairs = parse_settings(text)
         prompt = validate_prompt(pairs["prompt"]) if "prompt" in pairs else cell.prompt
         if "replace" in pairs:
-            variants = parse_prompts(pairs["replace"], prompt)
+            variants = parse_prompts(pairs["replace"], prompt, "replace")
             if len(variants) != 2:
                 raise ValueError("replace takes a word of the prompt and what replaces it, e.g. replace=fox,cat")
             prompt = variants[1]

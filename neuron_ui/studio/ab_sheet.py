@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from neuron_ui.studio.ab_plan import side_labels
 from neuron_ui.studio.grid_plan import Axis, GridCell, GridPlan, Info
 from neuron_ui.contract.results import save_image_png
+from neuron_ui.images.decode import decoded
 from neuron_ui.studio.grid_sheet import BACKGROUND, GridResult, draw_sheet
 
 if TYPE_CHECKING:
@@ -69,13 +70,10 @@ class ABFiles:
 
 
 def read_png(path: Path) -> tuple[Image.Image, Info | None]:
-    """An image and the parameters this app wrote in it (None for any other image); ValueError in one line."""
-    try:
-        with Image.open(path) as opened:
-            opened.load()
-            image, text = opened.convert("RGB"), dict(getattr(opened, "text", {}) or {})
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"{path}: not an image that can be read ({error.__class__.__name__})") from None
+    """An image and the parameters this app wrote in it (None for any other image), read through the bounded
+    decoder every input image passes (a bomb is refused from its header); ValueError in one line."""
+    with decoded(path, str(path)) as (opened, _digest, _notes):
+        image, text = opened.convert("RGB"), dict(getattr(opened, "text", {}) or {})
     try:
         parameters = json.loads(text["parameters"])
     except (KeyError, ValueError):
@@ -97,6 +95,7 @@ def compare_files(first: Path, second: Path) -> ABFiles:
     differs = tuple(key for key in FROM_PARAMETERS if a.get(key) != b.get(key)) if a and b else ()
     labels = side_labels(a, b, differs)
     if image_b.size != image_a.size:
+        image_b.thumbnail(image_a.size)  # at least a pixel each way: pad alone cuts a 65000x1 B to 64x0
         image_b = ImageOps.pad(image_b, image_a.size, color=BACKGROUND)
     # draw_sheet reads only each cell's place and the axis' labels: the settings are the files' own.
     places = tuple(GridCell(index=i, column=i, row=0, block=0, prompt="", seed=0, steps=None, style=None,

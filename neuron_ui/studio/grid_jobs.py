@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from neuron_ui.contract.errors import EngineError
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.contract.stopping import Phase, Stopped, StopReason, StopToken
+from neuron_ui.contract.stopping import Phase, StopReason, StopToken
 from neuron_ui.studio.grid_sheet import CellResult, GridResult
 
 if TYPE_CHECKING:
@@ -43,8 +43,9 @@ MAX_KEPT = 1024  # finished grids kept at once (as many as held browser sessions
 def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None = None, stop: StopToken | None = None,
              visitor: str | None = None, on_cell: Callable[[CellResult], None] | None = None) -> GridResult:
     """The plan's cells in its run order (styles switched the fewest times), each told to `on_cell` when made (the
-    UI's history). A Stop ends the rest: the grid comes back with the cells made and `stopped` saying so (Stopped
-    is raised only when no cell was made). A cell with the same request as an earlier one reuses its image."""
+    UI's history). A Stop, or the server shutting down (SIGTERM), ends the rest: the grid comes back with the cells
+    made and `stopped` saying so (the error is raised only when no cell was made). A cell with the same request as an
+    earlier one reuses its image."""
     stop = stop or StopToken()
     grid = GridResult(plan)
     start = time.perf_counter()
@@ -63,8 +64,8 @@ def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None 
                                       lora_scale=cell.strength, visitor=visitor)
             try:
                 result = engine.generate(request, progress=_told(progress, number, total), stop=stop)
-            except Stopped as error:
-                if not grid.made:
+            except EngineError as error:  # a Stop, or a SIGTERM's drain: the sheet of the cells made
+                if not grid.made or error.kind not in (ErrorKind.STOPPED, ErrorKind.SHUTTING_DOWN):
                     raise
                 grid.stopped = f"{error}; {len(grid.made)} of {total} images made"
                 break

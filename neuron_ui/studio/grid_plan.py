@@ -104,11 +104,16 @@ class GridPlan:
 
 
 def split_values(text: object, name: str) -> list[str]:
-    """An axis as sent: comma-separated, a value with a comma in double quotes (as A1111's X/Y/Z plot reads it)."""
+    """An axis as sent: comma-separated, a value with a comma in double quotes (as A1111's X/Y/Z plot reads it); a
+    number alone is an axis of one value."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(int(text)) if float(text).is_integer() else str(text)
     if not isinstance(text, str):
         raise ValueError(f"{name} must be text such as \"1,2\", got {type(text).__name__}")
     if len(text) > MAX_AXIS_TEXT:
         raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_AXIS_TEXT}")
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{name} has a line break: give its values on one line, comma-separated")
     rows = list(csv.reader([text], skipinitialspace=True)) if text.strip() else [[]]
     return [value.strip() for value in rows[0]]
 
@@ -145,14 +150,14 @@ def parse_strengths(text: object) -> tuple[float, ...]:
 
 def parse_styles(text: object, loaded: Mapping[str, float]) -> tuple[str | None, ...]:
     """Style names ("none" for no style), each one loaded here."""
-    return tuple(None if value.lower() == NO_STYLE_WORD else validate_style(value, loaded)
+    return tuple(None if value.lower() == NO_STYLE_WORD else validate_style(value, loaded, NO_STYLE_WORD)
                  for value in split_values(text, "styles"))
 
 
-def parse_prompts(text: object, prompt: str) -> tuple[str, ...]:
+def parse_prompts(text: object, prompt: str, name: str = "prompts") -> tuple[str, ...]:
     """Prompt S/R: the first value is a word or phrase of the prompt, each value replaces it in turn (the first
     leaves the prompt as it is). The prompts made are checked as any prompt is."""
-    values = split_values(text, "prompts")
+    values = split_values(text, name)
     for number, value in enumerate(values, 1):
         if not value:
             raise ValueError(f"prompt variant {number} is empty: give the word to replace, then what replaces it")

@@ -94,12 +94,16 @@ class GridResult:
 
 
 def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
-    """`text` cut short with an ellipsis to fit `width` pixels."""
+    """`text` on one line, cut short with an ellipsis to fit `width` pixels: the longest prefix that fits, found by
+    a binary search on the cut (a few measurements, whatever its length)."""
+    text = " ".join(text.split())
     if font.getlength(text) <= width:
         return text
-    while text and font.getlength(text + "…") > width:
-        text = text[:-1]
-    return text + "…"
+    low, high = 0, len(text)  # text[:high] + "…" is too wide; text[:low] + "…" fits, or low is 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if font.getlength(text[:middle] + "…") <= width else (low, middle)
+    return text[:low] + "…"
 
 
 def draw_sheet(plan: GridPlan, images: Mapping[int, Image.Image]) -> Image.Image:
