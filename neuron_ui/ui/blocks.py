@@ -15,7 +15,6 @@ from neuron_ui.ui.editing import (
     EditingHandlers,
     add_inpaint_tab,
     add_reference_panel,
-    add_result_buttons,
 )
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, Listen, Then, device_queue_length, serve_in_place
@@ -107,9 +106,9 @@ def build_demo(engine: EngineLike, settings: Settings,
                                 reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
                         guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
                                              label="Guidance", visible=not status.distilled, elem_id="guidance")
-                    edit_refs = add_reference_panel(engine)
+                    ref_files, ref_size, ref_fit, ref_previews = add_reference_panel(engine)
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
-                        edit_inpaint = add_inpaint_tab()
+                        editor, editor_sent, holds, strength, inpaint = add_inpaint_tab()
                     compare = add_compare_panel([style["name"] for style in status.styles])
                     lines = PROMPTS.read_text(encoding="utf-8").splitlines() if PROMPTS.is_file() else []
                     examples = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
@@ -119,7 +118,9 @@ def build_demo(engine: EngineLike, settings: Settings,
                 image = gr.Image(label="Image", type="filepath", format="png", interactive=False, height=440,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
-                edit_result = add_result_buttons()
+                with gr.Row():  # under the result: take it into the next edit
+                    use_result = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
+                    edit_result = gr.Button("Edit this image", size="sm", elem_id="edit-image")
                 ab = add_ab_panel()
                 layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
@@ -146,7 +147,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                          "outputs": [table, activity, resolution, hint, now, seen], **hidden}
         form = [prompt, resolution, steps, seed, randomize, guidance]
-        ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
+        ref_inputs = [ref_files, ref_size, ref_fit]
         made = [image, info, seed, history, history_gallery]
         style_inputs = [styles["style"], styles["strength"]]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
@@ -173,30 +174,27 @@ def build_demo(engine: EngineLike, settings: Settings,
         gr.on(changes, handlers.session.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
         editing_handlers = EditingHandlers(engine, handlers.stored)
-        history_gallery.select(handlers.on_select, [history],
-                               [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
-                                edit_inpaint["editor"], edit_inpaint["strength"]], show_progress_on=[image], **hidden)
-        history_gallery.select(editing_handlers.on_history_pick, [history], edit_inpaint["holds"], **hidden)
+        history_gallery.select(handlers.on_select, [history], [prompt, resolution, steps, seed, randomize, image, info,
+                                                               *ref_inputs, editor, strength, holds],
+                               show_progress_on=[image], **hidden)
         wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
         wire_ab(ab, image, history, history_gallery, hidden)
         reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **told)
-        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["holds"]]
-        gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
-              editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
-        gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click,
-               edit_inpaint["holds"].change, edit_inpaint["button"].click],
+        layout_inputs = [resolution, ref_files, ref_size, holds]
+        gr.on([ref_files.change, ref_size.change, ref_fit.change], editing_handlers.on_preview, ref_inputs,
+              ref_previews, **hidden)
+        gr.on([ref_files.change, ref_size.change, resolution.change, generate.click, holds.change, inpaint.click],
               editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **hidden)
-        edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
-                                 edit_refs["files"], **told)
+        use_result.click(editing_handlers.on_use_as_reference, [image, ref_files], ref_files, **told)
         # The editor is read (its files uploaded) by Inpaint's page-only first step alone; no event shows progress on
         # it or updates its panel, or Gradio uploads its files again at every event's status (editing.add_inpaint_tab).
-        edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"],
-                                  edit_inpaint["holds"]], js=EDIT_SCRIPT, show_progress_on=[image], **told)
-        inpainted = edit_inpaint["button"].click(None, edit_inpaint["editor"], edit_inpaint["sent"], js=INPAINT_SCRIPT,
-                                                 queue=False, api_visibility="private").success(
+        edit_result.click(editing_handlers.on_edit_image, [image], [editor, holds], js=EDIT_SCRIPT,
+                          show_progress_on=[image], **told)
+        inpainted = inpaint.click(None, editor, editor_sent, js=INPAINT_SCRIPT, queue=False,
+                                  api_visibility="private").success(
             handlers.on_inpaint,
-            [edit_inpaint["sent"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
-             *ref_inputs, history, session, *style_inputs],
+            [editor_sent, prompt, resolution, strength, steps, seed, randomize, guidance, *ref_inputs, history, session,
+             *style_inputs],
             made, show_progress_on=[image], **private_on_device,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )

@@ -91,15 +91,12 @@ class CompareHandlers:
         self.studio, self.engine, self.held, self.stops = studio, studio.engine, held, studio.stops
         self.jobs, self.show_guidance = studio.jobs, show_guidance
 
-    def plan(self, prompt: str, resolution: str, *pairs: str | None) -> GridPlan:
-        return self.studio.plan_grid(prompt, resolution, axis_values(*pairs))
-
     def on_plan(self, prompt: str, resolution: str, *pairs: str | None) -> str:
         """The line before the click: the count and the estimated time, or what is wrong, in one line."""
         if not any(kind and kind != NO_AXIS for kind in pairs[::2]):
             return "Pick an axis (seeds, styles, strengths, steps or prompts) and its values."
         try:
-            plan = self.plan(prompt, resolution, *pairs)
+            plan = self.studio.plan_grid(prompt, resolution, axis_values(*pairs))
         except ValueError as error:
             return f"**Not yet:** {error}"
         return describe_plan(plan, estimate_seconds(plan, self.engine.status()))
@@ -123,7 +120,8 @@ class CompareHandlers:
             return GridShown(str(sheet.path), describe_grid(sheet.grid), list(entries))
 
         with user_errors():
-            plan = self.plan(prompt, resolution, kind1, values1, kind2, values2, kind3, values3)
+            axes = axis_values(kind1, values1, kind2, values2, kind3, values3)
+            plan = self.studio.plan_grid(prompt, resolution, axes)
             job = self.studio.start_grid(owner(session), plan, finish, saved)
         return self._watch(job, progress)
 
@@ -162,13 +160,7 @@ class CompareHandlers:
     def on_restore(self, session: BrowserSession | None):
         """On page load: the visitor's grid, still running (its line; on_watch follows) or finished (its sheet and
         line). Outputs: image, line, poll timer."""
-        job = self.jobs.find(owner(session))
-        if job is None:
-            return gr.skip(), gr.skip(), gr.Timer(active=False)
-        if job.running:
-            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status())), \
-                gr.Timer(active=False)
-        return (*self._shown(job), gr.Timer(active=False))
+        return (*self._shown(self.jobs.find(owner(session))), gr.Timer(active=False))
 
     def on_poll(self, session: BrowserSession | None, history: list[HistoryEntry]):
         """After a watch failed (a cancel, a refusal while the grid runs): once the grid ends, its sheet and line
@@ -176,16 +168,19 @@ class CompareHandlers:
         job = self.jobs.find(owner(session))
         if job is not None and job.running:
             return (gr.skip(),) * 5
-        image, line = self._shown(job) if job is not None else (gr.skip(), gr.skip())
-        history, gallery = self.on_cells(session, history)
-        return image, line, history, gallery, gr.Timer(active=False)
+        return (*self._shown(job), *self.on_cells(session, history), gr.Timer(active=False))
 
-    @staticmethod
-    def _shown(job: GridJob[GridShown]) -> tuple[object, str]:
+    def _shown(self, job: GridJob[GridShown] | None) -> tuple[object, object]:
+        """The grid's image and line: nothing without one, how far it is while it runs, then its sheet (the store
+        keeps the newest 512) and line, or why it was not made."""
+        if job is None:
+            return gr.skip(), gr.skip()
+        if job.running:
+            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status()))
         if job.outcome is None:
             return gr.skip(), f"**Not made:** {failure_words(job.failure)}"
         sheet = job.outcome.sheet
-        return sheet if Path(sheet).is_file() else gr.skip(), job.outcome.line  # the store keeps the newest 512
+        return sheet if Path(sheet).is_file() else gr.skip(), job.outcome.line
 
 
 def failure_words(error: Exception | None) -> str:
