@@ -197,22 +197,12 @@ def owner(session: BrowserSession | None) -> str:
     return current_visitor(session) or "anonymous"
 
 
-@dataclass(frozen=True)
-class ComparePanel:
-    """The panel's widgets: each axis's kind and values, the line before, the buttons, the grid and its line."""
-
-    kinds: list[gr.Dropdown]
-    values: list[gr.Textbox]
-    plan: gr.Markdown
-    make: gr.Button
-    stop: gr.Button
-    image: gr.Image
-    line: gr.Markdown
-    timer: gr.Timer
-
-
-def add_compare_panel(styles: list[str]) -> ComparePanel:
-    """The panel's widgets (inside the form's column); the prompt and size are the form's own."""
+def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[gr.Textbox | gr.Dropdown],
+                      history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks,
+                      on_device: Listen, hidden: Listen) -> Dependency:
+    """The panel (inside the form's column; the prompt and size are the form's own) and its events; returns the grid's
+    event (the form's Stop cancels it, which stops the grid too). `form`: prompt, resolution; `on_device`: the page's
+    private events' keywords for the device."""
     kinds, values = [], []
     with gr.Accordion("Compare: a grid", open=False, elem_id="compare"):
         gr.Markdown("The prompt and size above, along up to three axes: "
@@ -230,34 +220,25 @@ def add_compare_panel(styles: list[str]) -> ComparePanel:
                          buttons=["download", "fullscreen"], elem_id="grid-image")
         line = gr.Markdown(elem_id="grid-line")
         timer = gr.Timer(REFRESH_SECONDS, active=False)
-    return ComparePanel(kinds, values, plan, make, stop, image, line, timer)
-
-
-def wire_compare(handlers: CompareHandlers, parts: ComparePanel, form: list[gr.Textbox | gr.Dropdown],
-                 history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks, on_device: Listen,
-                 hidden: Listen) -> Dependency:
-    """The panel's events; returns the grid's event (the form's Stop cancels it, which stops the grid too).
-    `form`: prompt, resolution; `on_device`: the page's private events' keywords for the device."""
-    axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(parts.kinds, parts.values) for part in pair]
-    gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], parts.plan,
-          trigger_mode="always_last", **hidden)
-    for kind, values in zip(parts.kinds, parts.values):
-        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, values, **hidden)
-    shown = [parts.image, parts.line]
-    made = parts.make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[parts.image],
-                            **on_device)
+    axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(kinds, values) for part in pair]
+    gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], plan, trigger_mode="always_last",
+          **hidden)
+    for kind, value in zip(kinds, values):
+        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, value, **hidden)
+    shown = [image, line]
+    made = make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[image], **on_device)
     # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
     # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
-    loaded = demo.load(handlers.on_restore, [session], [*shown, parts.timer], **hidden)
+    loaded = demo.load(handlers.on_restore, [session], [*shown, timer], **hidden)
     followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
-    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[parts.image],
+    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[image],
                           api_visibility="private", queue=True, concurrency_limit=None)
     # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
     made.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
     watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **hidden)
     for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
-        event.failure(lambda: gr.Timer(active=True), None, parts.timer, **hidden)
+        event.failure(lambda: gr.Timer(active=True), None, timer, **hidden)
     told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
-    parts.stop.click(handlers.on_stop, [session], None, **told)
-    parts.timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts.timer], **hidden)
+    stop.click(handlers.on_stop, [session], None, **told)
+    timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **hidden)
     return made

@@ -19,6 +19,7 @@ from neuron_ui.contract import references as refs
 from neuron_ui.images.decode import decoded, on_decoder
 from neuron_ui.ui.words import describe_size
 from neuron_ui.web.errors import user_errors
+from neuron_ui.web.gradio_bridge import Listen
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -42,14 +43,6 @@ def file_paths(values: object, stored: StoredFiles) -> list[str]:
     if not isinstance(values, (list, tuple)):
         values = [values]
     return [p for p in (file_path(v, stored) for v in values) if p]
-
-
-def editor_files(value: object, stored: StoredFiles) -> tuple[str | None, list[str]]:
-    """The editor's background and painted layers as paths of the app's files (the browser uploads them; the value
-    reaches the handler unprocessed: preprocess=False)."""
-    if not isinstance(value, dict):
-        return None, []
-    return file_path(value.get("background"), stored), file_paths(value.get("layers"), stored)
 
 
 @on_decoder
@@ -98,7 +91,7 @@ class EditingHandlers:
 
     def on_layout(self, resolution: str, files: object, reference_size: str, editing: bool = False) -> str:
         """What the next image's layout costs, before the click, when it is not the size alone (the size hint's):
-        Generate's with references, and while the inpaint editor holds an image (`editing`: InpaintTab's "holds",
+        Generate's with references, and while the inpaint editor holds an image (`editing`: add_inpaint_tab's `holds`,
         not the editor, whose files Gradio uploads each time it reads them), Inpaint's too (its source image
         doubles the output's tokens: another graph)."""
         try:
@@ -132,8 +125,9 @@ class EditingHandlers:
         return {"background": image, "layers": [], "composite": image}, True
 
 
-def add_reference_panel(engine: EngineLike) -> tuple[gr.File, gr.Dropdown, gr.Radio, gr.Gallery]:
-    """Reference uploads, their size and fit, and the previews of what the model sees."""
+def add_reference_panel(handlers: EditingHandlers, hidden: Listen) -> tuple[gr.File, gr.Dropdown, gr.Radio]:
+    """Reference uploads, their size and fit, and the previews of what the model sees, which follow them."""
+    engine = handlers.engine
     sizes = [str(s) for s in engine.reference_sizes]
     with gr.Accordion(f"Reference images (up to {engine.max_references})", open=False, elem_id="references",
                       visible=engine.max_references > 0):
@@ -145,7 +139,8 @@ def add_reference_panel(engine: EngineLike) -> tuple[gr.File, gr.Dropdown, gr.Ra
                            info="crop: fill, cut the centre · pad: keep all, black bars")
         previews = gr.Gallery(label="What the model sees", columns=4, height=160, allow_preview=False,
                               elem_id="reference-previews")
-    return files, size, fit, previews
+    gr.on([files.change, size.change, fit.change], handlers.on_preview, [files, size, fit], previews, **hidden)
+    return files, size, fit
 
 
 def add_inpaint_tab() -> tuple[gr.ImageEditor, gr.ImageEditor, gr.Checkbox, gr.Slider, gr.Button]:

@@ -17,7 +17,7 @@ from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 from neuron_ui.studio.studio import DEFAULT_MAX_GRIDS, PreviewSink, Studio
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.editing import editor_files, file_paths, painted_mask
+from neuron_ui.ui.editing import file_path, file_paths, painted_mask
 from neuron_ui.ui.history import EditorValue, HistoryEntry, entry_named, gallery_items, picked
 from neuron_ui.ui.named_api import NamedApi
 from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, SessionEvents, asker
@@ -142,8 +142,12 @@ class Handlers:
                    style: str | None = None, style_strength: float | None = None,
                    progress: gr.Progress = gr.Progress()):
         """Inpaint's click, with the editor's value its page-only first step handed on (editing.add_inpaint_tab)."""
-        with user_errors():  # the editor's files get the upload checks and one line each, like /inpaint's
-            image, layers = editor_files(editor, self.stored)
+        # The editor's value as sent (preprocess=False): its background and painted layers are files the browser
+        # uploaded, each with the upload checks and one line, like /inpaint's.
+        value = editor if isinstance(editor, dict) else {}
+        with user_errors():
+            image = file_path(value.get("background"), self.stored)
+            layers = file_paths(value.get("layers"), self.stored)
             mask = painted_mask(image, layers) if image else None
         if image is None:
             raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",

@@ -121,11 +121,10 @@ class HeldResults:
                 held.running = what
 
     def fail(self, sid: str | None, message: str) -> None:
-        with self._lock:
-            held = self._sessions.get(sid) if sid else None
-            if held is not None:
-                held.running = None
-            if sid:
+        if sid:
+            with self._lock:
+                if (held := self._sessions.get(sid)) is not None:
+                    held.running = None
                 self._errors[sid] = (message, self.clock())  # the most recent; the least recent past the bound go
 
     def results(self, sid: str | None) -> list[HistoryEntry]:
@@ -211,8 +210,7 @@ class SessionEvents:
         saved: BrowserSession = session if isinstance(session, dict) else {}
         sid = session_id(saved) or secrets.token_urlsafe(16)
         kept = clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
-        held = self.held.results(sid)
-        history = merge_history(kept, held, HISTORY_SIZE)
+        history = merge_history(kept, self.held.results(sid), HISTORY_SIZE)
         arrived = [e for e in history if e not in kept]
         form = self._restore_form(saved)
         if arrived:
