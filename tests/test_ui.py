@@ -160,12 +160,12 @@ def test_warmup_makes_a_cold_size_ready(handlers, engine):
 
 def test_history_select_restores_parameters(handlers, tmp_path):
     history = [fake_entry(tmp_path, 7, "384x256", "newer"), fake_entry(tmp_path, 5, "256x384", "older")]
-    prompt, resolution, steps, seed, randomize, image, info, refs, ref_size, fit, editor, strength = \
+    prompt, resolution, steps, seed, randomize, image, info, refs, ref_size, fit, editor, strength, holds = \
         handlers.on_select(history, select(1))
     assert (prompt, resolution, steps, seed, randomize) == ("older", "256x384", 3, 5, False)
     assert image == history[1].path and info == "seed 5"
     # A plain image empties the references and leaves the inpaint editor alone.
-    assert refs is None and ref_size == gr.skip() and fit == "crop" and editor == strength == gr.skip()
+    assert refs is None and ref_size == gr.skip() and fit == "crop" and editor == strength == holds == gr.skip()
 
 
 def test_history_is_capped_and_newest_first(handlers, tmp_path):
@@ -512,7 +512,7 @@ def test_a_forged_made_in_the_history_sorts_as_zero(handlers):
     assert [e.made for e in handlers.session.on_restore(forged)[7]] == [1.0, 0.0, 0.0]
 
 
-def test_a_huge_history_is_cut_before_it_is_cleaned(handlers):
+def test_a_huge_history_is_cut_before_it_is_cleaned(handlers, monkeypatch):
     """A megabyte of history entries costs no more than the 24 kept: the entries read are counted, so the test says
     the cut, not the machine's speed (every entry was cleaned first: 0.7 s of CPU for 1 MB)."""
     ours = handlers.store.save(result_with("memory_hit"))
@@ -522,11 +522,14 @@ def test_a_huge_history_is_cut_before_it_is_cleaned(handlers):
     assert len(json.dumps(huge)) > 1_000_000
     cleaned: list[int] = []
 
+    read = HistoryEntry.from_json
+
     def counted(*args):
         cleaned.append(1)
-        return HistoryEntry.from_json(*args)
+        return read(*args)
 
-    kept = clean_history(huge["history"], handlers.store.folder, handlers.uploads, HISTORY_SIZE, read=counted)
+    monkeypatch.setattr(HistoryEntry, "from_json", counted)
+    kept = clean_history(huge["history"], handlers.store.folder, handlers.uploads, HISTORY_SIZE)
     assert len(kept) == HISTORY_SIZE and len(cleaned) == HISTORY_SIZE
     assert len(handlers.session.on_restore(huge)[7]) == HISTORY_SIZE  # the restore reads through clean_history
 
@@ -581,9 +584,9 @@ def test_history_restores_references_mask_and_strength_of_an_edit(engine, tmp_pa
     # Through the browser's storage and back, then picked from the history.
     kept = handlers.session.on_save(session, "at night", "256x256", 2, 3, False, 1.0, history)
     restored_history = handlers.session.on_restore(kept)[7]
-    *_, refs, ref_size, fit, restored_editor, strength = handlers.on_select(restored_history, select(0))
+    *_, refs, ref_size, fit, restored_editor, strength, holds = handlers.on_select(restored_history, select(0))
     assert refs == [str(reference)] and ref_size == "512x512" and fit == "pad" and strength == 0.5
-    assert restored_editor == {"background": str(source), "layers": [str(layer)], "composite": None}
+    assert restored_editor == {"background": str(source), "layers": [str(layer)], "composite": None} and holds is True
 
 
 def test_the_layout_hint_tells_the_inpaint_layout_while_the_editor_holds_an_image(engine, tmp_path):
@@ -616,9 +619,10 @@ def test_picking_an_inpaint_from_the_history_tells_the_hint_the_editor_holds_an_
     editor = EditorValue("a.png", ("mask.png",))
     history = [HistoryEntry("a.png", "", "a fox", "256x256", 1, mode="inpaint", editor=editor),
                HistoryEntry("b.png", "", "a fox", "256x256", 2)]
-    assert EditingHandlers.on_history_pick(history, select(0)) is True
-    for picked in (select(1), select(7)):  # a generated image; an index the history no longer has
-        assert not isinstance(EditingHandlers.on_history_pick(history, picked), bool)  # gr.skip(): left as it was
+    assert Handlers.on_select(history, select(0))[-1] is True
+    assert not isinstance(Handlers.on_select(history, select(1))[-1], bool)  # gr.skip(): a generated image leaves it
+    with pytest.raises(gr.Error, match="no longer"):  # an index the history no longer has: nothing changes
+        Handlers.on_select(history, select(7))
 
 
 def test_a_typed_seed_unticks_randomize_and_is_the_seed_used(handlers):

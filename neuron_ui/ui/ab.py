@@ -7,8 +7,6 @@ always does); *Close* goes back to the image alone. Only paths of the session's 
 
 from __future__ import annotations
 
-from typing import TypedDict
-
 import gradio as gr
 
 from neuron_ui.ui.history import HistoryEntry, entry_named, picked  # at run time: Gradio reads the handlers' hints
@@ -16,28 +14,6 @@ from neuron_ui.web.gradio_bridge import Listen
 
 NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
 ALONE = "Only one image in this session's history: make another, then compare."
-
-
-class ABPanel(TypedDict):
-    open: gr.Button
-    panel: gr.Column
-    slider: gr.ImageSlider
-    caption: gr.Markdown
-    close: gr.Button
-    left: gr.State  # the path on the left (A) while the panel is open, else None
-
-
-def add_ab_panel() -> ABPanel:
-    """*Compare (A/B)* under the image, beside the result's other buttons, then the slider and its words, hidden until
-    it is clicked."""
-    opener = gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
-    with gr.Column(visible=False, elem_id="ab-panel") as panel:
-        slider = gr.ImageSlider(label="A/B: drag the handle", type="filepath", interactive=False, elem_id="ab-slider",
-                                buttons=["fullscreen"])
-        caption = gr.Markdown(elem_id="ab-caption")
-        close = gr.Button("Close the comparison", size="sm", elem_id="ab-close")
-    return {"open": opener, "panel": panel, "slider": slider, "caption": caption, "close": close,
-            "left": gr.State(None)}
 
 
 def describe_pair(left: HistoryEntry | None, right: HistoryEntry) -> str:
@@ -74,11 +50,18 @@ def on_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> 
     return (shown.path, right.path), describe_pair(shown, right)
 
 
-def wire_ab(panel: ABPanel, image: gr.Image, history: gr.State, history_gallery: gr.Gallery,
-            hidden: Listen) -> None:
-    """The panel's events: open, change the right side, close (queue=False: nothing here waits for the device)."""
+def add_ab_panel(image: gr.Image, history: gr.State, history_gallery: gr.Gallery, hidden: Listen) -> None:
+    """*Compare (A/B)* under the image, beside the result's other buttons, then the slider and its words, hidden until
+    it is clicked; and their events: open, change the right side, close (queue=False: nothing here waits for the
+    device)."""
+    opener = gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
+    with gr.Column(visible=False, elem_id="ab-panel") as panel:
+        slider = gr.ImageSlider(label="A/B: drag the handle", type="filepath", interactive=False, elem_id="ab-slider",
+                                buttons=["fullscreen"])
+        caption = gr.Markdown(elem_id="ab-caption")
+        close = gr.Button("Close the comparison", size="sm", elem_id="ab-close")
+    left = gr.State(None)  # the path on the left (A) while the panel is open, else None
     told: Listen = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
-    panel["open"].click(on_open, [image, history],
-                        [panel["left"], panel["panel"], panel["slider"], panel["caption"]], **told)
-    history_gallery.select(on_pick, [panel["left"], history], [panel["slider"], panel["caption"]], **hidden)
-    panel["close"].click(lambda: (None, gr.Column(visible=False)), None, [panel["left"], panel["panel"]], **hidden)
+    opener.click(on_open, [image, history], [left, panel, slider, caption], **told)
+    history_gallery.select(on_pick, [left, history], [slider, caption], **hidden)
+    close.click(lambda: (None, gr.Column(visible=False)), None, [left, panel], **hidden)

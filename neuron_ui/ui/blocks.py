@@ -9,13 +9,12 @@ import gradio as gr
 from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.ab import add_ab_panel, wire_ab
-from neuron_ui.ui.compare import CompareHandlers, add_compare_panel, wire_compare
+from neuron_ui.ui.ab import add_ab_panel
+from neuron_ui.ui.compare import CompareHandlers, add_compare_panel
 from neuron_ui.ui.editing import (
     EditingHandlers,
     add_inpaint_tab,
     add_reference_panel,
-    add_result_buttons,
 )
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, Listen, Then, device_queue_length, serve_in_place
@@ -61,9 +60,23 @@ def build_demo(engine: EngineLike, settings: Settings,
     handlers = Handlers(engine, store, waiting=lambda: device_queue_length(demo), uploads=private_file_folder(),
                         stops=stops, max_grid_cells=settings.max_grid_cells, max_grids=settings.max_queue + 1)
     serve_in_place(handlers.previews.folder)
+    editing_handlers = EditingHandlers(engine, handlers.stored)
     first = str(engine.presets[0])
+    # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device
+    # (server.gate.Gate bounds it), each then waits in the engine's queue, where it hears what it waits for, can
+    # be stopped, and the next image starts on the device while the previous one is encoded and sent.
+    # Keyword sets shared by many events.
+    on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
+    private_on_device: Listen = {**on_device, "api_visibility": "private"}  # the page's own device events
+    hidden: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
+    # gr.Warning reaches the page only when queued
+    told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)
+        # Rendered under the result; made first for the panels above it that add to the history.
+        history_gallery = gr.Gallery(label="History: click an image to restore its settings", columns=6,
+                                     fit_columns=False, height="auto", allow_preview=False, elem_id="history",
+                                     render=False)
         # The form and history in the browser (a reload or a new tab finds them), with this session's id.
         session = gr.BrowserState({}, storage_key=sessions.STORAGE_KEY,
                                   secret=load_session_secret(settings.cache_dir, settings.session_secret))
@@ -81,7 +94,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                                         lines=1, max_lines=4, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
                                         autofocus=True)
                     prompt_count = gr.Markdown(elem_id="prompt-count")
-                    styles = add_style_controls(engine)
+                    style, style_strength = add_style_controls(engine)
                     resolution = gr.Dropdown(resolution_choices(status), value=first, label="Resolution",
                                              elem_id="resolution")
                     hint = gr.Markdown(describe_size(status.shape(first)), elem_id="size-hint")
@@ -107,10 +120,13 @@ def build_demo(engine: EngineLike, settings: Settings,
                                 reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
                         guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
                                              label="Guidance", visible=not status.distilled, elem_id="guidance")
-                    edit_refs = add_reference_panel(engine)
+                    ref_files, ref_size, ref_fit = add_reference_panel(editing_handlers, hidden)
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
-                        edit_inpaint = add_inpaint_tab()
-                    compare = add_compare_panel([style["name"] for style in status.styles])
+                        editor, editor_sent, holds, strength, inpaint = add_inpaint_tab()
+                    compared = add_compare_panel(
+                        CompareHandlers(handlers.studio, handlers.held, not handlers.distilled),
+                        [loaded["name"] for loaded in status.styles], [prompt, resolution], history, history_gallery,
+                        session, demo, private_on_device, hidden)
                     lines = PROMPTS.read_text(encoding="utf-8").splitlines() if PROMPTS.is_file() else []
                     examples = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
                     if examples:
@@ -119,14 +135,14 @@ def build_demo(engine: EngineLike, settings: Settings,
                 image = gr.Image(label="Image", type="filepath", format="png", interactive=False, height=440,
                                  buttons=["download", "fullscreen"], elem_id="image")
                 info = gr.Markdown(elem_id="info")
-                edit_result = add_result_buttons()
-                ab = add_ab_panel()
+                with gr.Row():  # under the result: take it into the next edit
+                    use_result = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
+                    edit_result = gr.Button("Edit this image", size="sm", elem_id="edit-image")
+                add_ab_panel(image, history, history_gallery, hidden)
                 layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
-                history_gallery = gr.Gallery(label="History: click an image to restore its settings", columns=6,
-                                             fit_columns=False, height="auto", allow_preview=False,
-                                             elem_id="history")
+                history_gallery.render()
         with gr.Accordion("Sizes on this server", open=True, elem_id="status"):
             table = gr.Dataframe(status_rows(status), headers=TABLE_HEADERS, interactive=False,
                                  elem_id="status-table")
@@ -134,21 +150,12 @@ def build_demo(engine: EngineLike, settings: Settings,
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device
-        # (server.gate.Gate bounds it), each then waits in the engine's queue, where it hears what it waits for, can
-        # be stopped, and the next image starts on the device while the previous one is encoded and sent.
-        # Keyword sets shared by many events.
-        on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
-        private_on_device: Listen = {**on_device, "api_visibility": "private"}  # the page's own device events
-        hidden: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
-        # gr.Warning reaches the page only when queued
-        told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
         refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],
                          "outputs": [table, activity, resolution, hint, now, seen], **hidden}
         form = [prompt, resolution, steps, seed, randomize, guidance]
-        ref_inputs = [edit_refs["files"], edit_refs["size"], edit_refs["fit"]]
+        ref_inputs = [ref_files, ref_size, ref_fit]
         made = [image, info, seed, history, history_gallery]
-        style_inputs = [styles["style"], styles["strength"]]
+        style_inputs = [style, style_strength]
         generated = gr.on([generate.click, prompt.submit], handlers.on_generate,
                           [*form, history, *ref_inputs, session, *style_inputs], made, show_progress_on=[image],
                           js=SHOW_IMAGE, **private_on_device)
@@ -172,39 +179,29 @@ def build_demo(engine: EngineLike, settings: Settings,
                    history.change]
         gr.on(changes, handlers.session.on_save, [session, *form, history], [session],
               trigger_mode="always_last", **hidden)
-        editing_handlers = EditingHandlers(engine, handlers.stored)
-        history_gallery.select(handlers.on_select, [history],
-                               [prompt, resolution, steps, seed, randomize, image, info, *ref_inputs,
-                                edit_inpaint["editor"], edit_inpaint["strength"]], show_progress_on=[image], **hidden)
-        history_gallery.select(editing_handlers.on_history_pick, [history], edit_inpaint["holds"], **hidden)
-        wire_style_controls(StyleHandlers(engine), styles, history_gallery, history, demo, hidden)
-        wire_ab(ab, image, history, history_gallery, hidden)
+        history_gallery.select(handlers.on_select, [history], [prompt, resolution, steps, seed, randomize, image, info,
+                                                               *ref_inputs, editor, strength, holds],
+                               show_progress_on=[image], **hidden)
+        wire_style_controls(StyleHandlers(engine), style, style_strength, history_gallery, history, demo, hidden)
         reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **told)
-        layout_inputs = [resolution, edit_refs["files"], edit_refs["size"], edit_inpaint["holds"]]
-        gr.on([edit_refs["files"].change, edit_refs["size"].change, edit_refs["fit"].change],
-              editing_handlers.on_preview, ref_inputs, edit_refs["previews"], **hidden)
-        gr.on([edit_refs["files"].change, edit_refs["size"].change, resolution.change, generate.click,
-               edit_inpaint["holds"].change, edit_inpaint["button"].click],
+        layout_inputs = [resolution, ref_files, ref_size, holds]
+        gr.on([ref_files.change, ref_size.change, resolution.change, generate.click, holds.change, inpaint.click],
               editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **hidden)
-        edit_result["use"].click(editing_handlers.on_use_as_reference, [image, edit_refs["files"]],
-                                 edit_refs["files"], **told)
+        use_result.click(editing_handlers.on_use_as_reference, [image, ref_files], ref_files, **told)
         # The editor is read (its files uploaded) by Inpaint's page-only first step alone; no event shows progress on
         # it or updates its panel, or Gradio uploads its files again at every event's status (editing.add_inpaint_tab).
-        edit_result["edit"].click(editing_handlers.on_edit_image, [image], [edit_inpaint["editor"],
-                                  edit_inpaint["holds"]], js=EDIT_SCRIPT, show_progress_on=[image], **told)
-        inpainted = edit_inpaint["button"].click(None, edit_inpaint["editor"], edit_inpaint["sent"], js=INPAINT_SCRIPT,
-                                                 queue=False, api_visibility="private").success(
+        edit_result.click(editing_handlers.on_edit_image, [image], [editor, holds], js=EDIT_SCRIPT,
+                          show_progress_on=[image], **told)
+        inpainted = inpaint.click(None, editor, editor_sent, js=INPAINT_SCRIPT, queue=False,
+                                  api_visibility="private").success(
             handlers.on_inpaint,
-            [edit_inpaint["sent"], prompt, resolution, edit_inpaint["strength"], steps, seed, randomize, guidance,
-             *ref_inputs, history, session, *style_inputs],
+            [editor_sent, prompt, resolution, strength, steps, seed, randomize, guidance, *ref_inputs, history, session,
+             *style_inputs],
             made, show_progress_on=[image], **private_on_device,
             preprocess=False,  # the editor's files get the upload checks (Gradio's would decode them unbounded)
         )
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
-        compared = wire_compare(CompareHandlers(handlers.studio, handlers.held, not handlers.distilled), compare,
-                                [prompt, resolution], history, history_gallery, session, demo, private_on_device,
-                                hidden)
         stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
         # After a request: the status refreshes, a failure's line under the image says why (on_failed), and once the
         # request has ended the layout hint says the size's state now (it said "Compiling now" on a stop).

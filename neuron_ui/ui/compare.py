@@ -91,15 +91,12 @@ class CompareHandlers:
         self.studio, self.engine, self.held, self.stops = studio, studio.engine, held, studio.stops
         self.jobs, self.show_guidance = studio.jobs, show_guidance
 
-    def plan(self, prompt: str, resolution: str, *pairs: str | None) -> GridPlan:
-        return self.studio.plan_grid(prompt, resolution, axis_values(*pairs))
-
     def on_plan(self, prompt: str, resolution: str, *pairs: str | None) -> str:
         """The line before the click: the count and the estimated time, or what is wrong, in one line."""
         if not any(kind and kind != NO_AXIS for kind in pairs[::2]):
             return "Pick an axis (seeds, styles, strengths, steps or prompts) and its values."
         try:
-            plan = self.plan(prompt, resolution, *pairs)
+            plan = self.studio.plan_grid(prompt, resolution, axis_values(*pairs))
         except ValueError as error:
             return f"**Not yet:** {error}"
         return describe_plan(plan, estimate_seconds(plan, self.engine.status()))
@@ -123,7 +120,8 @@ class CompareHandlers:
             return GridShown(str(sheet.path), describe_grid(sheet.grid), list(entries))
 
         with user_errors():
-            plan = self.plan(prompt, resolution, kind1, values1, kind2, values2, kind3, values3)
+            axes = axis_values(kind1, values1, kind2, values2, kind3, values3)
+            plan = self.studio.plan_grid(prompt, resolution, axes)
             job = self.studio.start_grid(owner(session), plan, finish, saved)
         return self._watch(job, progress)
 
@@ -162,13 +160,7 @@ class CompareHandlers:
     def on_restore(self, session: BrowserSession | None):
         """On page load: the visitor's grid, still running (its line; on_watch follows) or finished (its sheet and
         line). Outputs: image, line, poll timer."""
-        job = self.jobs.find(owner(session))
-        if job is None:
-            return gr.skip(), gr.skip(), gr.Timer(active=False)
-        if job.running:
-            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status())), \
-                gr.Timer(active=False)
-        return (*self._shown(job), gr.Timer(active=False))
+        return (*self._shown(self.jobs.find(owner(session))), gr.Timer(active=False))
 
     def on_poll(self, session: BrowserSession | None, history: list[HistoryEntry]):
         """After a watch failed (a cancel, a refusal while the grid runs): once the grid ends, its sheet and line
@@ -176,16 +168,19 @@ class CompareHandlers:
         job = self.jobs.find(owner(session))
         if job is not None and job.running:
             return (gr.skip(),) * 5
-        image, line = self._shown(job) if job is not None else (gr.skip(), gr.skip())
-        history, gallery = self.on_cells(session, history)
-        return image, line, history, gallery, gr.Timer(active=False)
+        return (*self._shown(job), *self.on_cells(session, history), gr.Timer(active=False))
 
-    @staticmethod
-    def _shown(job: GridJob[GridShown]) -> tuple[object, str]:
+    def _shown(self, job: GridJob[GridShown] | None) -> tuple[object, object]:
+        """The grid's image and line: nothing without one, how far it is while it runs, then its sheet (the store
+        keeps the newest 512) and line, or why it was not made."""
+        if job is None:
+            return gr.skip(), gr.skip()
+        if job.running:
+            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status()))
         if job.outcome is None:
             return gr.skip(), f"**Not made:** {failure_words(job.failure)}"
         sheet = job.outcome.sheet
-        return sheet if Path(sheet).is_file() else gr.skip(), job.outcome.line  # the store keeps the newest 512
+        return sheet if Path(sheet).is_file() else gr.skip(), job.outcome.line
 
 
 def failure_words(error: Exception | None) -> str:
@@ -202,22 +197,12 @@ def owner(session: BrowserSession | None) -> str:
     return current_visitor(session) or "anonymous"
 
 
-@dataclass(frozen=True)
-class ComparePanel:
-    """The panel's widgets: each axis's kind and values, the line before, the buttons, the grid and its line."""
-
-    kinds: list[gr.Dropdown]
-    values: list[gr.Textbox]
-    plan: gr.Markdown
-    make: gr.Button
-    stop: gr.Button
-    image: gr.Image
-    line: gr.Markdown
-    timer: gr.Timer
-
-
-def add_compare_panel(styles: list[str]) -> ComparePanel:
-    """The panel's widgets (inside the form's column); the prompt and size are the form's own."""
+def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[gr.Textbox | gr.Dropdown],
+                      history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks,
+                      on_device: Listen, hidden: Listen) -> Dependency:
+    """The panel (inside the form's column; the prompt and size are the form's own) and its events; returns the grid's
+    event (the form's Stop cancels it, which stops the grid too). `form`: prompt, resolution; `on_device`: the page's
+    private events' keywords for the device."""
     kinds, values = [], []
     with gr.Accordion("Compare: a grid", open=False, elem_id="compare"):
         gr.Markdown("The prompt and size above, along up to three axes: "
@@ -235,34 +220,25 @@ def add_compare_panel(styles: list[str]) -> ComparePanel:
                          buttons=["download", "fullscreen"], elem_id="grid-image")
         line = gr.Markdown(elem_id="grid-line")
         timer = gr.Timer(REFRESH_SECONDS, active=False)
-    return ComparePanel(kinds, values, plan, make, stop, image, line, timer)
-
-
-def wire_compare(handlers: CompareHandlers, parts: ComparePanel, form: list[gr.Textbox | gr.Dropdown],
-                 history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks, on_device: Listen,
-                 hidden: Listen) -> Dependency:
-    """The panel's events; returns the grid's event (the form's Stop cancels it, which stops the grid too).
-    `form`: prompt, resolution; `on_device`: the page's private events' keywords for the device."""
-    axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(parts.kinds, parts.values) for part in pair]
-    gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], parts.plan,
-          trigger_mode="always_last", **hidden)
-    for kind, values in zip(parts.kinds, parts.values):
-        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, values, **hidden)
-    shown = [parts.image, parts.line]
-    made = parts.make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[parts.image],
-                            **on_device)
+    axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(kinds, values) for part in pair]
+    gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], plan, trigger_mode="always_last",
+          **hidden)
+    for kind, value in zip(kinds, values):
+        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, value, **hidden)
+    shown = [image, line]
+    made = make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[image], **on_device)
     # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
     # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
-    loaded = demo.load(handlers.on_restore, [session], [*shown, parts.timer], **hidden)
+    loaded = demo.load(handlers.on_restore, [session], [*shown, timer], **hidden)
     followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
-    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[parts.image],
+    watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[image],
                           api_visibility="private", queue=True, concurrency_limit=None)
     # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
     made.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
     watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **hidden)
     for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
-        event.failure(lambda: gr.Timer(active=True), None, parts.timer, **hidden)
+        event.failure(lambda: gr.Timer(active=True), None, timer, **hidden)
     told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
-    parts.stop.click(handlers.on_stop, [session], None, **told)
-    parts.timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, parts.timer], **hidden)
+    stop.click(handlers.on_stop, [session], None, **told)
+    timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **hidden)
     return made

@@ -10,17 +10,16 @@ same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import gradio as gr
 from PIL import Image
 
 from neuron_ui.contract import references as refs
 from neuron_ui.images.decode import decoded, on_decoder
-from neuron_ui.contract.results import Mode
-from neuron_ui.ui.history import HistoryEntry, picked  # at run time: Gradio reads the handlers' hints
 from neuron_ui.ui.words import describe_size
 from neuron_ui.web.errors import user_errors
+from neuron_ui.web.gradio_bridge import Listen
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -44,14 +43,6 @@ def file_paths(values: object, stored: StoredFiles) -> list[str]:
     if not isinstance(values, (list, tuple)):
         values = [values]
     return [p for p in (file_path(v, stored) for v in values) if p]
-
-
-def editor_files(value: object, stored: StoredFiles) -> tuple[str | None, list[str]]:
-    """The editor's background and painted layers as paths of the app's files (the browser uploads them; the value
-    reaches the handler unprocessed: preprocess=False)."""
-    if not isinstance(value, dict):
-        return None, []
-    return file_path(value.get("background"), stored), file_paths(value.get("layers"), stored)
 
 
 @on_decoder
@@ -100,7 +91,7 @@ class EditingHandlers:
 
     def on_layout(self, resolution: str, files: object, reference_size: str, editing: bool = False) -> str:
         """What the next image's layout costs, before the click, when it is not the size alone (the size hint's):
-        Generate's with references, and while the inpaint editor holds an image (`editing`: InpaintTab's "holds",
+        Generate's with references, and while the inpaint editor holds an image (`editing`: add_inpaint_tab's `holds`,
         not the editor, whose files Gradio uploads each time it reads them), Inpaint's too (its source image
         doubles the output's tokens: another graph)."""
         try:
@@ -133,35 +124,10 @@ class EditingHandlers:
             return gr.skip(), gr.skip()
         return {"background": image, "layers": [], "composite": image}, True
 
-    @staticmethod
-    def on_history_pick(history: list[HistoryEntry], event: gr.SelectData) -> object:
-        """A picked inpaint brings its image and mask back into the editor (ui.Handlers.on_select): it holds one."""
-        entry = picked(history, event)
-        return True if entry is not None and entry.mode == Mode.INPAINT and entry.editor else gr.skip()
 
-
-class ReferencePanel(TypedDict):
-    files: gr.File
-    size: gr.Dropdown
-    fit: gr.Radio
-    previews: gr.Gallery
-
-
-class InpaintTab(TypedDict):
-    editor: gr.ImageEditor
-    sent: gr.ImageEditor
-    holds: gr.Checkbox
-    strength: gr.Slider
-    button: gr.Button
-
-
-class ResultButtons(TypedDict):
-    use: gr.Button
-    edit: gr.Button
-
-
-def add_reference_panel(engine: EngineLike) -> ReferencePanel:
-    """Reference uploads, their size and fit, and the previews of what the model sees."""
+def add_reference_panel(handlers: EditingHandlers, hidden: Listen) -> tuple[gr.File, gr.Dropdown, gr.Radio]:
+    """Reference uploads, their size and fit, and the previews of what the model sees, which follow them."""
+    engine = handlers.engine
     sizes = [str(s) for s in engine.reference_sizes]
     with gr.Accordion(f"Reference images (up to {engine.max_references})", open=False, elem_id="references",
                       visible=engine.max_references > 0):
@@ -173,12 +139,14 @@ def add_reference_panel(engine: EngineLike) -> ReferencePanel:
                            info="crop: fill, cut the centre · pad: keep all, black bars")
         previews = gr.Gallery(label="What the model sees", columns=4, height=160, allow_preview=False,
                               elem_id="reference-previews")
-    return {"files": files, "size": size, "fit": fit, "previews": previews}
+    gr.on([files.change, size.change, fit.change], handlers.on_preview, [files, size, fit], previews, **hidden)
+    return files, size, fit
 
 
-def add_inpaint_tab() -> InpaintTab:
-    """The inpaint inputs: an image editor to paint the mask on, strength and a button; `holds` (rendered, hidden)
-    says whether the editor holds an image, `sent` (hidden) is its value once its files are uploaded for Inpaint.
+def add_inpaint_tab() -> tuple[gr.ImageEditor, gr.ImageEditor, gr.Checkbox, gr.Slider, gr.Button]:
+    """The inpaint inputs: the image editor to paint the mask on, `sent`, `holds`, strength and the button. `holds`
+    (rendered, hidden) says whether the editor holds an image, `sent` (hidden) is its value once its files are
+    uploaded for Inpaint.
 
     Gradio 6.31's editor uploads its background, composite and painted layers each time Gradio reads it (get_data,
     @gradio/imageeditor): for every event it is an input or a trigger of (the event's args), at such an event's first
@@ -196,12 +164,5 @@ def add_inpaint_tab() -> InpaintTab:
     strength = gr.Slider(0.05, 1.0, value=DEFAULT_STRENGTH, step=0.05, label="Strength", elem_id="strength",
                          info="how much of the painted part is redone (1: from scratch)")
     button = gr.Button("Inpaint", variant="primary", elem_id="inpaint")
-    return {"editor": editor, "sent": sent, "holds": holds, "strength": strength, "button": button}
+    return editor, sent, holds, strength, button
 
-
-def add_result_buttons() -> ResultButtons:
-    """Under the result: take it into the next edit."""
-    with gr.Row():
-        use = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
-        edit = gr.Button("Edit this image", size="sm", elem_id="edit-image")
-    return {"use": use, "edit": edit}

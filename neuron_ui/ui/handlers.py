@@ -17,7 +17,7 @@ from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 from neuron_ui.studio.studio import DEFAULT_MAX_GRIDS, PreviewSink, Studio
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.editing import editor_files, file_paths, painted_mask
+from neuron_ui.ui.editing import file_path, file_paths, painted_mask
 from neuron_ui.ui.history import EditorValue, HistoryEntry, entry_named, gallery_items, picked
 from neuron_ui.ui.named_api import NamedApi
 from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, SessionEvents, asker
@@ -34,7 +34,6 @@ from neuron_ui.ui.words import (
     describe_size,
     describe_size_of,
     describe_stop,
-    first_ignored_word,
     resolution_choices,
     status_rows,
 )
@@ -87,13 +86,14 @@ class Handlers:
                                    reference_size=reference_size or None, fit=fit, image=image, mask=mask,
                                    strength=strength, lora=lora, lora_scale=lora_scale)
 
-    def _make(self, request: GenerateRequest, progress: ProgressBar, prefix: str = "",
-              session: BrowserSession | None = None, editor: EditorValue | None = None,
-              on_preview: PreviewSink | None = None, before: HistoryEntry | None = None) -> HistoryEntry:
-        """Generate (or inpaint, for a request with an image) through the studio, which saves the PNG, and return
-        the history entry for it, held for the session's page too (it may have reloaded by the time the image is
-        done). `editor`: an inpaint's editor value, kept in the entry; `on_preview`: hears each step's estimate of
-        the image; `before`: the visitor's previous image (its style, for the line's words on a switch)."""
+    def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: ProgressBar,
+            session: BrowserSession | None = None, editor: EditorValue | None = None,
+            on_preview: PreviewSink | None = None, prefix: str = ""):
+        """One request (generate, or inpaint for a request with an image) through the studio, which saves the PNG,
+        into the Generate button's outputs: image, line, seed, history, gallery. Its history entry is held for the
+        session's page too (it may have reloaded by the time the image is done). `editor`: an inpaint's editor value,
+        kept in the entry; `on_preview`: hears each step's estimate of the image; the line's words on a style switch
+        compare with the history's newest (the visitor's previous image)."""
         sid = sessions.session_id(session)
         what = request.resolution if isinstance(request.resolution, str) else ""
         make = self.studio.inpaint if request.image is not None else self.studio.generate
@@ -112,19 +112,16 @@ class Handlers:
         entry = HistoryEntry.made_from(
             result, str(made.path),
             describe_result(result, show_guidance=not self.distilled) + describe_inputs(result)
-            + describe_style(result, before),
+            + describe_style(result, next(iter(history), None)),
             tuple(r for r in request.references if isinstance(r, str)), request.reference_size, request.fit, editor)
         self.held.hold(sid, entry)
-        return entry
+        # newest first, capped, and without entries whose file the store has since dropped
+        history = [e for e in [entry, *history] if Path(e.path).is_file()][:HISTORY_SIZE]
+        return entry.path, entry.info, entry.seed, history, gallery_items(history)
 
     def on_compile(self, wait: CompileWait | None) -> None:
         """The compile a request here waits for (None once it is done), for the line of what the device does now."""
         self.compile_wait = wait
-
-    @staticmethod
-    def _remember(entry: HistoryEntry, history: list[HistoryEntry]) -> list[HistoryEntry]:
-        """Newest first, capped, and without entries whose file the store has since dropped."""
-        return [e for e in [entry, *history] if Path(e.path).is_file()][:HISTORY_SIZE]
 
     def on_generate(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                     guidance: float, history: list[HistoryEntry], references: object = None,
@@ -145,8 +142,12 @@ class Handlers:
                    style: str | None = None, style_strength: float | None = None,
                    progress: gr.Progress = gr.Progress()):
         """Inpaint's click, with the editor's value its page-only first step handed on (editing.add_inpaint_tab)."""
-        with user_errors():  # the editor's files get the upload checks and one line each, like /inpaint's
-            image, layers = editor_files(editor, self.stored)
+        # The editor's value as sent (preprocess=False): its background and painted layers are files the browser
+        # uploaded, each with the upload checks and one line, like /inpaint's.
+        value = editor if isinstance(editor, dict) else {}
+        with user_errors():
+            image = file_path(value.get("background"), self.stored)
+            layers = file_paths(value.get("layers"), self.stored)
             mask = painted_mask(image, layers) if image else None
         if image is None:
             raise gr.Error("Upload an image (or click Edit this image on a result), then paint the part to redo.",
@@ -155,15 +156,6 @@ class Handlers:
                                 reference_size, fit, style, style_strength, image, mask, strength)
         # The editor's image and painted layers join the history entry, so picking it restores the mask too.
         return self.run(request, history, progress, session, EditorValue(image, tuple(layers)))
-
-    def run(self, request: GenerateRequest, history: list[HistoryEntry], progress: ProgressBar,
-            session: BrowserSession | None = None, editor: EditorValue | None = None,
-            on_preview: PreviewSink | None = None):
-        """One request (generate or inpaint) into the Generate button's outputs."""
-        entry = self._make(request, progress, session=session, editor=editor, on_preview=on_preview,
-                           before=next(iter(history), None))
-        history = self._remember(entry, history)
-        return entry.path, entry.info, entry.seed, history, gallery_items(history)
 
     def on_variations(self, prompt: str, resolution: str, steps: float, seed: float | None, randomize: bool,
                       guidance: float, count: float, history: list[HistoryEntry], session: BrowserSession | None = None,
@@ -180,12 +172,11 @@ class Handlers:
             next_seed = (None if randomize else seed) if first is None else (first + index) % (MAX_SEED + 1)
             request = self._request(prompt, resolution, steps, next_seed, guidance, style=style,
                                     style_strength=style_strength)
-            entry = self._make(request, progress, prefix=f"image {index + 1}/{count}: ", session=session,
-                               before=next(iter(history), None))
-            first = entry.seed if first is None else first
-            gallery.append((entry.path, f"seed {entry.seed}"))
-            history = self._remember(entry, history)
-            yield entry.path, entry.info, entry.seed, list(gallery), history, gallery_items(history)
+            image, info, used, history, items = self.run(request, history, progress, session,
+                                                         prefix=f"image {index + 1}/{count}: ")
+            first = used if first is None else first
+            gallery.append((image, f"seed {used}"))
+            yield image, info, used, list(gallery), history, items
 
     def on_warmup(self, resolution: str, session: BrowserSession | None = None,
                   progress: gr.Progress = gr.Progress()) -> str:
@@ -193,10 +184,11 @@ class Handlers:
         with user_errors(), ProgressReporter(progress, on_compile=self.on_compile) as reporter:
             return describe_size(self.studio.warmup(resolution, asker(session, progress=reporter)))
 
-    def on_select(self, history: list[HistoryEntry], event: gr.SelectData):
+    @staticmethod
+    def on_select(history: list[HistoryEntry], event: gr.SelectData):
         """Restore a history entry's parameters (and show its image) so it can be made again or varied: prompt,
         size, steps, seed, then the edit's references, reference size, fit, and for an inpaint its image and mask
-        (the editor's value) and strength."""
+        (the editor's value), strength, and that the editor holds an image (for the layout hint; else left)."""
         entry = picked(history, event)
         if entry is None:
             raise gr.Error("that image is no longer in this session's history", print_exception=False)
@@ -204,7 +196,8 @@ class Handlers:
         return (entry.prompt, entry.resolution, gr.skip() if entry.steps is None else entry.steps, entry.seed, False,
                 entry.path, entry.info, list(entry.references) or None, entry.reference_size or gr.skip(), entry.fit,
                 editor.to_gradio() if editor else gr.skip(),
-                gr.skip() if editor is None or entry.strength is None else entry.strength)
+                gr.skip() if editor is None or entry.strength is None else entry.strength,
+                True if editor else gr.skip())
 
     @staticmethod
     def on_seed_typed(seed: float | None) -> bool:
@@ -230,12 +223,7 @@ class Handlers:
 
     def on_prompt(self, text: str | None) -> str:
         """The prompt's tokens against what the text encoder reads, and its characters against the box's cap."""
-        text = text or ""
-        if not text.strip():
-            return ""
-        tokens, limit = self.engine.prompt_tokens(text)
-        ignored = first_ignored_word(text, limit, self.engine.prompt_tokens) if tokens > limit else None
-        return describe_prompt(text, tokens, limit, ignored)
+        return describe_prompt(text, self.engine.prompt_tokens) if text and text.strip() else ""
 
     def on_reuse_seed(self, history: list[HistoryEntry], image: object = None):
         """Put the seed of the image shown back in the box (the newest's when none of the history is shown) and stop

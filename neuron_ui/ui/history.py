@@ -77,10 +77,8 @@ class HistoryEntry:
                    references=references, reference_size=reference_size, fit=fit, editor=editor)
 
     def to_json(self) -> dict[str, object]:
-        """What the browser keeps: plain JSON, the keys of every version before this class."""
+        """What the browser keeps: JSON (a tuple is a list there), the keys of every version before this class."""
         data = asdict(self)
-        data["references"] = list(self.references)
-        data["editor"] = self.editor.to_gradio() if self.editor else None
         if self.editor is None:
             del data["editor"]
         return data
@@ -145,7 +143,7 @@ def inside(path: object, folders: tuple[Path, ...], base: Path) -> str | None:
 
 
 def clean_paths(values: object, folders: tuple[Path, ...], base: Path) -> tuple[str, ...]:
-    paths = [inside(p, folders, base) for p in values[:MAX_PATHS]] if isinstance(values, list) else []
+    paths = [inside(p, folders, base) for p in values[:MAX_PATHS]] if isinstance(values, (list, tuple)) else []
     return tuple(p for p in paths if p)
 
 
@@ -156,14 +154,9 @@ def clean_made(value: object) -> float:
     return 0.0
 
 
-EntryReader = Callable[[object, Path, Path], "HistoryEntry | None"]
-
-
-def clean_history(history: object, images: Path, uploads: Path, limit: int,
-                  read: EntryReader = HistoryEntry.from_json) -> list[HistoryEntry]:
-    """The first `limit` entries the browser sent, those well-formed: a megabyte of history costs no more than 24.
-    `read` reads one entry (HistoryEntry.from_json; a test counts the entries read)."""
-    entries = [read(e, images, uploads) for e in history[:limit]] if isinstance(history, list) else []
+def clean_history(history: object, images: Path, uploads: Path, limit: int) -> list[HistoryEntry]:
+    """The first `limit` entries the browser sent, those well-formed: a megabyte of history costs no more than 24."""
+    entries = [HistoryEntry.from_json(e, images, uploads) for e in history[:limit]] if isinstance(history, list) else []
     return [e for e in entries if e is not None]
 
 

@@ -18,10 +18,11 @@ import re
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -49,18 +50,9 @@ HISTORY_SIZE = 24
 FORM_FIELDS = ("prompt", "resolution", "steps", "seed", "randomize", "guidance")  # kept in the browser
 
 
-class BrowserSession(TypedDict, total=False):
-    """The page's gr.BrowserState value as the browser sends it back: untrusted, each field checked where it is read
-    (session_id, SessionEvents._restore_form, clean_history)."""
-
-    id: str
-    prompt: str
-    resolution: str
-    steps: float
-    seed: float | None
-    randomize: bool
-    guidance: float
-    history: list[dict[str, object]]
+# The page's gr.BrowserState value as the browser sends it back: "id", the form's FORM_FIELDS and "history". Untrusted,
+# so typed as no more than a dict: each field is checked where it is read (session_id, _restore_form, clean_history).
+BrowserSession = dict[str, Any]
 
 
 def session_id(session: BrowserSession | None) -> str | None:
@@ -108,7 +100,7 @@ class HeldResults:
         # sessions are never dropped by the registry's own bound: _make_room keeps room, sparing sessions owed results
         self._sessions: BoundedRegistry[str, _Held] = BoundedRegistry(max_sessions)
         self._errors: BoundedRegistry[str, tuple[str, float]] = BoundedRegistry(max_sessions)
-        self._pending: dict[str, int] = {}  # requests of each session in a handler now (bounded by the queue)
+        self._pending: Counter[str] = Counter()  # requests of each session in a handler now (bounded by the queue)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -129,40 +121,36 @@ class HeldResults:
                 held.running = what
 
     def fail(self, sid: str | None, message: str) -> None:
-        with self._lock:
-            held = self._sessions.get(sid) if sid else None
-            if held is not None:
-                held.running = None
-            if sid:
+        if sid:
+            with self._lock:
+                if (held := self._sessions.get(sid)) is not None:
+                    held.running = None
                 self._errors[sid] = (message, self.clock())  # the most recent; the least recent past the bound go
 
     def results(self, sid: str | None) -> list[HistoryEntry]:
-        with self._lock:
-            self._expire()
-            held = self._sessions.get(sid) if sid else None
-            return list(held.results) if held else []
+        return list(held.results) if (held := self._find(sid)) else []  # hold() replaces the list, never changes it
 
     def running(self, sid: str | None) -> str | None:
+        return held.running if (held := self._find(sid)) else None
+
+    def _find(self, sid: str | None) -> _Held | None:
         with self._lock:
             self._expire()
-            held = self._sessions.get(sid) if sid else None
-            return held.running if held else None
+            return self._sessions.get(sid) if sid else None
 
     def begin(self, sid: str | None) -> None:
         """A handler starts a request for the session: the last error is history now."""
         if sid:
             with self._lock:
                 self._errors.pop(sid, None)
-                self._pending[sid] = self._pending.get(sid, 0) + 1
+                self._pending[sid] += 1
 
     def end(self, sid: str | None) -> None:
         if sid:
             with self._lock:
-                left = self._pending.get(sid, 0) - 1
-                if left > 0:
-                    self._pending[sid] = left
-                else:
-                    self._pending.pop(sid, None)
+                self._pending[sid] -= 1
+                if self._pending[sid] <= 0:
+                    del self._pending[sid]
 
     def settled(self, sid: str | None) -> bool:
         """No request of the session is in a handler, or one has already failed (its reason is known)."""
@@ -222,8 +210,7 @@ class SessionEvents:
         saved: BrowserSession = session if isinstance(session, dict) else {}
         sid = session_id(saved) or secrets.token_urlsafe(16)
         kept = clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
-        held = self.held.results(sid)
-        history = merge_history(kept, held, HISTORY_SIZE)
+        history = merge_history(kept, self.held.results(sid), HISTORY_SIZE)
         arrived = [e for e in history if e not in kept]
         form = self._restore_form(saved)
         if arrived:

@@ -7,7 +7,7 @@ history entry, so picking an image in the history restores its style. Every chec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -72,19 +72,18 @@ class StyleHandlers:
         kept = self._valid(entry.lora, entry.lora_scale)
         return kept if kept else (NO_STYLE, gr.skip())
 
+    @staticmethod
+    def on_save(style: str, strength: float) -> dict[str, object]:
+        """The choice, kept in the browser's storage (a value Style or Strength would not take is refused first)."""
+        return {"style": style, "strength": strength}
+
     def on_restore(self, saved: object) -> tuple[object, object]:
         """On page load: the style and strength this browser last chose, if still loaded here."""
         kept = self._valid(saved.get("style"), saved.get("strength")) if isinstance(saved, dict) else None
         return kept if kept else (gr.skip(), gr.skip())
 
 
-class StyleControls(TypedDict):
-    style: gr.Dropdown
-    strength: gr.Slider
-    state: gr.BrowserState
-
-
-def add_style_controls(engine: EngineLike) -> StyleControls:
+def add_style_controls(engine: EngineLike) -> tuple[gr.Dropdown, gr.Slider]:
     """Style and Strength, next to the prompt; hidden when no style is loaded."""
     names = [s["name"] for s in engine.status().styles]
     with gr.Row(equal_height=True, visible=bool(names), elem_id="style-row"):
@@ -92,15 +91,15 @@ def add_style_controls(engine: EngineLike) -> StyleControls:
                             info="a style this server offers; switching never compiles")
         strength = gr.Slider(0, MAX_LORA_SCALE, value=DEFAULT_STRENGTH, step=0.05, label="Strength", scale=1,
                              elem_id="style-strength")
-    return {"style": style, "strength": strength, "state": gr.BrowserState({}, storage_key=STORAGE_KEY)}
+    return style, strength
 
 
-def wire_style_controls(handlers: StyleHandlers, controls: StyleControls, history_gallery: gr.Gallery,
+def wire_style_controls(handlers: StyleHandlers, style: gr.Dropdown, strength: gr.Slider, history_gallery: gr.Gallery,
                         history: gr.State, demo: gr.Blocks, hidden: Listen) -> None:
     """Picking a style, restoring one from the history, and keeping the choice in the browser."""
-    style, strength, state = controls["style"], controls["strength"], controls["state"]
+    state = gr.BrowserState({}, storage_key=STORAGE_KEY)
     style.input(handlers.on_style, [style], [strength], **hidden)
     history_gallery.select(handlers.on_select, [history], [style, strength], **hidden)
     demo.load(handlers.on_restore, [state], [style, strength], **hidden)
-    gr.on([style.change, strength.change], lambda style, strength: {"style": style, "strength": strength},
-          [style, strength], [state], trigger_mode="always_last", **hidden)
+    gr.on([style.change, strength.change], handlers.on_save, [style, strength], [state], trigger_mode="always_last",
+          **hidden)

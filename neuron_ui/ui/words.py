@@ -220,13 +220,16 @@ def describe_now(status: EngineStatus, compile_wait: CompileWait | None) -> str:
     return f"**Now on the device:** {doing}{waiting}. A new request waits for it."
 
 
-def describe_prompt(text: str, tokens: int, limit: int, first_ignored: str | None = None) -> str:
-    """The prompt's length against what the text encoder reads (its first `limit` tokens) and the box's cap."""
+def describe_prompt(text: str, count_tokens: Callable[[str], tuple[int, int]]) -> str:
+    """The prompt's length against what the text encoder reads (its first `limit` tokens: `count_tokens` says how
+    many of each) and the box's cap."""
+    tokens, limit = count_tokens(text)
     chars = f"{len(text)}/{MAX_PROMPT_CHARS} characters"
     if len(text) >= MAX_PROMPT_CHARS:
         chars = f"**{MAX_PROMPT_CHARS}/{MAX_PROMPT_CHARS} characters: the box takes no more**"
     if tokens <= limit:
         return f"{tokens}/{limit} tokens (the text encoder reads {limit}) · {chars}"
+    first_ignored = first_ignored_word(text, limit, count_tokens)
     where = f" from “{first_ignored}”" if first_ignored else ""
     return (f"**{tokens}/{limit} tokens: the text encoder reads only the first {limit}; the words{where} on are "
             f"ignored** · {chars}")
