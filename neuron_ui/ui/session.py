@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import gradio as gr
 
@@ -50,9 +50,18 @@ HISTORY_SIZE = 24
 FORM_FIELDS = ("prompt", "resolution", "steps", "seed", "randomize", "guidance")  # kept in the browser
 
 
-# The page's gr.BrowserState value as the browser sends it back: "id", the form's FORM_FIELDS and "history". Untrusted,
-# so typed as no more than a dict: each field is checked where it is read (session_id, _restore_form, clean_history).
-BrowserSession = dict[str, Any]
+class BrowserSession(TypedDict, total=False):
+    """The page's gr.BrowserState value as the browser sends it back: untrusted, each field checked where it is read
+    (session_id, SessionEvents._restore_form, clean_history)."""
+
+    id: str
+    prompt: str
+    resolution: str
+    steps: float
+    seed: float | None
+    randomize: bool
+    guidance: float
+    history: list[dict[str, object]]
 
 
 def session_id(session: BrowserSession | None) -> str | None:
@@ -207,7 +216,7 @@ class SessionEvents:
         """On page load: the form and history the browser kept, with the results that finished while it was away;
         the newest image shows. Outputs: session, prompt, resolution, steps, seed, randomize, guidance, history,
         history gallery, image, info, and the collect timer: active while a request from before the load runs."""
-        saved: BrowserSession = session if isinstance(session, dict) else {}
+        saved: BrowserSession = session if isinstance(session, dict) else BrowserSession()
         sid = session_id(saved) or secrets.token_urlsafe(16)
         kept = clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
         history = merge_history(kept, self.held.results(sid), HISTORY_SIZE)
