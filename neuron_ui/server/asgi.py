@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+from starlette.responses import JSONResponse
 # The ASGI types every module of the server names, starlette's, re-exported.
-from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Send as Send
+from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Scope, Send as Send
 MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
 # A real request nests 8 deep at most (a history entry's editor layers in the page's BrowserState). The gate and
 # Gradio walk values recursively: thousands of levels raised RecursionError, a bare 500 and a traceback per request.
@@ -17,22 +17,6 @@ MAX_JSON_DEPTH = 32
 NOT_JSON = object()  # what parse_json gives for a body that is not JSON (JSON's null is None)
 UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
                "the details are in the server log")
-
-
-def folder_prefix(folder: Path) -> str:
-    return str(folder).rstrip("/") + "/"
-
-
-async def respond(send: Send, status: int, body: bytes, headers: tuple[tuple[str, str], ...]) -> None:
-    """A whole answer in one piece; `headers` name its content-type."""
-    raw = [(k.encode(), v.encode()) for k, v in headers] + [(b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def reply(send: Send, refusal: Refusal) -> None:
-    body = json.dumps({"detail": refusal.message}).encode()
-    await respond(send, refusal.status, body, (("content-type", "application/json"), *refusal.headers))
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -154,8 +138,11 @@ class Outbound:
 
 @dataclass(eq=False)
 class Refusal(Exception):
-    """A request refused in one JSON line (`reply`): the gate's checks raise it."""
+    """A request refused in one JSON line: the gate's checks raise it, and it is the ASGI app that answers it."""
 
     status: int
     message: str
     headers: tuple[tuple[str, str], ...] = ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await JSONResponse({"detail": self.message}, self.status, dict(self.headers))(scope, receive, send)
