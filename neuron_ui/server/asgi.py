@@ -29,21 +29,21 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
-async def read_body(receive: Receive) -> bytes:
-    chunks, size = [], 0
+async def read_json(receive: Receive) -> tuple[bytes, object]:
+    """A request body read by the gate, and its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
+    Refusal when it is too big, too deep, or carries a NUL character."""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b""
+            chunks = []  # the client went away: nothing to check
+            break
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > MAX_JSON_BODY or not message.get("more_body"):
-            return b"".join(chunks)  # an oversized body is cut: parse_json refuses it
-
-
-def parse_json(body: bytes) -> object:
-    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
-    Refusal when it is too big, too deep, or carries a NUL character."""
+            break  # an oversized body is cut, and refused
+    body = b"".join(chunks)
     if len(body) > MAX_JSON_BODY:
         raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
     try:
@@ -51,10 +51,10 @@ def parse_json(body: bytes) -> object:
     except RecursionError:
         raise Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
-        return NOT_JSON
+        return body, NOT_JSON
     if problem := json_problem(value):
         raise Refusal(400, problem)
-    return value
+    return body, value
 
 
 def json_problem(value: object) -> str | None:

@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -59,13 +60,8 @@ EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value 
 def open_without_login(path: str, method: str) -> bool:
     """Whether a request may go on without a login when NEURON_UI_AUTH is set."""
     bare = path.rstrip("/") or "/"
-    if bare == OWN_LOGIN:
-        return True
-    if bare == LOGIN_FORM:
-        return method == "POST"
-    if method not in ("GET", "HEAD"):
-        return False
-    return bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES)
+    read = method in ("GET", "HEAD") and (bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES))
+    return bare == OWN_LOGIN or (bare == LOGIN_FORM and method == "POST") or read
 
 
 def check_route(scope: dict, demo: gr.Blocks) -> None:
@@ -86,7 +82,6 @@ def check_route(scope: dict, demo: gr.Blocks) -> None:
                            "already)")
     if (named := EVENT_RESULT.match(path)) and not gradio_bridge.known_event(demo, named.group(1)):
         raise Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")
-
 
 
 class FileDoors:
@@ -159,28 +154,27 @@ class FileDoors:
         return UploadAnswer(length)
 
 
+@dataclass
 class UploadAnswer:
-    """Gradio's answer to an admitted upload, watched for how many files it wrote (a JSON list of their paths)."""
+    """Gradio's answer to an admitted upload of `length` bytes, watched for how many files it wrote (a 200 with a JSON
+    list of their paths)."""
 
-    def __init__(self, length: int):
-        self.length = length
-        self._body: list[bytes] = []
-        self._ok = False
+    length: int
+    body: list[bytes] | None = None  # the answer's pieces, once it is a 200
 
     def watch(self, send: Send) -> Send:
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self._ok = message["status"] == 200
-            elif message["type"] == "http.response.body" and self._ok:
-                self._body.append(message.get("body", b""))
+                self.body = [] if message["status"] == 200 else None
+            elif message["type"] == "http.response.body" and self.body is not None:
+                self.body.append(message.get("body", b""))
             await send(message)
 
         return watched
 
     def files(self) -> int:
         try:
-            written = json.loads(b"".join(self._body)) if self._ok else []
+            written = json.loads(b"".join(self.body)) if self.body is not None else []
         except ValueError:
             return 0
         return len(written) if isinstance(written, list) else 0
-

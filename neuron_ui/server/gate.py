@@ -45,8 +45,7 @@ from neuron_ui.server.asgi import (
     Receive,
     Refusal,
     Send,
-    parse_json,
-    read_body,
+    read_json,
     replay,
 )
 from neuron_ui.server.doors import FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
@@ -130,7 +129,9 @@ class Gate:
         except Refusal as refusal:
             await refusal(scope, receive, send)
             return
-        rewrite = rewritten(path)
+        # Gradio's API answers (JSON and event streams), not pages, assets or files' bytes
+        rewrite = (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTES)) or (
+            path in ("/config", "/config/"))
         if rewrite:  # API answers are not compressed, so Outbound can read what it sends
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
         if upload is not None:
@@ -175,8 +176,7 @@ class Gate:
                 raise Refusal(404, f"there is no /{name}; this API has {', '.join(f'/{n}' for n in PUBLIC_ENDPOINTS)}")
             if route in ("run", "api"):
                 return receive, False  # Gradio refuses it (api_open=False) and says to join the queue
-        body = await read_body(receive)
-        data = parse_json(body)
+        body, data = await read_json(receive)
         if data is NOT_JSON:
             return replay(body, receive), False  # not JSON: Gradio says what is wrong with it
         device = False
@@ -262,9 +262,3 @@ def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: Ses
         return message
 
     return watched
-
-
-def rewritten(path: str) -> bool:
-    """Gradio's API answers (JSON and event streams), not pages, assets or files' bytes."""
-    return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTES)) or path in ("/config", "/config/")
-

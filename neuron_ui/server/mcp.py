@@ -193,4 +193,3 @@ class McpEndpoint:
             return visitor_name(user=self.settings.auth[0])
         session = request.headers.get("mcp-session-id") if request is not None else None
         return f"mcp:{session}" if session else None
-

@@ -64,22 +64,6 @@ def _cost(shape: ShapeStatus) -> str:
     return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
 
 
-def style_properties(status: EngineStatus) -> dict[str, Schema]:
-    """`lora` and `lora_scale` when the server has styles (--lora); none when it has none, so a tool never offers
-    a parameter that can only be refused."""
-    if not status.styles:
-        return {}
-    names = [style["name"] for style in status.styles]
-    defaults = ", ".join(f"{style['name']} ({style['default_scale']:g})" for style in status.styles)
-    return {
-        "lora": {"type": "string", "enum": names, "description": (
-            f"a style (a LoRA) to apply, by name; omit for none. Styles here, with their default strength: "
-            f"{defaults}. Switching style never compiles: any style costs the same as none at a ready size")},
-        "lora_scale": {"type": "number", "minimum": 0, "maximum": MAX_LORA_SCALE, "description": (
-            "the style's strength, 0 (none of it) to 2; omit for the style's default; ignored without lora")},
-    }
-
-
 def build_tools(status: EngineStatus) -> list[types.Tool]:
     """The six tools, described from `status` (what is ready now)."""
     presets = [s.resolution for s in status.shapes]
@@ -90,7 +74,15 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     seed = {"type": "integer", "minimum": 0, "maximum": MAX_SEED,
             "description": "omit for a random seed; the result's seed remakes the same image"}
     prompt = {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "what the image shows"}
-    styles = style_properties(status)
+    # `lora` and `lora_scale` only when the server has styles (--lora): never a parameter that can only be refused
+    defaults = ", ".join(f"{style['name']} ({style['default_scale']:g})" for style in status.styles)
+    styles: dict[str, Schema] = {
+        "lora": {"type": "string", "enum": [style["name"] for style in status.styles], "description": (
+            f"a style (a LoRA) to apply, by name; omit for none. Styles here, with their default strength: "
+            f"{defaults}. Switching style never compiles: any style costs the same as none at a ready size")},
+        "lora_scale": {"type": "number", "minimum": 0, "maximum": MAX_LORA_SCALE, "description": (
+            "the style's strength, 0 (none of it) to 2; omit for the style's default; ignored without lora")},
+    } if status.styles else {}
     generate: dict[str, Schema] = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed, **styles}
     if not status.distilled:
         generate["guidance"] = {"type": "number", "minimum": 0, "maximum": MAX_GUIDANCE,

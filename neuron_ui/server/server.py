@@ -73,7 +73,7 @@ class Server:
         # the device's one bound over every door: Gradio's events (once mounted) and MCP's calls
         self.admission = Admission(settings.max_queue,
                                    lambda: device_queue_length(self.mounted.demo, running=True) if self.mounted else 0)
-        self._drain_requested = threading.Event()
+        self.drain_requested = threading.Event()  # set() it (safe in a signal handler): serve_forever() drains
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
         self.mcp: McpEndpoint | None = None
@@ -186,25 +186,17 @@ class Server:
             self.share_url = mounted.open_share_link(self.settings)
         return self
 
-    def request_drain(self) -> None:
-        """Safe in a signal handler: serve_forever() drains and returns."""
-        self._drain_requested.set()
-
-    @property
-    def drain_requested(self) -> bool:
-        return self._drain_requested.is_set()
-
     def serve_forever(self) -> bool:
-        """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
+        """Block until the server stops: Ctrl-C, or drain_requested (SIGTERM), which drains first.
 
         False when a drain ran out of time with the device still busy (see drain())."""
         try:  # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
-            while self._thread is not None and self._thread.is_alive() and not self._drain_requested.wait(0.5):
+            while self._thread is not None and self._thread.is_alive() and not self.drain_requested.wait(0.5):
                 pass
         except KeyboardInterrupt:
             logger.info("interrupted: stopping")
             return True
-        return self.drain() if self._drain_requested.is_set() else True
+        return self.drain() if self.drain_requested.is_set() else True
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),

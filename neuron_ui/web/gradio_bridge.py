@@ -273,4 +273,3 @@ def _paths_named(item: object) -> bool:
         elif isinstance(item, dict):
             stack.extend(item.values())
     return True
-

@@ -88,10 +88,20 @@ class UploadFolder:
             self._since += length + files * FILE_COST
 
     def sweep(self) -> None:
-        """Remove the uploads unused for `retention` seconds, and count the rest."""
+        """Remove the uploads unused for `retention` seconds, and count the rest: the files in Gradio's upload folders,
+        and the parsers' leftovers."""
         deadline = self.clock() - self.retention
         total = removed = 0
-        folders, files = self._uploaded()
+        folders: list[str] = []
+        files: list[str] = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.root):
+                if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                    with contextlib.suppress(OSError):
+                        files.extend(item.path for item in os.scandir(entry.path))
+                elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    files.append(entry.path)
         for path in files:
             try:
                 info = os.lstat(path)
@@ -110,18 +120,3 @@ class UploadFolder:
         if removed:
             logger.info("removed %d uploads unused for %.0f s; %.1f MB of uploads kept", removed, self.retention,
                         total / 2**20)
-
-    def _uploaded(self) -> tuple[list[str], list[str]]:
-        """Gradio's upload folders, and their files with the parsers' leftovers."""
-        folders: list[str] = []
-        files: list[str] = []
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.root):
-                if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-                    folders.append(entry.path)
-                    with contextlib.suppress(OSError):
-                        files.extend(item.path for item in os.scandir(entry.path))
-                elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                    files.append(entry.path)
-        return folders, files
-
