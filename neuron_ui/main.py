@@ -147,14 +147,14 @@ def stop_on_signals(server: Server, stop_at_once: Callable[[], None]) -> None:
         name = signal.Signals(number).name
         if not server.ready:
             raise SystemExit(0)
-        if server.drain_requested:
+        if server.drain_requested.is_set():
             for each in (signal.SIGTERM, signal.SIGINT):  # a third one must not start this again
                 signal.signal(each, signal.SIG_IGN)
             logger.warning("%s again: exiting now, without waiting for the drain", name)
             stop_at_once()
             os._exit(EXIT_CUT_SHORT)
         logger.info("%s: draining (a second SIGTERM or Ctrl-C exits at once)", name)
-        server.request_drain()
+        server.drain_requested.set()
 
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, on_signal)

@@ -11,7 +11,7 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.server.admission import Admission
-from neuron_ui.server.asgi import Refusal, folder_prefix
+from neuron_ui.server.asgi import Refusal
 from neuron_ui.server.doors import FileDoors
 from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
@@ -22,7 +22,6 @@ class Doors:
     """A GateServer of plain values: what the gate may read of the server, and nothing else."""
 
     settings: Settings
-    files_prefix: str
     stored: StoredFiles
     uploads: UploadFolder
     mounted: Mounted | None = None
@@ -36,7 +35,7 @@ class Doors:
 
 def doors(tmp_path, budget: int = 1000) -> Doors:
     uploads = UploadFolder(tmp_path, budget, retention=60)
-    return Doors(Settings(model="tiny"), folder_prefix(tmp_path), StoredFiles(tmp_path), uploads)
+    return Doors(Settings(model="tiny"), StoredFiles(tmp_path), uploads)
 
 
 def request(gate: Gate, path: str, method: str = "GET", headers: tuple = ()) -> tuple[int, bytes]:

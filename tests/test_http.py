@@ -373,7 +373,7 @@ def test_an_image_made_over_plain_http_downloads_whole_in_one_megabyte_pieces(ga
     of a 1024x1024 PNG (server/server.py); a piece of 1 MB is what a reader that never reads can hold."""
     from starlette.responses import FileResponse
 
-    from neuron_ui.server.server import DOWNLOAD_PIECE
+    from neuron_ui.web.gradio_mount import DOWNLOAD_PIECE
 
     s = gated
     event_id = post(s, "/gradio_api/call/generate", json={"data": GENERATE}).json()["event_id"]
@@ -438,7 +438,7 @@ def test_a_value_its_component_does_not_take_is_refused_in_one_line_without_a_lo
     response = post(gated, route, json=body(gated, path))
     assert response.status_code == 422, response.text
     message = response.json()["detail"]
-    assert says in message and "\n" not in message and gated.server.files_prefix not in message, message
+    assert says in message and "\n" not in message and gated.server.stored.prefix not in message, message
     assert server_log_lines(caplog, capfd) == []
 
 

@@ -159,13 +159,13 @@ def upload(root, name: int, size: int, mtime: float | None = None):
 def test_uploads_past_the_budget_are_refused_until_retention_frees_room(tmp_path):
     now = [1000.0]
     folder = UploadFolder(tmp_path, budget=100_000, retention=60, clock=lambda: now[0])
-    assert folder.admit(None).kind == "length"
-    assert folder.admit(100_001).kind == "too_large"
+    assert folder.admit(None).status == 411
+    assert folder.admit(100_001).status == 413
     assert folder.admit(60_000) is None
     old = upload(tmp_path, 1, 60_000, mtime=now[0])
     folder.done(60_000, 1)
     refused = folder.admit(60_000)
-    assert refused.kind == "full" and "\n" not in refused.message and "try again in a few minutes" in refused.message
+    assert refused.status == 507 and "\n" not in refused.message and "try again in a few minutes" in refused.message
     now[0] += 61  # a minute unused: the next admission sweeps it away
     assert folder.admit(60_000) is None and not old.exists() and not old.parent.exists()
 
@@ -177,5 +177,5 @@ def test_many_tiny_files_count_what_they_take_on_disk(tmp_path):
     (tmp_path / "images-x").mkdir()  # the results' folder is not the uploads'
     (tmp_path / "images-x" / "big.png").write_bytes(b"x" * 10 * FILE_COST)
     folder.sweep()
-    assert folder.used == 20 * FILE_COST and folder.admit(1).kind == "full"
+    assert folder.used == 20 * FILE_COST and folder.admit(1).status == 507
 

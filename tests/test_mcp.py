@@ -224,7 +224,7 @@ def test_a_flood_of_sessions_never_locks_out_a_client_and_is_said_in_one_line(ap
     assert not earlier.isError  # the client connected before the flood kept its session
     assert len(during) == 1, [r.getMessage() for r in during]
     assert during[0].getMessage().startswith("MCP sessions past --mcp-sessions (4 open at most): ")
-    assert app.server.mcp.sessions.closed >= flood - SESSIONS
+    assert app.server.mcp.sessions_closed >= flood - SESSIONS
     fresh = with_session(app, lambda session: session.call_tool("status", {}))
     assert not fresh.isError and json.loads(fresh.content[0].text)["visitors_waiting"] == 0
 
@@ -272,6 +272,6 @@ def test_the_session_bounds_come_from_the_settings_not_the_librarys_defaults():
                                   {"NEURON_UI_MCP_SESSION_IDLE": "7.5"})
     endpoint = McpEndpoint(settings, lambda: 0, lambda scope: False)
     assert (endpoint.manager.session_idle_timeout, endpoint.manager.max_sessions) == (7.5, None)
-    assert endpoint.sessions.limit == 3
+    assert endpoint.settings.mcp_sessions == 3
     with pytest.raises(ValueError, match="--mcp-sessions must be at least 1"):
         Settings(mcp_sessions=0)

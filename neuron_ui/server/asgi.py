@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+from starlette.responses import JSONResponse
 # The ASGI types every module of the server names, starlette's, re-exported.
-from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Send as Send
+from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Scope, Send as Send
 MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a few kB
 # A real request nests 8 deep at most (a history entry's editor layers in the page's BrowserState). The gate and
 # Gradio walk values recursively: thousands of levels raised RecursionError, a bare 500 and a traceback per request.
@@ -17,22 +17,6 @@ MAX_JSON_DEPTH = 32
 NOT_JSON = object()  # what parse_json gives for a body that is not JSON (JSON's null is None)
 UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
                "the details are in the server log")
-
-
-def folder_prefix(folder: Path) -> str:
-    return str(folder).rstrip("/") + "/"
-
-
-async def respond(send: Send, status: int, body: bytes, headers: tuple[tuple[str, str], ...]) -> None:
-    """A whole answer in one piece; `headers` name its content-type."""
-    raw = [(k.encode(), v.encode()) for k, v in headers] + [(b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def reply(send: Send, refusal: Refusal) -> None:
-    body = json.dumps({"detail": refusal.message}).encode()
-    await respond(send, refusal.status, body, (("content-type", "application/json"), *refusal.headers))
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -45,21 +29,21 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
-async def read_body(receive: Receive) -> bytes:
-    chunks, size = [], 0
+async def read_json(receive: Receive) -> tuple[bytes, object]:
+    """A request body read by the gate, and its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
+    Refusal when it is too big, too deep, or carries a NUL character."""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b""
+            chunks = []  # the client went away: nothing to check
+            break
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > MAX_JSON_BODY or not message.get("more_body"):
-            return b"".join(chunks)  # an oversized body is cut: parse_json refuses it
-
-
-def parse_json(body: bytes) -> object:
-    """A request body read by the gate: its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
-    Refusal when it is too big, too deep, or carries a NUL character."""
+            break  # an oversized body is cut, and refused
+    body = b"".join(chunks)
     if len(body) > MAX_JSON_BODY:
         raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
     try:
@@ -67,10 +51,10 @@ def parse_json(body: bytes) -> object:
     except RecursionError:
         raise Refusal(400, f"the JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError):
-        return NOT_JSON
+        return body, NOT_JSON
     if problem := json_problem(value):
         raise Refusal(400, problem)
-    return value
+    return body, value
 
 
 def json_problem(value: object) -> str | None:
@@ -154,8 +138,11 @@ class Outbound:
 
 @dataclass(eq=False)
 class Refusal(Exception):
-    """A request refused in one JSON line (`reply`): the gate's checks raise it."""
+    """A request refused in one JSON line: the gate's checks raise it, and it is the ASGI app that answers it."""
 
     status: int
     message: str
     headers: tuple[tuple[str, str], ...] = ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await JSONResponse({"detail": self.message}, self.status, dict(self.headers))(scope, receive, send)

@@ -22,8 +22,11 @@ import asyncio
 import json
 import os
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
+
+from starlette.datastructures import Headers
 
 from neuron_ui.contract.files import ForeignFile, StoredFiles
 from neuron_ui.server.asgi import Message, Refusal, Send
@@ -51,20 +54,14 @@ COMPONENT_SERVER = "/gradio_api/component_server"
 EVENT_RESULT = re.compile(r"^/gradio_api/call/(?:v2/)?[^/]+/([^/]+)/?$")  # GET: one event's stream
 SESSION_STREAM = "/gradio_api/queue/data"
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # Gradio 6.31's file route, and its older spelling
-UPLOAD_REFUSALS = {"length": (411, ""), "too_large": (413, ""), "full": (507, "60")}  # status, retry-after
 EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value holds files under these keys
 
 
 def open_without_login(path: str, method: str) -> bool:
     """Whether a request may go on without a login when NEURON_UI_AUTH is set."""
     bare = path.rstrip("/") or "/"
-    if bare == OWN_LOGIN:
-        return True
-    if bare == LOGIN_FORM:
-        return method == "POST"
-    if method not in ("GET", "HEAD"):
-        return False
-    return bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES)
+    read = method in ("GET", "HEAD") and (bare in OPEN_WITHOUT_LOGIN or path.startswith(OPEN_PREFIXES))
+    return bare == OWN_LOGIN or (bare == LOGIN_FORM and method == "POST") or read
 
 
 def check_route(scope: dict, demo: gr.Blocks) -> None:
@@ -87,14 +84,12 @@ def check_route(scope: dict, demo: gr.Blocks) -> None:
         raise Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")
 
 
-
 class FileDoors:
     """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget."""
 
     def __init__(self, stored: StoredFiles, uploads: UploadFolder):
         self.stored_files = stored
         self.uploads = uploads
-        self._file_inputs: dict[BlockFunction, frozenset[int]] = {}  # per function, found once
 
     def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
         """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
@@ -103,7 +98,7 @@ class FileDoors:
         value must name one of the app's files, in any shape: a path, a FileData with or without "meta", a list,
         an editor value. Elsewhere a FileData with "meta" (a gallery's selected image) is checked the same way.
         The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
-        indices = self.file_inputs(fn)
+        indices = gradio_bridge.file_inputs(fn) if fn is not None else frozenset()
         if isinstance(data, dict) and by_name:
             names = gradio_bridge.parameter_names(fn) if fn is not None else []
             data = {key: self.paths(value, key in names and names.index(key) in indices) for key, value in data.items()}
@@ -131,13 +126,6 @@ class FileDoors:
         routed = FILE_ROUTES[0] + full
         return {**scope, "path": routed, "raw_path": routed.encode()}
 
-    def file_inputs(self, fn: BlockFunction | None) -> frozenset[int]:
-        if fn is None:
-            return frozenset()
-        if fn not in self._file_inputs:
-            self._file_inputs[fn] = gradio_bridge.file_inputs(fn)
-        return self._file_inputs[fn]
-
     def paths(self, value: object, as_file: bool) -> object:
         """A value sent where a file goes (`as_file`): each path in it must be one of the app's files (its retention
         restarts); elsewhere only a FileData with "meta" is checked. What is not a path the handler refuses."""
@@ -157,44 +145,36 @@ class FileDoors:
     async def admit_upload(self, scope: dict) -> UploadAnswer:
         """An upload within the budget on disk (web/uploads.py), refused unread past it (Refusal). One without the
         login never gets here (the gate refuses it first), so it reserves nothing."""
-        length = content_length(scope)
+        declared = Headers(scope=scope).get("content-length", "")  # none, or nonsense (a chunked body): None
+        length = int(declared) if declared.isascii() and declared.isdigit() and len(declared) < 19 else None
         refused = await asyncio.to_thread(self.uploads.admit, length)
-        if refused is not None:
-            status, retry = UPLOAD_REFUSALS[refused.kind]
-            raise Refusal(status, refused.message, (("retry-after", retry),) if retry else ())
+        if refused is not None:  # no room now: a few minutes frees some
+            raise Refusal(refused.status, refused.message, (("retry-after", "60"),) if refused.status == 507 else ())
         assert length is not None  # admit refuses an upload that does not say its size
         return UploadAnswer(length)
 
 
+@dataclass
 class UploadAnswer:
-    """Gradio's answer to an admitted upload, watched for how many files it wrote (a JSON list of their paths)."""
+    """Gradio's answer to an admitted upload of `length` bytes, watched for how many files it wrote (a 200 with a JSON
+    list of their paths)."""
 
-    def __init__(self, length: int):
-        self.length = length
-        self._body: list[bytes] = []
-        self._ok = False
+    length: int
+    body: list[bytes] | None = None  # the answer's pieces, once it is a 200
 
     def watch(self, send: Send) -> Send:
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self._ok = message["status"] == 200
-            elif message["type"] == "http.response.body" and self._ok:
-                self._body.append(message.get("body", b""))
+                self.body = [] if message["status"] == 200 else None
+            elif message["type"] == "http.response.body" and self.body is not None:
+                self.body.append(message.get("body", b""))
             await send(message)
 
         return watched
 
     def files(self) -> int:
         try:
-            written = json.loads(b"".join(self._body)) if self._ok else []
+            written = json.loads(b"".join(self.body)) if self.body is not None else []
         except ValueError:
             return 0
         return len(written) if isinstance(written, list) else 0
-
-
-def content_length(scope: dict) -> int | None:
-    """The request's declared length (None if it declares none, or nonsense: a chunked body)."""
-    for key, value in scope["headers"]:
-        if key == b"content-length":
-            return int(value) if value.isdigit() and len(value) < 19 else None
-    return None

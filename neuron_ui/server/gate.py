@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qs
 
 from starlette.requests import ClientDisconnect
+from starlette.responses import HTMLResponse
 
 from neuron_ui.contract import stopping
 from neuron_ui.contract.files import ForeignFile
@@ -45,19 +45,14 @@ from neuron_ui.server.asgi import (
     Receive,
     Refusal,
     Send,
-    parse_json,
-    read_body,
+    read_json,
     replay,
-    reply,
-    respond,
 )
 from neuron_ui.server.doors import FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
-from neuron_ui.web import gradio_bridge, gradio_mount
+from neuron_ui.web import gradio_bridge
+from neuron_ui.web.gradio_mount import Mounted
 
 if TYPE_CHECKING:
-    import gradio as gr
-    from gradio.routes import App
-
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.stopping import SessionStops
@@ -80,23 +75,12 @@ LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-eq
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
 
 
-@dataclass(frozen=True)
-class Mounted:
-    """The UI once it is served: the queued demo, Gradio's own app mounted at / (gradio.routes.App) and the UI's
-    registry of running requests by session, which a client's cancel or disconnect stops."""
-
-    demo: gr.Blocks
-    gradio_app: App
-    stops: SessionStops
-
-
 class GateServer(Protocol):
     """What the gate may read of the server (neuron_ui.server.server.Server), by name and typed: all of it, so the
     gate and its file checks are built from plain objects in tests/test_gate.py."""
 
     settings: Settings  # the login (auth) and the device's bound (max_queue)
-    files_prefix: str  # the server's file folder, cut from every answer
-    stored: StoredFiles  # the only files a request may name
+    stored: StoredFiles  # the only files a request may name; its folder is cut from every answer
     uploads: UploadFolder  # the uploads' disk budget
     mounted: Mounted | None  # None while the model loads
     draining: bool  # shutting down: no new work
@@ -124,19 +108,18 @@ class Gate:
             if method in ("GET", "HEAD"):
                 await self.app(scope, receive, send)
             else:
-                await reply(send, Refusal(405, f"{path} answers GET and HEAD", (("allow", "GET, HEAD"),)))
+                await Refusal(405, f"{path} answers GET and HEAD", (("allow", "GET, HEAD"),))(scope, receive, send)
             return
         mounted = self.server.mounted
         if mounted is None:
-            await respond(send, 503, LOADING_PAGE.encode(), (("content-type", "text/html; charset=utf-8"),
-                                                              ("retry-after", "5")))
+            await HTMLResponse(LOADING_PAGE, 503, {"retry-after": "5"})(scope, receive, send)
             return
         upload: UploadAnswer | None = None
         try:
             if self.server.draining and method == "POST" and NEW_WORK.match(path):
                 raise Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),))
             if self.server.settings.auth and not open_without_login(path, method) and not (
-                    gradio_mount.logged_in(mounted.gradio_app, scope)):  # the login Gradio issued: its cookie
+                    mounted.logged_in(scope)):  # the login Gradio issued: its cookie
                 raise Refusal(401, "Not authenticated")
             check_route(scope, mounted.demo)
             scope = self.files.file_route(scope)
@@ -144,14 +127,16 @@ class Gate:
             if path == UPLOAD and method == "POST":
                 upload = await self.files.admit_upload(scope)
         except Refusal as refusal:
-            await reply(send, refusal)
+            await refusal(scope, receive, send)
             return
-        rewrite = rewritten(path)
+        # Gradio's API answers (JSON and event streams), not pages, assets or files' bytes
+        rewrite = (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTES)) or (
+            path in ("/config", "/config/"))
         if rewrite:  # API answers are not compressed, so Outbound can read what it sends
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
         if upload is not None:
             send = upload.watch(send)
-        send = Outbound(send, self.server.files_prefix, rewrite)
+        send = Outbound(send, self.server.stored.prefix, rewrite)
         if path == EVENT_STREAM and method == "GET":
             receive = stop_on_disconnect(scope, receive, send, mounted.stops)
         if device:
@@ -164,7 +149,7 @@ class Gate:
         except Exception:
             logger.exception("error serving %s %s", method, path)
             if not send.started:
-                await reply(send, Refusal(500, UNEXPLAINED))
+                await Refusal(500, UNEXPLAINED)(scope, receive, send)
         finally:
             if device and not send.started:
                 self._admitted()
@@ -191,8 +176,7 @@ class Gate:
                 raise Refusal(404, f"there is no /{name}; this API has {', '.join(f'/{n}' for n in PUBLIC_ENDPOINTS)}")
             if route in ("run", "api"):
                 return receive, False  # Gradio refuses it (api_open=False) and says to join the queue
-        body = await read_body(receive)
-        data = parse_json(body)
+        body, data = await read_json(receive)
         if data is NOT_JSON:
             return replay(body, receive), False  # not JSON: Gradio says what is wrong with it
         device = False
@@ -244,7 +228,7 @@ class Gate:
             raise Refusal(422, problem)
         if problem := values.call_problem(mounted.gradio_app, fn, checked, by_name):
             raise Refusal(422, problem)
-        if not gradio_bridge.runs_on_device(fn):
+        if fn.concurrency_id != gradio_bridge.DEVICE:  # its events wait for the device
             return checked, False
         if full := self.server.admission.refusal(self.admitting):  # the one on the device and those waiting
             raise Refusal(503, full, (("retry-after", "5"),))
@@ -278,9 +262,3 @@ def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: Ses
         return message
 
     return watched
-
-
-def rewritten(path: str) -> bool:
-    """Gradio's API answers (JSON and event streams), not pages, assets or files' bytes."""
-    return (path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTES)) or path in ("/config", "/config/")
-

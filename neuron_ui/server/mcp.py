@@ -17,7 +17,7 @@ server's mount keeps it off, and this one calls the studio the way the UI does:
 - progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
   every second, steps) as MCP progress notifications when the client asks for them;
 - errors: one line as a tool error, never a trace; a cancelled call stops the engine's request;
-- sessions: at most --mcp-sessions open, idle ones closed after --mcp-session-idle (SessionBound).
+- sessions: at most --mcp-sessions open, idle ones closed after --mcp-session-idle (McpEndpoint.make_room).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.server import mcp_bridge, mcp_tools
-from neuron_ui.server.asgi import Message, Receive, Refusal, Send, reply
+from neuron_ui.server.asgi import Message, Receive, Refusal, Send
 from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.studio.studio import Asker, Studio
-from neuron_ui.web.errors import public_status, redact_paths
+from neuron_ui.web.errors import public_status, user_message
 from neuron_ui.web.progress import ProgressReporter
 from neuron_ui.web.visitors import visitor_name
 
@@ -57,40 +57,8 @@ logger = logging.getLogger(__name__)
 MAX_BODY = 48 * 2**20  # an inpaint's image and mask as base64: up to the upload limit each
 LOGIN = ("login required: send the NEURON_UI_AUTH user and password as HTTP Basic credentials "
          "(header Authorization: Basic base64(user:password))")
-UNEXPECTED = "the server failed unexpectedly; the details are in the server log"
 SUMMARY_SECONDS = 60.0  # at most one line this often about sessions closed to make room
 ToolArguments = dict[str, Any]  # a tool call's JSON as the client sent it: the studio and the engine check each value
-
-
-class SessionBound:
-    """Keeps `manager`'s open sessions at `limit` (--mcp-sessions): `make_room(keep=its id)` as each request that
-    opens one answers.
-
-    The mcp library's own bounds (10,000 sessions, 30 minutes idle) let 3,000 `initialize` requests never closed take
-    the app from 587 to 772 MB with a log line each (docs/operations.md), and 10,000 answer every new client 503 "Too
-    many open sessions" for 30 minutes. Here, as Gradio's sessions are bounded (web/gradio_mount.py), a session that
-    opens past the bound closes the one idle longest (one with a request in flight, such as a client's open event
-    stream, only when none is idle), never the newcomer, so a stranger's sessions never lock out the next client; a
-    flood is said in one line a minute at most."""
-
-    def __init__(self, manager: StreamableHTTPSessionManager, limit: int) -> None:
-        self.manager = manager
-        self.limit = limit
-        self.closed = 0  # sessions closed to make room, since the server started
-        self._said_at = -SUMMARY_SECONDS
-
-    async def make_room(self, keep: str) -> None:
-        """Close the sessions idle longest until at most `limit` are open, never `keep` (the one just opened); one
-        line at the first closed, then at most one a minute while more are: the running total."""
-        while len(sessions := mcp_bridge.open_sessions(self.manager)) > self.limit:
-            others = [s for s in sessions if s.id != keep]
-            # idle longest first; busy ones (idle since inf) only when none is idle, the oldest opened first
-            await mcp_bridge.close_session(self.manager, min(others, key=lambda s: s.idle_since).id)
-            self.closed += 1
-            if (now := time.monotonic()) - self._said_at >= SUMMARY_SECONDS:
-                logger.warning("MCP sessions past --mcp-sessions (%d open at most): %d closed to make room so far, "
-                               "the one idle longest first; said at most once a minute", self.limit, self.closed)
-                self._said_at = now
 
 
 class McpEndpoint:
@@ -101,28 +69,26 @@ class McpEndpoint:
         self.settings = settings
         self.admission = admission  # the server's one count of device work against --max-queue, Gradio's and ours
         self.authorized = authorized  # the request carries the login (NEURON_UI_AUTH set)
-        self.studio: Studio | None = None
+        self.studio: Studio  # what the tools call, from serve(): requests reach them only after (the gate)
         self.server: McpServer = McpServer("neuron-ui", instructions=(
             "An image studio for FLUX.2-klein: call status to see which resolutions are ready, warmup to compile "
             "one ahead, generate to make an image, inpaint to redo part of one."))
         self.server.list_tools()(self._tools)
         self.server.call_tool(validate_input=False)(self._call)  # the engine checks values, in the API's own words
         # The library's own session bound refuses newcomers (503) while strangers' sessions are open: off, the
-        # bound is kept by closing the session idle longest (SessionBound).
+        # bound is kept by closing the session idle longest (make_room).
         self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_BODY, max_sessions=None,
                                                     session_idle_timeout=settings.mcp_session_idle)
-        self.sessions = SessionBound(self.manager, settings.mcp_sessions)
+        self.sessions_closed = 0  # sessions closed to make room, since the server started
+        self._said_at = -SUMMARY_SECONDS
         mcp_bridge.quiet_session_logs()
 
     def serve(self, engine: EngineLike) -> None:
         self.studio = Studio(engine, max_grid_cells=self.settings.max_grid_cells)  # MCP sends its results: no store
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if self.studio is None:
-            await reply(send, Refusal(503, "the model is loading; try again in a moment", (("retry-after", "5"),)))
-            return
         if self.settings.auth and not self.authorized(scope):
-            await reply(send, Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),)))
+            await Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),))(scope, receive, send)
             return
         opens = not any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
 
@@ -132,36 +98,48 @@ class McpEndpoint:
             if opens and message["type"] == "http.response.start" and message["status"] < 400:
                 for name, value in message.get("headers", ()):
                     if name == b"mcp-session-id":
-                        await self.sessions.make_room(keep=value.decode())
+                        await self.make_room(keep=value.decode())
             await send(message)
 
         await self.manager.handle_request(scope, receive, make_room_then_send)
 
+    async def make_room(self, keep: str) -> None:
+        """Close the sessions idle longest until at most --mcp-sessions are open, never `keep` (the one just opened).
+
+        The mcp library's own bounds (10,000 sessions, 30 minutes idle) let 3,000 `initialize` requests never closed
+        take the app from 587 to 772 MB with a log line each (docs/operations.md), and 10,000 answer every new client
+        503 "Too many open sessions" for 30 minutes. Here, as Gradio's sessions are bounded (web/gradio_mount.py), a
+        session that opens past the bound closes the one idle longest (one with a request in flight, such as a
+        client's open event stream, only when none is idle), never the newcomer, so a stranger's sessions never lock
+        out the next client; a flood is said in one line a minute at most: the running total."""
+        limit = self.settings.mcp_sessions
+        while len(sessions := mcp_bridge.open_sessions(self.manager)) > limit:
+            others = [s for s in sessions if s.id != keep]
+            # idle longest first; busy ones (idle since inf) only when none is idle, the oldest opened first
+            await mcp_bridge.close_session(self.manager, min(others, key=lambda s: s.idle_since).id)
+            self.sessions_closed += 1
+            if (now := time.monotonic()) - self._said_at >= SUMMARY_SECONDS:
+                logger.warning("MCP sessions past --mcp-sessions (%d open at most): %d closed to make room so far, "
+                               "the one idle longest first; said at most once a minute", limit, self.sessions_closed)
+                self._said_at = now
+
     # -- the MCP server ----------------------------------------------------------------------------
 
-    def _studio(self) -> Studio:
-        """The studio the tools call: requests reach them only once serve() gave it (__call__ answers 503 before)."""
-        assert self.studio is not None, "an MCP call before serve()"
-        return self.studio
-
     async def _tools(self) -> list[types.Tool]:
-        return mcp_tools.build_tools(await asyncio.to_thread(self._studio().engine.status))
+        return mcp_tools.build_tools(await asyncio.to_thread(self.studio.engine.status))
 
     async def _call(self, name: str, arguments: ToolArguments) -> types.CallToolResult:
         try:
             mcp_tools.check_arguments(name, arguments, await self._tools())
             if name == "status":
-                content = mcp_tools.json_result(public_status(await asyncio.to_thread(self._studio().engine.status)))
+                content = mcp_tools.json_result(public_status(await asyncio.to_thread(self.studio.engine.status)))
             else:
                 with self.admission.admitted():  # the same bound as the gate's, in the same count
                     content = await self._on_device(name, arguments)
             return types.CallToolResult(content=content, isError=False)
-        except (ValueError, EngineError) as error:
-            line = str(error) if isinstance(error, ValueError) else redact_paths(str(error))
+        except Exception as error:  # noqa: BLE001 - every error is one line for the client (user_message)
+            line = user_message(error, f"MCP tool {name}")
             line = line.splitlines()[0] if line else type(error).__name__
-        except Exception:
-            logger.exception("MCP tool %s failed", name)
-            line = UNEXPECTED
         return types.CallToolResult(content=[types.TextContent(type="text", text=line)], isError=True)
 
     async def _on_device(self, name: str, arguments: ToolArguments) -> list[types.ContentBlock]:
@@ -189,7 +167,7 @@ class McpEndpoint:
         raise EngineError("the call ended without a result")  # a Bridge always ends with one, or raises
 
     def _run(self, name: str, arguments: ToolArguments, asker: Asker) -> list[types.ContentBlock]:
-        studio = self._studio()
+        studio = self.studio
         resolution = arguments["resolution"]
         if name == "warmup":
             return mcp_tools.json_result(asdict(studio.warmup(resolution, asker)))
@@ -215,4 +193,3 @@ class McpEndpoint:
             return visitor_name(user=self.settings.auth[0])
         session = request.headers.get("mcp-session-id") if request is not None else None
         return f"mcp:{session}" if session else None
-

@@ -13,7 +13,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 # INFO lines the library writes per session or per request (mcp 1.30.0): "Created new transport with session ID",
 # "Session ... idle timeout" (the manager), "Terminating session" (the transport), "Processing request of type"
-# (the low-level server). A flood of sessions is said in one line by server/mcp.py (SessionBound) instead.
+# (the low-level server). A flood of sessions is said in one line by server/mcp.py (make_room) instead.
 PER_SESSION_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http", "mcp.server.lowlevel.server")
 
 

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from neuron_ui.studio.grid_sheet import GridResult
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ShapeStatus
 
-TOOLS = ("ab", "generate", "grid", "inpaint", "status", "warmup")
 Schema = Mapping[str, object]  # a JSON Schema, or one property's
 
 CACHE_EVENTS = ("cache_event says what the compile cache did: 'memory_hit' = the size was ready, full speed; "
@@ -65,22 +64,6 @@ def _cost(shape: ShapeStatus) -> str:
     return f"loads from the disk cache, {about}" if shape.on_disk else f"compiles on first use, {about}"
 
 
-def style_properties(status: EngineStatus) -> dict[str, Schema]:
-    """`lora` and `lora_scale` when the server has styles (--lora); none when it has none, so a tool never offers
-    a parameter that can only be refused."""
-    if not status.styles:
-        return {}
-    names = [style["name"] for style in status.styles]
-    defaults = ", ".join(f"{style['name']} ({style['default_scale']:g})" for style in status.styles)
-    return {
-        "lora": {"type": "string", "enum": names, "description": (
-            f"a style (a LoRA) to apply, by name; omit for none. Styles here, with their default strength: "
-            f"{defaults}. Switching style never compiles: any style costs the same as none at a ready size")},
-        "lora_scale": {"type": "number", "minimum": 0, "maximum": MAX_LORA_SCALE, "description": (
-            "the style's strength, 0 (none of it) to 2; omit for the style's default; ignored without lora")},
-    }
-
-
 def build_tools(status: EngineStatus) -> list[types.Tool]:
     """The six tools, described from `status` (what is ready now)."""
     presets = [s.resolution for s in status.shapes]
@@ -91,12 +74,24 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     seed = {"type": "integer", "minimum": 0, "maximum": MAX_SEED,
             "description": "omit for a random seed; the result's seed remakes the same image"}
     prompt = {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "what the image shows"}
-    styles = style_properties(status)
+    # `lora` and `lora_scale` only when the server has styles (--lora): never a parameter that can only be refused
+    defaults = ", ".join(f"{style['name']} ({style['default_scale']:g})" for style in status.styles)
+    styles: dict[str, Schema] = {
+        "lora": {"type": "string", "enum": [style["name"] for style in status.styles], "description": (
+            f"a style (a LoRA) to apply, by name; omit for none. Styles here, with their default strength: "
+            f"{defaults}. Switching style never compiles: any style costs the same as none at a ready size")},
+        "lora_scale": {"type": "number", "minimum": 0, "maximum": MAX_LORA_SCALE, "description": (
+            "the style's strength, 0 (none of it) to 2; omit for the style's default; ignored without lora")},
+    } if status.styles else {}
     generate: dict[str, Schema] = {"prompt": prompt, "resolution": resolution, "steps": steps, "seed": seed, **styles}
     if not status.distilled:
         generate["guidance"] = {"type": "number", "minimum": 0, "maximum": MAX_GUIDANCE,
                                 "description": f"guidance scale; omit for {status.default_guidance:g}"}
     picture = {"type": "string", "description": "a PNG or JPEG as base64 (a data: URL is fine too)"}
+    # grid: up to three axes, each a comma-separated text; ab: two sides' settings
+    axes = {name: {"type": "string", "description": words} for name, words in AXIS_HELP.items()
+            if name not in ("styles", "strengths") or status.styles}
+    side = {"type": "string", "description": SETTINGS_WORDS}
     model = f"{status.model}{' (tiny random-weight test model: its images are noise)' if status.is_tiny else ''}"
     result = ("Returns the PNG as an image and the result as JSON text: seed, resolution, steps, "
               f"{'the style (lora, lora_scale, lora_sha256), ' if styles else ''}timings in seconds "
@@ -104,8 +99,22 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     return [
         types.Tool(name="generate", inputSchema=_schema(generate, ["prompt", "resolution"]), description=(
             f"Make one image from a text prompt with {model}. {sizes} {result} {TURNS}")),
-        grid_tool(status, prompt, resolution, sizes, model),
-        ab_tool(prompt, resolution, sizes, model),
+        types.Tool(name="grid", inputSchema=_schema({"prompt": prompt, "resolution": resolution, **axes},
+                                                    ["prompt", "resolution"]), description=(
+            f"Compare images of one prompt with {model}: a grid along one to three axes ({', '.join(axes)}), at most "
+            "the server's --max-grid-cells images (16 by default; more are refused before anything runs), each made "
+            "in turn like a generate call (the size compiles once, switching styles never compiles). "
+            f"{sizes} Returns one PNG of the cells with the axes labelled (each cell's parameters in its metadata) "
+            f"and JSON: cells (each one's parameters, cache_event, seconds) and style_switches. {TURNS}")),
+        types.Tool(name="ab", inputSchema=_schema({"prompt": prompt, "resolution": resolution, "a": side,
+                                                  "b": {**side, "description": f"B's settings: {SETTINGS_WORDS}"}},
+                                                 ["prompt", "resolution", "b"]), description=(
+            f"Compare two images of one prompt with {model}, A and B, that differ in the settings given (e.g. a "
+            "\"style=ink\", b \"style=none\"; or b \"seed=4\"); A's unset settings are shared (a random seed, "
+            "the model's steps, no style). Bad settings, or a and b alike, are refused before anything runs. "
+            f"{sizes} Returns one PNG of A and B side by side, labelled with what differs (each one's parameters in "
+            f"its A and B text chunks), and JSON: a and b (each one's parameters, cache_event, seconds) and differs. "
+            f"{TURNS}")),
         types.Tool(name="inpaint", inputSchema=_schema(
             {"image": picture, "mask": {**picture, "description": "white where the image is redone, black where it "
                                                                   "is kept; fitted to the image"},
@@ -127,34 +136,6 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     ]
 
 
-def grid_tool(status: EngineStatus, prompt: Schema, resolution: Schema, sizes: str,
-              model: str) -> types.Tool:
-    """`grid`: one prompt at one size along up to three axes, each a comma-separated text."""
-    axes = {name: {"type": "string", "description": words} for name, words in AXIS_HELP.items()
-            if name not in ("styles", "strengths") or status.styles}
-    return types.Tool(name="grid", inputSchema=_schema({"prompt": prompt, "resolution": resolution, **axes},
-                                                       ["prompt", "resolution"]), description=(
-        f"Compare images of one prompt with {model}: a grid along one to three axes ({', '.join(axes)}), at most "
-        f"the server's --max-grid-cells images (16 by default; more are refused before anything runs), each made in "
-        f"turn like a generate call "
-        f"(the size compiles once, switching styles never compiles). {sizes} Returns one PNG of the cells with the "
-        "axes labelled (each cell's parameters in its metadata) and JSON: cells (each one's parameters, "
-        f"cache_event, seconds) and style_switches. {TURNS}"))
-
-
-def ab_tool(prompt: Schema, resolution: Schema, sizes: str, model: str) -> types.Tool:
-    """`ab`: two images of one prompt that differ in named settings, side by side."""
-    side = {"type": "string", "description": SETTINGS_WORDS}
-    return types.Tool(name="ab", inputSchema=_schema({"prompt": prompt, "resolution": resolution, "a": side,
-                                                     "b": {**side, "description": f"B's settings: {SETTINGS_WORDS}"}},
-                                                    ["prompt", "resolution", "b"]), description=(
-        f"Compare two images of one prompt with {model}, A and B, that differ in the settings given (e.g. a "
-        "\"style=ink\", b \"style=none\"; or b \"seed=4\"); A's unset settings are shared (a random seed, "
-        f"the model's steps, no style). Bad settings, or a and b alike, are refused before anything runs. {sizes} "
-        "Returns one PNG of A and B side by side, labelled with what differs (each one's parameters in its A and B "
-        f"text chunks), and JSON: a and b (each one's parameters, cache_event, seconds) and differs. {TURNS}"))
-
-
 def png_result(made: GenerateResult | GridResult) -> list[types.ContentBlock]:
     """The PNG (an image's parameters, or a grid's or an A/B's cells', in its text chunks) as image content, then
     its info as JSON text."""
@@ -174,7 +155,7 @@ def check_arguments(name: str, arguments: Mapping[str, object], tools: list[type
     check, so a bad one gets the same line as over the API)."""
     tool = next((t for t in tools if t.name == name), None)
     if tool is None:
-        raise ValueError(f"there is no tool {name!r}; the tools are {', '.join(TOOLS)}")
+        raise ValueError(f"there is no tool {name!r}; the tools are {', '.join(sorted(t.name for t in tools))}")
     allowed = tool.inputSchema["properties"]
     unknown = sorted(set(arguments) - set(allowed))
     if unknown:

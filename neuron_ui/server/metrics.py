@@ -53,7 +53,7 @@ class EngineMetrics:
         engine.observers.add(self)
         self.loaded.set(1)
         for record in held():
-            self.held.labels(record).set_function(functools.partial(_count, held, record))
+            self.held.labels(record).set_function(functools.partial(lambda name: held()[name], record))
 
     def on_generated(self, result: GenerateResult) -> None:
         self.images.labels(result.resolution, result.cache_event).inc()
@@ -70,7 +70,3 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _count(held: Callable[[], dict[str, int]], record: str) -> float:
-    return held()[record]

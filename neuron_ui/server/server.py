@@ -27,16 +27,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.routing import Route
 
 from neuron_ui.contract.files import StoredFiles
-from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.admission import Admission
-from neuron_ui.server.asgi import folder_prefix
-from neuron_ui.server.gate import SHUTTING_DOWN, Gate, Mounted
+from neuron_ui.server.gate import SHUTTING_DOWN, Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
 from neuron_ui.web.gradio_bridge import device_queue_length
-from neuron_ui.web.gradio_mount import GradioLimits
+from neuron_ui.web.gradio_mount import GradioLimits, Mounted
 from neuron_ui.web.uploads import UploadFolder
 
 if TYPE_CHECKING:
@@ -48,12 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
-MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"
-MCP_PATHS = ("/gradio_api/mcp", "/gradio_api/mcp/")  # Gradio's upload route takes what editing accepts, no more
-# Starlette sends a file 64 kB at a time, each piece a thread hop and a pass through every middleware: the 3 MB PNG
-# of a 1024x1024 image took 14 ms to download, 7 ms in 1 MB pieces (docs/performance.md). A reader that never
-# reads holds one piece of memory at most.
-DOWNLOAD_PIECE = 1 << 20
+MCP_PATHS = ("/gradio_api/mcp", "/gradio_api/mcp/")
 
 
 class Server:
@@ -73,14 +66,14 @@ class Server:
         self.share_url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         folder = private_file_folder()
-        self.files_prefix = folder_prefix(folder)  # never sent out (asgi.Outbound)
-        self.stored = StoredFiles(folder)  # the only files a request may name: uploads and results
+        # the only files a request may name: uploads and results; their folder is never sent out (asgi.Outbound)
+        self.stored = StoredFiles(folder)
         self.uploads = UploadFolder(folder, settings.upload_budget_mb * 2**20, settings.upload_retention)
         self.draining = False
         # the device's one bound over every door: Gradio's events (once mounted) and MCP's calls
         self.admission = Admission(settings.max_queue,
                                    lambda: device_queue_length(self.mounted.demo, running=True) if self.mounted else 0)
-        self._drain_requested = threading.Event()
+        self.drain_requested = threading.Event()  # set() it (safe in a signal handler): serve_forever() drains
         self._gradio_lifespan = AsyncExitStack()
         self._thread: threading.Thread | None = None
         self.mcp: McpEndpoint | None = None
@@ -148,7 +141,7 @@ class Server:
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         auth = self.settings.auth
         return (auth is not None and basic_auth_ok(header, auth)) or (
-            self.mounted is not None and gradio_mount.logged_in(self.mounted.gradio_app, scope))
+            self.mounted is not None and self.mounted.logged_in(scope))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -156,7 +149,6 @@ class Server:
         """Bind the port and serve /healthz (503) and /metrics while the caller loads the model."""
         self._thread = threading.Thread(target=self._run, name="http-server", daemon=True)
         self._thread.start()
-        self.uploads.start()
         deadline = time.monotonic() + timeout
         while not self._uvicorn.started:
             if not self._thread.is_alive():
@@ -180,48 +172,40 @@ class Server:
             raise RuntimeError("start() the server before mounting the UI")
         if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/doors.py)
             raise RuntimeError(f"{', '.join(calls)} would call /gradio_api/component_server, which this app refuses")
-        gradio_mount.send_files_in_pieces(DOWNLOAD_PIECE)
-        gradio_app = gradio_mount.mount(self.app, demo, self.settings, MAX_UPLOAD, self.gradio_limits)
-        started = gradio_mount.start(demo, gradio_app, self._gradio_lifespan, self.gradio_limits)
-        asyncio.run_coroutine_threadsafe(started, self._loop).result(timeout)
+        mounted = gradio_mount.mount(self.app, demo, stops, self.settings, self.gradio_limits, self.uploads,
+                                     self._gradio_lifespan, self._loop, timeout)
         # everything accepted and not yet on the device: Gradio's queue, then the engine's own (behind a warm-up)
         self.metrics.attach(engine, waiting=lambda: device_queue_length(demo) + engine.status().queue_depth,
-                            held=lambda: gradio_mount.held(demo, gradio_app))
-        self.engine, self.mounted = engine, Mounted(demo, gradio_app, stops)
-        if self.mcp is not None:
+                            held=mounted.held)
+        if self.mcp is not None:  # before the gate lets requests through (it answers "loading" until `mounted`)
             self.mcp.serve(engine)
             logger.info("MCP tools at %s/gradio_api/mcp/ (generate, inpaint, status, warmup)", self.url)
+        self.engine, self.mounted = engine, mounted
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:
-            self.share_url = gradio_mount.open_share_link(demo, self.settings)
+            self.share_url = mounted.open_share_link(self.settings)
         return self
 
-    def request_drain(self) -> None:
-        """Safe in a signal handler: serve_forever() drains and returns."""
-        self._drain_requested.set()
-
-    @property
-    def drain_requested(self) -> bool:
-        return self._drain_requested.is_set()
-
     def serve_forever(self) -> bool:
-        """Block until the server stops: Ctrl-C, or request_drain() (SIGTERM), which drains first.
+        """Block until the server stops: Ctrl-C, or drain_requested (SIGTERM), which drains first.
 
         False when a drain ran out of time with the device still busy (see drain())."""
         try:  # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
-            while self._thread is not None and self._thread.is_alive() and not self._drain_requested.wait(0.5):
+            while self._thread is not None and self._thread.is_alive() and not self.drain_requested.wait(0.5):
                 pass
         except KeyboardInterrupt:
             logger.info("interrupted: stopping")
             return True
-        return self.drain() if self._drain_requested.is_set() else True
+        return self.drain() if self.drain_requested.is_set() else True
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),
         the image on the device may finish within `timeout`, every waiting request is told the server is shutting
         down; True if the device was idle in time. The caller then stop()s."""
         self.draining = True  # from here nothing new reaches the device: what is there now is all there is to wait for
-        if self.idle():
+        # idle: nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's
+        status = self.engine.status() if self.engine is not None else None
+        if self.admission.count() == 0 and (status is None or not (status.busy or status.queue_depth)):
             logger.info("shutting down: nothing is running or waiting")
             return self.engine.drain(0) if self.engine is not None else True
         logger.info("shutting down: no new requests; the image on the device has up to %.0f s to finish", timeout)
@@ -231,29 +215,17 @@ class Server:
         while self.mounted and device_queue_length(self.mounted.demo) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the last answers reach their event streams
-        if not finished:
-            ended = self._end_events()
+        if not finished and self.mounted is not None and self._loop is not None:
+            # the requests Gradio still holds hear "shutting down" and their streams close
+            ended = asyncio.run_coroutine_threadsafe(self.mounted.end_events(SHUTTING_DOWN), self._loop).result(10)
             logger.error("the image on the device did not finish within %.0f s; stopping anyway (%d request%s told "
                          "the server is shutting down)", timeout, ended, "" if ended == 1 else "s")
         return finished
 
-    def _end_events(self) -> int:
-        """The requests Gradio still holds hear "shutting down" and their streams close (gradio_mount.end_events)."""
-        if self.mounted is None or self._loop is None:
-            return 0
-        ending = gradio_mount.end_events(self.mounted.demo, SHUTTING_DOWN)
-        return asyncio.run_coroutine_threadsafe(ending, self._loop).result(10)
-
-    def idle(self) -> bool:
-        """Nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's."""
-        status = self.engine.status() if self.engine is not None else None
-        return self.admission.count() == 0 and (status is None or not (status.busy or status.queue_depth))
-
     def stop(self, timeout: float = 10.0) -> None:
         if self.mounted is not None:
-            gradio_mount.stop(self.mounted.demo, self.mounted.gradio_app, self._loop)
+            self.mounted.stop(self._loop)
         self._uvicorn.should_exit = True
-        self.uploads.stop()
         if self._thread is not None:
             self._thread.join(timeout)
 

@@ -26,6 +26,7 @@ import os
 from typing import TYPE_CHECKING
 
 import gradio as gr
+from gradio_client.utils import is_valid_file
 
 from neuron_ui.web import gradio_bridge
 
@@ -52,10 +53,10 @@ def call_problem(gradio_app: App, fn: BlockFunction, data: object, by_name: bool
         values = dict(enumerate(data["data"]))
     else:
         return None
-    blocks = gradio_bridge.session_inputs(gradio_app, fn, data.get("session_hash"))
-    preprocessed, wrapped = gradio_bridge.runs_preprocess(fn), gradio_bridge.prop_inputs(fn)
-    for index, block in enumerate(blocks):
-        if index in values and index not in wrapped and not getattr(block, "stateful", False):
+    # the named API's handlers take raw values (preprocess=False) and check them in their own words
+    preprocessed = bool(fn.preprocess)
+    for index, block in gradio_bridge.checked_inputs(gradio_app, fn, data.get("session_hash")).items():
+        if index in values:
             problem = value_problem(block, values[index], preprocessed)
             if problem is not None:
                 return f"{getattr(block, 'label', None) or f'input {index + 1}'} {problem}"
@@ -130,11 +131,13 @@ def files_wanted(block: Block) -> str:
 
 
 def file_type_problem(block: Block, value: object) -> str | None:
-    """A file whose name is not of the types the component takes (gr.File's file_types)."""
+    """A file whose name is not of the types the component takes (gr.File's file_types), by the rule gr.File's
+    preprocessing applies (gradio_client.utils.is_valid_file, 6.31): a PDF sent where images go raised there, a
+    traceback and a 500."""
     types: list[str] = getattr(block, "file_types", None) or []
     items = value if isinstance(value, list) else [value]
     names: list[str] = [item["path"] for item in items if isinstance(item, dict) and isinstance(item.get("path"), str)]
-    wrong = [name for name in names if types and not gradio_bridge.file_type_ok(name, types)]
+    wrong = [name for name in names if types and not is_valid_file(name, types)]
     if not wrong:
         return None
     return f"takes {', '.join(types)} files only, got {shown(os.path.basename(wrong[0]))}"

@@ -39,22 +39,27 @@ def redact_paths(text: str) -> str:
     return _PATH.sub("<path>", text)
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Engine messages become gr.Error; anything unexpected is logged and told without details.
+def user_message(error: Exception, where: str) -> str:
+    """What a user reads of an error caught in `where` (call it in the `except`): anything unexpected is logged and
+    told without details.
 
     A ValueError is the engine refusing a request: it quotes the user's own values, which stay readable as sent.
     An EngineError is a server-side failure: server paths in it (a compiler's temp files) are redacted.
     """
+    if isinstance(error, ValueError):
+        return str(error)
+    if isinstance(error, EngineError):
+        return redact_paths(str(error))
+    logger.exception("unexpected error in %s", where)
+    return "the server failed unexpectedly; the details are in the server log"
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A UI handler's errors become gr.Error, in user_message's words."""
     try:
         yield
     except gr.Error:
         raise
     except Exception as error:
-        if isinstance(error, ValueError):
-            raise gr.Error(str(error), print_exception=False) from None
-        if isinstance(error, EngineError):
-            raise gr.Error(redact_paths(str(error)), print_exception=False) from None
-        logger.exception("unexpected error in a UI handler")
-        message = "the server failed unexpectedly; the details are in the server log"
-        raise gr.Error(message, print_exception=False) from None
+        raise gr.Error(user_message(error, "a UI handler"), print_exception=False) from None

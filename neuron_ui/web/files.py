@@ -220,4 +220,3 @@ def private_file_folder(environ: MutableMapping[str, str] = os.environ) -> Path:
     environ["GRADIO_TEMP_DIR"] = str(folder)
     environ["GRADIO_EXAMPLES_CACHE"] = str(folder / "examples")
     return folder
-

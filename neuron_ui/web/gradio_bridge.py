@@ -58,6 +58,7 @@ def current_event() -> tuple[str | None, str | None]:
     return getattr(request, "session_hash", None), LocalContext.event_id.get(None)
 
 
+@functools.lru_cache(maxsize=256)  # found once per function: every call the gate checks asks
 def file_inputs(fn: BlockFunction) -> frozenset[int]:
     """Which inputs of a demo function take files, by position. A component takes files when its API schema holds a
     FileData (gradio_client's value_is_file, as the client decides to upload)."""
@@ -121,11 +122,6 @@ def arity_problem(fn: BlockFunction, count: int) -> str | None:
         return None
     names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
     return f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {count}"
-
-
-def runs_on_device(fn: BlockFunction) -> bool:
-    """Whether the function's events wait for the device: its concurrency group (BlockFunction.concurrency_id)."""
-    return fn.concurrency_id == DEVICE
 
 
 NO_FUNCTION = -1  # a fn_index no task is named after
@@ -221,26 +217,17 @@ def serve_in_place(folder: Path) -> None:
         gr.set_static_paths([folder])
 
 
-def session_inputs(gradio_app: App, fn: BlockFunction, session: object) -> list[Any]:
-    """The function's input components as Gradio preprocesses them for this session: the session's own copy where an
-    event updated one (its choices, say), else the demo's. Gradio 6.31 (blocks.py, Blocks.preprocess_data): `if
+def checked_inputs(gradio_app: App, fn: BlockFunction, session: object) -> dict[int, Any]:
+    """The function's input components the value checks read, by position, as Gradio preprocesses them for this
+    session: the session's own copy where an event updated one (its choices, say), else the demo's. Left out: the
+    stateful ones, and those whose value comes wrapped with the component's props ({"value": ..., ...}: BlockFunction.
+    component_prop_inputs), which the checks leave to Gradio. Gradio 6.31 (blocks.py, Blocks.preprocess_data): `if
     block._id in state: block = state[block._id]`, the state from App.state_holder.session_data by session hash; an
     unknown session is not created here."""
     state = gradio_app.state_holder.session_data.get(session) if isinstance(session, str) else None
-    return [state[block._id] if state is not None and not block.stateful and block._id in state else block
-            for block in fn.inputs]
-
-
-def prop_inputs(fn: BlockFunction) -> frozenset[int]:
-    """Inputs whose value comes wrapped with the component's props ({"value": ..., ...}: BlockFunction.
-    component_prop_inputs, 6.31): the value checks leave them to Gradio."""
-    return frozenset(fn.component_prop_inputs or ())
-
-
-def runs_preprocess(fn: BlockFunction) -> bool:
-    """Whether Gradio preprocesses the function's values with its components (BlockFunction.preprocess); the named
-    API's handlers take them raw (preprocess=False) and check them in their own words."""
-    return bool(fn.preprocess)
+    wrapped = fn.component_prop_inputs or ()
+    return {index: state[block._id] if state is not None and block._id in state else block
+            for index, block in enumerate(fn.inputs) if index not in wrapped and not block.stateful}
 
 
 def parameter_names(fn: BlockFunction) -> list[str]:
@@ -286,11 +273,3 @@ def _paths_named(item: object) -> bool:
         elif isinstance(item, dict):
             stack.extend(item.values())
     return True
-
-
-def file_type_ok(name: str, file_types: list[str]) -> bool:
-    """Whether a file's name fits a component's file_types, by the rule gr.File's preprocessing applies
-    (gradio_client.utils.is_valid_file, 6.31): a PDF sent where images go raised there, a traceback and a 500."""
-    from gradio_client.utils import is_valid_file
-
-    return is_valid_file(name, file_types)

@@ -4,10 +4,10 @@ Gradio writes every upload (POST /gradio_api/upload: gradio_client's handle_file
 the image editor) into its upload folder, here the app's private folder (files.py, private_file_folder), as
 `<sha256>/<name>` with the multipart parser's temporary `tmp*` file beside it, and keeps it until the process exits:
 40 x 25 MB uploads once added 1 GB in 5 s. The gate asks `admit` before each upload reaches Gradio: its declared
-length must fit in what is left of the budget, or it is refused in one line, unread. A sweep every SWEEP_SECONDS
-(and before any refusal) removes uploads unused for `retention` seconds (a request that names one restarts its
-clock: contract/files.py, StoredFiles.use) and counts what is left, each file at least FILE_COST bytes, so a
-thousand tiny files cost what they take on disk.
+length must fit in what is left of the budget, or it is refused in one line, unread. A sweep at each
+housekeeping (web/gradio_mount.py, every 30 s) and before any refusal removes uploads unused for `retention` seconds
+(a request that names one restarts its clock: contract/files.py, StoredFiles.use) and counts what is left, each file
+at least FILE_COST bytes, so a thousand tiny files cost what they take on disk.
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ logger = logging.getLogger(__name__)
 UPLOAD_FOLDER = re.compile(r"[0-9a-f]{64}")  # Gradio's <sha256 of the bytes>/ folder of one upload
 PARSER_TEMP = re.compile(r"tmp\w+")  # a multipart parser's file, left behind when its client went away
 FILE_COST = 8192  # the least one file is counted for: a block for its data and one for its folder
-SWEEP_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
 class UploadRefusal:
-    """Why an upload is refused, in one line, and its kind: "length" (no Content-Length), "too_large" (more than
-    the whole budget) or "full" (no room now; a few minutes frees some)."""
+    """Why an upload is refused, in one line, and its HTTP status: 411 (no Content-Length), 413 (more than the whole
+    budget) or 507 (no room now; a few minutes frees some)."""
 
-    kind: str
+    status: int
     message: str
 
 
@@ -51,8 +50,6 @@ class UploadFolder:
         self._counted = 0  # on disk at the last sweep
         self._since = 0  # admitted and finished since the last sweep (their files are on disk, uncounted)
         self._in_flight = 0  # admitted, still arriving
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def used(self) -> int:
@@ -68,9 +65,9 @@ class UploadFolder:
         from a thread, not the event loop."""
         limit = f"{self.budget / 2**20:g} MB"
         if length is None:
-            return UploadRefusal("length", "an upload must say its size (a Content-Length header)")
+            return UploadRefusal(411, "an upload must say its size (a Content-Length header)")
         if length > self.budget:
-            return UploadRefusal("too_large", f"this upload is {length / 2**20:.1f} MB; uploads may take {limit} "
+            return UploadRefusal(413, f"this upload is {length / 2**20:.1f} MB; uploads may take {limit} "
                                  "in all")
         with self._lock:
             fits = self.used + length <= self.budget
@@ -79,7 +76,7 @@ class UploadFolder:
         with self._lock:
             if self.used + length > self.budget:
                 minutes = max(1, round(self.retention / 60))
-                return UploadRefusal("full", f"the server's {limit} for uploads is full (each is kept {minutes} min "
+                return UploadRefusal(507, f"the server's {limit} for uploads is full (each is kept {minutes} min "
                                      "after its last use); try again in a few minutes")
             self._in_flight += length
         return None
@@ -91,10 +88,20 @@ class UploadFolder:
             self._since += length + files * FILE_COST
 
     def sweep(self) -> None:
-        """Remove the uploads unused for `retention` seconds, and count the rest."""
+        """Remove the uploads unused for `retention` seconds, and count the rest: the files in Gradio's upload folders,
+        and the parsers' leftovers."""
         deadline = self.clock() - self.retention
         total = removed = 0
-        folders, files = self._uploaded()
+        folders: list[str] = []
+        files: list[str] = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.root):
+                if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                    with contextlib.suppress(OSError):
+                        files.extend(item.path for item in os.scandir(entry.path))
+                elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    files.append(entry.path)
         for path in files:
             try:
                 info = os.lstat(path)
@@ -113,36 +120,3 @@ class UploadFolder:
         if removed:
             logger.info("removed %d uploads unused for %.0f s; %.1f MB of uploads kept", removed, self.retention,
                         total / 2**20)
-
-    def _uploaded(self) -> tuple[list[str], list[str]]:
-        """Gradio's upload folders, and their files with the parsers' leftovers."""
-        folders: list[str] = []
-        files: list[str] = []
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.root):
-                if UPLOAD_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
-                    folders.append(entry.path)
-                    with contextlib.suppress(OSError):
-                        files.extend(item.path for item in os.scandir(entry.path))
-                elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                    files.append(entry.path)
-        return folders, files
-
-    # -- the sweeper ---------------------------------------------------------------------------------------
-
-    def start(self) -> UploadFolder:
-        self._thread = threading.Thread(target=self._sweep_every, name="upload-sweeper", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _sweep_every(self) -> None:
-        while not self._stop.wait(min(SWEEP_SECONDS, max(self.retention / 2, 0.05))):
-            try:
-                self.sweep()
-            except Exception:
-                logger.exception("sweeping the uploads failed")
