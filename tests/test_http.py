@@ -236,6 +236,9 @@ HOSTILE = [  # (method, path, JSON body or raw bytes): each was a bare 500, a 50
     ("POST", "/gradio_api/queue/join", lambda s: {"data": [], "fn_index": fn_index(s, "status"), "session_hash": ""}),
     ("GET", "/gradio_api/call/generate/no-such-event", None),
     ("GET", "/gradio_api/queue/data?session_hash=no-such-session", None),
+    # Issue 46: a name past the file system's 255 bytes, a 500 with a traceback from the static files (no login needed)
+    ("GET", "/assets/" + "a" * 300, None),
+    ("GET", "/static/" + "a" * 300 + ".js", None),
 ]
 
 

@@ -64,6 +64,9 @@ def open_without_login(path: str, method: str) -> bool:
     return bare == OWN_LOGIN or (bare == LOGIN_FORM and method == "POST") or read
 
 
+NAME_MAX = 255  # bytes in one file name: Linux's, and most file systems'
+
+
 def check_route(scope: dict, demo: gr.Blocks) -> None:
     """Refusal for a route this app does not serve, or a request naming a page, event or session Gradio does not have
     (Gradio answered a 500 for an unknown page, and began a 200 stream it then broke for an unknown event or
@@ -73,6 +76,8 @@ def check_route(scope: dict, demo: gr.Blocks) -> None:
         raise Refusal(404, "this app's components take no server calls (the image editor sends its images by upload)")
     if method not in ("GET", "HEAD"):
         return
+    if any(len(part.encode()) > NAME_MAX for part in path.split("/")):  # no file is named so: the static files'
+        raise Refusal(404, "Not Found")  # OSError (File name too long) was a 500 with a traceback, before any login
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)  # FastAPI reads the last
     if path == "/" and (unknown := set(query.get("page", [])) - gradio_bridge.page_names(demo)):
         raise Refusal(404, f"there is no page {min(unknown)[:80]!r}")
