@@ -28,7 +28,7 @@ def start() -> dict[str, subprocess.Popen]:
 
 
 def pytest_collection_finish(session):
-    if not os.environ.get("NEURON_UI_TEST_RESULTS") and any(
+    if not os.environ.get("NEURON_UI_TEST_RESULTS") and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0" and any(
             item.path.name == "test_architecture.py" for item in session.items):  # not in an own_process child
         start()
 

@@ -72,8 +72,8 @@ def compiled_here(tmp_path_factory):
     never change it; sharing it pays that compile once per suite."""
     from cold_cache import first_image
 
-    root = tmp_path_factory.mktemp("compiled-here")
-    return root / "cache", first_image(root / "cache", root / "cold.png")
+    root = shared_folder(tmp_path_factory, "compiled-here")
+    return root / "cache", made_once(root, lambda: first_image(root / "cache", root / "cold.png"))
 
 
 @pytest.fixture(scope="session")
@@ -83,8 +83,30 @@ def aot_compiled_here(tmp_path_factory):
     tests/test_styles.py copy or read it, never change it; sharing it pays that compile once per suite."""
     from cold_cache import run_aot_child
 
-    root = tmp_path_factory.mktemp("aot-compiled-here")
-    return root, run_aot_child(root / "cache", root / "cold.png")
+    root = shared_folder(tmp_path_factory, "aot-compiled-here")
+    return root, made_once(root, lambda: run_aot_child(root / "cache", root / "cold.png"))
+
+
+def shared_folder(tmp_path_factory, name: str):
+    """A folder every pytest-xdist worker of this run shares (their base temps' parent), or this run's own."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def made_once(root, make):
+    """`make()`'s report, made by the first worker to ask and read from `root/report.json` by the others (under a
+    file lock): a cold compile is paid once per run, whichever worker needs it first."""
+    import json
+
+    from filelock import FileLock
+
+    with FileLock(root / "made.lock"):
+        report = root / "report.json"
+        if not report.exists():
+            report.write_text(json.dumps(make()))
+        return json.loads(report.read_text())
 
 
 def missing_engine_members(engine) -> list[str]:

@@ -34,8 +34,12 @@ class ModuleInChild:
         self.done = threading.Event()
         self.child: subprocess.Popen | None = None
         self.tail = ""
+        self.shared: str | None = None  # under pytest-xdist: where the worker that runs the child leaves its outcomes
+        self.runs_here = False  # under pytest-xdist: this worker runs the child
 
     def outcome(self, nodeid: str) -> tuple[str, str] | None:
+        if self.shared is not None and not self.runs_here:  # another worker runs the child
+            self._read_shared()
         self.done.wait(CHILD_TIMEOUT + 60)
         return self.outcomes.get(nodeid)
 
@@ -45,7 +49,39 @@ class ModuleInChild:
         except Exception as error:  # the parent reports each test as unreported, with this as the child's output
             self.tail = f"the child pytest could not run: {error!r}"
         finally:
+            if self.shared is not None:
+                import json
+
+                with open(self.shared + ".json", "w") as out:
+                    json.dump({"outcomes": self.outcomes, "tail": self.tail}, out)
+                self.lock().release()
             self.done.set()
+
+    def lock(self):
+        """Held by the worker that runs the child until its outcomes are written (thread_local=False: taken when
+        collection ends, given back by the children's thread)."""
+        from filelock import FileLock
+
+        if not hasattr(self, "_lock"):
+            self._lock = FileLock(self.shared + ".lock", thread_local=False)
+        return self._lock
+
+    def _read_shared(self) -> None:
+        """Wait for the worker that runs the child (its lock), then take the outcomes it wrote."""
+        import json
+        import time
+
+        deadline = time.monotonic() + CHILD_TIMEOUT + 60
+        while time.monotonic() < deadline:
+            with self.lock():
+                if os.path.exists(self.shared + ".json"):
+                    with open(self.shared + ".json") as written:
+                        found = json.load(written)
+                    self.outcomes = {k: tuple(v) for k, v in found["outcomes"].items()}
+                    self.tail = found["tail"]
+                    break
+            time.sleep(1)  # that worker has not taken the lock yet: its collection is still running
+        self.done.set()
 
     def _run(self) -> dict[str, tuple[str, str]]:
         import json
@@ -57,9 +93,11 @@ class ModuleInChild:
             log = os.path.join(folder, "output.txt")
             with open(log, "w") as out:
                 # A session of its own, so a timeout kills the child and what it started (Ray's daemons) together.
+                # One process, no workers of its own (-n 0): the Ray modules share one Ray.
+                env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")} | {CHILD: results}
                 child = self.child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                                          *self.nodeids], cwd=self.rootdir, env={**os.environ, CHILD: results},
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                                       "-n", "0", *self.nodeids], cwd=self.rootdir, env=env,
+                                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
                     child.wait(timeout=CHILD_TIMEOUT)
                 except subprocess.TimeoutExpired:
@@ -128,8 +166,21 @@ def pytest_collection_modifyitems(session, config, items):
             module = modules.setdefault(group, ModuleInChild([], str(config.rootpath)))
             module.nodeids.append(item.nodeid)
             items[index] = InChild.from_parent(item.parent, name=item.name, module=module, original=item)
-    if modules:
-        run_in_background(list(modules.values()))
+    if not modules:
+        return
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: one worker runs the children for all
+        import tempfile
+
+        folder = os.path.join(tempfile.gettempdir(), f"neuron-ui-children-{os.environ['PYTEST_XDIST_TESTRUNUID']}")
+        os.makedirs(folder, exist_ok=True)
+        for index, module in enumerate(modules.values()):
+            module.shared = os.path.join(folder, str(index))
+        if worker != "gw0":
+            return
+        for module in modules.values():
+            module.runs_here = True
+            module.lock().acquire()
+    run_in_background(list(modules.values()))
 
 
 def run_in_background(modules: list[ModuleInChild]) -> None:
