@@ -70,10 +70,8 @@ def compiled_here(tmp_path_factory):
     """A cache folder in which a fresh `python -m neuron_ui generate` made its first 256x256 image with inductor (a
     cold compile), and what it reported (tests/cold_cache.py). The restart, bundle and AOT tests copy or read it,
     never change it; sharing it pays that compile once per suite."""
-    from cold_cache import first_image
-
-    root = shared_folder(tmp_path_factory, "compiled-here")
-    return root / "cache", made_once(root, lambda: first_image(root / "cache", root / "cold.png"))
+    root, report = COLD["compiled_here"](tmp_path_factory)
+    return root / "cache", report
 
 
 @pytest.fixture(scope="session")
@@ -81,10 +79,38 @@ def aot_compiled_here(tmp_path_factory):
     """A folder whose `cache` a fresh process with `--compile aot` compiled its packages into (a cold AOTInductor
     compile, tests/cold_cache.py's AOT_CHILD), its first image `cold.png`, and what it reported. tests/test_aot.py and
     tests/test_styles.py copy or read it, never change it; sharing it pays that compile once per suite."""
+    return COLD["aot_compiled_here"](tmp_path_factory)
+
+
+def _regional(tmp_path_factory):
+    from cold_cache import first_image
+
+    root = shared_folder(tmp_path_factory, "compiled-here")
+    return root, made_once(root, lambda: first_image(root / "cache", root / "cold.png"))
+
+
+def _aot(tmp_path_factory):
     from cold_cache import run_aot_child
 
     root = shared_folder(tmp_path_factory, "aot-compiled-here")
     return root, made_once(root, lambda: run_aot_child(root / "cache", root / "cold.png"))
+
+
+COLD = {"compiled_here": _regional, "aot_compiled_here": _aot}  # fixture name: (folder, report), made once per run
+
+
+def pytest_collection_finish(session):
+    """The cold compiles the collected tests need start now, each in a thread of one worker, beside the suite: the
+    tests that read them later find them made instead of waiting a minute or two each (the fixtures wait on the same
+    file lock). Not in an own_process child, whose parent made them."""
+    if os.environ.get("NEURON_UI_TEST_RESULTS") or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    import threading
+
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    for name, make in COLD.items():
+        if name in wanted:
+            threading.Thread(target=make, args=(session.config._tmp_path_factory,), name=name, daemon=True).start()
 
 
 def shared_folder(tmp_path_factory, name: str):
@@ -96,13 +122,13 @@ def shared_folder(tmp_path_factory, name: str):
 
 
 def made_once(root, make):
-    """`make()`'s report, made by the first worker to ask and read from `root/report.json` by the others (under a
-    file lock): a cold compile is paid once per run, whichever worker needs it first."""
+    """`make()`'s report, made by the first worker (or thread) to ask and read from `root/report.json` by the others
+    (under a file lock): a cold compile is paid once per run, whichever asks first."""
     import json
 
     from filelock import FileLock
 
-    with FileLock(root / "made.lock"):
+    with FileLock(root / "made.lock", thread_local=False, is_singleton=False):
         report = root / "report.json"
         if not report.exists():
             report.write_text(json.dumps(make()))
