@@ -29,8 +29,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,35 +143,29 @@ def fail(error: object) -> int:
     return 2
 
 
-@contextmanager
-def opened(settings: Settings, load: Callable[[Settings], EngineLike] | None) -> Iterator[Studio]:
-    """A studio over the engine the app would serve, stopped after the command (Ray's replicas with it); an engine
-    a test hands in (`load`) is its own to stop."""
+def make(args: argparse.Namespace, settings: Settings,
+         load: Callable[[Settings], EngineLike] | None) -> tuple[GenerateResult | GridResult | ABFiles, Info]:
+    """What `generate`, `grid` or `ab` writes at --out, and its info; `ab` with two PNGs made here compares them from
+    their parameters, making nothing. The engine is the one the app would serve, stopped after the command (Ray's
+    replicas with it); an engine a test hands in (`load`) is its own to stop."""
+    if args.command == "ab" and args.images:
+        from neuron_ui.studio.ab_sheet import compare_files
+
+        compared = compare_files(Path(args.images[0]), Path(args.images[1]))
+        return compared, compared.info
     from neuron_ui.contract.loading import LoadingState
     from neuron_ui.serving import Loaded, choose_serving
     from neuron_ui.studio.studio import Studio
 
     loaded = choose_serving(settings).load(LoadingState()) if load is None else Loaded(load(settings))
     try:
-        yield Studio(loaded.engine, max_grid_cells=settings.max_grid_cells)
-    finally:
-        loaded.stop()
-
-
-def make(args: argparse.Namespace, settings: Settings,
-         load: Callable[[Settings], EngineLike] | None) -> tuple[GenerateResult | GridResult | ABFiles, Info]:
-    """What `generate`, `grid` or `ab` writes at --out, and its info; `ab` with two PNGs made here compares them from
-    their parameters, making nothing."""
-    if args.command == "ab" and args.images:
-        from neuron_ui.studio.ab_sheet import compare_files
-
-        compared = compare_files(Path(args.images[0]), Path(args.images[1]))
-        return compared, compared.info
-    with opened(settings, load) as studio:
+        studio = Studio(loaded.engine, max_grid_cells=settings.max_grid_cells)
         if args.command == "generate":
             result = generate(args, settings, studio)
             return result, result.info()
         return sheet(args, studio)
+    finally:
+        loaded.stop()
 
 
 def generate(args: argparse.Namespace, settings: Settings, studio: Studio) -> GenerateResult:

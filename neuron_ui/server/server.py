@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import secrets
 import threading
@@ -160,10 +161,8 @@ class Server:
         return self
 
     def _run(self) -> None:
-        try:
+        with contextlib.suppress(SystemExit):  # uvicorn logs why (e.g. the port is taken) and exits; start() reports it
             self._uvicorn.run()
-        except SystemExit:  # uvicorn logs why (e.g. the port is taken) and exits; start() reports it
-            pass
 
     def mount(self, engine: EngineLike, demo: gr.Blocks, stops: SessionStops, timeout: float = 30.0) -> Server:
         """Serve the queued demo at / and start its queue; /healthz turns 200. `stops` is the demo's registry of

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gradio as gr
 
 from neuron_ui.ui.history import HistoryEntry, entry_named, picked  # at run time: Gradio reads the handlers' hints
-from neuron_ui.web.gradio_bridge import Listen
+from neuron_ui.web.gradio_bridge import HIDDEN, TOLD
 
 NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
 ALONE = "Only one image in this session's history: make another, then compare."
@@ -50,7 +50,7 @@ def on_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> 
     return (shown.path, right.path), describe_pair(shown, right)
 
 
-def add_ab_panel(image: gr.Image, history: gr.State, history_gallery: gr.Gallery, hidden: Listen) -> None:
+def add_ab_panel(image: gr.Image, history: gr.State, history_gallery: gr.Gallery) -> None:
     """*Compare (A/B)* under the image, beside the result's other buttons, then the slider and its words, hidden until
     it is clicked; and their events: open, change the right side, close (queue=False: nothing here waits for the
     device)."""
@@ -61,7 +61,6 @@ def add_ab_panel(image: gr.Image, history: gr.State, history_gallery: gr.Gallery
         caption = gr.Markdown(elem_id="ab-caption")
         close = gr.Button("Close the comparison", size="sm", elem_id="ab-close")
     left = gr.State(None)  # the path on the left (A) while the panel is open, else None
-    told: Listen = {**hidden, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
-    opener.click(on_open, [image, history], [left, panel, slider, caption], **told)
-    history_gallery.select(on_pick, [left, history], [slider, caption], **hidden)
-    close.click(lambda: (None, gr.Column(visible=False)), None, [left, panel], **hidden)
+    opener.click(on_open, [image, history], [left, panel, slider, caption], **TOLD)
+    history_gallery.select(on_pick, [left, history], [slider, caption], **HIDDEN)
+    close.click(lambda: (None, gr.Column(visible=False)), None, [left, panel], **HIDDEN)

@@ -17,7 +17,7 @@ from neuron_ui.ui.editing import (
     add_reference_panel,
 )
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
-from neuron_ui.web.gradio_bridge import DEVICE, Listen, Then, device_queue_length, serve_in_place
+from neuron_ui.web.gradio_bridge import DEVICE, HIDDEN, TOLD, Listen, Then, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.named_api import add_named_api
 from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
@@ -68,9 +68,6 @@ def build_demo(engine: EngineLike, settings: Settings,
     # Keyword sets shared by many events.
     on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
     private_on_device: Listen = {**on_device, "api_visibility": "private"}  # the page's own device events
-    hidden: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
-    # gr.Warning reaches the page only when queued
-    told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
         history, seen = gr.State([]), gr.State(None)
         # Rendered under the result; made first for the panels above it that add to the history.
@@ -120,13 +117,13 @@ def build_demo(engine: EngineLike, settings: Settings,
                                 reuse = gr.Button("Reuse last seed", size="sm", elem_id="reuse-seed")
                         guidance = gr.Slider(0, MAX_GUIDANCE, value=status.default_guidance, step=0.1,
                                              label="Guidance", visible=not status.distilled, elem_id="guidance")
-                    ref_files, ref_size, ref_fit = add_reference_panel(editing_handlers, hidden)
+                    ref_files, ref_size, ref_fit = add_reference_panel(editing_handlers)
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
                         editor, editor_sent, holds, strength, inpaint = add_inpaint_tab()
                     compared = add_compare_panel(
                         CompareHandlers(handlers.studio, handlers.held, not handlers.distilled),
                         [loaded["name"] for loaded in status.styles], [prompt, resolution], history, history_gallery,
-                        session, demo, private_on_device, hidden)
+                        session, demo, private_on_device)
                     lines = PROMPTS.read_text(encoding="utf-8").splitlines() if PROMPTS.is_file() else []
                     examples = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
                     if examples:
@@ -138,7 +135,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                 with gr.Row():  # under the result: take it into the next edit
                     use_result = gr.Button("Use as reference", size="sm", elem_id="use-as-reference")
                     edit_result = gr.Button("Edit this image", size="sm", elem_id="edit-image")
-                add_ab_panel(image, history, history_gallery, hidden)
+                add_ab_panel(image, history, history_gallery)
                 layout_hint = gr.Markdown(elem_id="layout-hint")
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
@@ -151,7 +148,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         timer = gr.Timer(REFRESH_SECONDS)
 
         refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],
-                         "outputs": [table, activity, resolution, hint, now, seen], **hidden}
+                         "outputs": [table, activity, resolution, hint, now, seen], **HIDDEN}
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [ref_files, ref_size, ref_fit]
         made = [image, info, seed, history, history_gallery]
@@ -165,33 +162,33 @@ def build_demo(engine: EngineLike, settings: Settings,
             [image, info, seed, variations, history, history_gallery],
             show_progress_on=[image, variations], **private_on_device)
         warmup.click(handlers.on_warmup, [resolution, session], [hint], **private_on_device).then(**refresh)
-        resolution.change(handlers.on_resolution, [resolution], [hint], **hidden)
-        seed.input(handlers.on_seed_typed, [seed], [randomize], **hidden)
-        prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **hidden)
+        resolution.change(handlers.on_resolution, [resolution], [hint], **HIDDEN)
+        seed.input(handlers.on_seed_typed, [seed], [randomize], **HIDDEN)
+        prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **HIDDEN)
         timer.tick(**refresh)
         # A reload or a new tab: the form, the history and any image finished meanwhile come back.
         collect = gr.Timer(REFRESH_SECONDS, active=False)
         demo.load(handlers.session.on_restore, [session],
-                  [session, *form, history, history_gallery, image, info, collect], **hidden).then(**refresh)
+                  [session, *form, history, history_gallery, image, info, collect], **HIDDEN).then(**refresh)
         demo.load(None, js=PAGE_SCRIPT)
-        collect.tick(handlers.session.on_collect, [session, history], [*made, collect], **hidden)
+        collect.tick(handlers.session.on_collect, [session, history], [*made, collect], **HIDDEN)
         changes = [prompt.change, resolution.change, steps.change, seed.change, randomize.change, guidance.change,
                    history.change]
         gr.on(changes, handlers.session.on_save, [session, *form, history], [session],
-              trigger_mode="always_last", **hidden)
+              trigger_mode="always_last", **HIDDEN)
         history_gallery.select(handlers.on_select, [history], [prompt, resolution, steps, seed, randomize, image, info,
                                                                *ref_inputs, editor, strength, holds],
-                               show_progress_on=[image], **hidden)
-        wire_style_controls(StyleHandlers(engine), style, style_strength, history_gallery, history, demo, hidden)
-        reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **told)
+                               show_progress_on=[image], **HIDDEN)
+        wire_style_controls(StyleHandlers(engine), style, style_strength, history_gallery, history, demo)
+        reuse.click(handlers.on_reuse_seed, [history, image], [seed, randomize], **TOLD)
         layout_inputs = [resolution, ref_files, ref_size, holds]
         gr.on([ref_files.change, ref_size.change, resolution.change, generate.click, holds.change, inpaint.click],
-              editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **hidden)
-        use_result.click(editing_handlers.on_use_as_reference, [image, ref_files], ref_files, **told)
+              editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **HIDDEN)
+        use_result.click(editing_handlers.on_use_as_reference, [image, ref_files], ref_files, **TOLD)
         # The editor is read (its files uploaded) by Inpaint's page-only first step alone; no event shows progress on
         # it or updates its panel, or Gradio uploads its files again at every event's status (editing.add_inpaint_tab).
         edit_result.click(editing_handlers.on_edit_image, [image], [editor, holds], js=EDIT_SCRIPT,
-                          show_progress_on=[image], **told)
+                          show_progress_on=[image], **TOLD)
         inpainted = inpaint.click(None, editor, editor_sent, js=INPAINT_SCRIPT, queue=False,
                                   api_visibility="private").success(
             handlers.on_inpaint,
@@ -202,14 +199,14 @@ def build_demo(engine: EngineLike, settings: Settings,
         )
         # Stop: the engine stops this session's image at the next step (cancels= alone leaves the thread running); a
         # notice says what Stop did, the line under the image the reason (on_failed).
-        stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **told)
+        stop.click(handlers.on_stop, None, None, cancels=[generated, varied, inpainted, compared], **TOLD)
         # After a request: the status refreshes, a failure's line under the image says why (on_failed), and once the
         # request has ended the layout hint says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
             ended.then(**refresh)
-            ended.failure(handlers.on_failed, [session], [info], **hidden)
-            ended.then(handlers.on_settled, [session], None, **hidden).then(
-                editing_handlers.on_layout, layout_inputs, layout_hint, **hidden)
+            ended.failure(handlers.on_failed, [session], [info], **HIDDEN)
+            ended.then(handlers.on_settled, [session], None, **HIDDEN).then(
+                editing_handlers.on_layout, layout_inputs, layout_hint, **HIDDEN)
 
         # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         add_named_api(handlers.api, on_device)

@@ -18,7 +18,7 @@ from neuron_ui.ui.styles import describe_style
 from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, current_visitor
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
-from neuron_ui.web.gradio_bridge import Listen, current_event
+from neuron_ui.web.gradio_bridge import HIDDEN, TOLD, Listen, current_event
 from neuron_ui.web.progress import ProgressReporter
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def owner(session: BrowserSession | None) -> str:
 
 def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[gr.Textbox | gr.Dropdown],
                       history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks,
-                      on_device: Listen, hidden: Listen) -> Dependency:
+                      on_device: Listen) -> Dependency:
     """The panel (inside the form's column; the prompt and size are the form's own) and its events; returns the grid's
     event (the form's Stop cancels it, which stops the grid too). `form`: prompt, resolution; `on_device`: the page's
     private events' keywords for the device."""
@@ -222,23 +222,22 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
         timer = gr.Timer(REFRESH_SECONDS, active=False)
     axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(kinds, values) for part in pair]
     gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], plan, trigger_mode="always_last",
-          **hidden)
+          **HIDDEN)
     for kind, value in zip(kinds, values):
-        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, value, **hidden)
+        kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, value, **HIDDEN)
     shown = [image, line]
     made = make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[image], **on_device)
     # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
     # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
-    loaded = demo.load(handlers.on_restore, [session], [*shown, timer], **hidden)
+    loaded = demo.load(handlers.on_restore, [session], [*shown, timer], **HIDDEN)
     followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
     watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[image],
                           api_visibility="private", queue=True, concurrency_limit=None)
     # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
-    made.then(handlers.on_cells, [session, history], [history, gallery], **hidden)
-    watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **hidden)
+    made.then(handlers.on_cells, [session, history], [history, gallery], **HIDDEN)
+    watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **HIDDEN)
     for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
-        event.failure(lambda: gr.Timer(active=True), None, timer, **hidden)
-    told: Listen = {**hidden, "queue": True, "concurrency_limit": None}
-    stop.click(handlers.on_stop, [session], None, **told)
-    timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **hidden)
+        event.failure(lambda: gr.Timer(active=True), None, timer, **HIDDEN)
+    stop.click(handlers.on_stop, [session], None, **TOLD)
+    timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **HIDDEN)
     return made

@@ -19,7 +19,7 @@ from neuron_ui.contract import references as refs
 from neuron_ui.images.decode import decoded, on_decoder
 from neuron_ui.ui.words import describe_size
 from neuron_ui.web.errors import user_errors
-from neuron_ui.web.gradio_bridge import Listen
+from neuron_ui.web.gradio_bridge import HIDDEN
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -38,11 +38,8 @@ def file_path(value: object, stored: StoredFiles) -> str | None:
 
 
 def file_paths(values: object, stored: StoredFiles) -> list[str]:
-    if values is None:
-        return []
-    if not isinstance(values, (list, tuple)):
-        values = [values]
-    return [p for p in (file_path(v, stored) for v in values) if p]
+    items = values if isinstance(values, (list, tuple)) else [] if values is None else [values]
+    return [p for p in (file_path(v, stored) for v in items) if p]
 
 
 @on_decoder
@@ -125,7 +122,7 @@ class EditingHandlers:
         return {"background": image, "layers": [], "composite": image}, True
 
 
-def add_reference_panel(handlers: EditingHandlers, hidden: Listen) -> tuple[gr.File, gr.Dropdown, gr.Radio]:
+def add_reference_panel(handlers: EditingHandlers) -> tuple[gr.File, gr.Dropdown, gr.Radio]:
     """Reference uploads, their size and fit, and the previews of what the model sees, which follow them."""
     engine = handlers.engine
     sizes = [str(s) for s in engine.reference_sizes]
@@ -139,7 +136,7 @@ def add_reference_panel(handlers: EditingHandlers, hidden: Listen) -> tuple[gr.F
                            info="crop: fill, cut the centre · pad: keep all, black bars")
         previews = gr.Gallery(label="What the model sees", columns=4, height=160, allow_preview=False,
                               elem_id="reference-previews")
-    gr.on([files.change, size.change, fit.change], handlers.on_preview, [files, size, fit], previews, **hidden)
+    gr.on([files.change, size.change, fit.change], handlers.on_preview, [files, size, fit], previews, **HIDDEN)
     return files, size, fit
 
 

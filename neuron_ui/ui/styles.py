@@ -14,7 +14,7 @@ import gradio as gr
 from neuron_ui.contract.requests import MAX_LORA_SCALE, NO_STYLE, STYLE_SCALE
 # At run time, not only for the checker: Gradio reads on_select's annotations to find its gr.SelectData parameter.
 from neuron_ui.ui.history import HistoryEntry, picked
-from neuron_ui.web.gradio_bridge import Listen
+from neuron_ui.web.gradio_bridge import HIDDEN
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -95,11 +95,11 @@ def add_style_controls(engine: EngineLike) -> tuple[gr.Dropdown, gr.Slider]:
 
 
 def wire_style_controls(handlers: StyleHandlers, style: gr.Dropdown, strength: gr.Slider, history_gallery: gr.Gallery,
-                        history: gr.State, demo: gr.Blocks, hidden: Listen) -> None:
+                        history: gr.State, demo: gr.Blocks) -> None:
     """Picking a style, restoring one from the history, and keeping the choice in the browser."""
     state = gr.BrowserState({}, storage_key=STORAGE_KEY)
-    style.input(handlers.on_style, [style], [strength], **hidden)
-    history_gallery.select(handlers.on_select, [history], [style, strength], **hidden)
-    demo.load(handlers.on_restore, [state], [style, strength], **hidden)
+    style.input(handlers.on_style, [style], [strength], **HIDDEN)
+    history_gallery.select(handlers.on_select, [history], [style, strength], **HIDDEN)
+    demo.load(handlers.on_restore, [state], [style, strength], **HIDDEN)
     gr.on([style.change, strength.change], handlers.on_save, [style, strength], [state], trigger_mode="always_last",
-          **hidden)
+          **HIDDEN)

@@ -58,9 +58,7 @@ class ImageStore:
     """
 
     def __init__(self, folder: Path | None = None, keep: int = 512, served: Path | None = None, spill: bool = False):
-        if folder is None:
-            folder = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
-        self.folder = Path(folder)
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.served = Path(served) if served is not None else self.folder
         self.keep = keep
@@ -158,9 +156,7 @@ class PreviewFiles:
     image a handler yields would otherwise go into Gradio's cache, one file per step of every image, never removed."""
 
     def __init__(self, folder: Path | None = None, keep: int = KEEP_PREVIEWS):
-        if folder is None:
-            folder = Path(tempfile.mkdtemp(prefix="previews-", dir=private_file_folder()))
-        self.folder = Path(folder)
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="previews-", dir=private_file_folder()))
         self.keep = keep
         self._saved: collections.deque[Path] = collections.deque()
         self._lock = threading.Lock()

@@ -46,6 +46,10 @@ class Then(Listen):
     outputs: list[Component]
 
 
+HIDDEN: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}  # the page's quick events
+TOLD: Listen = {**HIDDEN, "queue": True, "concurrency_limit": None}  # gr.Warning reaches the page only when queued
+
+
 def current_event() -> tuple[str | None, str | None]:
     """The Gradio session and event this handler runs for (None, None outside an event).
 

@@ -103,15 +103,13 @@ class UploadFolder:
                 elif PARSER_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                     files.append(entry.path)
         for path in files:
-            try:
+            with contextlib.suppress(OSError):
                 info = os.lstat(path)
                 if info.st_mtime < deadline:
                     os.unlink(path)
                     removed += 1
                 else:
                     total += max(info.st_size, FILE_COST)
-            except OSError:
-                pass
         for folder in folders:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only once empty
