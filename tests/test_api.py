@@ -130,7 +130,7 @@ def test_only_the_named_endpoints_are_public(server):
 
 def test_warmup_flag_compiles_in_the_background(tmp_path):
     with served(tmp_path / "cache", "--warmup", "512x512") as (engine, url):
-        assert engine.wait_for_warmup(timeout=TIMEOUT)
+        wait_until(lambda: not engine.status().warmup_queue, "the warm-up list is done", timeout=TIMEOUT)
         client = connect(url, tmp_path)
         shapes = {s["resolution"]: s for s in call(client, api_name="/status")["shapes"]}
         client.close()

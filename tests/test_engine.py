@@ -297,7 +297,7 @@ def test_warmup_runs_in_the_background_and_reports_progress(make_engine):
     status = engine.status()
     assert status.warmup_queue == ["256x256", "256x272"]
     assert status.shape("256x272").warmup_queued and status.warmup_seconds_left > 0
-    assert engine.wait_for_warmup(timeout=120)
+    wait_until(lambda: not engine.status().warmup_queue, "the warm-up list is done", timeout=120)
     status = engine.status()
     assert status.warmup_queue == [] and ready(engine, ["256x256", "256x272"]) == ["256x256", "256x272"]
     assert gen(engine, "256x272").cache_event == "memory_hit"
@@ -315,7 +315,7 @@ def test_a_user_waits_for_at_most_the_compilation_in_progress(make_engine):
     result = gen(engine, "256x304", steps=1)
     assert result.cache_event == "compiled"
     assert "256x288" not in ready(engine, listed)
-    assert engine.wait_for_warmup(timeout=120)
+    wait_until(lambda: not engine.status().warmup_queue, "the warm-up list is done", timeout=120)
     assert ready(engine, listed) == listed
 
 
@@ -348,7 +348,7 @@ def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
                           compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
     status = engine.status()
     assert (status.distilled, status.default_steps, status.default_guidance) == (False, 50, 4.0)
-    valid = engine.runner.validate(GenerateRequest("a cat", "256x256", seed=1), engine.layout("256x256"))
+    valid = engine.runner.prepare(GenerateRequest("a cat", "256x256", seed=1), engine.layout("256x256")).valid
     assert (valid.steps, valid.guidance) == (50, 4.0)
 
 
@@ -422,7 +422,8 @@ def test_each_number_field_is_one_range_check_and_the_ui_asks_the_same():
 
 
 def test_the_engine_and_a_follower_derive_one_compile_key_and_layouts(checking_engine):
-    from neuron_ui.engine.setup import compile_plan
+    from neuron_ui.compile.key import CompileKey
+    from neuron_ui.contract.layouts import Layouts
 
-    key, layouts = compile_plan("tiny", "regional", "eager", "float32", 1, checking_engine.presets)
-    assert key == checking_engine.runner.key and layouts.all() == checking_engine.allowed.all()
+    key = CompileKey.current("tiny", "regional", "eager", "float32", 1)
+    assert key == checking_engine.runner.key and Layouts(checking_engine.presets).all() == checking_engine.allowed.all()

@@ -43,7 +43,7 @@ def test_a_call_is_made_for_its_asker_and_saved():
     assert (engine.calls[0].visitor, engine.calls[0].preview) == ("browser:v", False)  # visitors take turns
     assert engine.tokens[0].event_id == "event-1" and admitted == [True] and [u.message for u in bar] == ["step 1/1"]
     assert made.path == "/images/1.png" and store.saved == [made.result]
-    assert studio.stops.running("session-1") == 0  # tracked only while it runs
+    assert studio.stops.stop("session-1") == []  # tracked only while it runs
     assert Studio(Recorder()).generate(GenerateRequest(PROMPT, "256x256")).path is None  # no store: nothing saved
 
 

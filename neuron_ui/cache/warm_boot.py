@@ -55,15 +55,6 @@ def kept_path(cache: CachePaths, sha256: str) -> Path:
 
 
 @contextmanager
-def bundle_lock(cache: CachePaths) -> Iterator[None]:
-    """One importer per cache folder; released when the file closes, or by the kernel if the process dies."""
-    (cache.root / "locks").mkdir(parents=True, exist_ok=True)
-    with open(cache.root / "locks" / "bundle-import.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-@contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """SIGTERM ends an import as Ctrl-C does, by an exception, so its staging goes with it, where no handler is set
     (`cache import`; the app has its own, which unwinds while loading). Its default would end the process where it
@@ -114,7 +105,10 @@ def import_bundles(cache: CachePaths, key: CompileKey, bundles: tuple[str, ...],
                    policy: FetchPolicy | None = None, loading: LoadingState | None = None) -> list[BundleOutcome]:
     """Import each bundle that matches `key`, in order, under the folder's lock; `pins[i]` pins `bundles[i]`."""
     pins, policy = pins or ("",) * len(bundles), policy or FetchPolicy()
-    with sigterm_unwinds(), bundle_lock(cache):
+    (cache.root / "locks").mkdir(parents=True, exist_ok=True)
+    with sigterm_unwinds(), open(cache.root / "locks" / "bundle-import.lock", "w") as lock:
+        # one importer per cache folder; released when the file closes, or by the kernel if the process dies
+        fcntl.flock(lock, fcntl.LOCK_EX)
         return [_import_one(cache, key, text, pin, policy, loading) for text, pin in zip(bundles, pins)]
 
 

@@ -160,7 +160,3 @@ class SessionStops:
             tokens = [t for t in self._tokens.get(session, []) if event_id is None or t.event_id == event_id]
         return [token.stop(reason) for token in tokens
                 if not (reason == StopReason.DISCONNECTED and token.phase == Phase.COMPILING)]
-
-    def running(self, session: str | None) -> int:
-        with self._lock:
-            return len(self._tokens.get(session or "", []))

@@ -37,11 +37,6 @@ REPORT_SECONDS = 1.0  # how often a waiting user hears how long is left
 OnWait = Callable[[list["Layout | None"], int], None]
 
 
-def own_queue_full(limit: int) -> str:
-    return (f"your own queue is full: {limit} of your requests are already waiting (at most {limit} per visitor); "
-            "ask again once one has started")
-
-
 class DeviceQueue:
     def __init__(self, max_per_visitor: int | None = None, slots: int = 1) -> None:
         self._cond = threading.Condition()
@@ -79,8 +74,10 @@ class DeviceQueue:
         """Hold the device for a user's request when its visitor's turn comes; a stop leaves the queue. A visitor
         with `max_per_visitor` requests waiting is refused at once (EngineError, kind "visitor_queue_full")."""
         with self._cond:
-            if self.max_per_visitor and self._turns.waiting_for(visitor) >= self.max_per_visitor:
-                raise EngineError(own_queue_full(self.max_per_visitor), kind=ErrorKind.VISITOR_QUEUE_FULL)
+            if (limit := self.max_per_visitor) and self._turns.waiting_for(visitor) >= limit:
+                raise EngineError(f"your own queue is full: {limit} of your requests are already waiting (at most "
+                                  f"{limit} per visitor); ask again once one has started",
+                                  kind=ErrorKind.VISITOR_QUEUE_FULL)
             ticket = self._turns.join(job, visitor)
         forget = stop.listen(self._wake) if stop is not None else (lambda: None)
         try:

@@ -66,13 +66,6 @@ class WarmupList:
         with self._lock:
             return list(self._items)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once the list is done (for tests and for scripts that want a warm server)."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-        return thread is None or not thread.is_alive()
-
     def _run(self) -> None:
         go_on = True
         while go_on:
@@ -114,8 +107,7 @@ class Engine(Generic[Job]):
     @staticmethod
     def from_settings(settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
                       wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine[LocalJob]:
-        """Detect the device, load the model (sharded over `group` under torchrun), set up compilation;
-        `wrap_runner` wraps the pipeline runner (rank 0's LeaderRunner under torchrun)."""
+        """The front of LocalRunner.from_settings (`wrap_runner`: its `wrap`, rank 0's LeaderRunner under torchrun)."""
         from neuron_ui.engine.local import LocalRunner
 
         return Engine(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
@@ -187,10 +179,6 @@ class Engine(Generic[Job]):
     def start_warmup(self, resolutions: list[str]) -> None:
         """Compile these presets in the background; any user request goes first."""
         self._warmups.add([self.layout(r) for r in resolutions])
-
-    def wait_for_warmup(self, timeout: float | None = None) -> bool:
-        """True once the warm-up list is done (for tests and for scripts that want a warm server)."""
-        return self._warmups.wait(timeout)
 
     def _warm_one(self, layout: Layout) -> bool:
         """One preset of the warm-up list, when the device is free of users; False once shutting down."""

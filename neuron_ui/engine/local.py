@@ -18,16 +18,17 @@ from PIL import Image
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import classify_event, read_counters
 from neuron_ui.compile.folder import CompileFolder
+from neuron_ui.compile.key import CompileKey
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
-from neuron_ui.contract.layouts import Layout
+from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, validate_request
 from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.graphs import GraphBook
-from neuron_ui.engine.setup import compile_plan, load_for, prepare_pipeline, warmup_call
+from neuron_ui.engine.setup import load_for, prepare_pipeline, warmup_call
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.preview import StepPreviews
 from neuron_ui.model.runner import PipelineCall, PipelineRunner, step_callback, steps_run
@@ -86,8 +87,10 @@ class LocalRunner:
         self.device, self.dtype, self.compile_mode, self.backend = device, dtype, compile_mode, backend
         self.observers = Observers()
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
-        self.key, self.allowed = compile_plan(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."),
-                                              tp_degree, presets, reference_sizes, max_references)
+        # What changes the compiled graph, and the layouts a request may make: derived here alike for rank 0 and every
+        # tensor-parallel follower (each builds its LocalRunner), so their graphs match.
+        self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree)
+        self.allowed = Layouts(presets, reference_sizes, max_references)
         self.manifest = manifest if manifest is not None else CacheManifest(cache.manifest, error=cache.problem) \
             if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
         self.compile_folder = compile_folder or CompileFolder(cache)
@@ -126,20 +129,13 @@ class LocalRunner:
 
     def prepare(self, request: GenerateRequest, layout: Layout) -> LocalJob:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
-        return LocalJob(self.validate(request, layout), request.preview and self.previews)
-
-    def validate(self, request: GenerateRequest, layout: Layout) -> ValidRequest:
-        return validate_request(request, layout, default_steps=self.default_steps,
-                                default_guidance=self.default_guidance, styles=self.styles.defaults)
+        valid = validate_request(request, layout, default_steps=self.default_steps,
+                                 default_guidance=self.default_guidance, styles=self.styles.defaults)
+        return LocalJob(valid, request.preview and self.previews)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
         """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
         return count_prompt_tokens(self.pipe.tokenizer, text)
-
-    def guidance_applied(self, guidance: float) -> float | None:
-        """The guidance scale diffusers applies, recorded in place of the one asked for: Flux2KleinPipeline (0.42.1)
-        ignores it for a step-distilled model and guides (`do_classifier_free_guidance`) only above 1; else None."""
-        return None if self.loaded.distilled or guidance <= 1.0 else guidance
 
     def make(self, job: LocalJob, layout: Layout, report: ProgressFn, stop: StopToken,
              watch: DeviceWatch) -> GenerateResult:
@@ -175,7 +171,9 @@ class LocalRunner:
             resolution=str(valid.resolution),
             steps=valid.steps,
             seed=valid.seed,
-            guidance=self.guidance_applied(valid.guidance),
+            # the guidance scale diffusers applies, not the one asked for: Flux2KleinPipeline (0.42.1) ignores it for a
+            # step-distilled model and guides (`do_classifier_free_guidance`) only above 1; else None
+            guidance=None if self.loaded.distilled or valid.guidance <= 1.0 else valid.guidance,
             model=self.loaded.name,
             cache_event=event,
             compile_seconds=round(compile_seconds, 3),

@@ -15,7 +15,6 @@ from neuron_ui.compile.strategies import backend_name, compile_transformer, rais
 from neuron_ui.config.host_memory import keep_freed_memory
 from neuron_ui.config.runtime import Runtime
 from neuron_ui.contract.layouts import Layouts
-from neuron_ui.contract.references import REFERENCE_SIZES
 from neuron_ui.model.loading import choose_model, load_model
 from neuron_ui.model.runner import PipelineCall
 from neuron_ui.model.torch_bridge import share_cpu_kernels_across_thread_counts
@@ -54,15 +53,6 @@ def not_about_no_modules(record: logging.LogRecord) -> bool:
     """diffusers 0.42 warns "There are modules in ... that should be kept in float32: []" on every move of a model
     to a device, even when that list is empty: a warning about nothing, twice in every start's log. Those go."""
     return "should be kept in float32: []." not in record.getMessage()
-
-
-def compile_plan(model: str, compile_mode: str, backend: Backend, dtype: str, tp_degree: int,
-                 presets: tuple[Resolution, ...], reference_sizes: tuple[Resolution, ...] = REFERENCE_SIZES,
-                 max_references: int = 2) -> tuple[CompileKey, Layouts]:
-    """The compile key (what changes the compiled graph) and the layouts a request may make: derived here once, for
-    rank 0's engine and every follower alike, so their graphs match."""
-    key = CompileKey.current(model, compile_mode, backend, dtype, tp_degree)
-    return key, Layouts(presets, reference_sizes, max_references)
 
 
 def prepare_pipeline(pipe: DiffusionPipeline, *, device: str, compile_mode: str, backend: Backend,

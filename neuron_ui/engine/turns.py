@@ -73,9 +73,8 @@ class Turns:
         """`ticket` gets the device now: it stops waiting and its visitor counts as just served."""
         self._waiting.remove(ticket)
         self._clock += 1
-        if ticket.visitor is None:
-            return
-        self._last_served[ticket.visitor] = self._clock
+        if ticket.visitor is not None:
+            self._last_served[ticket.visitor] = self._clock
 
     def waiting_for(self, visitor: str | None) -> int:
         """Requests of `visitor` waiting (0 for nobody: a request without a visitor is its own)."""

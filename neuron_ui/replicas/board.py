@@ -74,12 +74,11 @@ class StartupStages:
         self.seconds: dict[str, float] = {}
         self._last = clock()
 
-    def mark(self, stage: str) -> float:
-        """The stage that ends now; its seconds."""
+    def mark(self, stage: str) -> None:
+        """The stage that ends now."""
         at = self.clock()
         self.seconds[stage] = round(at - self._last, 3)
         self._last = at
-        return self.seconds[stage]
 
 
 # No task events: each call to an actor is a task whose events the GCS keeps (up to Ray's 100,000 tasks by default,

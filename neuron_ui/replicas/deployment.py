@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import ray
@@ -47,7 +47,6 @@ MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the
 WOKEN_REPORT_DELAY = 0.02
 
 
-@dataclass
 class EngineReplica:
     """A Serve replica holding one Engine; requests arrive with their token count as the multiplexed model id."""
 
@@ -87,7 +86,7 @@ class EngineReplica:
         self.board.share_tokenizer.remote(self.runner.pipe.tokenizer)
         self.devices = describe_devices(settings.device if settings.device != "auto" else self.runner.device, threads)
         if self.group:
-            self.devices += f", {self.group.describe()}"
+            self.devices += f", tensor-parallel x{self.group.group.degree}"
             self.group.health.serving(None)  # no restart measured: a lost replica is Serve's to replace
         self.startup = stages.seconds
         self._stop = threading.Event()
@@ -127,11 +126,10 @@ class EngineReplica:
             yield item
 
     async def _serve(self, work: Callable[[ProgressFn, StopToken], Value], tokens: int) -> AsyncIterator[Message]:
-        """Stream Started, then Progress paced (neuron_ui.replicas.pacing), the Compiled ones, and Done
-        or Failed last (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's
-        request at its next step. Started goes once the
-        engine's thread has the work (its send then overlaps the image, about 0.3 ms sooner), or at once where the
-        request first waits for another replica's compile."""
+        """Stream Started, then Progress paced (neuron_ui.replicas.pacing), the Compiled ones, and Done or Failed last
+        (neuron_ui.replicas.messages). The front cancelling the stream (a Stop) stops the engine's request at its next
+        step. Started goes once the engine's thread has the work (its send then overlaps the image, about 0.3 ms
+        sooner), or at once where the request first waits for another replica's compile."""
         started = Started(self.name)
         # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
         # either way this replica now holds the graph of `tokens`.

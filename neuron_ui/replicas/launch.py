@@ -68,27 +68,23 @@ def start_ray(settings: Settings, num_cpus: int | None = None) -> None:
     ours = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if ours else {}
     try:
-        _init(settings, num_cpus)
+        if settings.ray_address:
+            ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
+        else:
+            if not local_ray_binds_loopback():
+                logger.warning("Ray was imported before serving.build_replicas could bind it to loopback: its servers "
+                               "will listen on every interface")
+            for name, value in LOCAL_ENV.items():  # Ray's processes take the environment of this one
+                os.environ.setdefault(name, value)
+            # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
+            # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20,
+                     _system_config=LOCAL_SYSTEM_CONFIG)
     finally:
         for sig, handler in handlers.items():
             if handler is not None:  # None: set outside Python, cannot be put back
                 signal.signal(sig, handler)
-
-
-def _init(settings: Settings, num_cpus: int | None) -> None:
-    if settings.ray_address:
-        ray.init(address=settings.ray_address, namespace=NAMESPACE, log_to_driver=False)
-    else:
-        if not local_ray_binds_loopback():
-            logger.warning("Ray was imported before serving.build_replicas could bind it to loopback: its servers "
-                           "will listen on every interface")
-        for name, value in LOCAL_ENV.items():  # Ray's processes take the environment of this one
-            os.environ.setdefault(name, value)
-        # address="local": a new instance even where `ray start` (or a test's Cluster) left its address in
-        # /tmp/ray/ray_current_cluster, which a bare ray.init() would join
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, namespace=NAMESPACE, object_store_memory=256 * 2**20,
-                 _system_config=LOCAL_SYSTEM_CONFIG)
 
 
 def shutdown(settings: Settings, app_name: str = APP_NAME, at_once: bool = False) -> None:

@@ -10,14 +10,9 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
 
 
-def rank_bundle(device: str, cpus: float) -> dict[str, float]:
-    """What one rank asks Ray for: a NeuronCore (Ray sets NEURON_RT_VISIBLE_CORES), a GPU (CUDA_VISIBLE_DEVICES),
-    or on CPU its share of the cores; each with the CPU its process runs on."""
-    if device == "neuron":
-        return {"CPU": 1.0, "neuron_cores": 1.0}
-    if device == "cuda":
-        return {"CPU": 1.0, "GPU": 1.0}
-    return {"CPU": cpus}
+# What one rank asks Ray for: a NeuronCore (Ray sets NEURON_RT_VISIBLE_CORES) or a GPU (CUDA_VISIBLE_DEVICES), each
+# with the CPU its process runs on; on CPU, its share of the cores (plan_replicas).
+DEVICE_BUNDLES = {"neuron": {"CPU": 1.0, "neuron_cores": 1.0}, "cuda": {"CPU": 1.0, "GPU": 1.0}}
 
 
 def actor_options(bundle: dict[str, float]) -> dict[str, Any]:
@@ -42,7 +37,7 @@ class ReplicaPlan:
 
 
 def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPlan:
-    """Each rank's bundle (rank_bundle), on CPU the cores split between all replicas' ranks; tp > 1: each replica a
+    """Each rank's bundle (DEVICE_BUNDLES), on CPU the cores split between all replicas' ranks; tp > 1: each replica a
     placement group of tp bundles (neuron_ui.replicas.tp_group)."""
     tp = settings.tp or 1
     device = settings.device
@@ -50,7 +45,7 @@ def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPla
         device = "neuron" if resources.get("neuron_cores") else "cuda" if resources.get("GPU") else "cpu"
     share = resources.get("CPU", 1.0) / (settings.replicas * tp)
     threads = max(1, int(share)) if device == "cpu" else None
-    bundle = rank_bundle(device, share)
+    bundle = dict(DEVICE_BUNDLES.get(device, {"CPU": share}))  # a copy: Serve is handed it
     options = actor_options(bundle)
     if threads:
         options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}

@@ -70,34 +70,3 @@ def kill_local_ray() -> None:
     if node is not None and node.head:
         node.kill_all_processes(check_alive=False, allow_graceful=True)
 
-
-def stored_task_events() -> dict[str, int]:
-    """How many tasks the GCS keeps events for, by function or method name: that what calls often keeps none."""
-    # Ray 2.60.0: ray._private.state.state (GlobalState) reads the GCS's task events with _get_all_task_events(), a
-    # list of gcs_pb2.TaskEvents whose task_info.func_or_class_name is e.g. "ReplicaBoard.report". The public state
-    # API (ray.util.state.list_tasks) needs the dashboard, which a local Ray here runs without.
-    from ray._private.state import state
-
-    counts: dict[str, int] = {}
-    for event in state._get_all_task_events():
-        name = event.task_info.func_or_class_name
-        counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def gcs_task_events_kept() -> int:
-    """The bound on tasks whose events the GCS keeps, as the Ray this driver joined was started with."""
-    # Ray 2.60.0: ray._config (ray._raylet.Config) reads the RayConfig the driver took from the GCS at ray.init,
-    # _system_config included; task_events_max_num_task_in_gcs is the key of ray_config_def.h.
-    import ray
-
-    return ray._config.task_events_max_num_task_in_gcs()
-
-
-def gcs_system_config() -> dict[str, object]:
-    """The system settings the Ray this driver joined was started with, as its GCS holds them."""
-    # Ray 2.60.0: ray._private.state.state (GlobalState).get_system_config() asks the GCS for the JSON of the
-    # _system_config its head node was given; no public API returns it.
-    from ray._private.state import state
-
-    return state.get_system_config()

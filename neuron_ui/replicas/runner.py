@@ -8,7 +8,6 @@ for Ray.
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     from neuron_ui.contract.stopping import StopToken
     from neuron_ui.engine.waiting import DeviceWatch
     from neuron_ui.replicas.plan import ReplicaPlan
-
-logger = logging.getLogger(__name__)
 
 
 class ReplicaRunner:

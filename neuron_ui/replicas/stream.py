@@ -143,7 +143,9 @@ class StreamCaller:
                 for message in stream:
                     if isinstance(message, Started) and not started:
                         started, replica = True, message.replica
-                        self._start(stream)
+                        with self._lock:  # the call left the router: it no longer waits, and a drain lets it finish
+                            self._waiting.pop(id(stream), None)
+                            self._started += 1
                         self.routing.placed(replica, layout.tokens)
                     if (done := self._take(message, report, stop, layout, replica)) is not None:
                         ending = started  # Done is the last message: the stream's end is read off the caller's path
@@ -191,12 +193,6 @@ class StreamCaller:
             if started:
                 self._started -= 1
             self._waiting.pop(id(stream), None)
-
-    def _start(self, stream: Stream) -> None:
-        """The call left the router: it no longer waits, and a drain lets it finish."""
-        with self._lock:
-            self._waiting.pop(id(stream), None)
-            self._started += 1
 
     def _take(self, message: Message, report: ProgressFn, stop: StopToken, layout: Layout,
               replica: str) -> Value | None:

@@ -133,9 +133,6 @@ class ReplicaGroup:
             return f"tensor-parallel rank {self.runs.index(left[0]) + 1} left the group"
         return None
 
-    def describe(self) -> str:
-        return f"tensor-parallel x{self.group.degree}"
-
 
 def join(init, runs: list[ObjectRef]):
     """init() (the rendezvous, which waits for every rank) on a thread, failing at once if a follower ends first:

@@ -224,11 +224,6 @@ class GridJobs(Generic[R]):
         job = self.find(owner)
         return job.stop() if job is not None and job.running else None
 
-    def __len__(self) -> int:
-        with self._lock:
-            self._expire()
-            return len(self._jobs)
-
     def _expire(self) -> None:
         """Drop grids ended keep_seconds ago, then the longest-ended past max_kept; a running grid is never dropped
         (it is bounded by max_running and its cells)."""
