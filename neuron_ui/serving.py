@@ -120,8 +120,10 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None,
                  wrap_runner: Callable[[Runner], Runner] | None = None, loading: LoadingState | None = None) -> Engine:
     """The engine with its model loaded; the cache env is set first, before torch loads, and a
     --cache-bundle is imported (fetched, if remote) before the engine reads the manifest (rank 0 only under
-    torchrun)."""
+    torchrun). Alone, weights that need more memory than is available are refused first, in one line."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
+    if group is None:  # a rank holds its shard: counted whole it would be refused where it fits
+        check_memory(settings)
     if settings.cache_bundle and (group is None or group.launch.is_leader):
         from neuron_ui.cache.warm_boot import import_at_start
 
@@ -129,6 +131,17 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None,
     from neuron_ui.engine.engine import Engine
 
     return Engine.from_settings(settings, cache, group, wrap_runner)
+
+
+def check_memory(settings: Settings) -> None:
+    """StartupError when the model's weights in the dtype this process would load them in need more memory than
+    the machine has available (model/footprint.py), saying what to pass instead; before anything is built."""
+    from neuron_ui.config.runtime import Runtime
+    from neuron_ui.model.footprint import memory_problem
+
+    dtype = settings.dtype if settings.dtype != "auto" else Runtime.detect(settings.device).dtype
+    if problem := memory_problem(settings.model, dtype):
+        raise StartupError(problem)
 
 
 # A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this

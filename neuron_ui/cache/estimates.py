@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 # Rough first-compile times when nothing has been measured yet with this compile key, in seconds.
 DEFAULT_COMPILE_SECONDS = {"neuron": 600.0, "inductor": 60.0}
 DEFAULT_OTHER_BACKEND_SECONDS = 10.0
+# inductor's guess by the transformer's parameters (a block's graph is the same at any width; its kernels' tuning and
+# first run are not): the tiny model's guess, and klein-4B's first 512x512 regional compile on a 2-core CPU, 467 s
+# (issue 45); between them the line, beyond them in proportion (scaled_seconds). Still a guess, and labelled so.
+INDUCTOR_GUESS_BY_PARAMETERS = [(128_768, 60.0), (3_875_544_576, 467.0)]  # tiny's transformer, klein-4B's
 
 
 def measured_load_seconds(record: ShapeRecord) -> float | None:
@@ -34,15 +38,17 @@ def measured_cold_seconds(record: ShapeRecord) -> float | None:
 
 
 def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, backend: Backend,
-                             on_disk: list[ShapeRecord] | None = None, tokens: int | None = None) -> float | None:
+                             on_disk: list[ShapeRecord] | None = None, tokens: int | None = None,
+                             parameters: int | None = None) -> float | None:
     """About how long `resolution` (of `tokens` image tokens; by default read from its name) will take before its
-    first image here, from what this key measured before.
+    first image here, from what this key measured before (else a guess, by the transformer's `parameters` where
+    known).
 
     A graph on disk (`on_disk`: the records of its graph, its own first; by default its own record) loads, which
     takes a fraction of a cold compile (1.6 s against 31 s with inductor): its own latest load, else the median
     load of this key's other sizes, else None, as no load was measured yet and the cold time would overstate it.
     A graph not on disk compiles: this key's cold compiles scaled to its token count (`scaled_seconds`), else a
-    rough default per backend.
+    rough default per backend (inductor's scaled to the model's size).
     """
     if on_disk is None:
         on_disk = [records[resolution]] if resolution in records else []
@@ -53,6 +59,8 @@ def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, b
     cold = [(r.tokens, s) for r in records.values() if (s := measured_cold_seconds(r))]
     if cold:
         return scaled_seconds(cold, tokens if tokens is not None else name_tokens(resolution))
+    if parameters and backend_name(backend) == "inductor":
+        return scaled_seconds(INDUCTOR_GUESS_BY_PARAMETERS, parameters)
     return DEFAULT_COMPILE_SECONDS.get(backend_name(backend), DEFAULT_OTHER_BACKEND_SECONDS)
 
 

@@ -77,9 +77,10 @@ class Claim:
 class GraphBook:
     """Graph states by token count, stats by layout, and estimates from the manifest; thread-safe."""
 
-    def __init__(self, key: CompileKey, manifest: CacheManifest):
+    def __init__(self, key: CompileKey, manifest: CacheManifest, parameters: int | None = None):
         self.key = key
         self.manifest = manifest
+        self.parameters = parameters  # the transformer's: what the built-in guess scales with
         self.compile_mode = key.mode
         self._lock = threading.Lock()
         self._graphs: dict[int, GraphState] = {}
@@ -159,7 +160,8 @@ class GraphBook:
     def estimate(self, layout: Layout) -> float | None:
         """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
         return estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.key.backend,
-                                        on_disk=self.disk_records(layout), tokens=layout.tokens)
+                                        on_disk=self.disk_records(layout), tokens=layout.tokens,
+                                        parameters=self.parameters)
 
     def estimate_is_guess(self, layout: Layout) -> bool:
         """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""

@@ -95,7 +95,7 @@ class LocalRunner:
             if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
-        self.graphs = GraphBook(self.key, self.manifest)
+        self.graphs = GraphBook(self.key, self.manifest, sum(p.numel() for p in loaded.pipe.transformer.parameters()))
         self.pipe = prepare_pipeline(loaded.pipe, device=device, compile_mode=compile_mode, backend=backend,
                                      cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
         self.pipeline = pipeline or PipelineRunner(self.pipe)

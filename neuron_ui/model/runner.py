@@ -125,14 +125,19 @@ def steps_run(steps: int, strength: float) -> int:
     return steps - int(max(steps - min(steps * strength, steps), 0))
 
 
+EMBEDS_BYTES = 64 * 2**20  # klein-4B's embeddings are 3 x 2560 x 512 values: 7.9 MB each in bf16, 8 of them fit
+
+
 class PipelineRunner:
     """Runs pipeline calls, remembering the last prompts' embeddings: a designer who changes only the seed,
-    steps or size skips the text encoder (a 4B-parameter Qwen3 over 512 tokens on the real model)."""
+    steps or size skips the text encoder (a 4B-parameter Qwen3 over 512 tokens on the real model). At most
+    `cache_size` prompts and `cache_bytes` of embeddings are kept, the least recently used going first."""
 
-    def __init__(self, pipe, cache_size: int = 8):
+    def __init__(self, pipe, cache_size: int = 8, cache_bytes: int = EMBEDS_BYTES):
         self.pipe = pipe
         self.inpaint_pipe = build_inpaint_pipeline(pipe)
         self._embeds: BoundedRegistry[str, torch.Tensor] = BoundedRegistry(cache_size)
+        self.cache_bytes = cache_bytes
 
     def __call__(self, call: PipelineCall, callback=None) -> Image.Image:
         return run_pipeline(self.pipe, call, callback, prompt_embeds=self.prompt_embeds(call.prompt),
@@ -148,6 +153,8 @@ class PipelineRunner:
         with torch.no_grad():
             embeds, _ = self.pipe.encode_prompt(prompt=prompt, device=execution_device(self.pipe))
         self._embeds[prompt] = embeds
+        while sum(kept.nbytes for kept in self._embeds.values()) > self.cache_bytes:
+            self._embeds.popitem(last=False)  # the least recently used; the new one too if it alone is too big
         return embeds
 
 

@@ -88,29 +88,33 @@ def build_random_klein_pipeline(dtype: torch.dtype, device: str = "cpu", shape: 
     guidance-distilled: its cost per image is the real model's (compute does not depend on the weights' values),
     without downloading 16 GB."""
     tokenizer = build_tiny_tokenizer()  # prompts are padded to 512 tokens whatever the vocabulary
-
-    def cast(module):  # each as it is built: klein's text encoder alone is 16 GB in float32
-        return module if dtype == torch.float32 else module.to(dtype)
-
-    with torch.device(device):
-        torch.manual_seed(seed)
-        text_encoder = cast(Qwen3ForCausalLM(Qwen3Config(
-            hidden_size=shape.text_hidden_size, intermediate_size=shape.text_intermediate_size,
-            num_hidden_layers=shape.text_layers, num_attention_heads=shape.text_heads,
-            num_key_value_heads=shape.text_kv_heads, head_dim=shape.text_head_dim,
-            vocab_size=shape.text_vocab_size or len(tokenizer), max_position_embeddings=shape.text_positions,
-            rope_parameters={"rope_theta": shape.text_rope_theta, "rope_type": "default"}, rms_norm_eps=1e-6,
-            tie_word_embeddings=shape.text_tied_embeddings, pad_token_id=tokenizer.pad_token_id)))
-        transformer = cast(Flux2Transformer2DModel(
-            patch_size=1, in_channels=4 * shape.latent_channels,  # the VAE's latents, 2x2 patches packed into a token
-            num_layers=shape.num_layers, num_single_layers=shape.num_single_layers,
-            attention_head_dim=shape.attention_head_dim, num_attention_heads=shape.num_attention_heads,
-            joint_attention_dim=3 * shape.text_hidden_size,  # 3 stacked text-encoder layers
-            timestep_guidance_channels=shape.timestep_guidance_channels, mlp_ratio=3.0,
-            axes_dims_rope=(shape.attention_head_dim // 4,) * 4, rope_theta=2000, eps=1e-6, guidance_embeds=False))
-        vae = cast(AutoencoderKLFlux2(
-            block_out_channels=shape.vae_channels, layers_per_block=shape.vae_layers_per_block,
-            latent_channels=shape.latent_channels, norm_num_groups=shape.vae_groups,
-            mid_block_add_attention=shape.vae_attention, sample_size=shape.vae_sample_size))
+    # Each module is built in `dtype`, as from_pretrained builds it (transformers sets the default dtype the same way):
+    # built in float32 and cast, klein's text encoder alone took 16 GB and the process was killed (issue 45). None of
+    # the three classes keeps a module in float32 (`_keep_in_fp32_modules`, tests/test_tiny_dtype.py).
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(seed)
+            text_encoder = Qwen3ForCausalLM(Qwen3Config(
+                hidden_size=shape.text_hidden_size, intermediate_size=shape.text_intermediate_size,
+                num_hidden_layers=shape.text_layers, num_attention_heads=shape.text_heads,
+                num_key_value_heads=shape.text_kv_heads, head_dim=shape.text_head_dim,
+                vocab_size=shape.text_vocab_size or len(tokenizer), max_position_embeddings=shape.text_positions,
+                rope_parameters={"rope_theta": shape.text_rope_theta, "rope_type": "default"}, rms_norm_eps=1e-6,
+                tie_word_embeddings=shape.text_tied_embeddings, pad_token_id=tokenizer.pad_token_id))
+            transformer = Flux2Transformer2DModel(
+                patch_size=1, in_channels=4 * shape.latent_channels,  # the VAE's latents, 2x2 patches in a token
+                num_layers=shape.num_layers, num_single_layers=shape.num_single_layers,
+                attention_head_dim=shape.attention_head_dim, num_attention_heads=shape.num_attention_heads,
+                joint_attention_dim=3 * shape.text_hidden_size,  # 3 stacked text-encoder layers
+                timestep_guidance_channels=shape.timestep_guidance_channels, mlp_ratio=3.0,
+                axes_dims_rope=(shape.attention_head_dim // 4,) * 4, rope_theta=2000, eps=1e-6, guidance_embeds=False)
+            vae = AutoencoderKLFlux2(
+                block_out_channels=shape.vae_channels, layers_per_block=shape.vae_layers_per_block,
+                latent_channels=shape.latent_channels, norm_num_groups=shape.vae_groups,
+                mid_block_add_attention=shape.vae_attention, sample_size=shape.vae_sample_size)
+    finally:
+        torch.set_default_dtype(default_dtype)
     return Flux2KleinPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
                               tokenizer=tokenizer, transformer=transformer, is_distilled=True)

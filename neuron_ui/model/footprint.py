@@ -1,0 +1,75 @@
+"""How many bytes a model's weights take in a dtype, counted from its layout before anything is built (the random
+layouts on the meta device, a folder from its safetensors headers), against the memory this machine has: klein-4B
+in float32 is 32 GB, and on a 24 GiB machine the kernel killed the build at 19.9 GB without a word (issue 45)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+COMPONENTS = ("transformer", "text_encoder", "vae")  # what holds weights; the tokenizer and scheduler hold none
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+FILE_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                    "BOOL": 1}  # safetensors' names
+FLOATS = ("F64", "F32", "BF16", "F16")
+GB = 1e9
+
+
+def weight_bytes(model: str, dtype: str) -> int | None:
+    """The bytes of `model`'s weights in `dtype` (`--model`: random-klein-4b or a diffusers folder); None when the
+    layout cannot be read without loading it (a Hub id: the download says its size) or always fits (the tiny)."""
+    if Path(model).is_dir():
+        files = [f for name in COMPONENTS for f in sorted((Path(model) / name).glob("*.safetensors"))]
+        # from_pretrained casts floating weights to the dtype asked for; others keep their own size
+        return sum(count * (DTYPE_BYTES[dtype] if kind in FLOATS else FILE_DTYPE_BYTES.get(kind, 8))
+                   for f in files for kind, count in safetensors_counts(f)) or None
+    from neuron_ui.model.loading import RANDOM_KLEIN
+
+    if model != RANDOM_KLEIN:
+        return None
+    import torch
+
+    from neuron_ui.model.tiny import build_random_klein_pipeline
+
+    pipe = build_random_klein_pipeline(getattr(torch, dtype), device="meta")  # no memory, under a second
+    return sum(t.nbytes for name in COMPONENTS for t in getattr(pipe, name).parameters())
+
+
+def safetensors_counts(path: Path) -> list[tuple[str, int]]:
+    """(dtype, number of values) of each tensor in a safetensors file, read from its header alone."""
+    with path.open("rb") as file:
+        header = json.loads(file.read(struct.unpack("<Q", file.read(8))[0]))
+    counts = []
+    for name, entry in header.items():
+        if name != "__metadata__":
+            values = 1
+            for size in entry["shape"]:
+                values *= size
+            counts.append((entry["dtype"], values))
+    return counts
+
+
+def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """What the kernel says can be allocated without swapping (MemAvailable); None where it does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory_problem(model: str, dtype: str, available: int | None = None) -> str | None:
+    """One line saying that `model`'s weights in `dtype` need more memory than is available, and what to pass
+    instead; None when they fit or cannot be counted."""
+    available = available_bytes() if available is None else available
+    needed = weight_bytes(model, dtype) if available is not None else None
+    if needed is None or available is None or needed <= available:
+        return None
+    half = needed * 2 // DTYPE_BYTES.get(dtype, 4)
+    instead = (f"pass --dtype bfloat16 (its weights are {half / GB:.1f} GB then)" if half < needed and half <= available
+               else "free memory, or serve it on a machine with more")
+    return (f"--model {model} in {dtype} needs {needed / GB:.1f} GB for its weights alone and this machine has "
+            f"{available / GB:.1f} GB available: {instead}")
