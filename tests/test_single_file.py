@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from neuron_ui.config.settings import build_parser, settings_from_args
-from neuron_ui.model.loading import BFL_PREFIX, choose_model, layout_words, load_model
+from neuron_ui.model.flux_layouts import layout_of, layout_words
+from neuron_ui.model.loading import BFL_PREFIX, choose_model, load_model
 from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline, build_tiny_pipeline
 
 from tests.test_loading import image_of
@@ -161,4 +162,5 @@ def test_real_layouts_are_named(double, single, heads, name):
     """The words of a refusal at real size, from the weights' shapes alone (built on the meta device: no memory)."""
     shape = KleinShape(num_layers=double, num_single_layers=single, num_attention_heads=heads)
     transformer = build_random_klein_pipeline(torch.float32, device="meta", shape=shape).transformer
-    assert layout_words({k: tuple(v.shape) for k, v in transformer.state_dict().items()}).startswith(name)
+    shapes = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+    assert layout_words(layout_of(shapes)).startswith(name)

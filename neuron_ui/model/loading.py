@@ -25,6 +25,7 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 
 from neuron_ui.config.processes import in_daemon_thread
 from neuron_ui.contract.errors import first_line
+from neuron_ui.model.flux_layouts import layout_of, layout_words
 from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
 from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
 
@@ -35,9 +36,7 @@ RANDOM_KLEIN = "random-klein-4b"
 AUTO = "auto"
 HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 BFL_PREFIX = "model.diffusion_model."  # ComfyUI's whole-model checkpoints keep the transformer under it
-# FLUX transformers by (width, double-stream blocks, single-stream blocks): a file or a LoRA for another is named.
-LAYOUTS = {(3072, 5, 20): "FLUX.2-klein-4B", (4096, 8, 24): "FLUX.2-klein-9B", (6144, 8, 48): "FLUX.2-dev",
-           (3072, 19, 38): "FLUX.1"}
+
 
 
 @dataclass
@@ -173,17 +172,6 @@ def shard(transformer: Flux2Transformer2DModel, mesh) -> None:
         transformer.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
 
 
-def layout_words(shapes: dict[str, tuple[int, ...]]) -> str:
-    """A FLUX.2 transformer's weights (diffusers' keys) in words: its model's name where known, width and blocks."""
-    def blocks(prefix: str) -> int:
-        return len({key.split(".")[1] for key in shapes if key.startswith(prefix)})
-
-    layout = (shapes.get("x_embedder.weight", (0,))[0], blocks("transformer_blocks."),
-              blocks("single_transformer_blocks."))
-    name = LAYOUTS.get(layout)
-    return f"{name + ', ' if name else ''}{layout[0]} wide, {layout[1]} double- and {layout[2]} single-stream blocks"
-
-
 def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Transformer2DModel:
     """BFL's single-file transformer (as ComfyUI users keep it; diffusers' own keys too), read by diffusers'
     `from_single_file` with the config of `source`'s transformer, so nothing asks the Hub. Its weights' names and
@@ -217,9 +205,10 @@ def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Tr
     elif found is None and header != expected:
         odd = (sorted(set(header) ^ set(expected)) or [key for key in expected if header[key] != expected[key]])[0]
         shapes = [list(shape) if shape else "none" for shape in (header.get(odd), expected.get(odd))]
-        found = f"{layout_words(header)} ({odd!r}: {shapes[0]} where this model has {shapes[1]})"
+        found = f"{layout_words(layout_of(header))} ({odd!r}: {shapes[0]} where this model has {shapes[1]})"
     if found is not None:
-        raise ValueError(f"--transformer {path}: holds {found}, but {source}'s transformer is {layout_words(expected)}")
+        raise ValueError(f"--transformer {path}: holds {found}, but {source}'s transformer is "
+                         f"{layout_words(layout_of(expected))}")
     with safe_open(path, "pt", device="cpu") as opened:
         state = {key.removeprefix(BFL_PREFIX): opened.get_tensor(key) for key in keys}
     return Flux2Transformer2DModel.from_single_file(state, config=source, subfolder="transformer", torch_dtype=dtype)
