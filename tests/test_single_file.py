@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from neuron_ui.config.settings import build_parser, settings_from_args
+from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.model.flux_layouts import layout_of, layout_words
 from neuron_ui.model.loading import BFL_PREFIX, choose_model, load_model
 from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline, build_tiny_pipeline
@@ -130,7 +130,7 @@ def test_a_file_of_another_model_is_refused_in_one_line(folder, tmp_path, case):
     make, words = CASES[case]
     file = tmp_path / f"{case}.safetensors"
     save_file(make(pipe.transformer.state_dict()), file)
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(StartupError) as refused:  # app.py says it in one line, as the CLI does
         load_model(choose_model(str(path), transformer=str(file)), torch.float32)
     line = str(refused.value)
     assert "\n" not in line and line.startswith(f"--transformer {file}: holds "), line
@@ -140,9 +140,9 @@ def test_a_file_of_another_model_is_refused_in_one_line(folder, tmp_path, case):
 def test_not_safetensors_and_a_model_built_in_code_are_refused_in_one_line(folder, tmp_path):
     path, _ = folder
     (tmp_path / "t.safetensors").write_bytes(b"a pickle, say")
-    with pytest.raises(ValueError, match=r"^--transformer .*t.safetensors: cannot be read as safetensors \("):
+    with pytest.raises(StartupError, match=r"^--transformer .*t.safetensors: cannot be read as safetensors \("):
         load_model(choose_model(str(path), transformer=str(tmp_path / "t.safetensors")), torch.float32)
-    with pytest.raises(ValueError, match="the other components come from --model, a folder or a Hub repo id; tiny "
+    with pytest.raises(StartupError, match="the other components come from --model, a folder or a Hub repo id; tiny "
                                          "is built in code"):
         load_model(choose_model("tiny", transformer=str(tmp_path / "t.safetensors")), torch.float32)
 

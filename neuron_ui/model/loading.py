@@ -24,6 +24,7 @@ from diffusers.models import Flux2Transformer2DModel, TensorParallelConfig
 from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 
 from neuron_ui.config.processes import in_daemon_thread
+from neuron_ui.config.settings import StartupError
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.flux_layouts import layout_of, layout_words
 from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
@@ -143,14 +144,15 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
         logger.warning("%s: serving the tiny random-weight model instead (images are noise)", choice.fallback_reason)
     built = choice.is_tiny or choice.source == RANDOM_KLEIN
     if choice.transformer and built:
-        raise ValueError(f"--transformer {choice.transformer}: the other components come from --model, a folder or "
+        raise StartupError(f"--transformer {choice.transformer}: the other components come from --model, a folder or "
                          f"a Hub repo id; {choice.source} is built in code")
     if built:
         pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
         if mesh is not None:
             shard(pipe.transformer, mesh)
         return LoadedModel(pipe, name=choice.name, is_tiny=True, fallback_reason=choice.fallback_reason)
-    logger.info("loading %s in %s", choice.source, dtype)
+    logger.info("loading %s in %s%s", choice.source, dtype,
+                f", its transformer from {choice.transformer}" if choice.transformer else "")
     components = {}
     if choice.transformer:  # read first: the rest loads around it, not beside a second copy
         components["transformer"] = load_transformer_file(choice.transformer, choice.source, dtype)
@@ -175,7 +177,7 @@ def shard(transformer: Flux2Transformer2DModel, mesh) -> None:
 def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Transformer2DModel:
     """BFL's single-file transformer (as ComfyUI users keep it; diffusers' own keys too), read by diffusers'
     `from_single_file` with the config of `source`'s transformer, so nothing asks the Hub. Its weights' names and
-    shapes are checked first, from the header alone: a file of another model is refused in one line (ValueError)
+    shapes are checked first, from the header alone: a file of another model is refused in one line (StartupError)
     naming what it holds and what `source`'s transformer is (diffusers would leave missing weights unset)."""
     from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
     from safetensors import SafetensorError, safe_open
@@ -189,7 +191,7 @@ def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Tr
             keys = [k for k in opened.keys() if k.startswith(BFL_PREFIX)] or list(opened.keys())  # noqa: SIM118
             header = {key.removeprefix(BFL_PREFIX): opened.get_slice(key).get_shape() for key in keys}
     except (SafetensorError, OSError) as error:
-        raise ValueError(f"--transformer {path}: cannot be read as safetensors ({first_line(error)})") from None
+        raise StartupError(f"--transformer {path}: cannot be read as safetensors ({first_line(error)})") from None
     found, count, first = None, len(header), next(iter(header), None)
     if any(".img_mod." in key for key in header):  # FLUX.1's modulation per block; FLUX.2 shares one per stream
         found = "a FLUX.1 transformer (a modulation per block)"
@@ -207,7 +209,7 @@ def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Tr
         shapes = [list(shape) if shape else "none" for shape in (header.get(odd), expected.get(odd))]
         found = f"{layout_words(layout_of(header))} ({odd!r}: {shapes[0]} where this model has {shapes[1]})"
     if found is not None:
-        raise ValueError(f"--transformer {path}: holds {found}, but {source}'s transformer is "
+        raise StartupError(f"--transformer {path}: holds {found}, but {source}'s transformer is "
                          f"{layout_words(layout_of(expected))}")
     with safe_open(path, "pt", device="cpu") as opened:
         state = {key.removeprefix(BFL_PREFIX): opened.get_tensor(key) for key in keys}
