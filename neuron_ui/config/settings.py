@@ -47,6 +47,7 @@ class Settings:
     """Everything that configures one neuron-ui process."""
 
     model: str = "auto"
+    transformer: str | None = None  # BFL's single-file transformer (ComfyUI's); the other components from --model
     device: str = "auto"
     dtype: str = "auto"
     compile: str = "regional"
@@ -159,7 +160,7 @@ ENV_NAMES = {"host": "GRADIO_SERVER_NAME", "port": "GRADIO_SERVER_PORT", "lora":
 NO_ENV = ("tp", "share")
 # A text flag's empty variable counts as unset; its default is Settings'. A number flag (NUMBER_FLAGS: a setting
 # whose default is a number) takes its default's type.
-TEXT_FLAGS = ("model", "device", "dtype", "compile", "compile_backend", "host", "ray_address")
+TEXT_FLAGS = ("model", "transformer", "device", "dtype", "compile", "compile_backend", "host", "ray_address")
 NUMBER_FLAGS = tuple(f.name for f in fields(Settings) if type(f.default) in (int, float))
 
 
@@ -219,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "model", "'auto', 'tiny', a Hugging Face repo id or a local folder")
+    add_flag(parser, "transformer", "the transformer from this .safetensors file, BFL's layout as ComfyUI keeps it "
+             "(flux-2-klein-4b.safetensors); the other components from --model", metavar="FILE")
     add_flag(parser, "device", "where the model runs; auto: Neuron, then CUDA, then CPU", choices=DEVICES)
     add_flag(parser, "dtype", "the weights' precision; auto: bf16 on accelerators", choices=DTYPES)
     add_flag(parser, "compile", "aot: AOTInductor packages, CUDA and CPU only", choices=COMPILE_MODES)

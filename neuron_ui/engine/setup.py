@@ -42,8 +42,8 @@ def load_for(settings: Settings, group: ParallelGroup | None = None) -> tuple[Lo
     runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
     if settings.compile == "aot":  # before the model loads: say it at start-up
         aot.check_runtime(runtime.device, runtime.backend, group.degree if group else 1)
-    loaded = load_model(choose_model(settings.model, settings.hub_timeout), getattr(torch, runtime.dtype),
-                        group.mesh if group else None)
+    choice = choose_model(settings.model, settings.hub_timeout, settings.transformer)
+    loaded = load_model(choice, getattr(torch, runtime.dtype), group.mesh if group else None)
     logger.info("serving %s on %s in %s, compile %s/%s%s", loaded.name, runtime.device, runtime.dtype,
                 settings.compile, runtime.backend, f", tensor-parallel x{group.degree}" if group else "")
     return loaded, runtime

@@ -1,5 +1,6 @@
-"""Load a Flux2KleinPipeline from a hub id or a folder, or choose the offline tiny model; shard its transformer
-over a tensor-parallel device mesh (diffusers' parallel_config); ask the Hub, within a bound, whether it answers.
+"""Load a Flux2KleinPipeline from a hub id or a folder (its transformer from BFL's single file if asked), or choose
+the offline tiny model; shard its transformer over a tensor-parallel device mesh (diffusers' parallel_config); ask the
+Hub, within a bound, whether it answers.
 
 Why the bound: huggingface_hub's `hf_hub_download` retries a file it does not have in its cache with back-off when
 the network fails (file_download._get_metadata_or_catch_error, retry_on_errors=True in huggingface_hub 2.4): about
@@ -23,7 +24,9 @@ from diffusers.models import Flux2Transformer2DModel, TensorParallelConfig
 from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 
 from neuron_ui.config.processes import in_daemon_thread
+from neuron_ui.config.settings import StartupError
 from neuron_ui.contract.errors import first_line
+from neuron_ui.model.flux_layouts import layout_of, layout_words
 from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
 from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
 
@@ -33,6 +36,8 @@ TINY = "tiny"
 RANDOM_KLEIN = "random-klein-4b"
 AUTO = "auto"
 HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
+BFL_PREFIX = "model.diffusion_model."  # ComfyUI's whole-model checkpoints keep the transformer under it
+
 
 
 @dataclass
@@ -90,18 +95,26 @@ class ModelChoice:
     """What `--model` resolved to: where to load from, the name that keys compile caches, and why."""
 
     source: str  # TINY, a hub repo id or a local folder
-    name: str
+    name: str  # the same with --transformer: compiled graphs take the weights as inputs, not constants
     fallback_reason: str | None = None
+    transformer: str | None = None  # --transformer: BFL's single file, the rest from `source`
 
     @property
     def is_tiny(self) -> bool:
         return self.source == TINY
 
 
-def choose_model(model: str, hub_timeout: float = 5.0) -> ModelChoice:
+def choose_model(model: str, hub_timeout: float = 5.0, transformer: str | None = None) -> ModelChoice:
     """Decide what `--model` means on this machine, without loading anything: auto is a folder named like the Hub's
     model, a complete copy of it in the local Hugging Face cache, or the Hub if it answers within `hub_timeout` s;
-    else the tiny model."""
+    else the tiny model. `transformer` (--transformer) rides along."""
+    from dataclasses import replace
+
+    choice = _choose(model, hub_timeout)
+    return replace(choice, transformer=transformer) if transformer else choice
+
+
+def _choose(model: str, hub_timeout: float) -> ModelChoice:
     from huggingface_hub import HfApi, snapshot_download
 
     if model != AUTO:
@@ -129,22 +142,78 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
     code after building."""
     if choice.fallback_reason:  # said where the model loads (once), not where it is chosen (twice on a warm boot)
         logger.warning("%s: serving the tiny random-weight model instead (images are noise)", choice.fallback_reason)
-    if choice.is_tiny or choice.source == RANDOM_KLEIN:
+    built = choice.is_tiny or choice.source == RANDOM_KLEIN
+    if choice.transformer and built:
+        raise StartupError(f"--transformer {choice.transformer}: the other components come from --model, a folder or "
+                         f"a Hub repo id; {choice.source} is built in code")
+    if built:
         pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
         if mesh is not None:
-            check_heads(mesh.size(), pipe.transformer.config.num_attention_heads)
-            with allow_cpu_tensor_parallelism() if mesh.device_type == "cpu" else nullcontext():
-                pipe.transformer.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
+            shard(pipe.transformer, mesh)
         return LoadedModel(pipe, name=choice.name, is_tiny=True, fallback_reason=choice.fallback_reason)
-    logger.info("loading %s in %s", choice.source, dtype)
+    logger.info("loading %s in %s%s", choice.source, dtype,
+                f", its transformer from {choice.transformer}" if choice.transformer else "")
     components = {}
-    if mesh is not None:
+    if choice.transformer:  # read first: the rest loads around it, not beside a second copy
+        components["transformer"] = load_transformer_file(choice.transformer, choice.source, dtype)
+        if mesh is not None:
+            shard(components["transformer"], mesh)
+    elif mesh is not None:
         heads = Flux2Transformer2DModel.load_config(choice.source, subfolder="transformer")["num_attention_heads"]
         check_heads(mesh.size(), heads)
         components["transformer"] = Flux2Transformer2DModel.from_pretrained(
             choice.source, subfolder="transformer", torch_dtype=dtype, parallel_config=TensorParallelConfig(mesh=mesh))
     pipe = Flux2KleinPipeline.from_pretrained(choice.source, torch_dtype=dtype, **components)
     return LoadedModel(pipe, name=choice.name, is_tiny=False)
+
+
+def shard(transformer: Flux2Transformer2DModel, mesh) -> None:
+    """A transformer already built or read, split over the mesh's ranks (diffusers' tensor parallelism)."""
+    check_heads(mesh.size(), transformer.config["num_attention_heads"])
+    with allow_cpu_tensor_parallelism() if mesh.device_type == "cpu" else nullcontext():
+        transformer.enable_parallelism(config=TensorParallelConfig(mesh=mesh))
+
+
+def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Transformer2DModel:
+    """BFL's single-file transformer (as ComfyUI users keep it; diffusers' own keys too), read by diffusers'
+    `from_single_file` with the config of `source`'s transformer, so nothing asks the Hub. Its weights' names and
+    shapes are checked first, from the header alone: a file of another model is refused in one line (StartupError)
+    naming what it holds and what `source`'s transformer is (diffusers would leave missing weights unset)."""
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+    from safetensors import SafetensorError, safe_open
+
+    config = Flux2Transformer2DModel.load_config(source, subfolder="transformer")
+    with torch.device("meta"):  # shapes without memory, at any size
+        model = Flux2Transformer2DModel.from_config(config)
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    try:
+        with safe_open(path, "pt", device="cpu") as opened:
+            keys = [k for k in opened.keys() if k.startswith(BFL_PREFIX)] or list(opened.keys())  # noqa: SIM118
+            header = {key.removeprefix(BFL_PREFIX): opened.get_slice(key).get_shape() for key in keys}
+    except (SafetensorError, OSError) as error:
+        raise StartupError(f"--transformer {path}: cannot be read as safetensors ({first_line(error)})") from None
+    found, count, first = None, len(header), next(iter(header), None)
+    if any(".img_mod." in key for key in header):  # FLUX.1's modulation per block; FLUX.2 shares one per stream
+        found = "a FLUX.1 transformer (a modulation per block)"
+    elif set(header) != set(expected):  # diffusers converts a file whose keys are not its own exactly (as here)
+        try:
+            meta = {key: torch.empty(shape, device="meta") for key, shape in header.items()}
+            header = {k: tuple(v.shape) for k, v in convert_flux2_transformer_checkpoint_to_diffusers(meta).items()}
+        except Exception:  # noqa: BLE001 - names diffusers' conversion does not know: not a FLUX.2 transformer
+            header = {}
+    header = {key: tuple(shape) for key, shape in header.items()}
+    if found is None and "x_embedder.weight" not in header:
+        found = f"{count} weights that are not a FLUX.2 transformer's (e.g. {first!r})"
+    elif found is None and header != expected:
+        odd = (sorted(set(header) ^ set(expected)) or [key for key in expected if header[key] != expected[key]])[0]
+        shapes = [list(shape) if shape else "none" for shape in (header.get(odd), expected.get(odd))]
+        found = f"{layout_words(layout_of(header))} ({odd!r}: {shapes[0]} where this model has {shapes[1]})"
+    if found is not None:
+        raise StartupError(f"--transformer {path}: holds {found}, but {source}'s transformer is "
+                         f"{layout_words(layout_of(expected))}")
+    with safe_open(path, "pt", device="cpu") as opened:
+        state = {key.removeprefix(BFL_PREFIX): opened.get_tensor(key) for key in keys}
+    return Flux2Transformer2DModel.from_single_file(state, config=source, subfolder="transformer", torch_dtype=dtype)
 
 
 def check_heads(degree: int, attention_heads: int) -> None:

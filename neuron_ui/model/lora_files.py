@@ -5,7 +5,9 @@ without it.
 A spec is `[NAME=]SOURCE[@SCALE]`: SOURCE a `.safetensors` file, a folder holding one, or a Hub repo id
 `owner/repo[:weight_name]`; NAME defaults to the file name without its extension (the repo name for a repo id);
 SCALE is the style's default strength (1.0). Formats are diffusers' for klein (its own `transformer.*.lora_A/B`,
-PEFT's, kohya's and ai-toolkit's, converted by `Flux2KleinPipeline.lora_state_dict`), transformer only.
+PEFT's, kohya's and ai-toolkit's, converted by `Flux2KleinPipeline.lora_state_dict`), transformer only; PEFT's
+`adapter_config.json` beside its `adapter_model.safetensors` gives its alpha. A LoRA for another FLUX (FLUX.1,
+klein-9B) is told by its layers' names and widths, and named in its refusal.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from neuron_ui.contract.errors import first_line
+from neuron_ui.model.flux_layouts import FLUX1_LAYERS, config_layout, fits, layout_words, lora_layout, model_for
 from neuron_ui.model.loading import hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
@@ -125,10 +128,17 @@ NOT_LORA = {"lokr_": "a LoKr adapter (lokr_* weights)", "hada_": "a LoHa adapter
             "weights)"}
 
 
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # what PEFT's save_pretrained writes
+
+
 def check_format(path: Path, keys: list[str]) -> None:
     """Refuse what cannot be fused as a transformer LoRA, naming the format."""
     if not keys:
         raise StyleError(f"{path}: holds no weights")
+    flux1 = next((key for key in keys if FLUX1_LAYERS.search(key)), None)
+    if flux1 is not None:
+        raise StyleError(f"{path}: a LoRA for FLUX.1 (e.g. {flux1!r}): its layers are not in this transformer "
+                         "(FLUX.2's blocks are laid out differently)")
     for part, adapter in NOT_LORA.items():
         if any(part in key for key in keys):
             raise StyleError(f"{path}: {adapter}; styles here are plain LoRA only (lora_A/lora_B)")
@@ -222,6 +232,7 @@ def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, A
         if found is None:
             raise StyleError(f"{path}: unrecognised weight {key!r} (a LoRA holds lora_A/lora_B weights only)")
         pairs.setdefault(found[1], {})[found[2]] = tensor
+    check_model(path, pairs, transformer)
     modules = dict(transformer.named_modules())
     missing = [m for m in pairs if not isinstance(modules.get(m), torch.nn.Linear)]
     if missing:
@@ -245,6 +256,31 @@ def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, A
                    for m in sorted(pairs))
     check_finite(path, layers, modules)
     return layers
+
+
+def check_model(path: Path, pairs: dict[str, dict[str, torch.Tensor]], transformer: torch.nn.Module) -> None:
+    """Refuse a LoRA made for another FLUX transformer, by its layers' width and the blocks it reaches, naming the
+    model it fits (klein-9B, FLUX.1...) and this one."""
+    config = getattr(transformer, "config", None)
+    lora = lora_layout({m: f["lora_A"].shape[-1] for m, f in pairs.items() if "lora_A" in f})
+    if config is None or lora is None or fits(lora, own := config_layout(config)):
+        return  # not a FLUX.2 transformer, or widths that disagree: the checks after this one say what is wrong
+    raise StyleError(f"{path}: a LoRA for {model_for(lora)} (its layers are {lora[0]} wide, in up to {lora[1]} "
+                     f"double- and {lora[2]} single-stream blocks), but this transformer is {layout_words(own)}")
+
+
+def peft_config(path: Path) -> object:
+    """PEFT's LoRA config (`adapter_config.json` beside its `adapter_model.safetensors`; None without one): PEFT keeps
+    alpha there, not in the weights' header. A file past 1 MiB or not JSON is one line (StyleError)."""
+    beside = path.parent / PEFT_CONFIG
+    if path.name != PEFT_WEIGHTS or not beside.is_file():
+        return None
+    if beside.stat().st_size > 2**20:
+        raise StyleError(f"{beside}: past 1 MiB, not a LoRA config")
+    try:
+        return json.loads(beside.read_text())
+    except (OSError, ValueError, RecursionError):
+        raise StyleError(f"{beside}: cannot be read as JSON") from None
 
 
 def check_finite(path: Path, layers: tuple[LoraLayer, ...], modules: dict[str, torch.nn.Module]) -> None:
@@ -281,7 +317,7 @@ def load_style(spec: str, transformer: torch.nn.Module, hub_timeout: float = HUB
     tensors, header = read_safetensors(path)
     check_format(path, list(tensors))
     state = convert(path, tensors)
-    config = lora_config(path, header)
+    config = lora_config(path, header if header is not None else peft_config(path))
     if config is not None and config.get("use_dora"):
         raise StyleError(f"{path}: a DoRA adapter (use_dora in its config); styles here are plain LoRA only")
     layers = match_layers(path, state, config, transformer)
