@@ -234,19 +234,15 @@ def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
 
 def run_lora(args: argparse.Namespace) -> int:
     """`lora random`: a random LoRA for the model's transformer, written as diffusers writes one."""
-    import torch
-
-    from neuron_ui.model.loading import choose_model, load_model
+    from neuron_ui.model.loading import choose_model, transformer_layout
     from neuron_ui.model.lora_random import write_random_lora
 
-    try:  # only the transformer's layer shapes matter: a real model is loaded in bfloat16
+    try:  # only the transformer's layer shapes matter: built from its config, without its weights
         choice = choose_model(args.model, 5.0)
-        loaded = load_model(choice, torch.float32 if choice.is_tiny else torch.bfloat16)
-        transformer = loaded.pipe.transformer
-        out = write_random_lora(transformer, Path(args.out), args.rank, args.seed, args.alpha)
+        out = write_random_lora(transformer_layout(choice), Path(args.out), args.rank, args.seed, args.alpha)
     except (ValueError, OSError) as error:
         return fail(error)
-    print(f"wrote {out}: a random rank-{args.rank} LoRA for {loaded.name}'s transformer (seed {args.seed})")
+    print(f"wrote {out}: a random rank-{args.rank} LoRA for {choice.name}'s transformer (seed {args.seed})")
     return 0
 
 

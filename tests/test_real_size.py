@@ -119,7 +119,8 @@ def test_real_size_bench_runs_at_toy_size(tmp_path):
         assert order == sorted(order) and all(startup[s]["rss_gib"] > 0 for s in ("read_from_disk", "ready"))
     assert results["first_image"]["cache_event"] == "compiled" and results["first_image"]["compile_seconds"] > 0
     assert results["second_image"]["cache_event"] == "memory_hit"
-    assert len(results["previews"]["frames_at"]) == 3  # a frame after each of the first three steps, then the image
+    assert results["one_step_image"]["steps"] == 1 and results["per_step"]["per_step_s"] is not None
+    assert len(results["previews"]["frames_at"]) == 2  # 3 steps: a frame after the second and third, then the image
     assert [s["style"] for s in results["style_on"]["style_switches"]] == ["real16"]
     assert [s["strength"] for s in results["style_strength"]["style_switches"]] == [0.5]
     assert [s["style"] for s in results["style_off"]["style_switches"]] == ["none"]

@@ -314,6 +314,28 @@ def test_replicas_get_every_style_through_their_settings(files):
     assert portable(request("ink", 0.3)).lora_scale == 0.3
 
 
+def test_a_random_lora_for_a_folder_reads_its_transformer_config_not_its_weights(tmp_path, capsys):
+    """`lora random --model FOLDER` builds the transformer's layers from its config alone (klein-4B's weights are
+    7.75 GB): with the weights gone it still writes the same LoRA as for the model the folder was saved from."""
+    from safetensors.torch import load_file
+
+    from neuron_ui.model.tiny import build_tiny_pipeline
+
+    folder = tmp_path / "tiny"
+    build_tiny_pipeline().save_pretrained(folder)
+    for weights in (folder / "transformer").glob("*.safetensors"):
+        weights.unlink()
+    made = {}
+    for model in ("tiny", str(folder)):
+        made[model] = tmp_path / f"{len(made)}.safetensors"
+        assert cli.main(["lora", "random", "--model", model, "--rank", "2", "--seed", "5", "--out",
+                         str(made[model])]) == 0
+    assert f"for {folder}'s transformer" in capsys.readouterr().out
+    ours, theirs = (load_file(path) for path in made.values())
+    assert ours.keys() == theirs.keys() and len(ours) > 0
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
 def test_random_lora_and_headless_generate_with_a_style(tmp_path, capsys, environ):
     out = tmp_path / "style.safetensors"
     assert cli.main(["lora", "random", "--model", "tiny", "--rank", "4", "--seed", "1", "--out", str(out)]) == 0

@@ -27,7 +27,8 @@ from neuron_ui.config.processes import in_daemon_thread
 from neuron_ui.config.settings import StartupError
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.flux_layouts import layout_of, layout_words
-from neuron_ui.model.tiny import build_random_klein_pipeline, build_tiny_pipeline
+from neuron_ui.model.tiny import TINY as TINY_SHAPE
+from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline, build_tiny_pipeline
 from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,17 @@ def _choose(model: str, hub_timeout: float) -> ModelChoice:
         return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
                                        f"{hub_timeout:g} s")
     return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
+
+
+def transformer_layout(choice: ModelChoice) -> torch.nn.Module:
+    """The transformer's layers with no weights (on the meta device): what `lora random` writes a LoRA against. A
+    folder's or a Hub repo's config is read, never its weights (klein-4B's are 7.75 GB)."""
+    if choice.is_tiny or choice.source == RANDOM_KLEIN:
+        shape = TINY_SHAPE if choice.is_tiny else KleinShape()
+        return build_random_klein_pipeline(torch.float32, device="meta", shape=shape).transformer
+    config = Flux2Transformer2DModel.load_config(choice.source, subfolder="transformer")
+    with torch.device("meta"):
+        return Flux2Transformer2DModel.from_config(config)
 
 
 def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedModel:
