@@ -172,12 +172,14 @@ def known_session(demo: gr.Blocks, session: str) -> bool:
     return bool(session) and session in demo._queue.pending_messages_per_session
 
 
-def known_event(demo: gr.Blocks, event_id: str) -> bool:
-    """Whether /gradio_api/call/<name>/<event_id> has something to stream: an event in Gradio's queue or running, or
-    one whose result is not yet delivered (the same two places gradio/routes.py simple_predict_get looks, 6.31)."""
+def event_session(demo: gr.Blocks, event_id: str) -> str | None:
+    """The session of the event /gradio_api/call/<name>/<event_id> streams, or None when it has nothing to stream: not
+    in Gradio's queue nor running, nor a result not yet delivered (the two places gradio/routes.py simple_predict_get
+    looks, 6.31; a call that named no session has the event's own id as its session: queueing.Event)."""
     queue = demo._queue
-    pending = queue.pending_event_ids_session.values()
-    return event_id in queue.event_ids_to_events or any(event_id in ids for ids in pending)
+    if (event := queue.event_ids_to_events.get(event_id)) is not None:
+        return str(event.session_hash)
+    return next((session for session, ids in queue.pending_event_ids_session.items() if event_id in ids), None)
 
 
 def page_names(demo: gr.Blocks) -> set[str]:
