@@ -124,8 +124,18 @@ def arity_problem(fn: BlockFunction, count: int) -> str | None:
     """Why a call sending `count` values does not fit the function's inputs (BlockFunction.inputs, 6.31), or None."""
     if count == len(fn.inputs):
         return None
-    names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
-    return f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {count}"
+    values = f"{len(fn.inputs)} value{'s' * (len(fn.inputs) != 1)}"
+    return f"{fn.api_name} takes {values} ({', '.join(input_names(fn))}), got {count}"
+
+
+def input_names(fn: BlockFunction) -> list[str]:
+    """Each input's name in an error: its label, or for gr.api's inputs, labelled "1st", "2nd"... (an Api component,
+    gradio/components/api_component.py, 6.31), the handler's parameter (/warmup's error said "1st", issue 46)."""
+    from gradio.components.api_component import Api
+
+    parameters = parameter_names(fn)
+    return [parameters[i] if isinstance(block, Api) and i < len(parameters) else str(getattr(block, "label", None)
+            or f"input {i + 1}") for i, block in enumerate(fn.inputs)]
 
 
 NO_FUNCTION = -1  # a fn_index no task is named after
