@@ -218,6 +218,9 @@ def test_ab_slider_from_the_history_and_back(page):
     page.locator("#ab-open").click()
     slider = page.locator("#ab-slider img")
     expect(slider).to_have_count(2)
+    # It opened under the fold, and nothing showed it (issue 46): the page scrolls the whole panel into view.
+    page.wait_for_function("() => { const box = document.querySelector('#ab-panel').getBoundingClientRect();"
+                           " return box.height > 0 && box.top >= 0 && box.bottom <= innerHeight + 1; }", timeout=5000)
     caption = page.locator("#ab-caption")
     caption.get_by_text(f"A (left): seed {older}").wait_for()
     history(page).first.click()

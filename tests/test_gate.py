@@ -2,6 +2,7 @@
 their collaborators, so both are built here from plain objects, without a server, Gradio or a model."""
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.server.admission import Admission
-from neuron_ui.server.asgi import Refusal
+from neuron_ui.server.asgi import Outbound, Refusal
 from neuron_ui.server.doors import FileDoors
 from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
@@ -152,3 +153,23 @@ def test_one_count_bounds_the_device_for_every_door():
         assert admission.calls == 1
     assert admission.calls == 0 and admission.refusal(arriving=1) is not None and Admission(2).refusal() is None
 
+
+
+def test_a_failure_nobody_explained_is_told_as_the_servers_own():
+    """Gradio's bare 500 and its null error event (an exception that is not a gr.Error) were told as "values of the
+    wrong kind or number?", a guess about the request (issue 46): they say that the server failed, and where to look."""
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def answer(status: int, body: bytes) -> None:
+        outbound = Outbound(send, "/srv/files/", rewrite=True)
+        await outbound({"type": "http.response.start", "status": status, "headers": []})
+        await outbound({"type": "http.response.body", "body": body})
+
+    asyncio.run(answer(500, b"Internal Server Error"))
+    asyncio.run(answer(200, b'event: error\ndata: {"error": null}\n\n'))
+    told = [m["body"].decode() for m in sent if m["type"] == "http.response.body"]
+    said = "the server failed on this request with an unexpected error; its traceback is in the server log"
+    assert told == [json.dumps({"error": said}), f'event: error\ndata: {json.dumps({"error": said})}\n\n']

@@ -278,6 +278,8 @@ def test_keyword_calls_and_event_streams_still_work(gated):
     assert "event: complete" in stream and "256x256" in stream
     refused = post(s, "/gradio_api/call/v2/warmup", json={"resolution": "256x256", "size": 1})
     assert refused.status_code == 422 and refused.json()["detail"] == "/warmup takes resolution by name; not size"
+    too_many = post(s, "/gradio_api/call/warmup", json={"data": ["256x256", 1]})  # it named its parameter "1st"
+    assert too_many.status_code == 422 and too_many.json()["detail"] == "warmup takes 1 value (resolution), got 2"
 
 
 def test_component_server_holds_nothing(gated):

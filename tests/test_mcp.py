@@ -36,9 +36,29 @@ def app(tmp_path_factory):
     environ = {"NEURON_UI_AUTH": ":".join(AUTH), "GRADIO_MCP_SERVER": "True"}
     style = write_random_lora(build_tiny_pipeline().transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors",
                               rank=4, seed=1)
-    with served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8", "--mcp-sessions", str(SESSIONS),
-                environ=environ) as s:
+    with contextlib.ExitStack() as stack:
+        with lines_logged("neuron_ui.server.server") as started:  # what the server says while it starts
+            s = stack.enter_context(served(tmp_path_factory.mktemp("cache"), "--mcp", "--lora", f"{style}@0.8",
+                                           "--mcp-sessions", str(SESSIONS), environ=environ))
+        s.started = started
         yield s
+
+
+@contextlib.contextmanager
+def lines_logged(name: str):
+    """The INFO lines and above the logger `name` writes inside the block."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def with_session(app, work, auth=AUTH):
@@ -59,6 +79,8 @@ def test_exactly_the_six_tools_are_listed_with_descriptions_a_model_can_act_on(a
 
     tools = {tool.name: tool for tool in with_session(app, work)}
     assert sorted(tools) == ["ab", "generate", "grid", "inpaint", "status", "warmup"]
+    said = next(line for line in app.started if line.startswith("MCP tools at "))  # it named 4 of 6 (issue 46)
+    assert sorted(said[said.index("(") + 1:-1].split(", ")) == sorted(tools), said
     generate = tools["generate"]
     assert generate.inputSchema["properties"]["resolution"]["enum"] == ["256x256", "384x256"]
     assert generate.inputSchema["required"] == ["prompt", "resolution"]

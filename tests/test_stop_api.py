@@ -1,6 +1,7 @@
 """Stop through the served app: the /stop endpoint (gradio_client and raw HTTP through the gate), a client's
 job.cancel(), a closed event stream, and a queued request stopped before it ran (tiny model, eager backend)."""
 
+import threading
 import time
 
 import httpx
@@ -10,6 +11,7 @@ from serving import TIMEOUT, connect, served, wait_until
 from serving import GatedRunner
 from test_stop import LONG
 
+from neuron_ui.contract.errors import ErrorKind
 from neuron_ui.web.gradio_bridge import current_event
 
 
@@ -173,6 +175,48 @@ def test_a_client_that_closes_its_event_stream_stops_its_image(app):
                     break  # the image is on the device; now the client goes away
     freed_within(s, 10)
     assert len(s.clock.step_ends) - before < LONG  # it stopped: not all of its steps ran
+
+
+class StopHeard:
+    """An engine observer: `stopped` is set when a request ends stopped (the engine's own word that it stopped)."""
+
+    def __init__(self):
+        self.stopped = threading.Event()
+
+    def on_generated(self, result):
+        pass
+
+    def on_compiled(self, resolution, event, seconds):
+        pass
+
+    def on_failed(self, kind):
+        if kind == ErrorKind.STOPPED:
+            self.stopped.set()
+
+
+@pytest.mark.parametrize("name, data", [
+    ("generate", ["a long one", "256x256", LONG, 40]),
+    ("grid", ["a long one", "256x256", "41,42,43,44", None, None, str(LONG)]),
+])
+def test_a_raw_client_that_closes_its_call_stream_stops_its_work(app, name, data):
+    """Issue 46, defect 3: a client that closed its GET /gradio_api/call/<name>/<event_id> stream stopped nothing (a
+    60-step image, a 16-cell grid ran to the end; abandoned grids held the queue). It stops as the page's does."""
+    s = app
+    heard = StopHeard()
+    s.engine.observers.add(heard)
+    before, seeds = len(s.clock.step_ends), len(s.clock.seeds)
+    with httpx.Client(base_url=s.url, timeout=TIMEOUT) as http:
+        posted = http.post(f"/gradio_api/call/{name}", json={"data": data})
+        assert posted.status_code == 200, posted.text
+        with http.stream("GET", f"/gradio_api/call/{name}/{posted.json()['event_id']}") as stream:
+            assert stream.status_code == 200
+            running(s)  # the first image is on the device; now the client goes away
+    assert heard.stopped.wait(10), "the engine's request was not stopped"
+    freed_within(s, 10)
+    assert len(s.clock.step_ends) - before < LONG  # not all of its steps ran
+    assert len(s.clock.seeds) - seeds == 1  # a grid made no further cell
+    assert s.engine.status().queue_depth == 0
+    the_next_request_runs(s, connect(s.url, s.folder))
 
 
 def test_gradio_still_hands_handlers_their_session_and_event():

@@ -15,8 +15,8 @@ MAX_JSON_BODY = 1 << 20  # a request body read here to check it; a real one is a
 # Gradio walk values recursively: thousands of levels raised RecursionError, a bare 500 and a traceback per request.
 MAX_JSON_DEPTH = 32
 NOT_JSON = object()  # what parse_json gives for a body that is not JSON (JSON's null is None)
-UNEXPLAINED = ("the server could not handle this request (values of the wrong kind or number?); "
-               "the details are in the server log")
+# An exception the handler or Gradio did not explain (not a refusal, which names the value): a fault of the server's
+UNEXPLAINED = "the server failed on this request with an unexpected error; its traceback is in the server log"
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

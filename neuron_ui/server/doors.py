@@ -85,7 +85,7 @@ def check_route(scope: dict, demo: gr.Blocks) -> None:
     if path == SESSION_STREAM and not all(gradio_bridge.known_session(demo, s) for s in sessions):
         raise Refusal(404, "this session has no events waiting: join the queue first (its results may have been sent "
                            "already)")
-    if (named := EVENT_RESULT.match(path)) and not gradio_bridge.known_event(demo, named.group(1)):
+    if (named := EVENT_RESULT.match(path)) and gradio_bridge.event_session(demo, named.group(1)) is None:
         raise Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")
 
 

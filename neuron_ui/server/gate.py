@@ -19,7 +19,8 @@ component before Gradio preprocesses it (values.py).
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
 pipeline, and a client that closes its event stream only marks its events dead. The gate sees both (the cancel's
-body, the stream's disconnect) and tells the server, which stops that session's requests.
+body, the stream's disconnect) and stops what they carried: a session's stream (/queue/data) its requests, a raw
+call's stream (/call/<name>/<event_id>) its one event's.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from neuron_ui.server.asgi import (
     read_json,
     replay,
 )
-from neuron_ui.server.doors import FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
+from neuron_ui.server.doors import EVENT_RESULT, FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
 from neuron_ui.web import gradio_bridge
 from neuron_ui.web.gradio_mount import Mounted
 
@@ -137,8 +138,8 @@ class Gate:
         if upload is not None:
             send = upload.watch(send)
         send = Outbound(send, self.server.stored.prefix, rewrite)
-        if path == EVENT_STREAM and method == "GET":
-            receive = stop_on_disconnect(scope, receive, send, mounted.stops)
+        if method == "GET" and (watched := streamed_work(scope, mounted)):
+            receive = stop_on_disconnect(receive, send, mounted.stops, *watched)
         if device:
             self.admitting += 1
             send.on_start = self._admitted
@@ -250,15 +251,27 @@ async def stop_cancelled(data: object, stops: SessionStops) -> object:
     return {**data, "fn_index": gradio_bridge.NO_FUNCTION}
 
 
-def stop_on_disconnect(scope: dict, receive: Receive, send: Outbound, stops: SessionStops) -> Receive:
-    """A session's event stream closed by its client before the server ended it: the client has gone, so its
-    requests stop, except a compile's image."""
-    session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+def streamed_work(scope: dict, mounted: Mounted) -> tuple[str, str | None] | None:
+    """The work an event stream carries, as (session, event): the page's /queue/data all of its session's (event
+    None), a raw call's /call/<name>/<event_id> its one event; None for any other request."""
+    if scope["path"] == EVENT_STREAM:
+        session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+        return (session, None) if session else None
+    if not (named := EVENT_RESULT.match(scope["path"])):
+        return None
+    session = gradio_bridge.event_session(mounted.demo, named.group(1))
+    return (session, named.group(1)) if session else None
+
+
+def stop_on_disconnect(receive: Receive, send: Outbound, stops: SessionStops, session: str,
+                       event_id: str | None) -> Receive:
+    """An event stream closed by its client before the server ended it: the client has gone, so the requests the
+    stream carried stop (the session's, or the one event's), except a compile's image."""
 
     async def watched() -> Message:
         message = await receive()
-        if message["type"] == "http.disconnect" and session and not send.finished:
-            stops.stop(session, stopping.StopReason.DISCONNECTED)
+        if message["type"] == "http.disconnect" and not send.finished:
+            stops.stop(session, stopping.StopReason.DISCONNECTED, event_id)
         return message
 
     return watched

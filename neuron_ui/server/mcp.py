@@ -83,8 +83,10 @@ class McpEndpoint:
         self._said_at = -SUMMARY_SECONDS
         mcp_bridge.quiet_session_logs()
 
-    def serve(self, engine: EngineLike) -> None:
+    def serve(self, engine: EngineLike) -> list[str]:
+        """The tools call `engine` from now on; returns their names, as listed (the start-up line names them)."""
         self.studio = Studio(engine, max_grid_cells=self.settings.max_grid_cells)  # MCP sends its results: no store
+        return [tool.name for tool in mcp_tools.build_tools(engine.status())]
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if self.settings.auth and not self.authorized(scope):

@@ -177,8 +177,7 @@ class Server:
         self.metrics.attach(engine, waiting=lambda: device_queue_length(demo) + engine.status().queue_depth,
                             held=mounted.held)
         if self.mcp is not None:  # before the gate lets requests through (it answers "loading" until `mounted`)
-            self.mcp.serve(engine)
-            logger.info("MCP tools at %s/gradio_api/mcp/ (generate, inpaint, status, warmup)", self.url)
+            logger.info("MCP tools at %s/gradio_api/mcp/ (%s)", self.url, ", ".join(self.mcp.serve(engine)))
         self.engine, self.mounted = engine, mounted
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:

@@ -59,7 +59,7 @@ def call_problem(gradio_app: App, fn: BlockFunction, data: object, by_name: bool
         if index in values:
             problem = value_problem(block, values[index], preprocessed)
             if problem is not None:
-                return f"{getattr(block, 'label', None) or f'input {index + 1}'} {problem}"
+                return f"{gradio_bridge.input_names(fn)[index]} {problem}"
     return None
 
 

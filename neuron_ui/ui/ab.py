@@ -12,6 +12,10 @@ import gradio as gr
 from neuron_ui.ui.history import HistoryEntry, entry_named, picked  # at run time: Gradio reads the handlers' hints
 from neuron_ui.web.gradio_bridge import HIDDEN, TOLD
 
+# Run in the page once the panel opened (or not: a hidden panel does not scroll): it opened below the fold at
+# 1440x900, with nothing to say so (issue 46); the next frame, once Gradio has shown it.
+SHOW_PANEL = """() => requestAnimationFrame(() =>
+    document.querySelector('#ab-panel')?.scrollIntoView({block: 'nearest', behavior: 'instant'}))"""
 NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
 ALONE = "Only one image in this session's history: make another, then compare."
 
@@ -61,6 +65,7 @@ def add_ab_panel(image: gr.Image, history: gr.State, history_gallery: gr.Gallery
         caption = gr.Markdown(elem_id="ab-caption")
         close = gr.Button("Close the comparison", size="sm", elem_id="ab-close")
     left = gr.State(None)  # the path on the left (A) while the panel is open, else None
-    opener.click(on_open, [image, history], [left, panel, slider, caption], **TOLD)
+    opener.click(on_open, [image, history], [left, panel, slider, caption], **TOLD).then(
+        None, js=SHOW_PANEL, queue=False, api_visibility="private")
     history_gallery.select(on_pick, [left, history], [slider, caption], **HIDDEN)
     close.click(lambda: (None, gr.Column(visible=False)), None, [left, panel], **HIDDEN)

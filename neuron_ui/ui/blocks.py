@@ -109,8 +109,8 @@ def build_demo(engine: EngineLike, settings: Settings,
                         steps = gr.Slider(1, MAX_STEPS, value=status.default_steps, step=1, label="Steps",
                                           info=f"the model's default is {status.default_steps}", elem_id="steps")
                         with gr.Row(equal_height=True):
+                            # Gradio 6.31's page shows no value as 0 (Number: value ??= 0): never a placeholder
                             seed = gr.Number(None, label="Seed", precision=0, minimum=0, maximum=MAX_SEED, scale=2,
-                                             placeholder="random",
                                              info="typing one unticks Randomize", elem_id="seed")
                             with gr.Column(scale=1, min_width=120):
                                 randomize = gr.Checkbox(True, label="Randomize", elem_id="randomize")

@@ -124,8 +124,18 @@ def arity_problem(fn: BlockFunction, count: int) -> str | None:
     """Why a call sending `count` values does not fit the function's inputs (BlockFunction.inputs, 6.31), or None."""
     if count == len(fn.inputs):
         return None
-    names = ", ".join(str(getattr(block, "label", None) or "value") for block in fn.inputs)
-    return f"{fn.api_name} takes {len(fn.inputs)} values ({names}), got {count}"
+    values = f"{len(fn.inputs)} value{'s' * (len(fn.inputs) != 1)}"
+    return f"{fn.api_name} takes {values} ({', '.join(input_names(fn))}), got {count}"
+
+
+def input_names(fn: BlockFunction) -> list[str]:
+    """Each input's name in an error: its label, or for gr.api's inputs, labelled "1st", "2nd"... (an Api component,
+    gradio/components/api_component.py, 6.31), the handler's parameter (/warmup's error said "1st", issue 46)."""
+    from gradio.components.api_component import Api
+
+    parameters = parameter_names(fn)
+    return [parameters[i] if isinstance(block, Api) and i < len(parameters) else str(getattr(block, "label", None)
+            or f"input {i + 1}") for i, block in enumerate(fn.inputs)]
 
 
 NO_FUNCTION = -1  # a fn_index no task is named after
@@ -172,12 +182,14 @@ def known_session(demo: gr.Blocks, session: str) -> bool:
     return bool(session) and session in demo._queue.pending_messages_per_session
 
 
-def known_event(demo: gr.Blocks, event_id: str) -> bool:
-    """Whether /gradio_api/call/<name>/<event_id> has something to stream: an event in Gradio's queue or running, or
-    one whose result is not yet delivered (the same two places gradio/routes.py simple_predict_get looks, 6.31)."""
+def event_session(demo: gr.Blocks, event_id: str) -> str | None:
+    """The session of the event /gradio_api/call/<name>/<event_id> streams, or None when it has nothing to stream: not
+    in Gradio's queue nor running, nor a result not yet delivered (the two places gradio/routes.py simple_predict_get
+    looks, 6.31; a call that named no session has the event's own id as its session: queueing.Event)."""
     queue = demo._queue
-    pending = queue.pending_event_ids_session.values()
-    return event_id in queue.event_ids_to_events or any(event_id in ids for ids in pending)
+    if (event := queue.event_ids_to_events.get(event_id)) is not None:
+        return str(event.session_hash)
+    return next((session for session, ids in queue.pending_event_ids_session.items() if event_id in ids), None)
 
 
 def page_names(demo: gr.Blocks) -> set[str]:
