@@ -3,11 +3,14 @@ pip leaves it), and a failed compile with a stand-in torch_neuronx whose `neuron
 default, or runs the graph eagerly, as it does with TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0. Nothing here has
 Trainium: these test the choices our code makes, not the compiler."""
 
+import logging
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from test_bundles import fabricate, snapshot
 
 from neuron_ui.cache.bundle_export import export_bundle
@@ -16,8 +19,14 @@ from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.key import CompileKey
 from neuron_ui.config.cache_paths import configure_cache_env
+from neuron_ui.config.runtime import NEURON_FALLBACK_ENV, Runtime
+from neuron_ui.config.settings import Settings
+from neuron_ui.contract.errors import EngineError, ErrorKind
+from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import CacheEvent
+from neuron_ui.ui.words import describe_cache_event, describe_engine, describe_size
 
+FALLBACK_WORDS = f"{NEURON_FALLBACK_ENV}=0: a graph that fails to compile may run eagerly, unreported"
 NEFF = {"neff/neuronxcc-abc/model.neff": b"a NEFF of one release", "inductor/fxgraph/kp/entry/0": b"its graph"}
 
 
@@ -101,3 +110,91 @@ def test_the_same_neuron_release_imports_as_before(key_under, tmp_path):
     target = configure_cache_env(tmp_path / "target", environ={})
     assert import_bundle(target, here, tmp_path / "bundle.tar.gz").added_shapes == ["256x256"]
     assert (target.neff / "neuronxcc-abc" / "model.neff").read_bytes() == NEFF["neff/neuronxcc-abc/model.neff"]
+
+
+# -- a failed compile, with a stand-in torch_neuronx --------------------------------------------------------------
+
+STAND_IN = textwrap.dedent(
+    f"""
+    # Stand-in for torch_neuronx 2.34: importing it registers torch.neuron and the `neuron` compile backend, whose
+    # compiler fails here. By default the failure raises; with {NEURON_FALLBACK_ENV}=0 the graph runs eagerly and
+    # nothing says so, as the real one does.
+    import os
+    import torch
+
+    class _Neuron:
+        def is_available(self):
+            return True
+
+    torch.neuron = _Neuron()
+
+    @torch._dynamo.register_backend(name="neuron")
+    def neuron(gm, example_inputs):
+        try:
+            raise RuntimeError("neuronx-cc failed: NCC_INLA001 injected compiler failure")
+        except RuntimeError:
+            if os.environ.get("{NEURON_FALLBACK_ENV}", "1") == "0":
+                return gm.forward
+            raise
+    """
+)
+
+
+@pytest.fixture
+def neuron_stand_in(tmp_path, monkeypatch):
+    package = tmp_path / "stand-in" / "torch_neuronx"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(STAND_IN)
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.delenv(NEURON_FALLBACK_ENV, raising=False)
+    assert Runtime.detect() == Runtime("neuron", "bfloat16", "neuron")  # imports the stand-in, as start-up does
+    yield
+    from torch._dynamo.backends import registry  # what the stand-in's import registered, taken back
+
+    registry._COMPILER_FNS.pop("neuron", None)
+    registry._BACKENDS.pop("neuron", None)
+    sys.modules.pop("torch_neuronx", None)
+    del torch.neuron
+
+
+def gen(engine, resolution="256x256"):
+    return engine.generate(GenerateRequest("a lighthouse", resolution, seed=7))
+
+
+def test_a_failed_neuron_compile_shows_the_size_failed_with_the_reason(neuron_stand_in, make_engine):
+    engine = make_engine(backend="neuron")
+    with pytest.raises(EngineError, match="compiling 256x256 failed: .*NCC_INLA001 injected") as error:
+        gen(engine)
+    assert error.value.kind == ErrorKind.COMPILE_FAILED
+    shape = engine.status().shape("256x256")
+    assert shape.state == "failed" and "NCC_INLA001 injected compiler failure" in shape.error
+    assert "**Failed to compile** **256x256** (" in describe_size(shape) and "NCC_INLA001" in describe_size(shape)
+    assert NEURON_FALLBACK_ENV not in describe_engine(engine.status(), Settings())  # the default: nothing to warn
+
+
+def test_with_fallback_on_the_header_and_each_cache_event_say_a_graph_may_run_eagerly(
+        neuron_stand_in, make_engine, monkeypatch, caplog):
+    monkeypatch.setenv(NEURON_FALLBACK_ENV, "0")
+    with caplog.at_level(logging.WARNING, logger="neuron_ui.compile.strategies"):
+        engine = make_engine(backend="neuron")
+    assert FALLBACK_WORDS in caplog.text
+    first, again = gen(engine), gen(engine)  # the compile failed; the stand-in ran the graph eagerly, unreported
+    assert engine.status().shape("256x256").state == "ready"  # what the fallback hides: hence the words
+    assert FALLBACK_WORDS in describe_engine(engine.status(), Settings())
+    assert {first.cache_event, again.cache_event} == {CacheEvent.DISK_HIT, CacheEvent.MEMORY_HIT}
+    for result in (first, again):
+        assert describe_cache_event(result).endswith(f"({FALLBACK_WORDS})")
+    monkeypatch.setenv(NEURON_FALLBACK_ENV, "1")
+    assert FALLBACK_WORDS not in describe_cache_event(again)
+    assert NEURON_FALLBACK_ENV not in describe_engine(engine.status(), Settings())
+
+
+def test_the_fallback_words_stay_off_other_backends_and_eager(monkeypatch):
+    from neuron_ui.config.runtime import eager_fallback_note
+
+    monkeypatch.setenv(NEURON_FALLBACK_ENV, "0")
+    assert eager_fallback_note("neuron") == FALLBACK_WORDS
+    assert eager_fallback_note("inductor") == ""
+    for unset_or_default in ("", "1", "true"):
+        assert eager_fallback_note("neuron", {NEURON_FALLBACK_ENV: unset_or_default}) == ""
+    assert eager_fallback_note("neuron", {}) == ""
