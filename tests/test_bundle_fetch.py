@@ -556,7 +556,7 @@ def test_a_fresh_machine_makes_its_first_image_from_a_url_bundle_without_compili
     assert cold["cache_event"] == CacheEvent.COMPILED  # the empty folder really was cold
     key = key_for_settings(Settings(model="tiny", device="cpu", compile="regional",
                                     resolutions=parse_resolutions(RESOLUTION)))
-    assert dataclasses.asdict(key) == cold["key"]  # the cache commands' key is the engine's key
+    assert key.as_dict() == cold["key"]  # the cache commands' key is the engine's key
     data = export_bundle(configure_cache_env(here, environ={}), key, tmp_path / "b.tar.gz").path.read_bytes()
     server.routes["/b.tar.gz"] = serve(data)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_NEFF_CACHE_DIR")}

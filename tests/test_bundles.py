@@ -133,7 +133,7 @@ def test_ls_of_an_empty_cache(tmp_path):
 
 def test_export_then_import_into_an_empty_cache(source, bundle, tmp_path):
     header = json.loads(tarfile.open(bundle, "r:gz").extractfile(BUNDLE_JSON).read())
-    assert header["key"] == dataclasses.asdict(KEY)
+    assert header["key"] == KEY.as_dict()
     assert list(header["entries"][KEY.digest]["shapes"]) == ["512x512"]  # only what was asked for
     assert {f["path"] for f in header["files"]} == set(ARTIFACTS)  # the inductor folder whole, locks aside
 
@@ -159,7 +159,7 @@ def test_export_into_a_folder_names_the_bundle_by_key(source, tmp_path):
     assert info.path == tmp_path / f"neuron-ui-{KEY.digest}.tar.gz"
     assert tarfile.open(info.path, "r:gz").getnames()[0] == BUNDLE_JSON  # readable without extracting
     seen = import_bundle(configure_cache_env(tmp_path / "fresh", environ={}), KEY, info.path)
-    assert seen.resolutions == ["256x256", "512x512"] and seen.key == dataclasses.asdict(KEY)
+    assert seen.resolutions == ["256x256", "512x512"] and seen.key == KEY.as_dict()
     assert seen.bytes == sum(len(d) for d in ARTIFACTS.values())
 
 

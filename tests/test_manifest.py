@@ -3,7 +3,6 @@ goes through one schema, a bad record is dropped with a warning naming it, and t
 
 import json
 import logging
-from dataclasses import asdict
 
 import pytest
 from serving import served
@@ -39,7 +38,7 @@ BAD = {  # what: (the record's name, the record, what the warning must say)
 
 
 def write_manifest(root, shapes: dict, key: CompileKey = KEY) -> None:
-    entry = {"key": asdict(key), "shapes": shapes}
+    entry = {"key": key.as_dict(), "shapes": shapes}
     root.mkdir(parents=True, exist_ok=True)
     (root / "manifest.json").write_text(json.dumps({"version": 1, "entries": {key.digest: entry}}))
 

@@ -8,12 +8,12 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO
 
 from neuron_ui.cache.manifest import CacheManifest, ShapeRecord
-from neuron_ui.compile.key import CompileKey
+from neuron_ui.compile.key import NEURON_PACKAGES, CompileKey
 from neuron_ui.config.cache_paths import STAGING_PREFIX, sweep_staging
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.config.runtime import Runtime, detect_launch
@@ -75,8 +75,9 @@ def key_for_settings(settings: Settings, model_name: str | None = None) -> Compi
 
 def describe_key(key: CompileKey | dict) -> str:
     """A key's fields as name=value, for a listing or an error (a key from the manifest may lack newer fields)."""
-    k = asdict(key) if isinstance(key, CompileKey) else key
-    return " ".join(f"{f.name}={k.get(f.name)}" for f in fields(CompileKey))
+    k = key.as_dict() if isinstance(key, CompileKey) else key
+    return " ".join(f"{f.name}={k.get(f.name)}" for f in fields(CompileKey)
+                    if f.name in k or f.name not in NEURON_PACKAGES)  # no Neuron release: nothing to say
 
 
 def folder_usage(folder: Path) -> FolderUsage:

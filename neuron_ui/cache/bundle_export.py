@@ -10,7 +10,7 @@ import os
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +74,7 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
                          "holds no artifacts (cleared?); compile again before exporting")
     files = [BundleFile(name, *hash_file(path), mode=path.stat().st_mode & 0o755) for name, path in
              sorted(sources.items())]
-    info = BundleInfo(out, asdict(key), chosen, files, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    info = BundleInfo(out, key.as_dict(), chosen, files, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                       built_on=this_machine(), shapes={r: recorded[r] for r in chosen})
     _write_tar(info, sources)
     logger.info("exported %s: %s, %d files, %s", out, ", ".join(chosen), len(files), human_bytes(info.bytes))

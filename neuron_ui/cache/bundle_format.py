@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.manifest import DATE_PATTERN, load_json, parse_entries
-from neuron_ui.compile.key import key_digest
+from neuron_ui.compile.key import NEURON_PACKAGES, key_digest
 from neuron_ui.config.cache_paths import MIN_FREE_BYTES
 from neuron_ui.contract.errors import first_line
 
@@ -163,7 +163,12 @@ def _parse_files(files: object, bundle: str | Path) -> list[BundleFile]:
 def check_key(info: BundleInfo, key: CompileKey, bundle: str | Path) -> None:
     """Name every field that differs; a near miss is still a miss (the graphs would not match). The digest needs no
     look of its own: the schema holds it to its key's."""
-    theirs, ours = info.key, asdict(key)
+    theirs, ours = info.key, key.as_dict()
+    for field_name, package in NEURON_PACKAGES.items():  # first: a NEFF of another Neuron release is never a hit
+        if theirs.get(field_name) != ours.get(field_name):
+            raise BundleError(f"{bundle} was made with {package} {theirs.get(field_name, '(none)')}, this machine has "
+                              f"{ours.get(field_name, '(none)')}: its compiled graphs are not for this Neuron release; "
+                              "nothing was changed. Export it again under this release, or let this one compile.")
     diffs = [f"{name}: bundle {theirs.get(name, '(missing)')}, here {ours.get(name, '(missing)')}"
              for name in sorted(set(theirs) | set(ours)) if theirs.get(name) != ours.get(name)]
     if diffs:

@@ -225,7 +225,7 @@ class CacheManifest:
     def record(self, key: CompileKey, resolution: str, tokens: int, seconds: float, event: CacheEvent) -> None:
         with self._lock:
             self._reload()
-            entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
+            entry = self._data["entries"].setdefault(key.digest, {"key": key.as_dict(), "shapes": {}})
             previous, seconds = entry["shapes"].get(resolution, {}), round(seconds, 3)
             cold = seconds if event == CacheEvent.COMPILED else previous.get("cold_seconds")
             load = seconds if event == CacheEvent.DISK_HIT else previous.get("load_seconds")
@@ -243,7 +243,7 @@ class CacheManifest:
         """Add shape records measured elsewhere (an imported bundle); records already here win. (added, kept)"""
         with self._lock:
             self._reload()
-            entry = self._data["entries"].setdefault(key.digest, {"key": asdict(key), "shapes": {}})
+            entry = self._data["entries"].setdefault(key.digest, {"key": key.as_dict(), "shapes": {}})
             added = [r for r in sorted(shapes) if r not in entry["shapes"]]
             for resolution in added:
                 entry["shapes"][resolution] = asdict(parse_shape_record(resolution, shapes[resolution]))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
+from neuron_ui.config.runtime import eager_fallback_note
 from neuron_ui.model.torch_bridge import raise_recompile_limits
 
 if TYPE_CHECKING:
@@ -12,10 +14,13 @@ if TYPE_CHECKING:
 
 
 Backend = str | Callable
+logger = logging.getLogger(__name__)
 
 
 def compile_transformer(transformer: ModelMixin, mode: str, backend: Backend) -> None:
     """Compile the transformer in place; the text encoder stays eager (it reads intermediate hidden states)."""
+    if mode != "eager" and (note := eager_fallback_note(backend_name(backend))):
+        logger.warning("%s: a size that shows ready may not be compiled", note)
     if mode == "regional":
         transformer.compile_repeated_blocks(backend=backend, fullgraph=True, dynamic=False)
     elif mode == "full":

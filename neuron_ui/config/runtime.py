@@ -97,3 +97,16 @@ def default_dtype(device: str) -> str:
 
 def default_compile_backend(device: str) -> str:
     return "neuron" if device == "neuron" else "inductor"
+
+
+# Neuron 2.34: torch_neuronx raises on a graph it fails to compile (1, the default), so the size shows `failed` with
+# the compiler's reason; 0 runs such a graph eagerly on the CPU instead, and nothing tells us it did.
+NEURON_FALLBACK_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+
+
+def eager_fallback_note(backend: str = "neuron", environ: Mapping[str, str] = os.environ) -> str:
+    """What the header and each cache event add where a failed Neuron graph may run eagerly, unreported; else ""."""
+    value = environ.get(NEURON_FALLBACK_ENV, "1").strip()
+    if backend != "neuron" or value.lower() in ("", "1", "true", "yes", "on"):
+        return ""
+    return f"{NEURON_FALLBACK_ENV}={value[:20]}: a graph that fails to compile may run eagerly, unreported"

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from neuron_ui.config.runtime import eager_fallback_note
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
 from neuron_ui.contract.results import Mode
 from neuron_ui.contract.stopping import Phase
@@ -37,7 +38,8 @@ REFRESH_SECONDS = 2.0
 def describe_cache_event(result: GenerateResult) -> str:
     """What happened to the compile cache, with the time that matters for that event."""
     words = EVENT_WORDS.get(result.cache_event, result.cache_event + ", {total:.2f} s")
-    return words.format(compile=result.compile_seconds, total=result.total_seconds)
+    note = eager_fallback_note() if result.cache_event != "eager" else ""  # the setting is torch_neuronx's alone
+    return words.format(compile=result.compile_seconds, total=result.total_seconds) + (f" ({note})" if note else "")
 
 
 def describe_result(result: GenerateResult, show_guidance: bool = False) -> str:
@@ -173,6 +175,8 @@ def status_rows(status: EngineStatus) -> list[list[str]]:
 def describe_engine(status: EngineStatus, settings: Settings) -> str:
     """The header: the model, where and how it runs, and how many requests it takes."""
     compile_text = COMPILE_WORDS.get(status.compile_mode, f"{status.compile_mode}, {status.compile_backend}")
+    if status.compile_mode != "eager" and (note := eager_fallback_note(status.compile_backend)):
+        compile_text += f" ({note})"
     parallel = f" x{status.tensor_parallel['degree']} tensor-parallel" if status.tensor_parallel else ""
     per = f" on each of {settings.replicas} replicas" if settings.replicas else ""
     return (
