@@ -141,7 +141,10 @@ def check_memory(settings: Settings) -> None:
 
     dtype = settings.dtype if settings.dtype != "auto" else Runtime.detect(settings.device).dtype
     if problem := memory_problem(settings.model, dtype):
-        raise StartupError(problem)
+        refused, line = problem
+        if refused:
+            raise StartupError(line)
+        logger.warning(line)
 
 
 # A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from neuron_ui.model.footprint import available_bytes, memory_problem, weight_bytes
+from neuron_ui.model.footprint import meminfo_bytes, memory_problem, weight_bytes
 from neuron_ui.model.runner import PipelineRunner
 from neuron_ui.model.tiny import TINY, build_random_klein_pipeline, build_tiny_pipeline
 
@@ -62,14 +62,22 @@ def test_a_folder_is_counted_from_its_safetensors_headers(tmp_path):
 
 
 def test_too_big_is_told_what_it_needs_and_what_to_pass_instead(tmp_path):
-    problem = memory_problem("random-klein-4b", "float32", available=24 * 2**30)
-    assert problem == ("--model random-klein-4b in float32 needs 31.9 GB for its weights alone and this machine has "
-                       "25.8 GB available: pass --dtype bfloat16 (its weights are 16.0 GB then)")
-    assert memory_problem("random-klein-4b", "bfloat16", available=24 * 2**30) is None
-    assert "on a machine with more" in memory_problem("random-klein-4b", "bfloat16", available=8 * 2**30)
+    """Past the machine's memory: refused, naming what fits. Past what is available now: told, and it goes on."""
+    total, now = 24 * 2**30, 14 * 2**30
+    assert memory_problem("random-klein-4b", "float32", total=total, available=now) == (
+        True, "--model random-klein-4b in float32 needs 31.9 GB for its weights alone and this machine has 25.8 GB "
+              "of memory: pass --dtype bfloat16 (its weights are 16.0 GB then)")
+    assert memory_problem("random-klein-4b", "bfloat16", total=total, available=now) == (
+        False, "--model random-klein-4b in bfloat16 needs 16.0 GB for its weights alone and 15.0 GB is available now: "
+               "it may be killed for lack of memory unless other processes free some")
+    assert memory_problem("random-klein-4b", "bfloat16", total=total, available=20 * 2**30) is None
+    assert memory_problem("random-klein-4b", "bfloat16", total=8 * 2**30, available=8 * 2**30)[0] is True
+    assert "on a machine with more" in memory_problem("random-klein-4b", "bfloat16", total=8 * 2**30)[1]
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   1000 kB\n")
-    assert available_bytes(meminfo) == 1000 * 1024 and available_bytes(tmp_path / "none") is None
+    assert meminfo_bytes("MemAvailable", meminfo) == 1000 * 1024
+    assert meminfo_bytes("MemTotal", meminfo) == 24000000 * 1024
+    assert meminfo_bytes("MemAvailable", tmp_path / "none") is None
 
 
 def huge_folder(folder: Path) -> Path:
@@ -92,7 +100,7 @@ def test_the_command_refuses_at_start_up_before_anything_is_built(tmp_path, caps
                      str(tmp_path / "cache")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith(f"error: --model {folder} in float32 needs 400000.0 GB for its weights alone")
-    assert line.endswith("free memory, or serve it on a machine with more")
+    assert line.endswith("of memory: serve it on a machine with more")
 
 
 def test_prompt_embeddings_are_bounded_in_bytes_too():

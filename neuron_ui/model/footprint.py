@@ -50,26 +50,35 @@ def safetensors_counts(path: Path) -> list[tuple[str, int]]:
     return counts
 
 
-def available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """What the kernel says can be allocated without swapping (MemAvailable); None where it does not say."""
+def meminfo_bytes(field: str, meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """A /proc/meminfo field in bytes (MemTotal, MemAvailable: what can be allocated without swapping); None where
+    the kernel does not say."""
     try:
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
 
 
-def memory_problem(model: str, dtype: str, available: int | None = None) -> str | None:
-    """One line saying that `model`'s weights in `dtype` need more memory than is available, and what to pass
-    instead; None when they fit or cannot be counted."""
-    available = available_bytes() if available is None else available
-    needed = weight_bytes(model, dtype) if available is not None else None
-    if needed is None or available is None or needed <= available:
+def memory_problem(model: str, dtype: str, total: int | None = None,
+                   available: int | None = None) -> tuple[bool, str] | None:
+    """(refused, one line) when `model`'s weights in `dtype` need more memory than the machine has (refused: it can
+    never fit) or than is available now (told, not refused: memory in use now may be freed, and a busy machine must
+    not keep a model from starting); None when they fit or cannot be counted."""
+    total = meminfo_bytes("MemTotal") if total is None else total
+    available = meminfo_bytes("MemAvailable") if available is None else available
+    needed = weight_bytes(model, dtype) if total is not None else None
+    if needed is None or total is None:
         return None
-    half = needed * 2 // DTYPE_BYTES.get(dtype, 4)
-    instead = (f"pass --dtype bfloat16 (its weights are {half / GB:.1f} GB then)" if half < needed and half <= available
-               else "free memory, or serve it on a machine with more")
-    return (f"--model {model} in {dtype} needs {needed / GB:.1f} GB for its weights alone and this machine has "
-            f"{available / GB:.1f} GB available: {instead}")
+    weights = f"--model {model} in {dtype} needs {needed / GB:.1f} GB for its weights alone"
+    if needed > total:
+        half = needed * 2 // DTYPE_BYTES.get(dtype, 4)
+        instead = (f"pass --dtype bfloat16 (its weights are {half / GB:.1f} GB then)" if half < needed
+                   and half <= total else "serve it on a machine with more")
+        return True, f"{weights} and this machine has {total / GB:.1f} GB of memory: {instead}"
+    if available is not None and needed > available:
+        return False, (f"{weights} and {available / GB:.1f} GB is available now: it may be killed for lack of memory "
+                       "unless other processes free some")
+    return None
