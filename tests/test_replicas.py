@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from serving import TIMEOUT, served, wait_until
+from serving import TIMEOUT, connect, served, wait_until
 
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.model.lora_random import write_random_lora
@@ -160,6 +160,25 @@ def test_progress_streams_from_the_replica(deployment):
     assert 2 <= len(lines) <= took / STEP_GAP, (took, [u.message for u in updates])
     assert steps == sorted(steps) and {u.stage for u in updates} <= {"compiling", "denoising", "decoding"}, updates
     assert result.image.size == (256, 256) and result.seed == 1
+
+
+def test_every_step_preview_a_replica_makes_reaches_the_caller(deployment, tmp_path):
+    """Issue 46, defect 5: a replica held each preview as a progress line, so the next line replaced it and the result
+    dropped the last (a 40-step image: 0 of 39 previews through gradio_client). An N-step image gives N-1 previews,
+    in order, as in one process (the first step has none): at the engine's seam and through /generate's stream."""
+    steps = 12  # about 0.2 s on the tiny model here: most of its steps come within a gap of the message before
+    updates = []
+    deployment.engine.generate(GenerateRequest("a lighthouse at dusk", "256x256", steps=steps, seed=4, preview=True),
+                               updates.append)
+    assert [u.preview.step for u in updates if u.preview is not None] == list(range(2, steps + 1))
+    client = connect(deployment.url, tmp_path)
+    try:
+        job = client.submit("a lighthouse at dusk", "256x256", steps, 5, preview=True, api_name="/generate")
+        _, info = job.result(timeout=TIMEOUT)
+        *previews, _ = job.outputs()
+    finally:
+        client.close()
+    assert info["seed"] == 5 and [meta["preview"]["step"] for _, meta in previews] == list(range(2, steps + 1))
 
 
 def test_each_replica_exports_serves_metrics_every_five_seconds_not_ten_times_a_second(deployment):

@@ -1,6 +1,7 @@
 """A replica's stream carries few lines (neuron_ui.replicas.pacing): a line within the gap of the message before
 waits without waking the loop, a newer one replaces it, the result drops it, and it goes at the loop's next tick;
-a line that says the request waits, or comes after the gap, goes at once. No Ray: the lines are offered here as
+a line that says the request waits, or comes after the gap, goes at once. A step preview is never replaced or dropped:
+the previews held go in order with whatever goes next. No Ray: the lines are offered here as
 the replica's engine thread offers them."""
 
 from __future__ import annotations
@@ -59,11 +60,24 @@ def test_an_image_shorter_than_the_gap_sends_no_line_only_its_result():
     assert sent([step(1), step(2), step(3), step(4), DECODING, DONE]) == [DONE]
 
 
-def test_a_failure_drops_the_line_held_and_a_preview_is_held_as_a_line():
+def test_a_failure_drops_the_line_held():
     failed = Failed("generation_failed", "the replica failed: boom")
     assert sent([step(1), step(2), failed]) == [failed]
-    preview = Progress(ProgressUpdate(Phase.DENOISING, "step 3/4", 0.75), png=b"a step's png")
-    assert sent([step(1), preview, DONE]) == [DONE]
+
+
+def preview(n: int, of: int = 4) -> Progress:
+    """A step's preview as the replica offers it: its own line, with its PNG."""
+    return Progress(ProgressUpdate(Phase.DENOISING, f"step {n}/{of}", n / of), png=f"step {n}'s png".encode())
+
+
+def test_every_preview_goes_in_order_and_a_short_images_just_before_its_result():
+    """Issue 46, defect 5: a preview was held as a line, so the next line replaced it and the result dropped it (a
+    40-step image: 0 of 39 reached gradio_client). A line held still goes or not as before."""
+    image = [step(1), preview(2), step(2), preview(3), step(3), preview(4), step(4), DECODING]
+    assert sent([*image, DONE]) == [preview(2), preview(3), preview(4), DONE]
+    failed = Failed("generation_failed", "the replica failed: boom")
+    assert sent([*image, failed]) == [preview(2), preview(3), preview(4), failed]
+    assert sent([preview(2), step(2), WAITING, DONE]) == [preview(2), WAITING, DONE]  # the older previews first
 
 
 def test_a_line_that_says_the_request_waits_goes_at_once_and_drops_the_older_one_held():
@@ -79,6 +93,7 @@ def test_a_line_the_gap_after_the_message_before_goes_at_once():
         clock.now += LONG
 
     assert sent([step(1), later, step(2), later, step(3), step(4), DONE], clock) == [step(2), step(3), DONE]
+    assert sent([preview(2), later, step(2), preview(3), DONE], clock) == [preview(2), step(2), preview(3), DONE]
 
 
 def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
@@ -98,6 +113,22 @@ def test_the_line_held_goes_at_the_next_tick_and_only_the_newest():
 
     first, done = asyncio.run(run())
     assert (first, done) == (DECODING, DONE)
+
+
+def test_the_previews_held_go_at_the_next_tick_with_the_newest_line():
+    clock = Clock()
+
+    async def run() -> list:
+        pacer = LinePacer(asyncio.get_running_loop(), gap=0.05, clock=clock)
+        stream = pacer.messages()
+        for line in (step(1), preview(2), step(2), preview(3), step(3)):
+            pacer.offer(line)
+        clock.now += 0.05  # the tick sends what is held once the gap is up
+        ticked = [await asyncio.wait_for(stream.__anext__(), 5.0) for _ in range(3)]
+        pacer.finish(DONE)
+        return ticked + [message async for message in stream]
+
+    assert asyncio.run(run()) == [preview(2), preview(3), step(3), DONE]
 
 
 def test_the_result_ends_the_stream_and_nothing_after_it_is_read():

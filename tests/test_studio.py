@@ -135,6 +135,24 @@ def test_the_bridge_streams_what_a_call_tells_then_its_value_or_its_error():
     assert list(Bridge(lines)) == ["line 0", "line 1", "line 2", Finished(3)]  # lines are never skipped
 
 
+def test_a_reader_slower_than_the_call_gets_every_preview_in_order():
+    """Issue 46, defect 5: a replica's previews reach the front in bursts, and the bridge skipped to the newest, so
+    /generate's client got few or none of them; every preview reaches a client that reads them."""
+    previews = [StepPreview(step, 5, 1, 1, b"abc") for step in range(2, 6)]
+    ended = threading.Event()
+
+    def work(tell):
+        for preview in previews:
+            tell(preview)
+        ended.set()
+        return "the image"
+
+    items = iter(Bridge(work))
+    first = next(items)
+    assert ended.wait(10)  # everything else was told before the reader comes back
+    assert [first, *items] == [*previews, Finished("the image")]
+
+
 def test_an_async_reader_that_leaves_stops_the_call():
     stop, told = StopToken(), threading.Event()
 

@@ -3,7 +3,8 @@
 The call runs on a thread of its own, in a copy of the caller's context (Gradio finds its progress bar and event
 there), and is handed `tell`; what it tells on the way (step previews, progress lines) comes out in order, then
 Finished(its value), or its error is raised to the reader. A generator handler iterates it (Gradio shows each
-yield); MCP's async tool `async for`s it without holding a thread. A slow reader skips to the newest step preview.
+yield); MCP's async tool `async for`s it without holding a thread. A slow reader gets every step preview, late
+rather than fewer (a client counts them, and a replica's come in bursts: issue 46); at most one a step waits.
 A reader that leaves early (a cancelled MCP call) stops the call through its `stop` token, if it was given one.
 """
 
@@ -17,7 +18,6 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from neuron_ui.contract.results import StepPreview
 from neuron_ui.contract.stopping import StopToken
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ class Bridge(Generic[T, R]):
             while not self._ended:
                 with self._ready:
                     self._ready.wait_for(lambda: bool(self._items))
-                    item = self._take()
+                    item = self._items.popleft()
                 yield self._deliver(item)
         finally:
             self._leave()
@@ -69,7 +69,7 @@ class Bridge(Generic[T, R]):
         try:
             while not self._ended:
                 with self._ready:
-                    item = self._take() if self._items else None
+                    item = self._items.popleft() if self._items else None
                 if item is None:
                     await ready.wait()
                     ready.clear()  # an item put since is in the deque already: the loop finds it
@@ -97,13 +97,6 @@ class Bridge(Generic[T, R]):
             self._items.append(item)
             self._ready.notify_all()
         self._wake()
-
-    def _take(self) -> T | Finished[R] | BaseException:
-        """The next item (the lock held); a step preview with anything behind it is skipped."""
-        item = self._items.popleft()
-        while isinstance(item, StepPreview) and self._items:
-            item = self._items.popleft()
-        return item
 
     def _deliver(self, item: T | Finished[R] | BaseException) -> T | Finished[R]:
         """The item for the reader; at the end the call's thread is joined first, and its error is raised here."""
