@@ -149,3 +149,33 @@ def test_a_restored_history_keeps_entries_whose_images_are_there_and_drops_the_r
     assert entry.path == str(private / kept)  # named under the private folder, not the link's target
     assert entry.references == (str(private / kept), str(upload))
     assert entry.editor is not None and entry.editor.background == str(private / kept)
+
+
+def test_a_grid_a_page_still_shows_outlives_newer_images_and_compare_says_when_one_expired(tmp_path):
+    """Issue 46, defect 7: an 8-cell grid's images were gone from a page's history 47 minutes on (the store keeps a
+    count, and newer images pushed them out), and Compare said "only one image". A page that loads or saves its
+    history marks its images as shown, so the bound drops what no page showed for longest; an image it dropped all
+    the same is said to have expired, in one line."""
+    import gradio as gr
+
+    from neuron_ui.ui import ab
+    from neuron_ui.ui.history import HistoryEntry
+    from neuron_ui.ui.session import HeldResults, SessionEvents
+
+    store = ImageStore(tmp_path / "images", keep=10)
+    cells = [HistoryEntry(store.save(image(seed)), "", "a fox", "32x16", seed) for seed in range(8)]
+    history = cells[::-1]
+    events = SessionEvents(None, store, HeldResults(), uploads=tmp_path)  # the engine is not asked here
+    for seed in range(8, 12):  # other visitors' images, while the page is open
+        store.save(image(seed))
+        events.on_save({"id": "a" * 22}, "a fox", "32x16", 4, 0, True, 1.0, history)  # the page saves its form
+    assert all(Path(e.path).is_file() for e in history)  # before: the oldest two cells were gone
+    for seed in range(12, 22):  # a page that saves nothing: its images go, oldest first
+        store.save(image(seed))
+    assert not any(Path(e.path).is_file() for e in history)
+    with pytest.warns(UserWarning, match=r"^The other images of this history have expired on the server"):
+        assert ab.on_open(history[0].path, history)[0] == gr.skip()
+    shown = HistoryEntry(store.save(image(22)), "", "a fox", "32x16", 22)
+    with pytest.warns(UserWarning, match="expired"):
+        assert ab.on_pick(shown.path, [shown, *history], gr.SelectData(None, {"index": 2, "value": None})) == \
+            (gr.skip(), gr.skip())

@@ -58,17 +58,22 @@ def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, b
         return own[0] if own else statistics.median(others) if others else None
     cold = [(r.tokens, s) for r in records.values() if (s := measured_cold_seconds(r))]
     if cold:
-        return scaled_seconds(cold, tokens if tokens is not None else name_tokens(resolution))
+        # Never scaled up past the largest size measured: a 512x512 compile of 104 s under load, scaled to 1024x1024,
+        # was announced as 417 s and took 12.3 s (issue 46); a figure from other sizes keeps two digits, no more.
+        count = tokens if tokens is not None else name_tokens(resolution)
+        seconds = scaled_seconds(cold, count, grow=False)
+        return seconds if any(t == count for t, _ in cold) else float(f"{seconds:.2g}")
     if parameters and backend_name(backend) == "inductor":
         return scaled_seconds(INDUCTOR_GUESS_BY_PARAMETERS, parameters)
     return DEFAULT_COMPILE_SECONDS.get(backend_name(backend), DEFAULT_OTHER_BACKEND_SECONDS)
 
 
-def scaled_seconds(measured: list[tuple[int, float]], tokens: int | None) -> float:
+def scaled_seconds(measured: list[tuple[int, float]], tokens: int | None, grow: bool = True) -> float:
     """A compile's seconds at `tokens`, from (tokens, seconds) measured at other sizes: between two measured token
     counts, the line through them; beyond them, the nearest one's seconds in proportion to the tokens (a compile at
     a quarter of the tokens was estimated at the first size's 59 s, and took 12.9 s). Without a token count: the
-    median. Each measured count counts once, with its median time."""
+    median. Each measured count counts once, with its median time. Without `grow`, past the largest count the
+    largest's seconds, unscaled."""
     by_tokens: dict[int, list[float]] = {}
     for count, seconds in measured:
         by_tokens.setdefault(count, []).append(seconds)
@@ -81,7 +86,7 @@ def scaled_seconds(measured: list[tuple[int, float]], tokens: int | None) -> flo
         (low, low_s), (high, high_s) = below[-1], above[0]
         return low_s if high == low else low_s + (high_s - low_s) * (tokens - low) / (high - low)
     count, seconds = (above[0] if not below else below[-1])
-    return seconds * tokens / count
+    return seconds * tokens / count if grow or tokens < count else seconds
 
 
 def name_tokens(resolution: str) -> int | None:

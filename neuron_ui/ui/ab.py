@@ -7,6 +7,8 @@ always does); *Close* goes back to the image alone. Only paths of the session's 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gradio as gr
 
 from neuron_ui.ui.history import HistoryEntry, entry_named, picked  # at run time: Gradio reads the handlers' hints
@@ -18,6 +20,8 @@ SHOW_PANEL = """() => requestAnimationFrame(() =>
     document.querySelector('#ab-panel')?.scrollIntoView({block: 'nearest', behavior: 'instant'}))"""
 NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
 ALONE = "Only one image in this session's history: make another, then compare."
+EXPIRED = ("The other images of this history have expired on the server (it keeps the 512 images shown or made most "
+           "recently): make another, then compare.")
 
 
 def describe_pair(left: HistoryEntry | None, right: HistoryEntry) -> str:
@@ -39,9 +43,10 @@ def on_open(image: object, history: list[HistoryEntry]) -> tuple[object, ...]:
         gr.Warning(NO_IMAGE)
         return (gr.skip(),) * 4
     after = history[history.index(shown) + 1:]
-    right = next((e for e in [*after, *history] if e.path != shown.path), None)
+    others = [e for e in [*after, *history] if e.path != shown.path]
+    right = next((e for e in others if Path(e.path).is_file()), None)  # the store's bound may have dropped some
     if right is None:
-        gr.Warning(ALONE)
+        gr.Warning(EXPIRED if others else ALONE)
         return (gr.skip(),) * 4
     return (shown.path, gr.Column(visible=True), (shown.path, right.path), describe_pair(shown, right))
 
@@ -50,6 +55,9 @@ def on_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> 
     """A history image clicked while comparing: it goes on the right. Outputs: slider, caption."""
     shown, right = entry_named(history, left), picked(history, event)
     if shown is None or right is None:
+        return gr.skip(), gr.skip()
+    if not Path(right.path).is_file():
+        gr.Warning("That image has expired on the server: pick another of the history.")
         return gr.skip(), gr.skip()
     return (shown.path, right.path), describe_pair(shown, right)
 

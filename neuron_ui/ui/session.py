@@ -220,6 +220,7 @@ class SessionEvents:
         sid = session_id(saved) or secrets.token_urlsafe(16)
         kept = clean_history(saved.get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
         history = merge_history(kept, self.held.results(sid), HISTORY_SIZE)
+        self.store.keep_using(e.path for e in history)  # shown again: the store's bound spares them longest
         arrived = [e for e in history if e not in kept]
         form = self._restore_form(saved)
         if arrived:
@@ -246,14 +247,14 @@ class SessionEvents:
         }
         return {k: saved.get(k) for k, check in checks.items() if k in saved and check(saved.get(k))}
 
-    @staticmethod
-    def on_save(session: BrowserSession | None, prompt: str, resolution: str, steps: float, seed: float | None,
+    def on_save(self, session: BrowserSession | None, prompt: str, resolution: str, steps: float, seed: float | None,
                 randomize: bool, guidance: float, history: list[HistoryEntry]) -> object:
         """The form and history into the browser's storage, under the session's id (given by on_restore: a change
-        before it is not saved, or it would save under another id)."""
+        before it is not saved, or it would save under another id); the history's images count as shown."""
         sid = session_id(session)
         if sid is None:
             return gr.skip()
+        self.store.keep_using(e.path for e in history)
         values = dict(zip(FORM_FIELDS, (prompt, resolution, steps, seed, randomize, guidance)))
         return {**values, "id": sid, "history": to_json(history)}
 

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -45,13 +45,15 @@ DISK_FULL = ("the image was made but the server's disk is full, so it could not 
 
 
 class ImageStore:
-    """The app's one folder of generated PNGs, the newest `keep` kept; names are made here, never from user input.
+    """The app's one folder of generated PNGs, the `keep` most recently made or shown (keep_using) kept; names are
+    made here, never from user input.
 
     `folder` is where they are (build_image_store: `<cache>/images`, so a restart finds them for the browsers'
     stored histories); `served` is the path handed out for it, a link in the private folder (one folder of served
     files, whose prefix the gate cuts from answers: a history entry's path stays the same across restarts).
     Gradio serves the folder in place (gradio_bridge.serve_in_place) rather than copying each PNG into its cache.
-    The bound holds across restarts: the files already there count, oldest (by their number) dropped first. A random
+    The bound holds across restarts: the files already there count, oldest (by their number) dropped first, then
+    those made or shown longest ago. A random
     part in each name keeps users from guessing the address of someone else's image. With `spill`, an image the
     folder's disk has no room for goes to a folder in the private one (served, not kept across a restart), as the
     compile cache falls back to a temporary folder; without, or with no room there either, it is one line: DISK_FULL.
@@ -88,6 +90,16 @@ class ImageStore:
             dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
         for oldest in dropped:
             oldest.unlink(missing_ok=True)
+
+    def keep_using(self, paths: Iterable[str]) -> None:
+        """The store's files among `paths` (a page's history, as it loads or changes) count as just made: the bound
+        drops the images no page showed for longest, not a grid's cells that a history still names (issue 46)."""
+        names = {Path(path).name for path in paths}
+        with self._lock:
+            named = [saved for saved in self._saved if saved.name in names]
+            for saved in named:
+                self._saved.remove(saved)
+            self._saved.extend(named)
 
     def save(self, result: GenerateResult | GridResult) -> str:
         with self._lock:
