@@ -192,7 +192,7 @@ class PreviewFiles:
     def shown(self, work: Callable[[Callable[[StepPreview], None]], R],
               frame: Callable[[str, StepPreview], F]) -> Iterator[R | F]:
         """`work(on_preview)` through the studio's bridge, for a generator handler: each step's estimate of the image
-        saved and yielded as `frame(its file, it)` (a slow reader skips to the newest), then work's value."""
+        saved and yielded as `frame(its file, it)` (a slow reader gets every one, later), then work's value."""
         for item in Bridge(work):
             if isinstance(item, Finished):
                 yield item.value
