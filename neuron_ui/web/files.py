@@ -40,8 +40,8 @@ IMAGES = "images"  # the images' folder in the cache folder; its link in the pri
 IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
 KEEP_PREVIEWS = 64  # files: a page fetches its preview at once; 64 leave 16 images of 4 steps in flight at a time
 KEEP_IMAGES = 512  # the newest results kept: 1.6 GB of 1024x1024 PNGs (written uncompressed, 3 MB each)
-# ...and at most this many bytes of them: 512 of 2048x2048 would be 6.4 GB, and 512 sheets of 100-cell grids (one file
-# per grid where every cell repeats one seed) about 50 GB (bench/bounds.py)
+# ...and at most this many bytes of them: 512 at 2048x2048 were 6.4 GB, and 256 grids of 100 cells of one seed repeated
+# (a cell's file and an 88 MB sheet each) 25 GB (bench/bounds.py)
 KEEP_IMAGE_BYTES = 2 * 2**30
 
 
