@@ -115,3 +115,35 @@ def test_the_chart_draws_the_sections_a_run_holds(tmp_path):
     assert chart({"stop": STOP}, only_stop) and Image.open(only_stop).size[0] == 6 * 110
     nothing = tmp_path / "nothing.png"
     assert not chart({"date": "today", "memory": {"ratio": 1.1}}, nothing) and not nothing.exists()
+
+
+def test_bounds_bench_fills_each_store_to_its_bound_at_small_size(tmp_path):
+    """Issue 45: every bound a stranger can fill, in bytes; --small runs the same sections at small sizes. The stores
+    filled past their bounds keep no more than the bounds, in files and in bytes. In a process of its own, as it is
+    run: it measures memory as the resident bytes an image adds, which memory this process freed earlier would hide."""
+    out = tmp_path / "bounds.json"
+    bench = ROOT / "bench" / "bounds.py"
+    subprocess.run([sys.executable, str(bench), "--small", "--dir", str(tmp_path), "--out", str(out)], check=True,
+                   timeout=600)
+    r = json.loads(out.read_text())
+    assert not list(tmp_path.glob("bounds-*"))  # its temporary folder is removed
+    small, large = r["image_store"]
+    for store in (small, large):
+        assert store["saved"] > store["count_bound"] and store["files_kept"] <= store["count_bound"]
+        assert store["bytes_on_disk"] <= max(store["byte_bound"], store["file_bytes"])
+    assert small["files_kept"] == small["count_bound"]  # 8 small files fit the byte bound: the count holds them
+    assert large["count_bound_times_file"] > large["byte_bound"] >= large["bytes_on_disk"]  # the byte bound holds
+    assert large["files_kept"] == large["byte_bound"] // large["file_bytes"]
+    for upload in r["uploads"]:  # filled until refused, within the budget
+        assert upload["refused_with"] == 507 and upload["admitted"] >= 1
+        assert upload["admitted"] * upload["upload_bytes"] <= upload["bytes_on_disk"] <= upload["budget"]
+    held = r["held_results"]
+    assert held["entries"] == 16 * 4 and 1000 < held["bytes_per_entry"] < 20_000  # a 2,000-character prompt each
+    for preview in r["previews"]:
+        assert preview["files_kept"] == preview["count_bound"] and preview["one_call_in_memory"] > 0
+    for memory in r["in_memory"]:  # an RGB image is held at 4 bytes a pixel; resident memory is measured, so roughly
+        width, height = map(int, memory["size"].split("x"))
+        assert 4 * width * height <= memory["per_cell"] < 1.5 * 4 * width * height
+    bounds = {row["bound"] for row in r["table"]}
+    assert {"image store", "held results", "uploads", "running grids' cells", "prompt cache"} <= bounds
+    assert all(row["worst"] >= row["at_largest"] > 0 for row in r["table"] if row["bound"] != "image store")

@@ -41,6 +41,23 @@ def test_the_bound_holds_across_restarts_oldest_first(tmp_path):
     assert names(folder) == sorted([later[1], "notes.txt"])
 
 
+def test_the_bytes_kept_are_bounded_too_newest_first_and_across_restarts(tmp_path):
+    """Issue 45: 512 files of a bounded count were up to 6.4 GB at 2048x2048, and more as grid sheets; the store also
+    keeps at most `keep_bytes`, the oldest going first, the newest always kept."""
+    folder = tmp_path / "images"
+    probe = ImageStore(tmp_path / "probe")
+    size = (probe.folder / os.path.basename(probe.save(image()))).stat().st_size  # every image() is this size
+    store = ImageStore(folder, keep=10, keep_bytes=int(2.5 * size))
+    made = [os.path.basename(store.save(image(seed))) for seed in range(5)]
+    assert names(folder) == sorted(made[-2:])  # 2 files fit in 2.5 files' bytes; the count bound (10) is far
+    ImageStore(folder, keep=10, keep_bytes=size)  # a restart with a smaller byte bound: the older one goes at once
+    assert names(folder) == [made[-1]]
+    tiny = ImageStore(folder, keep=10, keep_bytes=1)  # not even one file fits: the newest is still kept
+    assert names(folder) == [made[-1]]
+    newest = os.path.basename(tiny.save(image(9)))
+    assert names(folder) == [newest] and sum(p.stat().st_size for p in folder.iterdir()) == size
+
+
 def test_the_store_in_the_cache_folder_is_0700_and_served_through_the_private_folders_link(tmp_path):
     store = build_image_store(tmp_path / "cache", keep=5)
     assert store.folder == (tmp_path / "cache" / IMAGES).resolve()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -38,6 +39,10 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 IMAGES = "images"  # the images' folder in the cache folder; its link in the private folder is named images-<hash>
 IMAGE_NAME = re.compile(r"(\d{5,})-[0-9a-f]{8}-\d+x\d+-seed\d+\.png")  # what ImageStore.save names a file
 KEEP_PREVIEWS = 64  # files: a page fetches its preview at once; 64 leave 16 images of 4 steps in flight at a time
+KEEP_IMAGES = 512  # the newest results kept: 1.6 GB of 1024x1024 PNGs (written uncompressed, 3 MB each)
+# ...and at most this many bytes of them: 512 at 2048x2048 were 6.4 GB, and 256 grids of 100 cells of one seed repeated
+# (a cell's file and an 88 MB sheet each) 25 GB (bench/bounds.py)
+KEEP_IMAGE_BYTES = 2 * 2**30
 
 
 DISK_FULL = ("the image was made but the server's disk is full, so it could not be saved; free some space and try "
@@ -45,8 +50,8 @@ DISK_FULL = ("the image was made but the server's disk is full, so it could not 
 
 
 class ImageStore:
-    """The app's one folder of generated PNGs, the `keep` most recently made or shown (keep_using) kept; names are
-    made here, never from user input.
+    """The app's one folder of generated PNGs, the `keep` most recently made or shown (keep_using) kept and at most
+    `keep_bytes` of them (the newest always); names are made here, never from user input.
 
     `folder` is where they are (build_image_store: `<cache>/images`, so a restart finds them for the browsers'
     stored histories); `served` is the path handed out for it, a link in the private folder (one folder of served
@@ -59,35 +64,49 @@ class ImageStore:
     compile cache falls back to a temporary folder; without, or with no room there either, it is one line: DISK_FULL.
     """
 
-    def __init__(self, folder: Path | None = None, keep: int = 512, served: Path | None = None, spill: bool = False):
+    def __init__(self, folder: Path | None = None, keep: int = KEEP_IMAGES, served: Path | None = None,
+                 spill: bool = False, keep_bytes: int = KEEP_IMAGE_BYTES):
         self.folder = Path(folder or tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.served = Path(served) if served is not None else self.folder
-        self.keep = keep
+        self.keep, self.keep_bytes = keep, keep_bytes
         self.spill = spill
         self._spilled: Path | None = None  # the spill folder, once made
         self._spilling = False  # the last image went there (logged once each time it starts)
         self._lock = threading.Lock()
         found = self._found()
-        self._saved: collections.deque[Path] = collections.deque(self.folder / name for _, name in found)
+        self._saved: collections.deque[tuple[Path, int]] = collections.deque(
+            (self.folder / name, size) for _, name, size in found)  # oldest first, with each file's bytes
+        self._bytes = sum(size for _, size in self._saved)
         self._numbers = itertools.count(found[-1][0] + 1 if found else 1)
         self._keep_bound()
 
-    def _found(self) -> list[tuple[int, str]]:
-        """The images a previous process left here, oldest first (numbers only grow: a restart continues them)."""
+    def _found(self) -> list[tuple[int, str, int]]:
+        """The images a previous process left here (number, name, bytes), oldest first (numbers only grow: a restart
+        continues them)."""
         try:
             entries = list(os.scandir(self.folder))
         except OSError:
             return []
-        named = [(int(m.group(1)), e.name) for e in entries
-                 if (m := IMAGE_NAME.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
+        named = []
+        for entry in entries:
+            if (m := IMAGE_NAME.fullmatch(entry.name)) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    named.append((int(m.group(1)), entry.name, entry.stat(follow_symlinks=False).st_size))
         return sorted(named)
 
     def _keep_bound(self, saved: Path | None = None) -> None:
+        """The oldest go while more than `keep` files or `keep_bytes` bytes are kept; the newest is always kept."""
         with self._lock:
             if saved is not None:
-                self._saved.append(saved)
-            dropped = [self._saved.popleft() for _ in range(len(self._saved) - self.keep)]
+                size = saved.stat().st_size
+                self._saved.append((saved, size))
+                self._bytes += size
+            dropped = []
+            while len(self._saved) > self.keep or (len(self._saved) > 1 and self._bytes > self.keep_bytes):
+                oldest, size = self._saved.popleft()
+                self._bytes -= size
+                dropped.append(oldest)
         for oldest in dropped:
             oldest.unlink(missing_ok=True)
 
@@ -96,7 +115,7 @@ class ImageStore:
         drops the images no page showed for longest, not a grid's cells that a history still names (issue 46)."""
         names = {Path(path).name for path in paths}
         with self._lock:
-            named = [saved for saved in self._saved if saved.name in names]
+            named = [saved for saved in self._saved if saved[0].name in names]
             for saved in named:
                 self._saved.remove(saved)
             self._saved.extend(named)
@@ -143,7 +162,7 @@ def write_png_file(result: GenerateResult | GridResult, path: Path) -> Path:
     return path
 
 
-def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
+def build_image_store(cache_dir: Path, keep: int = KEEP_IMAGES, keep_bytes: int = KEEP_IMAGE_BYTES) -> ImageStore:
     """The images in `<cache_dir>/images` (mode 0700), served through the link `<private folder>/images-<hash>`, named
     after the folder: the same name after a restart, and its own for each cache folder a process serves (the tests
     serve several). A cache folder that cannot hold them gets a folder inside the private one: served, bounded, gone
@@ -159,8 +178,8 @@ def build_image_store(cache_dir: Path, keep: int = 512) -> ImageStore:
             raise FileExistsError(f"{link} links to {os.readlink(link)}")
     except OSError as error:
         logger.warning("cannot keep images in %s (%s): they last until this process stops", folder, error)
-        return ImageStore(keep=keep)
-    return ImageStore(folder, keep, served=link, spill=True)
+        return ImageStore(keep=keep, keep_bytes=keep_bytes)
+    return ImageStore(folder, keep, served=link, spill=True, keep_bytes=keep_bytes)
 
 
 class PreviewFiles:
