@@ -215,26 +215,28 @@ def owner(session: BrowserSession | None) -> str:
 
 def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[gr.Textbox | gr.Dropdown],
                       history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks,
-                      on_device: Listen) -> Dependency:
+                      on_device: Listen) -> tuple[Dependency, tuple[gr.Image, gr.Markdown]]:
     """The panel (inside the form's column; the prompt and size are the form's own) and its events; returns the grid's
-    event (the form's Stop cancels it, which stops the grid too). `form`: prompt, resolution; `on_device`: the page's
-    private events' keywords for the device."""
+    event (the form's Stop cancels it, which stops the grid too) and the sheet and its line, for the caller to render
+    where they can be read (full width, under the form and the result). `form`: prompt, resolution; `on_device`: the
+    page's private events' keywords for the device."""
     kinds, values = [], []
     with gr.Accordion("Compare: a grid", open=False, elem_id="compare"):
         gr.Markdown("The prompt and size above, along up to three axes: "
                     f"styles here: none{', ' + ', '.join(styles) if styles else ''}.", elem_id="compare-help")
         for n in (1, 2, 3):
             with gr.Row(equal_height=True):
-                kinds.append(gr.Dropdown([NO_AXIS, *AXIS_KINDS], value=NO_AXIS, label=f"Axis {n}", scale=1,
-                                         min_width=110, elem_id=f"grid-kind{n}"))
+                kinds.append(gr.Dropdown([NO_AXIS, *AXIS_KINDS], value=NO_AXIS, label=f"Axis {n}", scale=2,
+                                         min_width=150, elem_id=f"grid-kind{n}"))
                 values.append(gr.Textbox(label="values", placeholder="3+4", scale=3, elem_id=f"grid-values{n}"))
         plan = gr.Markdown(elem_id="grid-plan")
         with gr.Row():
             make = gr.Button("Make grid", variant="primary", elem_id="grid-make")
             stop = gr.Button("Stop", variant="stop", elem_id="grid-stop")
-        image = gr.Image(label="Grid", type="filepath", format="png", interactive=False,
-                         buttons=["download", "fullscreen"], elem_id="grid-image")
-        line = gr.Markdown(elem_id="grid-line")
+        # Rendered by the caller; a click on the sheet opens it full size (page_js.PAGE_SCRIPT).
+        image = gr.Image(label="Grid", show_label=False, type="filepath", format="png", interactive=False,
+                         buttons=["download", "fullscreen"], elem_id="grid-image", render=False)
+        line = gr.Markdown(elem_id="grid-line", render=False)
         timer = gr.Timer(REFRESH_SECONDS, active=False)
         line_timer = gr.Timer(REFRESH_SECONDS, active=False)  # keeps a reloaded page's line current (on_line)
     axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(kinds, values) for part in pair]
@@ -258,4 +260,4 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
     stop.click(handlers.on_stop, [session], None, **TOLD)
     timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **HIDDEN)
     line_timer.tick(handlers.on_line, [session], [line, line_timer], **HIDDEN)
-    return made
+    return made, (image, line)
