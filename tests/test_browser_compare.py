@@ -35,6 +35,7 @@ def pick_axis(page, n: int, kind: str, values: str) -> None:
 
 
 def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
+    assert not page.locator("#grid-sheet").is_visible()  # no sheet, no grid running: no empty box
     page.locator("#prompt textarea").fill("a red fox in snow")
     page.locator("#generate").click()  # one image first: the plan's estimate is measured from it
     page.locator("#history .thumbnail-item").first.wait_for()
@@ -57,6 +58,16 @@ def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
     assert page.locator("#history .thumbnail-item").count() == 5  # the first image and the four cells
     sheet = page.locator("#grid-image img").evaluate("img => [img.naturalWidth, img.naturalHeight]")
     assert sheet[0] > 2 * 256 and sheet[1] > 2 * 256
+    # Shown full width under the form and the result (issue 46: in the form's column its labels were about 6 px),
+    # with no label over the first column's; a click opens the PNG full size.
+    shown = page.locator("#grid-image img").bounding_box()
+    assert shown["width"] > page.locator("#form").bounding_box()["width"] and shown["width"] >= sheet[0] * 0.99
+    assert page.locator("#grid-image [data-testid=block-label]").is_hidden()
+    with page.context.expect_page() as opened:
+        page.locator("#grid-image img").click()
+    assert re.search(r"/gradio_api/file=.*\.png$", opened.value.url) and "image/png" in \
+        opened.value.evaluate("() => document.contentType")
+    opened.value.close()
     page.locator("#compare").scroll_into_view_if_needed()
     shot(page, "compare")
 
@@ -78,6 +89,7 @@ def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner)
     runner.hold()
     page.locator("#grid-make").click()
     page.get_by_text(re.compile("image 2 of 4: step 2/4")).first.wait_for()  # the long night, held
+    assert page.locator("#grid-sheet").is_visible()  # the progress draws on the sheet's slot, full width
     page.locator("#grid-stop").click()
     page.locator("#grid-line").get_by_text("Stopped after 1 of 4 images at 256x256").wait_for()
     page.locator("#grid-image img").wait_for()

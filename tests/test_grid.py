@@ -374,3 +374,45 @@ def test_the_panel_takes_each_kind_of_axis_once():
     assert axis_values("seeds", "1+2", NO_AXIS, "ignored", "steps", "1,2") == {"seeds": "1+2", "steps": "1,2"}
     with pytest.raises(ValueError, match="^seeds is chosen for two axes: pick each kind once$"):
         axis_values("seeds", "1", "seeds", "2", NO_AXIS, "")
+
+
+class Measuring(FakeEngine):
+    """The fake engine with a status: this size's last image took 2 s at the default 4 steps."""
+
+    def status(self):
+        return status(2.0)
+
+
+def test_a_reloaded_pages_grid_line_follows_the_grid_and_counts_down_within_a_cell():
+    from neuron_ui.studio.studio import Studio
+    from neuron_ui.ui.compare import CompareHandlers, describe_running
+    from neuron_ui.ui.session import HeldResults
+
+    clock = [100.0]
+    engine = Measuring(hold_at=2)  # the second of four cells is held
+    job = GridJobs(engine, max_running=1, clock=lambda: clock[0]).start("browser:a", plan(seeds="1+4"),
+                                                                        finish=lambda grid: None)
+    assert engine.holding.wait(10) and job.made == 1 and job.since == 100.0
+    # 8 s for the grid, 2 s an image: three to make, the one on the device counting down from its 2 s
+    assert "1 of 4 made · about 6 s left (an estimate)" in describe_running(job, 8.0, 100.0)
+    assert "about 5 s left" in describe_running(job, 8.0, 101.0)
+    assert "about 4 s left" in describe_running(job, 8.0, 130.0)  # past its share: the two still to come
+    assert "time left unknown" in describe_running(job, None, 101.0)
+    engine.released.set()
+    assert job.wait(10)
+
+    # The page: a reload finds the grid running, its line timer starts, each tick re-renders the line, and once the
+    # grid ends the tick stops the timer (the watch shows the sheet).
+    engine = Measuring(hold_at=2)
+    studio = Studio(engine)
+    handlers, session = CompareHandlers(studio, HeldResults()), {"id": "a" * 22}
+    job = studio.jobs.start(f"browser:{'a' * 22}", plan(seeds="1+3"), finish=lambda grid: None)
+    assert engine.holding.wait(10)
+    restored = handlers.on_restore(session)
+    assert "1 of 3 made" in restored[1] and restored[3].active is True
+    line, timer = handlers.on_line(session)
+    assert "1 of 3 made" in line and "s left (an estimate)" in line
+    engine.released.set()
+    assert job.wait(10)
+    line, timer = handlers.on_line(session)
+    assert timer.active is False

@@ -196,3 +196,23 @@ def test_a_grid_a_page_still_shows_outlives_newer_images_and_compare_says_when_o
     with pytest.warns(UserWarning, match="expired"):
         assert ab.on_pick(shown.path, [shown, *history], gr.SelectData(None, {"index": 2, "value": None})) == \
             (gr.skip(), gr.skip())
+
+
+def test_a_page_whose_state_gradio_dropped_saves_its_new_image_beside_the_browsers_history(tmp_path):
+    """Issue 46, defect 7, a second cause: Gradio keeps page state for at most 500 sessions, so a page idle past
+    that many newer ones starts its in-page history over, and the next image made its history [new]; saving that
+    overwrote the browser's copy, and the older entries were lost though their files were on disk. The browser's
+    copy is merged in, newest first, bounded as before."""
+    from neuron_ui.ui.history import HistoryEntry, to_json
+    from neuron_ui.ui.session import HISTORY_SIZE, HeldResults, SessionEvents
+
+    store = ImageStore(tmp_path / "images", keep=64)
+    entries = [HistoryEntry(store.save(image(seed)), "", "a fox", "32x16", seed, made=float(seed))
+               for seed in range(HISTORY_SIZE + 1)]
+    older, new = entries[:-1], entries[-1]
+    events = SessionEvents(None, store, HeldResults(), uploads=tmp_path)  # the engine is not asked here
+    stored = {"id": "a" * 22, "history": to_json(older[::-1])}  # the browser's copy: 24 entries, newest first
+    saved = events.on_save(stored, "a fox", "32x16", 4, 0, True, 1.0, [new])  # the page's history: [new]
+    assert [e["seed"] for e in saved["history"]] == list(range(HISTORY_SIZE, 0, -1))  # bounded: the oldest goes
+    again = events.on_save(saved, "a cat", "32x16", 4, 0, True, 1.0, [new])
+    assert again["history"] == saved["history"]  # saving again changes nothing

@@ -108,6 +108,7 @@ class GridJob(Generic[R]):
         self.outcome: R | None = None
         self.failure: Exception | None = None
         self.ended: float | None = None  # the jobs' clock when it ended
+        self.since: float | None = None  # the jobs' clock when it started, then when its last cell was made
         self._token = StopToken()
         self._update: ProgressUpdate | None = None
         self._version = 0  # counts every change a watcher may show
@@ -156,8 +157,9 @@ class GridJob(Generic[R]):
         def made(done: CellResult) -> None:
             if on_cell is not None:
                 on_cell(done)
-            self._change(made=self.made + 1)
+            self._change(made=self.made + 1, since=clock())
 
+        self._change(since=clock())
         try:
             grid = run_grid(engine, self.plan, progress=lambda update: self._change(_update=update),
                             stop=self._token, visitor=self.owner, on_cell=made)

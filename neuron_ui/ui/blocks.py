@@ -120,7 +120,7 @@ def build_demo(engine: EngineLike, settings: Settings,
                     ref_files, ref_size, ref_fit = add_reference_panel(editing_handlers)
                     with gr.Accordion("Inpaint", open=False, elem_id="inpaint-panel"):
                         editor, editor_sent, holds, strength, inpaint = add_inpaint_tab()
-                    compared = add_compare_panel(
+                    compared, (grid_image, grid_line) = add_compare_panel(
                         CompareHandlers(handlers.studio, handlers.held, not handlers.distilled),
                         [loaded["name"] for loaded in status.styles], [prompt, resolution], history, history_gallery,
                         session, demo, private_on_device)
@@ -140,6 +140,11 @@ def build_demo(engine: EngineLike, settings: Settings,
                 variations = gr.Gallery(label="Variations", columns=MAX_VARIATIONS, fit_columns=False, height="auto",
                                         visible=False, elem_id="variations")
                 history_gallery.render()
+        # The grid's sheet, full width so its labels can be read; shown (assets/style.css) once it holds a sheet, a
+        # line or a grid's progress.
+        with gr.Column(elem_id="grid-sheet"):
+            grid_image.render()
+            grid_line.render()
         with gr.Accordion("Sizes on this server", open=True, elem_id="status"):
             table = gr.Dataframe(status_rows(status), headers=TABLE_HEADERS, interactive=False,
                                  elem_id="status-table")

@@ -73,10 +73,15 @@ class GridShown:
     entries: list[HistoryEntry]
 
 
-def describe_running(job: GridJob[GridShown], seconds: float | None) -> str:
+def describe_running(job: GridJob[GridShown], seconds: float | None, now: float) -> str:
     """The grid's line on a page that did not start it (a reload): how far it is, and about how long is left
-    (`seconds`: the whole grid's estimate, from the images made so far)."""
-    left = None if seconds is None else seconds * (job.total - job.made) / job.total
+    (`seconds`: the whole grid's estimate; `now`: the jobs' clock), counting down within a cell too: the image being
+    made has its share less the time since the last one was made (never below nothing)."""
+    left = None
+    if seconds is not None:
+        share, waiting = seconds / job.total, job.total - job.made
+        elapsed = 0.0 if job.since is None else max(now - job.since, 0.0)
+        left = share * max(waiting - 1, 0) + (max(share - elapsed, 0.0) if waiting else 0.0)
     left_words = "time left unknown until an image is made here" if left is None else \
         f"about {left:.0f} s left (an estimate)" if left >= 1 else "under a second left (an estimate)"
     return (f"*Your grid of {job.total} images at {job.plan.resolution} is still being made (asked for before this "
@@ -158,9 +163,19 @@ class CompareHandlers:
                 "Stopping the grid: the image being made stops at its next step and the rest are not made.")
 
     def on_restore(self, session: BrowserSession | None):
-        """On page load: the visitor's grid, still running (its line; on_watch follows) or finished (its sheet and
-        line). Outputs: image, line, poll timer."""
-        return (*self._shown(self.jobs.find(owner(session))), gr.Timer(active=False))
+        """On page load: the visitor's grid, still running (its line, which the line timer keeps current; on_watch
+        follows) or finished (its sheet and line). Outputs: image, line, poll timer, line timer."""
+        job = self.jobs.find(owner(session))
+        return (*self._shown(job), gr.Timer(active=False), gr.Timer(active=job is not None and job.running))
+
+    def on_line(self, session: BrowserSession | None):
+        """The line timer's tick, active while a grid from before this page's load runs: its line follows the grid
+        (how many made, the time left counting down); once it ends the timer stops (the watch shows the sheet and
+        its line). Outputs: line, line timer."""
+        job = self.jobs.find(owner(session))
+        if job is None or not job.running:
+            return gr.skip(), gr.Timer(active=False)
+        return self._shown(job)[1], gr.skip()
 
     def on_poll(self, session: BrowserSession | None, history: list[HistoryEntry]):
         """After a watch failed (a cancel, a refusal while the grid runs): once the grid ends, its sheet and line
@@ -176,7 +191,8 @@ class CompareHandlers:
         if job is None:
             return gr.skip(), gr.skip()
         if job.running:
-            return gr.skip(), describe_running(job, estimate_seconds(job.plan, self.engine.status()))
+            seconds = estimate_seconds(job.plan, self.engine.status())
+            return gr.skip(), describe_running(job, seconds, self.jobs.clock())
         if job.outcome is None:
             return gr.skip(), f"**Not made:** {failure_words(job.failure)}"
         sheet = job.outcome.sheet
@@ -199,27 +215,30 @@ def owner(session: BrowserSession | None) -> str:
 
 def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[gr.Textbox | gr.Dropdown],
                       history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks,
-                      on_device: Listen) -> Dependency:
+                      on_device: Listen) -> tuple[Dependency, tuple[gr.Image, gr.Markdown]]:
     """The panel (inside the form's column; the prompt and size are the form's own) and its events; returns the grid's
-    event (the form's Stop cancels it, which stops the grid too). `form`: prompt, resolution; `on_device`: the page's
-    private events' keywords for the device."""
+    event (the form's Stop cancels it, which stops the grid too) and the sheet and its line, for the caller to render
+    where they can be read (full width, under the form and the result). `form`: prompt, resolution; `on_device`: the
+    page's private events' keywords for the device."""
     kinds, values = [], []
     with gr.Accordion("Compare: a grid", open=False, elem_id="compare"):
         gr.Markdown("The prompt and size above, along up to three axes: "
                     f"styles here: none{', ' + ', '.join(styles) if styles else ''}.", elem_id="compare-help")
         for n in (1, 2, 3):
             with gr.Row(equal_height=True):
-                kinds.append(gr.Dropdown([NO_AXIS, *AXIS_KINDS], value=NO_AXIS, label=f"Axis {n}", scale=1,
-                                         min_width=110, elem_id=f"grid-kind{n}"))
+                kinds.append(gr.Dropdown([NO_AXIS, *AXIS_KINDS], value=NO_AXIS, label=f"Axis {n}", scale=2,
+                                         min_width=150, elem_id=f"grid-kind{n}"))
                 values.append(gr.Textbox(label="values", placeholder="3+4", scale=3, elem_id=f"grid-values{n}"))
         plan = gr.Markdown(elem_id="grid-plan")
         with gr.Row():
             make = gr.Button("Make grid", variant="primary", elem_id="grid-make")
             stop = gr.Button("Stop", variant="stop", elem_id="grid-stop")
-        image = gr.Image(label="Grid", type="filepath", format="png", interactive=False,
-                         buttons=["download", "fullscreen"], elem_id="grid-image")
-        line = gr.Markdown(elem_id="grid-line")
+        # Rendered by the caller; a click on the sheet opens it full size (page_js.PAGE_SCRIPT).
+        image = gr.Image(label="Grid", show_label=False, type="filepath", format="png", interactive=False,
+                         buttons=["download", "fullscreen"], elem_id="grid-image", render=False)
+        line = gr.Markdown(elem_id="grid-line", render=False)
         timer = gr.Timer(REFRESH_SECONDS, active=False)
+        line_timer = gr.Timer(REFRESH_SECONDS, active=False)  # keeps a reloaded page's line current (on_line)
     axes: list[gr.Textbox | gr.Dropdown] = [part for pair in zip(kinds, values) for part in pair]
     gr.on([c.change for c in (*form, *axes)], handlers.on_plan, [*form, *axes], plan, trigger_mode="always_last",
           **HIDDEN)
@@ -229,7 +248,7 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
     made = make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[image], **on_device)
     # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
     # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
-    loaded = demo.load(handlers.on_restore, [session], [*shown, timer], **HIDDEN)
+    loaded = demo.load(handlers.on_restore, [session], [*shown, timer, line_timer], **HIDDEN)
     followed = gr.State(False)  # whether the watch followed a grid to its end (else the history is not its to write)
     watched = loaded.then(handlers.on_watch, [session], [*shown, followed], show_progress_on=[image],
                           api_visibility="private", queue=True, concurrency_limit=None)
@@ -240,4 +259,5 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
         event.failure(lambda: gr.Timer(active=True), None, timer, **HIDDEN)
     stop.click(handlers.on_stop, [session], None, **TOLD)
     timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **HIDDEN)
-    return made
+    line_timer.tick(handlers.on_line, [session], [line, line_timer], **HIDDEN)
+    return made, (image, line)

@@ -11,7 +11,8 @@ canvas and Brush button, the accordion's toggle, the client's POST to /gradio_ap
 #   in English), ticks or clears the hidden #editor-holds box, so the layout hint knows with no event on the editor;
 # - a click on Inpaint with an empty mask is told at once beside the button and goes no further (nothing uploads:
 #   it took 5 s behind the device's queue); any other click says, beside the button, how the upload of the editor's
-#   files goes, file by file (seconds on a slow link, with nothing else moving), until INPAINT_SCRIPT runs.
+#   files goes, file by file (seconds on a slow link, with nothing else moving), until INPAINT_SCRIPT runs;
+# - a click on the grid's sheet opens its PNG full size in a new tab.
 PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true; window.neuronMask = 'unknown';
     const clearError = (event) => {
         const clear = document.querySelector('#image [data-testid="status-tracker"] .clear-status button');
@@ -37,6 +38,8 @@ PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true
     const tell = (up) => say(`Uploading the image and the painted mask: ${up.done} of ${up.files} files sent`
         + ` (${size(up.sent)} of ${size(up.bytes)})…`);
     document.addEventListener('click', (event) => {
+        const sheet = event.target.closest?.('#grid-image .image-frame')?.querySelector('img');
+        if (sheet) { window.open(sheet.src, '_blank', 'noopener'); event.preventDefault(); return; }
         if (event.target.closest?.('#history')) window.neuronMask = 'unknown';
         if (event.target.closest?.('#inpaint-editor button[aria-label="Clear canvas"]')) {
             window.neuronMask = 'unknown'; holds(false); }

@@ -250,10 +250,15 @@ class SessionEvents:
     def on_save(self, session: BrowserSession | None, prompt: str, resolution: str, steps: float, seed: float | None,
                 randomize: bool, guidance: float, history: list[HistoryEntry]) -> object:
         """The form and history into the browser's storage, under the session's id (given by on_restore: a change
-        before it is not saved, or it would save under another id); the history's images count as shown."""
+        before it is not saved, or it would save under another id); the history's images count as shown. The history
+        kept is the page's merged with the browser's copy: a page whose in-page state Gradio dropped (it keeps at most
+        GradioLimits.sessions, web/gradio_mount.py) starts its history over, and must not overwrite the older entries
+        (their files still on disk) with its new image alone."""
         sid = session_id(session)
         if sid is None:
             return gr.skip()
+        stored = clean_history((session or {}).get("history"), self.store.folder, self.uploads, HISTORY_SIZE)
+        history = merge_history(history, stored, HISTORY_SIZE)
         self.store.keep_using(e.path for e in history)
         values = dict(zip(FORM_FIELDS, (prompt, resolution, steps, seed, randomize, guidance)))
         return {**values, "id": sid, "history": to_json(history)}

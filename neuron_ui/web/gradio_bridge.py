@@ -9,11 +9,13 @@ import asyncio
 import functools
 import inspect
 import logging
+from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import gradio as gr
 from gradio.block_function import BlockFunction
+from gradio.queueing import ProcessTime
 
 
 if TYPE_CHECKING:
@@ -174,6 +176,27 @@ def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
 @functools.cache  # warned once
 def _warn_unreadable_queue() -> None:
     logger.warning("cannot read Gradio's queue length (a Gradio change?); queue depth counts the engine only")
+
+
+class _PublicTimes(defaultdict[BlockFunction, ProcessTime]):
+    """Gradio's average run time per function (gradio/queueing.py 6.31, Queue.process_time_per_fn: a run's duration
+    is added after it ends; a starting event is told the average as its eta, and the queue's wait estimates use it),
+    kept for the named API's events only. A page's own event (api_visibility "private") is never timed: its next run
+    says nothing of its last (a 20 s grid was shown "1.9/208.5 s", the previous grid's length), so Gradio shows the
+    time elapsed, and the page's progress line carries the estimate (web/progress.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(ProcessTime)
+
+    def __missing__(self, fn: BlockFunction) -> ProcessTime:
+        if fn.api_visibility == "private":
+            return ProcessTime()  # added to, then dropped: never `in` the mapping
+        return super().__missing__(fn)
+
+
+def time_public_events_only(demo: gr.Blocks) -> None:
+    """The queued demo's run times kept for the named API only (_PublicTimes); before it serves."""
+    demo._queue.process_time_per_fn = _PublicTimes()
 
 
 def known_session(demo: gr.Blocks, session: str) -> bool:

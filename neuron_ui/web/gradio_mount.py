@@ -22,6 +22,7 @@ from starlette.routing import Mount
 from neuron_ui.config.host_memory import release_free_heap
 from neuron_ui.images.decode import MAX_UPLOAD_BYTES
 from neuron_ui.web.files import ASSETS
+from neuron_ui.web.gradio_bridge import time_public_events_only
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -102,6 +103,7 @@ class Mounted:
         demo._queue.ANALYTICS_MAX_EVENTS = 1
         demo._queue.pending_messages_per_session.max_size = limits.streams
         demo._queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # (sic) never summarised
+        time_public_events_only(demo)  # a page's timer shows the time elapsed, never a past run's length
         lifespan.callback(asyncio.create_task(self._housekeeping(limits.housekeeping_seconds, uploads)).cancel)
 
     async def _housekeeping(self, seconds: float, uploads: UploadFolder) -> None:
