@@ -141,6 +141,45 @@ def test_back_to_none_gives_the_base_image_and_the_base_weights_bit_for_bit(sequ
     assert all(torch.equal(after[k], v) for k, v in sequence["weights"].items())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_read_from_a_folder_restores_from_its_file_not_from_copies(files, tmp_path, dtype):
+    """A transformer diffusers read from a folder keeps no host copies of the weights a style targets (klein-4B's,
+    with a LoRA on every linear layer, were 7.3 GB: the transformer twice, issue 45): its safetensors file holds them,
+    and a switch back reads them from there, bit for bit, also when the file is in another dtype. A layer whose
+    weights differ from the file's is copied, as is every layer of a model built in code."""
+    from diffusers import Flux2KleinPipeline
+
+    build_tiny_pipeline().save_pretrained(tmp_path / "tiny")
+    pipe = Flux2KleinPipeline.from_pretrained(tmp_path / "tiny", torch_dtype=dtype)
+    transformer = pipe.transformer
+    changed = "transformer_blocks.0.attn.to_q"
+    with torch.no_grad():
+        transformer.get_submodule(changed).weight.add_(1)  # no longer what the file holds
+    base = {k: v.clone() for k, v in transformer.state_dict().items()}
+    styles = StyleBook.load([str(files["a"]), f"bee={files['b']}"], transformer)
+    fuser = styles.fuser
+    assert fuser.host_bytes == transformer.get_submodule(changed).weight.nbytes  # that one layer only
+    for style, strength in (("ink", 1.0), ("bee", 0.7), ("ink", 0.3)):
+        assert fuser.use(styles.styles[style], strength) > 0
+    fused_from_file = {k: v.clone() for k, v in transformer.state_dict().items()}
+    fuser.use(None, 0.0)
+    assert all(torch.equal(v, base[k]) for k, v in transformer.state_dict().items())
+    copied = StyleBook.load([str(files["a"]), f"bee={files['b']}"], build_tiny_pipeline(dtype).transformer).fuser
+    assert copied.host_bytes > 100 * fuser.host_bytes  # built in code: every targeted layer copied
+    # The same switches from copies (a fuser given no file) give the same weights as from the file.
+    from neuron_ui.model.styles import StyleFuser
+
+    twin = Flux2KleinPipeline.from_pretrained(tmp_path / "tiny", torch_dtype=dtype).transformer
+    with torch.no_grad():
+        twin.get_submodule(changed).weight.add_(1)
+    copies = StyleFuser(twin)
+    for style in styles.styles.values():
+        copies.keep_originals(style)
+    for style, strength in (("ink", 1.0), ("bee", 0.7), ("ink", 0.3)):
+        copies.use(styles.styles[style], strength)
+    assert all(torch.equal(v, fused_from_file[k]) for k, v in twin.state_dict().items())
+
+
 def test_a_to_b_fuses_exactly_the_weights_none_to_b_does(engine):
     fuser, styles = engine.runner.styles.fuser, engine.runner.styles.styles
     fuser.use(styles["ink"], 1.0)

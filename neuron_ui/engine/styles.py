@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.lora_files import HUB_TIMEOUT, StyleError, load_style
-from neuron_ui.model.styles import StyleFuser
+from neuron_ui.model.styles import StyleFuser, file_weights
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +39,7 @@ class StyleBook:
                  refused: dict[str, str] | None = None):
         self.styles = {style.name: style for style in styles or []}
         self.refused = refused or {}  # spec -> why, for the status
-        self.fuser = StyleFuser(transformer) if transformer is not None else None
+        self.fuser = StyleFuser(transformer, file_weights(transformer)) if transformer is not None else None
         for style in self.styles.values():
             if self.fuser is None:
                 raise ValueError("styles need the transformer they are fused into")
