@@ -6,6 +6,7 @@ finds it still running, then its sheet."""
 import re
 
 import pytest
+from playwright.sync_api import expect
 import serving
 from browser_fixtures import LONG_PROMPT, HeldRunner, open_page, shot
 
@@ -35,7 +36,8 @@ def pick_axis(page, n: int, kind: str, values: str) -> None:
 
 
 def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
-    assert not page.locator("#grid-sheet").is_visible()  # no sheet, no grid running: no empty box
+    # No sheet, no grid running: no empty box (once the page's load events, queued behind others, have answered).
+    expect(page.locator("#grid-sheet")).to_be_hidden(timeout=30_000)
     page.locator("#prompt textarea").fill("a red fox in snow")
     page.locator("#generate").click()  # one image first: the plan's estimate is measured from it
     page.locator("#history .thumbnail-item").first.wait_for()
@@ -93,7 +95,7 @@ def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner)
     assert page.locator("#grid-sheet").is_visible()  # the progress draws on the sheet's slot, full width
     # ... under the fold, and nothing showed it (issue 46): the page scrolls it into view.
     page.wait_for_function("() => { const box = document.querySelector('#grid-sheet').getBoundingClientRect();"
-                           " return box.height > 0 && box.top >= 0 && box.top < innerHeight; }", timeout=5000)
+                           " return box.height > 0 && box.top >= 0 && box.top < innerHeight; }", timeout=15_000)
     page.locator("#grid-stop").click()
     page.locator("#grid-line").get_by_text("Stopped after 1 of 4 images at 256x256").wait_for()
     page.locator("#grid-image img").wait_for()

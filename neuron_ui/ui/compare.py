@@ -214,9 +214,9 @@ def owner(session: BrowserSession | None) -> str:
 
 
 # Run in the page on "Make grid": the sheet's box (under the form, full width) shows once the grid's progress draws on
-# it, below the fold at 1440x900 with nothing to say so (issue 46); each frame for up to 3 s, until it shows, it is
+# it, below the fold at 1440x900 with nothing to say so (issue 46); each frame for up to 20 s, until it shows, it is
 # scrolled into view.
-SHOW_SHEET = """() => { const until = performance.now() + 3000; const look = () => {
+SHOW_SHEET = """() => { const until = performance.now() + 20000; const look = () => {
     const box = document.querySelector('#grid-sheet');
     if (box && box.offsetParent) box.scrollIntoView({block: 'start', behavior: 'instant'});
     else if (performance.now() < until) requestAnimationFrame(look); }; requestAnimationFrame(look); }"""
