@@ -213,15 +213,6 @@ def owner(session: BrowserSession | None) -> str:
     return current_visitor(session) or "anonymous"
 
 
-# Run in the page on "Make grid": the sheet's box (under the form, full width) shows once the grid's progress draws on
-# it, below the fold at 1440x900 with nothing to say so (issue 46); each frame for up to 20 s, until it shows, it is
-# scrolled into view.
-SHOW_SHEET = """() => { const until = performance.now() + 20000; const look = () => {
-    const box = document.querySelector('#grid-sheet');
-    if (box && box.offsetParent) box.scrollIntoView({block: 'start', behavior: 'instant'});
-    else if (performance.now() < until) requestAnimationFrame(look); }; requestAnimationFrame(look); }"""
-
-
 def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[gr.Textbox | gr.Dropdown],
                       history: gr.State, gallery: gr.Gallery, session: gr.BrowserState, demo: gr.Blocks,
                       on_device: Listen) -> tuple[Dependency, tuple[gr.Image, gr.Markdown]]:
@@ -255,7 +246,6 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
         kind.change(lambda kind: gr.Textbox(placeholder=AXIS_HELP.get(kind, "")), kind, value, **HIDDEN)
     shown = [image, line]
     made = make.click(handlers.on_grid, [*form, *axes, session], shown, show_progress_on=[image], **on_device)
-    make.click(None, js=SHOW_SHEET, queue=False, api_visibility="private")
     # Every page load: the visitor's grid, and while it runs, a watch of it (queued, for its progress; not on the
     # device: it waits on the grid, which takes its turns there itself; it returns at once when nothing runs).
     loaded = demo.load(handlers.on_restore, [session], [*shown, timer, line_timer], **HIDDEN)
