@@ -36,10 +36,16 @@ def weight_bytes(model: str, dtype: str) -> int | None:
     return sum(t.nbytes for name in COMPONENTS for t in getattr(pipe, name).parameters())
 
 
+def safetensors_header(path: Path) -> tuple[int, dict]:
+    """A safetensors file's header (tensor name -> dtype, shape, data_offsets) and where its data starts."""
+    with path.open("rb") as file:
+        size = struct.unpack("<Q", file.read(8))[0]
+        return 8 + size, json.loads(file.read(size))
+
+
 def safetensors_counts(path: Path) -> list[tuple[str, int]]:
     """(dtype, number of values) of each tensor in a safetensors file, read from its header alone."""
-    with path.open("rb") as file:
-        header = json.loads(file.read(struct.unpack("<Q", file.read(8))[0]))
+    header = safetensors_header(path)[1]
     counts = []
     for name, entry in header.items():
         if name != "__metadata__":

@@ -18,15 +18,15 @@ compares them).
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from neuron_ui.model.footprint import safetensors_header
 
 logger = logging.getLogger(__name__)
 
@@ -83,14 +83,11 @@ class FileWeights:
     def __init__(self, folder: Path):
         self.where: dict[str, tuple[Path, torch.dtype, list[int], int, int]] = {}
         for file in sorted(Path(folder).glob("*.safetensors")):
-            with file.open("rb") as opened:
-                size = struct.unpack("<Q", opened.read(8))[0]
-                header = json.loads(opened.read(size))
+            data, header = safetensors_header(file)
             for name, entry in header.items():
                 if name != "__metadata__" and entry["dtype"] in self.DTYPES:
                     start, end = entry["data_offsets"]
-                    dtype = self.DTYPES[entry["dtype"]]
-                    self.where[name] = (file, dtype, entry["shape"], 8 + size + start, end - start)
+                    self.where[name] = (file, self.DTYPES[entry["dtype"]], entry["shape"], data + start, end - start)
 
     def read(self, name: str) -> torch.Tensor | None:
         if name not in self.where:
