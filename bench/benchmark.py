@@ -136,8 +136,8 @@ def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[
         return runners[0]
 
     stops = SessionStops()
-    engine, demo, _ = build_app(settings, build_engine(settings, wrap_runner=wrap), stops=stops)
-    server = launch(engine, demo, settings, stops=stops)
+    engine, demo, handlers = build_app(settings, build_engine(settings, wrap_runner=wrap), stops=stops)
+    server = launch(engine, demo, settings, stops=stops, grids=handlers.studio.jobs)
     try:
         engine.warmup(resolution)
         yield Bench(engine, runners[0], server.url, resolution)

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from collections.abc import Callable, MutableMapping
 
 from neuron_ui.config.host_memory import limit_heap_arenas
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.server.server import Server
     from neuron_ui.serving import Loaded
+    from neuron_ui.studio.grid_jobs import GridJobs
     from neuron_ui.ui.handlers import Handlers
 
 logger = logging.getLogger(__name__)
@@ -86,13 +87,15 @@ def start_server(settings: Settings, health: Callable[[], str | None] | None = N
 
 
 def launch(engine: EngineLike, demo: gr.Blocks, settings: Settings, server: Server | None = None, *,
-           stops: SessionStops) -> Server:
+           stops: SessionStops, grids: GridJobs[Any]) -> Server:
     """Serve the UI on `server` (started before the model loaded) or on a new one; it serves in its own thread.
-    `stops` is the registry build_app gave the demo.
+    `stops` is the registry build_app gave the demo, `grids` the grid jobs of its studio (its handlers'), which the
+    server's drain waits for.
 
-    Tests call launch(engine, demo, settings, stops=stops) and stop() the server it returns."""
+    Tests call launch(engine, demo, settings, stops=stops, grids=handlers.studio.jobs) and stop() the server it
+    returns."""
     server = server or start_server(settings)
-    return server.mount(engine, demo, stops)
+    return server.mount(engine, demo, stops, grids)
 
 
 def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
         loaded.append(serving.load(loading))
         stops = SessionStops()
         app = build_app(settings, loaded[0].engine, stops)
-        launch(app.engine, app.demo, settings, server, stops=stops)
+        launch(app.engine, app.demo, settings, server, stops=stops, grids=app.handlers.studio.jobs)
         loaded[0].start()
         drained = server.serve_forever()
     except StartupError as error:

@@ -100,7 +100,7 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
         server = Server(settings, gradio_limits=gradio_limits).start()  # main.start_server, with the limits
         stops = SessionStops()
         app = build_app(settings, engine(settings) if engine else None, stops=stops)
-        launch(app.engine, app.demo, settings, server, stops=stops)
+        launch(app.engine, app.demo, settings, server, stops=stops, grids=app.handlers.studio.jobs)
         yield Served(app.engine, app.demo, server, settings, stops, app.handlers, wrapped[0] if wrapped else None)
     finally:
         if server is not None:

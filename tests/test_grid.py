@@ -242,6 +242,20 @@ def test_a_shutdown_mid_grid_ends_it_with_the_sheet_of_the_cells_made():
         run_grid(engine, plan(seeds="1+2"))
 
 
+def test_the_jobs_wait_until_every_running_grid_has_ended_with_its_sheet():
+    """What the server's drain waits for (server.py): a grid held on its second cell is still being made; once the
+    engine refuses its next cell it ends, its sheet saved (`finish` ran), and the wait returns True."""
+    engine = ShuttingDown(hold_at=2)
+    jobs = GridJobs(engine, max_running=2)
+    job = jobs.start("browser:a", plan(seeds="1+4"), finish=lambda grid: grid.stopped)
+    assert engine.holding.wait(10)
+    assert jobs.running() == 1 and jobs.wait(0) is False and job.outcome is None
+    engine.released.set()  # the cell on the device finishes; the third is refused (the server is shutting down)
+    assert jobs.wait(10) is True and jobs.running() == 0
+    assert job.outcome == "the server is shutting down; try again in a moment; 2 of 4 images made"
+    assert GridJobs(FakeEngine(), max_running=1).wait(0) is True  # none running: nothing to wait for
+
+
 def test_a_grid_is_its_visitors_job_that_outlives_the_page_and_a_stop_ends_it():
     engine = FakeEngine(hold_at=2)  # the second cell is held
     jobs = GridJobs(engine, max_running=1)

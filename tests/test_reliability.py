@@ -485,8 +485,8 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
         assert metrics.status_code == 200 and "neuron_ui_model_loaded 0.0" in metrics.text
 
         stops = SessionStops()
-        engine, demo, _ = build_app(defaults, stops=stops)
-        launch(engine, demo, defaults, server, stops=stops)
+        engine, demo, handlers = build_app(defaults, stops=stops)
+        launch(engine, demo, defaults, server, stops=stops, grids=handlers.studio.jobs)
         assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(server.url + "/").status_code == 200
         assert "neuron_ui_model_loaded 1.0" in httpx.get(server.url + "/metrics").text

@@ -154,6 +154,40 @@ def test_a_drain_past_its_bound_tells_the_running_request_in_one_line(tmp_path, 
     assert line.endswith("(1 request told the server is shutting down)"), line
 
 
+def test_a_drain_waits_for_a_pages_grid_to_save_the_sheet_of_the_cells_made(tmp_path):
+    """Issue 46: SIGTERM mid-grid wrote no partial sheet for the page's grid. It runs as its visitor's job on a thread
+    of its own (studio/grid_jobs.py), which the drain did not wait for: with the page gone and the grid between two
+    cells, the drain found "nothing running or waiting" and returned, and the process's exit cut the job short. The
+    job is started here as the page's "Make grid" starts it (the studio's start_grid, its cells told to the page's
+    history callback, which holds the grid after its first cell until the drain has closed the device); the drain
+    returns only once the grid has ended with the sheet of the cells made, saved, as a Stop's."""
+    with served(tmp_path / "cache") as s:
+        studio = s.handlers().studio
+        first, drained_once = threading.Event(), threading.Event()
+
+        def saved(done, path) -> None:  # the page's history hears each cell as it is saved
+            if done.cell.index == 0:
+                first.set()
+                assert drained_once.wait(TIMEOUT), "the drain never began"
+
+        plan = studio.plan_grid("a fox in snow", "256x256", {"seeds": "1+3"})
+        job = studio.start_grid("browser:gone", plan, finish=lambda sheet: sheet, on_saved=saved)
+        assert first.wait(TIMEOUT), "the grid's first cell was never made"
+        returned: list = []
+        drain = threading.Thread(target=lambda: returned.append((s.server.drain(TIMEOUT), job.running)))
+        drain.start()
+        wait_until(lambda: s.server.draining, "the drain began", timeout=TIMEOUT)
+        drained_once.set()
+        drain.join(TIMEOUT)
+        assert returned == [(True, False)], "the drain returned while the grid was still being made"
+        sheet = job.outcome
+        # its second cell may have reached the device before the drain closed it: then that one finished, as an image
+        # on the device does, and the third was refused
+        assert re.fullmatch(r"the server is shutting down; try again in a moment; [12] of 3 images made",
+                            sheet.grid.stopped), sheet.grid.stopped
+        assert Path(sheet.path).is_file() and len(sheet.cells) == len(sheet.grid.made)  # the sheet and its cells
+
+
 def test_ctrl_c_on_an_idle_server_stops_at_once_with_a_last_line(tmp_path, caplog):
     """Issue 34: Ctrl-C with nothing running took 4.5-16.8 s, said "the image on the device has up to 30 s to finish"
     and never said it had stopped. main() runs here, in this process, and gets a real SIGINT once it serves."""

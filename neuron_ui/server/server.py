@@ -17,7 +17,7 @@ import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 import gradio as gr
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.stopping import SessionStops
     from neuron_ui.server.mcp import McpEndpoint
+    from neuron_ui.studio.grid_jobs import GridJobs
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Server:
         self.gradio_limits = gradio_limits or GradioLimits()
         self.mounted: Mounted | None = None  # the UI, once mount() serves it
         self.engine: EngineLike | None = None
+        self.grids: GridJobs[Any] | None = None  # the page's grid jobs, once mounted: the drain waits for their sheets
         self.share_url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         folder = private_file_folder()
@@ -164,9 +166,11 @@ class Server:
         with contextlib.suppress(SystemExit):  # uvicorn logs why (e.g. the port is taken) and exits; start() reports it
             self._uvicorn.run()
 
-    def mount(self, engine: EngineLike, demo: gr.Blocks, stops: SessionStops, timeout: float = 30.0) -> Server:
+    def mount(self, engine: EngineLike, demo: gr.Blocks, stops: SessionStops, grids: GridJobs[Any],
+              timeout: float = 30.0) -> Server:
         """Serve the queued demo at / and start its queue; /healthz turns 200. `stops` is the demo's registry of
-        running requests by session (its builder's), which a client's cancel or disconnect stops (the gate)."""
+        running requests by session (its builder's), which a client's cancel or disconnect stops (the gate); `grids`
+        its grid jobs (its studio's), which outlive their pages and which the drain waits for."""
         if self._loop is None:
             raise RuntimeError("start() the server before mounting the UI")
         if calls := gradio_bridge.page_server_calls(demo):  # the gate refuses them (server/doors.py)
@@ -178,7 +182,7 @@ class Server:
                             held=mounted.held)
         if self.mcp is not None:  # before the gate lets requests through (it answers "loading" until `mounted`)
             logger.info("MCP tools at %s/gradio_api/mcp/ (%s)", self.url, ", ".join(self.mcp.serve(engine)))
-        self.engine, self.mounted = engine, mounted
+        self.engine, self.grids, self.mounted = engine, grids, mounted
         logger.info("serving the UI at %s%s", self.url, " (login required)" if self.settings.auth else "")
         if self.settings.share:
             self.share_url = mounted.open_share_link(self.settings)
@@ -199,16 +203,23 @@ class Server:
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         """A graceful stop: new requests get 503 "shutting down" (and /healthz 503, so a balancer stops sending),
         the image on the device may finish within `timeout`, every waiting request is told the server is shutting
-        down; True if the device was idle in time. The caller then stop()s."""
+        down, and every grid being made ends with the sheet of its cells made (saved within `timeout` too); True if
+        the device was idle in time. The caller then stop()s."""
         self.draining = True  # from here nothing new reaches the device: what is there now is all there is to wait for
-        # idle: nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's
+        # idle: nothing on the device nor waiting for it, in Gradio's queue, the engine's, or MCP's, and no grid between
+        # two of its cells (a page's grid outlives its page: studio/grid_jobs.py)
         status = self.engine.status() if self.engine is not None else None
-        if self.admission.count() == 0 and (status is None or not (status.busy or status.queue_depth)):
+        making = self.grids.running() if self.grids is not None else 0
+        if self.admission.count() == 0 and not making and (status is None or not (status.busy or status.queue_depth)):
             logger.info("shutting down: nothing is running or waiting")
             return self.engine.drain(0) if self.engine is not None else True
         logger.info("shutting down: no new requests; the image on the device has up to %.0f s to finish", timeout)
         deadline = time.monotonic() + timeout
         finished = self.engine.drain(timeout) if self.engine is not None else True
+        # The engine now refuses every grid's next cell: each ends as a Stop ends it, its sheet saved in its own
+        # thread, which the process's exit would cut short.
+        if self.grids is not None and not self.grids.wait(max(deadline - time.monotonic(), 0.0)):
+            logger.warning("a grid's sheet of the cells made was not saved within %.0f s", timeout)
         # Gradio starts what waited in its queue one by one; each is refused by the closed device at once.
         while self.mounted and device_queue_length(self.mounted.demo) and time.monotonic() < deadline:
             time.sleep(0.05)

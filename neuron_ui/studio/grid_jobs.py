@@ -204,7 +204,7 @@ class GridJobs(Generic[R]):
             if mine is not None and mine.running:
                 raise ValueError(f"your grid of {mine.total} at {mine.plan.resolution} is still being made "
                                  f"({mine.made} done): stop it, or wait for it to finish")
-            running = sum(self._jobs[name].running for name in self._jobs)
+            running = len(self._running())
             if running >= self.max_running:
                 raise ValueError(f"{running} grids are being made on this server, its limit: try again when one "
                                  "is done")
@@ -225,6 +225,23 @@ class GridJobs(Generic[R]):
         """End the rest of `owner`'s running grid; None when none runs."""
         job = self.find(owner)
         return job.stop() if job is not None and job.running else None
+
+    def running(self) -> int:
+        """How many grids are being made now."""
+        with self._lock:
+            return len(self._running())
+
+    def wait(self, timeout: float) -> bool:
+        """Until every grid being made now has ended, its sheet saved (`finish` has run), or `timeout` seconds pass;
+        True if all ended. The server's drain (SIGTERM): the engine refuses each grid's next cell, so each ends with the
+        sheet of its cells made, as a Stop's, but in its own thread, which the process's exit would cut short."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            running = self._running()
+        return all(job.wait(max(deadline - time.monotonic(), 0.0)) for job in running)
+
+    def _running(self) -> list[GridJob[R]]:
+        return [job for job in self._jobs.values() if job.running]
 
     def _expire(self) -> None:
         """Drop grids ended keep_seconds ago, then the longest-ended past max_kept; a running grid is never dropped
