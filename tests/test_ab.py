@@ -54,9 +54,16 @@ def test_b_is_a_with_its_settings_and_each_side_is_labelled_by_what_differs():
     ("", "strength=1", "256x256", "b: strength is a style's strength: set style too (e.g. style=ink strength=0.8)"),
     ("", "seed=3,4", "256x256", "b: seed takes one value, got '3,4'"),
     ("", "seed", "256x256", "b: 'seed' is not key=value, e.g. seed=3 style=ink"),
-    ("", 'replace="fox,c\nat"', "256x256", "b: replace has a line break: give its values on one line, comma-separated"),
-    ('replace="fox,c\rat"', "seed=1", "256x256", "a: replace has a line break: give its values on one line, "
-                                                 "comma-separated"),
+    # a line break anywhere in a side (shlex took one between pairs for a space, and one inside a pair for the end
+    # of a word: "'3' is not key=value"), named as a grid's axis names it
+    ("", "seed=3\nstyle=ink", "256x256", "b: the settings have a line break: give them on one line, space-separated, "
+                                         "e.g. seed=3 style=ink"),
+    ("seed=\n3", "seed=1", "256x256", "a: the settings have a line break: give them on one line, space-separated, "
+                                      "e.g. seed=3 style=ink"),
+    ("seed=3\r", "seed=1", "256x256", "a: the settings have a line break: give them on one line, space-separated, "
+                                      "e.g. seed=3 style=ink"),
+    ("", 'replace="fox,c\nat"', "256x256", "b: the settings have a line break: give them on one line, "
+                                           "space-separated, e.g. seed=3 style=ink"),
 ])
 def test_bad_settings_are_one_line(a, b, resolution, line):
     with pytest.raises(ValueError) as error:

@@ -170,6 +170,7 @@ def test_ab_is_one_request_whose_images_take_turns_with_another_visitors(app, tm
     (("a fox", "256x256", None, "colour=red"), "b: 'colour' is not a setting; the settings are seed, steps"),
     (("a fox", "256x256", None, "style=chalk"), "b: lora 'chalk' is not a style loaded here; allowed: none, ink"),
     (("a fox", "512x512", None, "seed=2"), "resolution 512x512 is not a preset"),
+    (("a fox", "256x256", None, "seed=3\r\nstyle=ink"), "b: the settings have a line break: give them on one line"),
 ])
 def test_bad_ab_settings_get_one_line_and_make_nothing(app, args, line):
     assert_refused_before_anything_runs(app, "/ab", args, line)

@@ -48,13 +48,17 @@ class ABPlan:
 
 
 def parse_settings(text: object) -> dict[str, str]:
-    """A side's key=value pairs as sent (None: none), each key known and given once; ValueError in one line."""
+    """A side's key=value pairs as sent (None: none), on one line, each key known and given once; ValueError in one
+    line."""
     if text is None:
         return {}
     if not isinstance(text, str):
         raise ValueError(f"must be text such as \"seed=3\", got {type(text).__name__}")
     if len(text) > MAX_AXIS_TEXT:
         raise ValueError(f"{len(text)} characters; the limit is {MAX_AXIS_TEXT}")
+    if "\n" in text or "\r" in text:  # as a grid's axis (grid_plan.split_values): shlex would take it for a space
+        raise ValueError("the settings have a line break: give them on one line, space-separated, e.g. seed=3 "
+                         "style=ink")
     try:
         words = shlex.split(text)
     except ValueError:
