@@ -97,6 +97,40 @@ def test_a_bfl_file_loads_with_the_rest_from_the_folder(folder, tmp_path, prefix
     np.testing.assert_allclose(image_of(loaded.pipe), image_of(pipe), atol=1e-5)
 
 
+def test_a_tensor_parallel_rank_shards_the_transformer_it_read_from_the_file(folder, tmp_path, monkeypatch):
+    """--transformer FILE with --tp N: every torchrun rank parses the same flags and loads through load_for, which
+    reads the file and shards it over the group's mesh. diffusers' from_single_file left `hf_device_map` ({"": cpu},
+    accelerate's record of moving it to one device) on the model, which diffusers' tensor-parallel guard takes for
+    accelerate's placement: every rank refused to start ("is placed by accelerate"). Here a rank of a real gloo group,
+    formed as a rank forms it (init_parallel), of one process (this one: a torchrun group costs about a minute), loads
+    from the flags a rank gets; its transformer is sharded (DTensors) and makes the image of the file's weights."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from neuron_ui.config.processes import free_port
+    from neuron_ui.config.runtime import Launch
+    from neuron_ui.engine.setup import load_for
+    from neuron_ui.parallel.group import init_parallel
+
+    path, pipe = folder
+    file = tmp_path / "flux-2-klein-4b.safetensors"
+    save_file(to_bfl(pipe.transformer.state_dict(), BFL_PREFIX), file)
+    torchrun = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "HF_HUB_OFFLINE": "1"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    flags = ["--device", "cpu", "--model", str(path), "--transformer", str(file)]
+    settings = settings_from_args(build_parser().parse_args(flags), {})
+    group = init_parallel(Launch(0, 0, 1), "cpu")
+    try:
+        loaded, _ = load_for(settings, group)
+        sharded = [name for name, weight in loaded.pipe.transformer.named_parameters() if isinstance(weight, DTensor)]
+        assert "transformer_blocks.0.attn.to_q.weight" in sharded, sharded
+        np.testing.assert_allclose(image_of(loaded.pipe), image_of(pipe), atol=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_file_is_read_in_the_dtype_asked(folder, tmp_path):
     path, pipe = folder
     save_file(to_bfl({k: v.to(torch.bfloat16) for k, v in pipe.transformer.state_dict().items()}),

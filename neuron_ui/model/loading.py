@@ -29,7 +29,7 @@ from neuron_ui.contract.errors import first_line
 from neuron_ui.model.flux_layouts import layout_of, layout_words
 from neuron_ui.model.tiny import TINY as TINY_SHAPE
 from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline, build_tiny_pipeline
-from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism
+from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism, forget_single_device_map
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,9 @@ def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Tr
                          f"{layout_words(layout_of(expected))}")
     with safe_open(path, "pt", device="cpu") as opened:
         state = {key.removeprefix(BFL_PREFIX): opened.get_tensor(key) for key in keys}
-    return Flux2Transformer2DModel.from_single_file(state, config=source, subfolder="transformer", torch_dtype=dtype)
+    model = Flux2Transformer2DModel.from_single_file(state, config=source, subfolder="transformer", torch_dtype=dtype)
+    forget_single_device_map(model)  # else --tp's sharding takes it for accelerate's placement and refuses it
+    return model
 
 
 def check_heads(degree: int, attention_heads: int) -> None:

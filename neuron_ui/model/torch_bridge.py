@@ -1,8 +1,8 @@
 """The one module that touches torch's and diffusers' internals: dynamo's counters and recompile limits,
 inductor's cache folder and AOTInductor's package loader, a module's compiled-call slot and its plain call with
-swapped weights, the device mesh's hash, and diffusers' tensor-parallel guard. Each was read from torch 2.13.0 and
-diffusers 0.42.1 (the versions requirements.txt allows and CI runs); an upgrade means reading this file against the
-new source, and the tests named beside each use fail if one moved."""
+swapped weights, the device mesh's hash, and diffusers' tensor-parallel guard and the device map it reads. Each was
+read from torch 2.13.0 and diffusers 0.42.1 (the versions requirements.txt allows and CI runs); an upgrade means
+reading this file against the new source, and the tests named beside each use fail if one moved."""
 
 from __future__ import annotations
 
@@ -133,6 +133,19 @@ def allow_cpu_tensor_parallelism() -> Iterator[None]:
         yield
     finally:
         tensor_parallel._SUPPORTED_TP_DEVICES, torch.accelerator.device_count = supported, device_count
+
+
+def forget_single_device_map(model: torch.nn.Module) -> None:
+    """diffusers 0.42's `from_single_file` reads the weights onto the CPU (low_cpu_mem_usage), then hands the model to
+    accelerate's `dispatch_model` with the map {"": cpu}: one device, so accelerate (1.16) only moves it there and
+    records the map as `hf_device_map`, with no hooks. diffusers' tensor-parallel guard
+    (hooks/tensor_parallel.py `_check_tp_supported`) takes any `hf_device_map` for accelerate's placement and refuses
+    to shard the model: --transformer FILE with --tp N failed on every rank (tests/test_single_file.py). A map to one
+    device with no hook places nothing: it is dropped, and the engine moves the model where it runs."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map is not None and len(set(device_map.values())) == 1 and not any(
+            hasattr(module, "_hf_hook") for module in model.modules()):
+        model.hf_device_map = None  # type: ignore[assignment]  # typed as a submodule or tensor: a plain attribute
 
 
 def execution_device(pipe: DiffusionPipeline) -> torch.device:
