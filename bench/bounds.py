@@ -8,8 +8,11 @@ disk at a time, in a temporary folder removed at the end.
 
 Measured: the image store (files and bytes kept past its count and byte bounds), grid sheets, the held results of
 1,024 browser sessions of 16 entries each (Python heap, tracemalloc), step previews, the upload budget, a running
-grid's cell images and a queued request's input images (resident memory held, psutil). Computed, not measured: the
-prompt cache (its bound is in bytes already). Cited, from other runs: MCP sessions, Gradio's per-session state.
+grid's cells (run_grid on an engine that makes noise) and a queued request's input images (resident memory held,
+psutil), and clients that ask for a 32 MiB file and read none, through the gate under uvicorn (raw sockets; the
+server's resident memory, and the kernel's TCP memory from /proc/net/sockstat), with and without the gate's cap.
+Computed, not measured: the prompt cache (its bound is in bytes already). Cited, from other runs: MCP sessions,
+Gradio's per-session state.
 """
 
 from __future__ import annotations
@@ -23,24 +26,38 @@ import platform
 import resource
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import psutil
+import uvicorn
 from PIL import Image
+from starlette.applications import Starlette
+from starlette.responses import FileResponse
+from starlette.routing import Route
 
+from neuron_ui.config.processes import free_port
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import MAX_GRID_CELLS, Settings
+from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.references import REFERENCE_SIZES
 from neuron_ui.contract.requests import MAX_PROMPT_CHARS
 from neuron_ui.contract.results import GenerateResult, StepPreview
+from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.model.runner import EMBEDS_BYTES
+from neuron_ui.server.admission import Admission
+from neuron_ui.server.gate import Gate
+from neuron_ui.studio.grid_jobs import run_grid
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS, plan_grid
 from neuron_ui.studio.grid_sheet import CellResult, GridResult
+from neuron_ui.web.gradio_mount import DOWNLOAD_PIECE, Mounted
 from neuron_ui.ui.history import HistoryEntry
 from neuron_ui.ui.session import HISTORY_SIZE, MAX_HELD, MAX_SESSIONS, HeldResults
 from neuron_ui.web.files import KEEP_IMAGE_BYTES, KEEP_IMAGES, KEEP_PREVIEWS, ImageStore, PreviewFiles
@@ -49,7 +66,7 @@ from neuron_ui.web.uploads import UploadFolder
 MB = 10**6
 MIB = 2**20
 PREVIEW_STEPS = 100  # a watched call holds at most one preview per step until it is read (STEPS' upper bound)
-DOWNLOAD_PIECE = MIB  # what a stalled download holds in the server's send buffer (docs/operations.md, Downloads)
+STALLED_FILE = 32 * MIB  # Gradio's largest own file, /static/ffmpeg/ffmpeg-core.wasm, which anyone may fetch
 EMBEDS_ONE = 512 * 7680 * 2  # klein-4B's prompt embeddings: 512 tokens x 3 x 2560, bf16
 GRADIO_SESSION_BYTES = 160_000  # Gradio's state per session for this UI (docs/operations.md: tracemalloc, earlier)
 MCP_SESSION_BYTES = 63_000  # an MCP session (bench/results/mcp_sessions.json and docs/operations.md)
@@ -193,17 +210,119 @@ def uploads(work: Path, size: str, budget: int) -> dict:
             "bytes_on_disk": on_disk, "budget": budget}
 
 
+class NoiseEngine:
+    """What run_grid calls of an engine: generate, here a noise image at the request's size."""
+
+    def generate(self, request, progress=None, stop=None) -> GenerateResult:
+        width, height = map(int, request.resolution.split("x"))
+        return result(noise(width, height, seed=request.seed), seed=request.seed)
+
+
 def in_memory(size: str, cells: int, references: int) -> dict:
-    """A running grid's made cells (full-size images) and a queued request's fitted inputs, as resident bytes."""
+    """A grid's made cells as it holds them until its sheet is saved (run_grid: each kept at the sheet's size), one
+    image at full size (what each cell was held as before), and a queued request's fitted inputs, as resident bytes."""
     width, height = map(int, size.split("x"))
-    cell_images, cells_rss = held_rss(lambda: [noise(width, height, seed=i) for i in range(cells)])
-    del cell_images
+    plan = plan_grid("a red fox in snow", size, presets=parse_resolutions(size), loaded={}, max_cells=cells,
+                     seeds=f"1+{cells}")
+    grid, cells_rss = held_rss(lambda: run_grid(NoiseEngine(), plan))
+    cell_pixels = f"{grid.made[0].result.image.width}x{grid.made[0].result.image.height}"
+    del grid
+    image, image_rss = held_rss(lambda: noise(width, height))
+    del image
     ref = REFERENCE_SIZES[0]
     inputs, inputs_rss = held_rss(lambda: [noise(width, height), noise(width, height, "L")]
                                   + [noise(ref.width, ref.height, seed=i) for i in range(references)])
     del inputs
-    return {"size": size, "grid_cells": cells, "grid_cells_rss": cells_rss, "per_cell": cells_rss // cells,
-            "references": references, "reference_size": str(ref), "queued_inpaint_request_rss": inputs_rss}
+    return {"size": size, "grid_cells": cells, "cell_pixels": cell_pixels, "grid_cells_rss": cells_rss,
+            "per_cell": cells_rss // cells, "full_image_rss": image_rss, "references": references,
+            "reference_size": str(ref), "queued_inpaint_request_rss": inputs_rss}
+
+
+@dataclass
+class FileServer:
+    """What the gate reads of the server (server/gate.py GateServer), of plain values: a file route only."""
+
+    settings: Settings
+    stored: StoredFiles
+    uploads: object = None  # no uploads here
+    mounted: Mounted = field(default_factory=lambda: Mounted(None, None, SessionStops()))  # no demo: files only
+    draining: bool = False
+    admission: Admission = field(default_factory=lambda: Admission(16))
+
+
+class Pieces(FileResponse):
+    chunk_size = DOWNLOAD_PIECE  # what gradio_mount sets for Gradio's file route
+
+
+async def file_route(request) -> FileResponse:
+    return Pieces(request.path_params["path"])
+
+
+def tcp_memory() -> int:
+    """The kernel's memory for every TCP socket on this machine (/proc/net/sockstat's pages); 0 off Linux."""
+    try:
+        line = next(line for line in Path("/proc/net/sockstat").read_text().splitlines() if line.startswith("TCP:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[-1]) * resource.getpagesize()
+
+
+def settled(read, seconds: float = 20.0, quiet: int = 5) -> int:
+    """`read()` once it stopped changing (the same `quiet` times in a row, 0.2 s apart), or after `seconds`."""
+    deadline, last, same = time.monotonic() + seconds, read(), 0
+    while same < quiet and time.monotonic() < deadline:
+        time.sleep(0.2)
+        value = read()
+        same, last = (same + 1, last) if value == last else (0, value)
+    return last
+
+
+def stalled_downloads(work: Path, clients: int, cap: int) -> dict:
+    """`clients` that each ask for a STALLED_FILE through the gate under uvicorn and read none: what the server
+    then holds (resident bytes, settled), the kernel's TCP memory for both ends, the downloads being sent and the
+    refusals, with the gate's cap at `cap`."""
+    path = work / "stalled.bin"
+    if not path.exists():
+        path.write_bytes(bytes(STALLED_FILE))
+    gate = Gate(Starlette(routes=[Route("/gradio_api/file={path:path}", file_route)]),
+                FileServer(Settings(model="tiny", max_downloads=cap), StoredFiles(work)))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(gate, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:  # uvicorn sets it once it listens
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    base, kernel_base = rss(), tcp_memory()
+    sockets = []
+    try:
+        for _ in range(clients):
+            client = socket.create_connection(("127.0.0.1", port), timeout=30)
+            client.sendall(b"GET /gradio_api/file=stalled.bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            sockets.append(client)
+        held = settled(lambda: rss() - base)
+        sending = gate.downloading
+        refused = sum(client.recv(12, socket.MSG_PEEK).startswith(b"HTTP/1.1 503") for client in sockets)
+        kernel = tcp_memory() - kernel_base
+    finally:
+        for client in sockets:
+            client.close()
+        server.should_exit = True
+        thread.join(30)
+    return {"clients": clients, "cap": cap, "file_bytes": STALLED_FILE, "piece_bytes": DOWNLOAD_PIECE,
+            "being_sent": sending, "refused_503": refused, "server_rss_held": held,
+            "per_download": held // max(sending, 1), "kernel_tcp_bytes": kernel,
+            "kernel_tcp_per_client": kernel // clients,
+            "kernel_tcp_limit": tcp_limit()}
+
+
+def tcp_limit() -> int:
+    """The most memory the kernel gives TCP on this machine (tcp_mem's third value, in pages); 0 off Linux."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_mem").read_text().split()[2]) * resource.getpagesize()
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def table(r: dict, settings: Settings, largest: str) -> list[dict]:
@@ -214,6 +333,7 @@ def table(r: dict, settings: Settings, largest: str) -> list[dict]:
     ups = {row["size"]: row for row in r["uploads"]}
     mem = {row["size"]: row for row in r["in_memory"]}
     held = r["held_results"]
+    uncapped, capped = r["stalled_downloads"]
     queue, cells = settings.max_queue, r["grid_cells"]
     base = r["sizes"][0]
     pair = sheets[(largest, r["max_grid_cells"])]
@@ -238,7 +358,7 @@ def table(r: dict, settings: Settings, largest: str) -> list[dict]:
         {"bound": "running grids' cells", "count": f"{queue + 1} grids x {cells} cells", "where": "memory",
          "at_1024": (queue + 1) * cells * mem[base]["per_cell"],
          "at_largest": (queue + 1) * cells * mem[largest]["per_cell"],
-         "worst": (queue + 1) * MAX_GRID_CELLS * mem[largest]["per_cell"]},
+         "worst": (queue + 1) * MAX_GRID_CELLS * max(mem[size]["per_cell"] for size in mem)},
         {"bound": "grid sheet", "count": f"{cells} cells ({MAX_GRID_CELLS} at most)", "where": "memory, then disk",
          "at_1024": sheets[(base, cells)]["sheet_bytes_on_disk"],
          "at_largest": sheets[(largest, cells)]["sheet_bytes_on_disk"], "worst": pair["sheet_bytes_on_disk"]},
@@ -255,9 +375,10 @@ def table(r: dict, settings: Settings, largest: str) -> list[dict]:
         {"bound": "MCP sessions (cited)", "count": f"{settings.mcp_sessions} sessions", "where": "memory",
          "at_1024": settings.mcp_sessions * MCP_SESSION_BYTES, "at_largest": settings.mcp_sessions * MCP_SESSION_BYTES,
          "worst": settings.mcp_sessions * MCP_SESSION_BYTES},
-        {"bound": "stalled downloads", "count": f"open connections (RLIMIT_NOFILE {r['open_files_limit']})",
-         "where": "memory", "at_1024": DOWNLOAD_PIECE, "at_largest": DOWNLOAD_PIECE,
-         "worst": r["open_files_limit"] * DOWNLOAD_PIECE},
+        {"bound": "stalled downloads", "count": f"--max-downloads {capped['cap']}", "where": "memory",
+         "at_1024": capped["server_rss_held"], "at_largest": capped["server_rss_held"],
+         "worst": capped["server_rss_held"],
+         "without_cap": r["open_files_limit"] // 2 * uncapped["per_download"]},  # a socket and a file each
     ]
 
 
@@ -271,10 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.small:
         sizes, keep, keep_bytes, sessions, held = ["256x256", "512x512"], 8, 4 * 512 * 512 * 3, 16, 4
         budget, grid_cells, max_cells = 8 * MIB, 4, 9
+        cap, stalled = 2, 4
     else:
         sizes, keep, keep_bytes, sessions, held = ["1024x1024", "2048x2048"], KEEP_IMAGES, KEEP_IMAGE_BYTES, \
             MAX_SESSIONS, MAX_HELD
         budget, grid_cells, max_cells = settings.upload_budget_mb * MIB, DEFAULT_MAX_CELLS, MAX_GRID_CELLS
+        cap, stalled = settings.max_downloads, 2 * settings.max_downloads
     largest = sizes[-1]
     map_large_buffers()
     work = Path(tempfile.mkdtemp(prefix="bounds-", dir=args.dir))
@@ -295,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         r["previews"] = [previews(work, size, KEEP_PREVIEWS) for size in sizes]
         r["uploads"] = [uploads(work, size, budget) for size in sizes]
         print("uploads", r["uploads"], flush=True)
+        # each admitted (a cap above the clients: what the gate's cap prevents), then at the cap
+        r["stalled_downloads"] = [stalled_downloads(work, stalled, stalled + 1), stalled_downloads(work, stalled, cap)]
+        print("stalled downloads", r["stalled_downloads"], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     r["table"] = table(r, settings, largest)

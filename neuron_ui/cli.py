@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.results import GenerateResult
     from neuron_ui.studio.ab_sheet import ABFiles
     from neuron_ui.studio.grid_plan import Info
-    from neuron_ui.studio.grid_sheet import GridResult
+    from neuron_ui.studio.grid_sheet import CellResult, GridResult
     from neuron_ui.studio.studio import Studio
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,19 +186,23 @@ def generate(args: argparse.Namespace, settings: Settings, studio: Studio) -> Ge
 
 def sheet(args: argparse.Namespace, studio: Studio) -> tuple[GridResult, Info]:
     """`grid` and `ab`: the plan checked against the loaded engine before any image, then every cell in turn, each
-    written beside --out (<out>-<n>.png for a grid, n its place on the sheet from 1; <out>-A.png and <out>-B.png for
-    an A/B; a repeated cell shares its file); the sheet, and its info with those files."""
+    written beside --out as it is made, at full size (<out>-<n>.png for a grid, n its place on the sheet from 1;
+    <out>-A.png and <out>-B.png for an A/B; a repeated cell shares its file); the sheet, and its info with those
+    files."""
     out = Path(args.out).expanduser()
-    if args.command == "grid":
-        axes = {axis: getattr(args, axis) for axis in AXIS_HELP}
-        grid, labels = studio.grid(studio.plan_grid(args.prompt, args.resolution, axes)).grid, None
-    else:
-        grid, labels = studio.ab(studio.plan_ab(args.prompt, args.resolution, args.a, args.b)).grid, "AB"
+    labels = "AB" if args.command == "ab" else None
     paths: dict[int, str] = {}
-    for done in grid.made:
+
+    def write(done: CellResult) -> None:  # the grid keeps sheet-sized cells only: each is written as it is made
         index = done.cell.index
         path = out.with_name(f"{out.stem}-{labels[index] if labels else index + 1}.png")
-        paths[done.cell.index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
+        paths[index] = str(done.result.save_png(path)) if done.same_as is None else paths[done.same_as]
+
+    if args.command == "grid":
+        axes = {axis: getattr(args, axis) for axis in AXIS_HELP}
+        grid = studio.grid(studio.plan_grid(args.prompt, args.resolution, axes), on_made=write).grid
+    else:
+        grid = studio.ab(studio.plan_ab(args.prompt, args.resolution, args.a, args.b), on_made=write).grid
     return grid, grid.info(paths)
 
 

@@ -2,8 +2,10 @@
 requests, made without a model."""
 
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 from PIL import Image
 
 from neuron_ui.config.resolutions import parse_resolutions
@@ -50,5 +52,20 @@ class Recorder:
             return made_image(request, (200, 40, 40) if len(self.calls) == 1 else (40, 40, 200))
         finally:
             self.busy.release()
+
+    inpaint = generate
+
+
+class Painter(Recorder):
+    """A recording engine whose images are noise at each request's size, seeded by its seed (what resampling to
+    the sheet's size changes most), at sizes larger than the sheet draws a cell."""
+
+    presets = parse_resolutions("1024x1024,1152x896")
+
+    def generate(self, request, progress=None, stop=None):
+        made = super().generate(request, progress, stop)
+        width, height = (int(side) for side in request.resolution.split("x"))
+        pixels = np.random.default_rng(request.seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        return replace(made, image=Image.fromarray(pixels))
 
     inpaint = generate

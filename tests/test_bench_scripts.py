@@ -142,8 +142,11 @@ def test_bounds_bench_fills_each_store_to_its_bound_at_small_size(tmp_path):
     for preview in r["previews"]:
         assert preview["files_kept"] == preview["count_bound"] and preview["one_call_in_memory"] > 0
     for memory in r["in_memory"]:  # an RGB image is held at 4 bytes a pixel; resident memory is measured, so roughly
-        width, height = map(int, memory["size"].split("x"))
-        assert 4 * width * height <= memory["per_cell"] < 1.5 * 4 * width * height
+        width, height = map(int, memory["cell_pixels"].split("x"))  # a grid keeps each cell at its sheet size
+        assert width <= 512 and height <= 512 and 4 * width * height <= memory["per_cell"] < 1.5 * 4 * width * height
+    each, capped = r["stalled_downloads"]  # 4 clients that read none, each sent its file, then 2 at the cap
+    assert (each["being_sent"], each["refused_503"], capped["being_sent"], capped["refused_503"]) == (4, 0, 2, 2)
+    assert capped["server_rss_held"] < 2 * 3 * capped["piece_bytes"]  # about two pieces a download, no more
     bounds = {row["bound"] for row in r["table"]}
     assert {"image store", "held results", "uploads", "running grids' cells", "prompt cache"} <= bounds
     assert all(row["worst"] >= row["at_largest"] > 0 for row in r["table"] if row["bound"] != "image store")

@@ -1,8 +1,10 @@
 """Uploads cannot fill the disk, by raw HTTP (httpx) against app.py's app on the tiny model in this process: a total
-budget with a one-line refusal past it, nothing written when refused, and uploads removed once unused a while.
-The server here takes 1 MB of uploads in all and keeps each 3 s after its last use."""
+budget with a one-line refusal past it, nothing written when refused, and uploads removed once unused a while; nor
+can downloads that are never read fill the memory. The server here takes 1 MB of uploads in all, keeps each 3 s
+after its last use, and sends 2 files at once."""
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ RETENTION = 3.0
 
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
-    flags = ("--upload-budget-mb", "1", "--upload-retention", str(RETENTION))
+    flags = ("--upload-budget-mb", "1", "--upload-retention", str(RETENTION), "--max-downloads", "2")
     with served(tmp_path_factory.mktemp("http-uploads") / "cache", *flags) as s:
         yield s
 
@@ -111,3 +113,31 @@ def test_a_client_that_goes_away_mid_upload_is_not_an_error(s, caplog, capfd):
     # (the sweeper may say at INFO what it removed meanwhile: its own line, not this request's)
     logged = [record for record in caplog.records if record.levelno >= logging.WARNING or record.exc_info]
     assert not logged and "Traceback" not in capfd.readouterr().err, [r.getMessage() for r in logged]
+
+
+def test_files_that_are_never_read_hold_at_most_the_cap_gradios_own_files_too(s):
+    """Each client that asked for a file and read none held about 2 MiB of the server's memory while it stayed
+    connected, as many as the file-descriptor limit let connect. Gradio's own files need no login; its largest is
+    32 MB (tests/test_downloads.py: the count, against uvicorn alone)."""
+    import gradio
+
+    path = "/static/ffmpeg/ffmpeg-core.wasm"
+    size = (Path(gradio.__file__).parent / "templates" / "frontend" / path.lstrip("/")).stat().st_size
+
+    def status() -> int:  # the answer's status, its body left unread (the connection closes)
+        with httpx.stream("GET", s.url + path, headers={"range": "bytes=0-0"}, timeout=TIMEOUT) as answer:
+            return answer.status_code
+
+    host, port = s.url.removeprefix("http://").split(":")
+    clients = [socket.create_connection((host, int(port))) for _ in range(2)]
+    for client in clients:
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    wait_until(lambda: status() == 503, "both files were being sent")
+    refused = httpx.get(s.url + path, timeout=TIMEOUT)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+    assert refused.json()["detail"] == "2 files are being sent, this server's limit (--max-downloads): try again in " \
+        "a moment"
+    for client in clients:
+        client.close()
+    wait_until(lambda: status() == 206, "the stalled files ended")
+    assert len(httpx.get(s.url + path, timeout=TIMEOUT).content) == size > 8 * 2**20

@@ -37,6 +37,9 @@ def test_bad_values_are_rejected_with_the_reason():
         Settings(compile="fast")
     with pytest.raises(ValueError, match="--max-queue must be at least 1, got 0"):
         parse(["--max-queue", "0"], {"NEURON_UI_MAX_QUEUE": "4"})  # 0 is a value, not "unset"
+    with pytest.raises(ValueError, match="--max-downloads must be at least 1, got 0"):
+        parse(["--max-downloads", "0"])
+    assert (Settings().max_downloads, parse([], {"NEURON_UI_MAX_DOWNLOADS": "8"}).max_downloads) == (64, 8)
 
 
 def test_default_cache_dir_prefers_persistent_storage(tmp_path):

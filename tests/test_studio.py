@@ -11,7 +11,7 @@ import json
 import threading
 
 import pytest
-from fakes import Recorder
+from fakes import Painter, Recorder
 from PIL import Image
 
 from neuron_ui.contract.requests import GenerateRequest
@@ -109,6 +109,17 @@ def test_a_grid_is_saved_cell_by_cell_a_repeated_cell_shares_its_file():
         "/images/1.png", "/images/1.png", "/images/2.png"]
     with pytest.raises(ValueError, match="is more than 4, this server's limit"):
         studio.plan_grid(PROMPT, "256x256", {"seeds": "1,2,3,4,5"})
+
+
+def test_each_cell_is_saved_at_full_size_and_the_grid_keeps_it_at_its_sheet_size():
+    """What the page, /grid, /ab and MCP get: the store's file of each cell is the image made; the grid that runs
+    holds it only as the sheet draws it (it held every image at full size until its sheet was saved)."""
+    store = Store()
+    studio = Studio(Painter(), store)
+    sheet = studio.ab(studio.plan_ab(PROMPT, "1024x1024", "seed=3", "seed=4"), Asker("v"))
+    assert [result.image.size for result in store.saved[:2]] == [(1024, 1024)] * 2 and store.saved[2] is sheet.grid
+    assert [done.result.image.size for done in sheet.grid.made] == [(512, 512)] * 2
+    assert sheet.info()["b"]["image"] == "/images/2.png" and sheet.info()["b"]["seed"] == 4
 
 
 def test_the_bridge_streams_what_a_call_tells_then_its_value_or_its_error():

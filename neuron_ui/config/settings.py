@@ -31,7 +31,8 @@ NUMBER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "max_references": (lambda v: 0 <= v <= 5, "0 to 5"), "cache_bundle_timeout": POSITIVE,
     "cache_bundle_deadline": POSITIVE, "cache_bundle_min_rate": (lambda v: v >= 0, "0 or more"),
     "cache_bundle_max_mb": AT_LEAST_1, "upload_budget_mb": AT_LEAST_1, "upload_retention": POSITIVE,
-    "mcp_sessions": AT_LEAST_1, "mcp_session_idle": POSITIVE, "replicas": (lambda v: v >= 0, "0 (no Ray) or more")}
+    "mcp_sessions": AT_LEAST_1, "mcp_session_idle": POSITIVE, "max_downloads": AT_LEAST_1,
+    "replicas": (lambda v: v >= 0, "0 (no Ray) or more")}
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path("/data")) -> Path:
@@ -79,6 +80,7 @@ class Settings:
     ray_address: str | None = None  # join this Ray cluster instead of starting a local one
     upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
     upload_retention: float = 600.0  # seconds an upload is kept after its last use
+    max_downloads: int = 64  # files being sent at once (server/gate.py); past it a request is refused in one line
     session_secret: str | None = field(default=None, repr=False)  # browsers' stored sessions' key (session_secret.py)
     previews: bool = True  # each step's estimate of the image, for requests that ask (--no-previews: none)
     loras: tuple[str, ...] = ()  # styles: `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` each (docs/styles.md)
@@ -213,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bundle_pin_argument(parser)
     add_flag(parser, "upload_budget_mb", "MB all uploads may take on disk at once")
     add_flag(parser, "upload_retention", "seconds an upload is kept after its last use")
+    add_flag(parser, "max_downloads", "files being sent at once (images, uploads, the page's own files); past it a "
+             "request for one is refused with 503")
     add_flag(parser, "replicas", "engine replicas on Ray Serve; 0: one process, no Ray")
     add_flag(parser, "ray_address", "join this Ray cluster ('auto' or host:port) instead of starting a local one")
     return parser

@@ -87,6 +87,23 @@ def fill_empty_errors(body: bytes) -> bytes:
             .replace(b'"output":{"error":null', b'"output":{"error":' + line))
 
 
+def until_sent(send: Send) -> Send:
+    """A send whose answer ends only once its bytes have left the process: its last piece goes as a piece, then an
+    empty end. uvicorn (0.55, httptools_impl and h11_impl `send`) writes a piece into the connection's buffer at once
+    and waits, before the next message, until a buffer above its high-water mark (64 KiB) has drained into the
+    socket; so the end waits for a client that reads nothing, and the gate's count of open downloads holds the last
+    piece too (without it a stalled reader kept up to a whole piece, uncounted, after the answer had ended)."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.body" and message.get("body") and not message.get("more_body"):
+            await send({**message, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await send(message)
+
+    return sending
+
+
 class Outbound:
     """The ASGI send of one response: the file folder cut from paths, empty errors given a message."""
 

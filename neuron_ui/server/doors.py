@@ -54,6 +54,10 @@ COMPONENT_SERVER = "/gradio_api/component_server"
 EVENT_RESULT = re.compile(r"^/gradio_api/call/(?:v2/)?[^/]+/([^/]+)/?$")  # GET: one event's stream
 SESSION_STREAM = "/gradio_api/queue/data"
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # Gradio 6.31's file route, and its older spelling
+# The routes that answer with a file (Starlette's FileResponse, 1 MiB a piece: gradio_mount.DOWNLOAD_PIECE): the app's
+# files, and Gradio's own, which anyone may fetch (its largest, /static/ffmpeg/ffmpeg-core.wasm, is 32 MB). The gate
+# counts them while they are sent (--max-downloads).
+DOWNLOADS = (*FILE_ROUTES, *OPEN_PREFIXES, "/svelte/")
 EDITOR_PARTS = ("background", "layers", "composite")  # an image editor's value holds files under these keys
 
 

@@ -10,11 +10,13 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
 
 So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
-route but the login page's (doors.py), bounds the JSON it reads (asgi.parse_json), gives every error a one-line
-message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that
-folder, so gradio_client still downloads the image). Every file a call or the file route names
-must be one the app stored, and uploads stay within their disk budget (doors.py); every value must fit its
-component before Gradio preprocesses it (values.py).
+route but the login page's (doors.py), bounds the JSON it reads (asgi.parse_json) and the files it sends at once
+(--max-downloads: a client that asks for a file and reads none holds about two of its 1 MiB pieces, the one in the
+connection's buffer and the next, for as long as it stays connected), gives every error a one-line message, and
+keeps the server's file folder out of what it sends (a relative `file=` path is read inside that folder, so
+gradio_client still downloads the image). Every file a call or the file route names must be one the app stored,
+and uploads stay within their disk budget (doors.py); every value must fit its component before Gradio
+preprocesses it (values.py).
 
 It also turns what Gradio cannot pass on into a stop of the engine's request: Gradio's `cancel` (a gradio_client
 job.cancel(), a Stop button's `cancels=`) cancels the event's asyncio task but not the thread that runs the
@@ -48,8 +50,17 @@ from neuron_ui.server.asgi import (
     Send,
     read_json,
     replay,
+    until_sent,
 )
-from neuron_ui.server.doors import EVENT_RESULT, FILE_ROUTES, FileDoors, UploadAnswer, check_route, open_without_login
+from neuron_ui.server.doors import (
+    DOWNLOADS,
+    EVENT_RESULT,
+    FILE_ROUTES,
+    FileDoors,
+    UploadAnswer,
+    check_route,
+    open_without_login,
+)
 from neuron_ui.web import gradio_bridge
 from neuron_ui.web.gradio_mount import Mounted
 
@@ -95,6 +106,7 @@ class Gate:
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
+        self.downloading = 0  # files being sent: until their last byte has left the process (asgi.until_sent)
         self.files = FileDoors(server.stored, server.uploads)
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
@@ -116,6 +128,7 @@ class Gate:
             await HTMLResponse(LOADING_PAGE, 503, {"retry-after": "5"})(scope, receive, send)
             return
         upload: UploadAnswer | None = None
+        download = method in ("GET", "HEAD") and path.startswith(DOWNLOADS)
         try:
             if self.server.draining and method == "POST" and NEW_WORK.match(path):
                 raise Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),))
@@ -124,6 +137,9 @@ class Gate:
                 raise Refusal(401, "Not authenticated")
             check_route(scope, mounted.demo)
             scope = self.files.file_route(scope)
+            if download and self.downloading >= (most := self.server.settings.max_downloads):
+                raise Refusal(503, f"{most} files are being sent, this server's limit (--max-downloads): try again "
+                                   "in a moment", (("retry-after", "5"),))
             receive, device = await self.check_body(scope, receive, mounted)
             if path == UPLOAD and method == "POST":
                 upload = await self.files.admit_upload(scope)
@@ -137,6 +153,9 @@ class Gate:
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
         if upload is not None:
             send = upload.watch(send)
+        if download:  # held until its bytes have left the process: a reader that reads none holds one piece
+            self.downloading += 1
+            send = until_sent(send)
         send = Outbound(send, self.server.stored.prefix, rewrite)
         if method == "GET" and (watched := streamed_work(scope, mounted)):
             receive = stop_on_disconnect(receive, send, mounted.stops, *watched)
@@ -154,6 +173,8 @@ class Gate:
         finally:
             if device and not send.started:
                 self._admitted()
+            if download:
+                self.downloading -= 1
             if upload is not None:
                 self.server.uploads.done(upload.length, upload.files())
 

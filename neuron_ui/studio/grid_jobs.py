@@ -26,7 +26,7 @@ from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import Phase, StopReason, StopToken
-from neuron_ui.studio.grid_sheet import CellResult, GridResult
+from neuron_ui.studio.grid_sheet import CellResult, GridResult, cell_size
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
@@ -42,12 +42,15 @@ MAX_KEPT = 1024  # finished grids kept at once (as many as held browser sessions
 
 def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None = None, stop: StopToken | None = None,
              visitor: str | None = None, on_cell: Callable[[CellResult], None] | None = None) -> GridResult:
-    """The plan's cells in its run order (styles switched the fewest times), each told to `on_cell` when made (the
-    UI's history). A Stop, or the server shutting down (SIGTERM), ends the rest: the grid comes back with the cells
-    made and `stopped` saying so (the error is raised only when no cell was made). A cell with the same request as an
-    earlier one reuses its image."""
+    """The plan's cells in its run order (styles switched the fewest times), each told to `on_cell` when made, at
+    full size (the store saves it, the CLI writes it, the UI's history hears it), then kept at the size the sheet
+    draws it (CellResult.for_sheet: the grids running at once hold sheet cells, not images). A Stop, or the server
+    shutting down (SIGTERM), ends the rest: the grid comes back with the cells made and `stopped` saying so (the
+    error is raised only when no cell was made). A cell with the same request as an earlier one reuses its image
+    (a repeat is told as kept)."""
     stop = stop or StopToken()
     grid = GridResult(plan)
+    size = cell_size(plan.resolution)
     start = time.perf_counter()
     made: dict[tuple[object, ...], CellResult] = {}
     previous: GridCell | None = None
@@ -74,10 +77,13 @@ def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None 
                                             "from": {"style": previous.style, "strength": previous.strength},
                                             "to": {"style": cell.style, "strength": cell.strength}})
             previous = cell
-            done = made[key] = CellResult(cell, result)
-        grid.made.append(done)
+            done = CellResult(cell, result)
+            del result  # held by `done` alone: kept at the sheet's size below, not until the next cell is made
         if on_cell is not None:
             on_cell(done)
+        if done.same_as is None:
+            done = made[key] = done.for_sheet(size)  # the full image goes once it has been told
+        grid.made.append(done)
     grid.seconds = time.perf_counter() - start
     logger.info("grid of %d at %s: %d made, %d style switches, %.1f s", total, plan.resolution, len(grid.made),
                 len(grid.style_switches), grid.seconds)

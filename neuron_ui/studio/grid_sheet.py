@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,11 +26,20 @@ BACKGROUND, INK, EMPTY = (255, 255, 255), (20, 20, 20), (200, 200, 200)
 
 @dataclass
 class CellResult:
-    """One cell as made: its result, or the earlier cell whose image it is (the same request: not made twice)."""
+    """One cell as made: its result, or the earlier cell whose image it is (the same request: not made twice).
+
+    Heard at full size as it is made (run_grid's on_cell: the store saves it, the CLI writes it), then kept by the
+    grid as the sheet draws it (`for_sheet`): a running grid holds each cell at 512x512 at most (1 MiB: PIL keeps RGB
+    at 4 bytes a pixel), not its image (16 MiB at 2048x2048), whatever the presets."""
 
     cell: GridCell
     result: GenerateResult
     same_as: int | None = None
+
+    def for_sheet(self, size: tuple[int, int]) -> CellResult:
+        """This cell with its result's image replaced by the cell the sheet draws (`size`, cell_size's): the sheet is
+        the same pixels, drawn from it, and the parameters are the result's."""
+        return replace(self, result=replace(self.result, image=sheet_cell(self.result.image, size)))
 
     def info(self, image: str | None = None) -> Info:
         return {**asdict(self.cell), "resolution": self.result.resolution, "cache_event": self.result.cache_event,
@@ -106,12 +115,23 @@ def _fit(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: f
     return text[:low] + "…"
 
 
+def cell_size(resolution: str) -> tuple[int, int]:
+    """A cell's pixels on the sheet: the image's size, scaled down to MAX_CELL_SIDE on its longer side."""
+    width, height = (int(n) for n in resolution.split("x"))
+    scale = min(1.0, MAX_CELL_SIDE / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def sheet_cell(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """`image` as the sheet pastes it: RGB at its cell's `size`. Done again to a cell already done, it is a copy
+    (PIL's resize to the same size copies), so a sheet drawn from kept cells is the one drawn from the images."""
+    return image.convert("RGB").resize(size)
+
+
 def draw_sheet(plan: GridPlan, images: Mapping[int, Image.Image]) -> Image.Image:
     """The cells in their places, columns' labels above each block, rows' labels at the left, a block's label above
     it; a cell not made (stopped) is a grey square saying so."""
-    width, height = (int(n) for n in plan.resolution.split("x"))
-    scale = min(1.0, MAX_CELL_SIDE / max(width, height))
-    cell_w, cell_h = max(1, round(width * scale)), max(1, round(height * scale))
+    cell_w, cell_h = cell_size(plan.resolution)
     font = ImageFont.load_default(size=FONT_SIZE)
     line = FONT_SIZE + 2 * PAD
     columns, rows = plan.axes[0], plan.axes[1] if len(plan.axes) > 1 else None
@@ -128,7 +148,7 @@ def draw_sheet(plan: GridPlan, images: Mapping[int, Image.Image]) -> Image.Image
             draw.rectangle((x, y, x + cell_w - 1, y + cell_h - 1), fill=EMPTY)
             draw.text((x + PAD, y + PAD), "not made", fill=INK, font=font)
         else:
-            sheet.paste(image.convert("RGB").resize((cell_w, cell_h)), (x, y))
+            sheet.paste(sheet_cell(image, (cell_w, cell_h)), (x, y))
     for block in range(plan.blocks):
         top = block * block_h
         if blocks:

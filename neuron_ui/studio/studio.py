@@ -85,22 +85,25 @@ class Sheet:
 
 
 class CellSaver:
-    """Saves each cell as it is made (once: a repeated cell shares the file), then the sheet; `on_saved` hears each
-    newly saved cell and its path (the page's history)."""
+    """Saves each cell as it is made, at full size (once: a repeated cell shares the file), then the sheet; `on_saved`
+    hears each newly saved cell and its path (the page's history), `on_made` every cell as it is made, saved or not
+    (the CLI, which has no store, writes them). The grid keeps only sheet-sized cells (run_grid): a door that wants a
+    cell's image takes it here."""
 
-    def __init__(self, store: ResultStore | None, on_saved: Callable[[CellResult, str], None] | None = None):
-        self.store, self.on_saved = store, on_saved
+    def __init__(self, store: ResultStore | None, on_saved: Callable[[CellResult, str], None] | None = None,
+                 on_made: Callable[[CellResult], None] | None = None):
+        self.store, self.on_saved, self.on_made = store, on_saved, on_made
         self.cells: dict[int, str] = {}
 
     def __call__(self, done: CellResult) -> None:
-        if self.store is None:
-            return
-        if done.same_as is not None:
+        if self.store is not None and done.same_as is not None:
             self.cells[done.cell.index] = self.cells[done.same_as]
-            return
-        path = self.cells[done.cell.index] = self.store.save(done.result)
-        if self.on_saved is not None:
-            self.on_saved(done, path)
+        elif self.store is not None:
+            path = self.cells[done.cell.index] = self.store.save(done.result)
+            if self.on_saved is not None:
+                self.on_saved(done, path)
+        if self.on_made is not None:
+            self.on_made(done)
 
     def finish(self, grid: GridResult) -> Sheet:
         return Sheet(grid, None if self.store is None else self.store.save(grid), dict(self.cells))
@@ -158,15 +161,15 @@ class Studio:
         status = self.engine.status()
         return {style["name"]: style["default_scale"] for style in status.styles}, status.default_steps
 
-    def grid(self, plan: GridPlan, asker: Asker = Asker(),
-             on_saved: Callable[[CellResult, str], None] | None = None) -> Sheet:
-        """The plan's cells in cost order (styles switched the fewest times), each saved as it is made; a Stop ends
-        the rest (the sheet says so)."""
-        return self._sheet(plan, asker, CellSaver(self.store, on_saved))
+    def grid(self, plan: GridPlan, asker: Asker = Asker(), on_saved: Callable[[CellResult, str], None] | None = None,
+             on_made: Callable[[CellResult], None] | None = None) -> Sheet:
+        """The plan's cells in cost order (styles switched the fewest times), each saved as it is made (CellSaver:
+        `on_saved`, `on_made`); a Stop ends the rest (the sheet says so)."""
+        return self._sheet(plan, asker, CellSaver(self.store, on_saved, on_made))
 
-    def ab(self, plan: ABPlan, asker: Asker = Asker()) -> Sheet:
+    def ab(self, plan: ABPlan, asker: Asker = Asker(), on_made: Callable[[CellResult], None] | None = None) -> Sheet:
         """A, then B, as a two-cell grid (one request); a Stop after A returns A alone, `stopped` saying so."""
-        return self._sheet(plan.grid, asker, CellSaver(self.store),
+        return self._sheet(plan.grid, asker, CellSaver(self.store, on_made=on_made),
                            lambda grid: ABResult(**vars(grid), differs=plan.differs))
 
     def _sheet(self, plan: GridPlan, asker: Asker, saver: CellSaver,

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"  # Gradio's upload route takes what editing accepts, no more
 # Starlette sends a file 64 kB at a time, each piece a thread hop and a pass through every middleware: the 3 MB PNG
 # of a 1024x1024 image took 14 ms to download, 7 ms in 1 MB pieces (docs/performance.md). A reader that never
-# reads holds one piece of memory at most.
+# reads holds about two pieces (the one in its connection's buffer and the next), for --max-downloads readers at
+# most (server/gate.py).
 DOWNLOAD_PIECE = 1 << 20
 
 
