@@ -8,6 +8,12 @@ for _name, _value in {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "HF_HUB_OFFLINE": "1",
     "DO_NOT_TRACK": "1",
+    # Before torch loads OpenMP (libgomp reads it once): a thread that waits at the end of a parallel region sleeps
+    # instead of spinning. The suite runs more processes than cores (two workers of two threads each, the children
+    # they start, Ray's); spinning, each waits for threads that are not even running. tests/test_engine.py beside
+    # two busy processes: 104 cpu-s spinning, 57 sleeping (alike, 55-58, on an idle machine). Every process the
+    # tests start inherits it.
+    "OMP_WAIT_POLICY": "PASSIVE",
 }.items():
     os.environ.setdefault(_name, _value)
 
@@ -103,7 +109,7 @@ COLD = {"compiled_here": _regional, "aot_compiled_here": _aot}  # fixture name: 
 # fresh processes, app processes, browsers). pytest-xdist's loadfile hands a worker whole modules in collection order
 # (`--no-loadscope-reorder`), so starting these first keeps the run from ending on one worker's long module while the
 # other idles. The Ray modules go last: they only wait for their child pytest, which runs from the start.
-LONGEST_FIRST = ["test_parallel.py", "test_bundle_fetch.py", "test_setup.py", "test_real_size.py", "test_editing.py",
+LONGEST_FIRST = ["test_parallel.py", "test_bundle_fetch.py", "test_real_size.py", "test_editing.py",
                  "test_reliability.py", "test_styles.py", "test_aot.py", "test_bundles.py", "test_browser_studio.py",
                  "test_browser_session.py", "test_browser_compare.py", "test_accounting.py", "test_inductor.py",
                  "test_browser_preview.py", "test_shutdown.py", "test_ui.py", "test_http.py"]

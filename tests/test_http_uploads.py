@@ -1,7 +1,8 @@
 """Uploads cannot fill the disk, by raw HTTP (httpx) against app.py's app on the tiny model in this process: a total
 budget with a one-line refusal past it, nothing written when refused, and uploads removed once unused a while; nor
 can downloads that are never read fill the memory. The server here takes 1 MB of uploads in all, keeps each 3 s
-after its last use, and sends 2 files at once."""
+after its last use, sweeps every second (the app's housekeeping runs every 30 s: a test waiting for it would wait
+that long), and sends 2 files at once."""
 
 import os
 import socket
@@ -12,13 +13,16 @@ import httpx
 import pytest
 from serving import TIMEOUT, served, wait_until
 
+from neuron_ui.web.gradio_mount import GradioLimits
+
 RETENTION = 3.0
 
 
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
     flags = ("--upload-budget-mb", "1", "--upload-retention", str(RETENTION), "--max-downloads", "2")
-    with served(tmp_path_factory.mktemp("http-uploads") / "cache", *flags) as s:
+    with served(tmp_path_factory.mktemp("http-uploads") / "cache", *flags,
+                gradio_limits=GradioLimits(housekeeping_seconds=1.0)) as s:
         yield s
 
 

@@ -40,17 +40,19 @@ def stream(url: str, event_id: str, into: dict, opened: threading.Event | None =
 
 
 def start_app(tmp_path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """The app in a process of its own, uncompiled: what a signal does does not depend on what was compiled (a
+    first image's trace costs 5 s of CPU here)."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "app.py", "--model", "tiny", "--compile-backend", "eager", "--device", "cpu",
+        [sys.executable, "app.py", "--model", "tiny", "--compile", "eager", "--device", "cpu",
          "--resolutions", "256x256", "--cache-dir", str(tmp_path / "cache"), "--port", str(port), *flags],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return process, f"http://127.0.0.1:{port}"
 
 
 def seconds_per_step(url: str, resolution: str) -> float:
-    """Compile the size, then time a 4-step image: a step takes 0.05 s on an idle CPU and 1 s on 2 cores shared
-    with other tests, so an image's length in steps is chosen from this, never assumed."""
+    """A first image, then a timed 4-step one: a step takes 0.05 s on an idle CPU and 1 s on 2 cores shared with
+    other tests, so an image's length in steps is chosen from this, never assumed."""
     wait_until(lambda: _status(url + "/healthz") == 200, "the app serves", timeout=300)
     made: dict = {}
     for steps in (1, 4):
