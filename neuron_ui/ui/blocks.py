@@ -11,13 +11,9 @@ from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED
 from neuron_ui.ui import session as sessions
 from neuron_ui.ui.ab import add_ab_panel
 from neuron_ui.ui.compare import CompareHandlers, add_compare_panel
-from neuron_ui.ui.editing import (
-    EditingHandlers,
-    add_inpaint_tab,
-    add_reference_panel,
-)
+from neuron_ui.ui.editing import EditingHandlers, add_inpaint_tab, add_reference_panel
 from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
-from neuron_ui.web.gradio_bridge import DEVICE, HIDDEN, TOLD, Listen, Then, device_queue_length, serve_in_place
+from neuron_ui.web.gradio_bridge import DEVICE, HIDDEN, TOLD, Listen, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.named_api import add_named_api
 from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
@@ -65,7 +61,6 @@ def build_demo(engine: EngineLike, settings: Settings,
     # Every event that runs the pipeline: admitted up to --max-queue waiting plus the one on the device
     # (server.gate.Gate bounds it), each then waits in the engine's queue, where it hears what it waits for, can
     # be stopped, and the next image starts on the device while the previous one is encoded and sent.
-    # Keyword sets shared by many events.
     on_device: Listen = {"concurrency_id": DEVICE, "concurrency_limit": settings.max_queue + 1}
     private_on_device: Listen = {**on_device, "api_visibility": "private"}  # the page's own device events
     with gr.Blocks(title="neuron-ui · FLUX.2-klein", analytics_enabled=False) as demo:
@@ -152,8 +147,7 @@ def build_demo(engine: EngineLike, settings: Settings,
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)
 
-        refresh: Then = {"fn": handlers.on_tick, "inputs": [resolution, seen],
-                         "outputs": [table, activity, resolution, hint, now, seen], **HIDDEN}
+        refresh = (handlers.on_tick, [resolution, seen], [table, activity, resolution, hint, now, seen])
         form = [prompt, resolution, steps, seed, randomize, guidance]
         ref_inputs = [ref_files, ref_size, ref_fit]
         made = [image, info, seed, history, history_gallery]
@@ -166,15 +160,15 @@ def build_demo(engine: EngineLike, settings: Settings,
             handlers.on_variations, [*form, count, history, session, *style_inputs],
             [image, info, seed, variations, history, history_gallery],
             show_progress_on=[image, variations], **private_on_device)
-        warmup.click(handlers.on_warmup, [resolution, session], [hint], **private_on_device).then(**refresh)
+        warmup.click(handlers.on_warmup, [resolution, session], [hint], **private_on_device).then(*refresh, **HIDDEN)
         resolution.change(handlers.on_resolution, [resolution], [hint], **HIDDEN)
         seed.input(handlers.on_seed_typed, [seed], [randomize], **HIDDEN)
         prompt.change(handlers.on_prompt, [prompt], [prompt_count], trigger_mode="always_last", **HIDDEN)
-        timer.tick(**refresh)
+        timer.tick(*refresh, **HIDDEN)
         # A reload or a new tab: the form, the history and any image finished meanwhile come back.
         collect = gr.Timer(REFRESH_SECONDS, active=False)
         demo.load(handlers.session.on_restore, [session],
-                  [session, *form, history, history_gallery, image, info, collect], **HIDDEN).then(**refresh)
+                  [session, *form, history, history_gallery, image, info, collect], **HIDDEN).then(*refresh, **HIDDEN)
         demo.load(None, js=PAGE_SCRIPT)
         collect.tick(handlers.session.on_collect, [session, history], [*made, collect], **HIDDEN)
         changes = [prompt.change, resolution.change, steps.change, seed.change, randomize.change, guidance.change,
@@ -190,8 +184,7 @@ def build_demo(engine: EngineLike, settings: Settings,
         gr.on([ref_files.change, ref_size.change, resolution.change, generate.click, holds.change, inpaint.click],
               editing_handlers.on_layout, layout_inputs, layout_hint, preprocess=False, **HIDDEN)
         use_result.click(editing_handlers.on_use_as_reference, [image, ref_files], ref_files, **TOLD)
-        # The editor is read (its files uploaded) by Inpaint's page-only first step alone; no event shows progress on
-        # it or updates its panel, or Gradio uploads its files again at every event's status (editing.add_inpaint_tab).
+        # No event shows progress on the editor or updates its panel: each uploads its files (editing.add_inpaint_tab).
         edit_result.click(editing_handlers.on_edit_image, [image], [editor, holds], js=EDIT_SCRIPT,
                           show_progress_on=[image], **TOLD)
         inpainted = inpaint.click(None, editor, editor_sent, js=INPAINT_SCRIPT, queue=False,
@@ -208,11 +201,10 @@ def build_demo(engine: EngineLike, settings: Settings,
         # After a request: the status refreshes, a failure's line under the image says why (on_failed), and once the
         # request has ended the layout hint says the size's state now (it said "Compiling now" on a stop).
         for ended in (generated, varied, inpainted):
-            ended.then(**refresh)
+            ended.then(*refresh, **HIDDEN)
             ended.failure(handlers.on_failed, [session], [info], **HIDDEN)
             ended.then(handlers.on_settled, [session], None, **HIDDEN).then(
                 editing_handlers.on_layout, layout_inputs, layout_hint, **HIDDEN)
 
-        # The named API for gradio_client: its own inputs, so the engine (not UI widgets) validates them.
         add_named_api(handlers.api, on_device)
     return demo, handlers

@@ -137,19 +137,15 @@ class ImageStore:
                 logger.warning("no room for images in %s: new ones are kept until this process stops", self.folder)
             self._spilling = True
             try:
-                path = served = write_png_file(result, self._spill_folder() / name)
+                with self._lock:
+                    self._spilled = self._spilled or Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
+                path = served = write_png_file(result, self._spilled / name)
             except OSError as again:
                 if is_disk_full(again):
                     raise EngineError(DISK_FULL) from None
                 raise
         self._keep_bound(path)
         return str(served)
-
-    def _spill_folder(self) -> Path:
-        with self._lock:
-            if self._spilled is None:
-                self._spilled = Path(tempfile.mkdtemp(prefix="images-", dir=private_file_folder()))
-            return self._spilled
 
 
 def write_png_file(result: GenerateResult | GridResult, path: Path) -> Path:

@@ -19,8 +19,6 @@ from gradio.queueing import ProcessTime
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from gradio.blocks import Block, BlockContext
     from gradio.components import Component
     from gradio.routes import App
@@ -38,14 +36,6 @@ class Listen(TypedDict, total=False):
     api_visibility: Literal["public", "private", "undocumented"]
     show_progress: Literal["full", "minimal", "hidden"]
     queue: bool
-
-
-class Then(Listen):
-    """An event's handler with its inputs and outputs, for `.then(**...)` after several events."""
-
-    fn: Callable[..., object]
-    inputs: list[Component]
-    outputs: list[Component]
 
 
 HIDDEN: Listen = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}  # the page's quick events
@@ -71,10 +61,8 @@ def file_inputs(fn: BlockFunction) -> frozenset[int]:
     from gradio_client.utils import value_is_file
 
     def takes_files(block: Component | BlockContext) -> bool:
-        if not isinstance(block, gr.components.Component):  # a layout block: no value at all
-            return False
-        try:
-            return value_is_file(block.api_info())
+        try:  # a layout block has no value at all
+            return isinstance(block, gr.components.Component) and value_is_file(block.api_info())
         except Exception:  # noqa: BLE001 - a component without an API schema takes no file
             return False
 
@@ -185,13 +173,11 @@ class _PublicTimes(defaultdict[BlockFunction, ProcessTime]):
     says nothing of its last (a 20 s grid was shown "1.9/208.5 s", the previous grid's length), so Gradio shows the
     time elapsed, and the page's progress line carries the estimate (web/progress.py)."""
 
-    def __init__(self) -> None:
-        super().__init__(ProcessTime)
-
     def __missing__(self, fn: BlockFunction) -> ProcessTime:
-        if fn.api_visibility == "private":
-            return ProcessTime()  # added to, then dropped: never `in` the mapping
-        return super().__missing__(fn)
+        times = ProcessTime()
+        if fn.api_visibility != "private":  # a private one's is added to, then dropped: never `in` the mapping
+            self[fn] = times
+        return times
 
 
 def time_public_events_only(demo: gr.Blocks) -> None:

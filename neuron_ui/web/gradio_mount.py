@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_UPLOAD = f"{MAX_UPLOAD_BYTES // 2**20}mb"  # Gradio's upload route takes what editing accepts, no more
 # Starlette sends a file 64 kB at a time, each piece a thread hop and a pass through every middleware: the 3 MB PNG
 # of a 1024x1024 image took 14 ms to download, 7 ms in 1 MB pieces (docs/performance.md). A reader that never
 # reads holds about two pieces (the one in its connection's buffer and the next), for --max-downloads readers at
@@ -70,7 +69,7 @@ def mount(app: FastAPI, demo: gr.Blocks, stops: SessionStops, settings: Settings
                         auth=settings.auth,
                         show_error=False,  # only our gr.Error messages reach users; anything else is logged
                         mcp_server=False,  # never Gradio's own MCP server, even with GRADIO_MCP_SERVER (server.mcp)
-                        max_file_size=MAX_UPLOAD,
+                        max_file_size=f"{MAX_UPLOAD_BYTES // 2**20}mb",  # uploads: what editing accepts, no more
                         theme=theme, css_paths=[ASSETS / "style.css"])  # Gradio 6 takes them at mount, not in Blocks()
     route = app.router.routes[-1]
     if not isinstance(route, Mount):
