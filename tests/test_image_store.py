@@ -203,7 +203,7 @@ def test_a_page_whose_state_gradio_dropped_saves_its_new_image_beside_the_browse
     that many newer ones starts its in-page history over, and the next image made its history [new]; saving that
     overwrote the browser's copy, and the older entries were lost though their files were on disk. The browser's
     copy is merged in, newest first, bounded as before."""
-    from neuron_ui.ui.history import HistoryEntry, to_json
+    from neuron_ui.ui.history import HistoryEntry
     from neuron_ui.ui.session import HISTORY_SIZE, HeldResults, SessionEvents
 
     store = ImageStore(tmp_path / "images", keep=64)
@@ -211,7 +211,8 @@ def test_a_page_whose_state_gradio_dropped_saves_its_new_image_beside_the_browse
                for seed in range(HISTORY_SIZE + 1)]
     older, new = entries[:-1], entries[-1]
     events = SessionEvents(None, store, HeldResults(), uploads=tmp_path)  # the engine is not asked here
-    stored = {"id": "a" * 22, "history": to_json(older[::-1])}  # the browser's copy: 24 entries, newest first
+    # the browser's copy: 24 entries, newest first
+    stored = {"id": "a" * 22, "history": [e.to_json() for e in older[::-1]]}
     saved = events.on_save(stored, "a fox", "32x16", 4, 0, True, 1.0, [new])  # the page's history: [new]
     assert [e["seed"] for e in saved["history"]] == list(range(HISTORY_SIZE, 0, -1))  # bounded: the oldest goes
     again = events.on_save(saved, "a cat", "32x16", 4, 0, True, 1.0, [new])

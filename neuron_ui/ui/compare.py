@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from neuron_ui.studio.grid_plan import AXIS_HELP, GridPlan, estimate_seconds
-from neuron_ui.ui import session as sessions
 from neuron_ui.ui.history import HistoryEntry, gallery_items, merge_history
 from neuron_ui.ui.styles import describe_style
-from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, current_visitor
+from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, HeldResults, current_visitor, session_id
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.gradio_bridge import HIDDEN, TOLD, Listen, current_event
@@ -92,7 +91,7 @@ class CompareHandlers:
     """The panel's events: they start a visitor's grid, watch it (from any of that visitor's pages) and stop it; the
     grid is a job outside any page's event, which a page going away leaves running (the module's docstring)."""
 
-    def __init__(self, studio: Studio, held: sessions.HeldResults, show_guidance: bool = False):
+    def __init__(self, studio: Studio, held: HeldResults, show_guidance: bool = False):
         self.studio, self.engine, self.held, self.stops = studio, studio.engine, held, studio.stops
         self.jobs, self.show_guidance = studio.jobs, show_guidance
 
@@ -110,7 +109,7 @@ class CompareHandlers:
                 values3: str, session: BrowserSession | None = None, progress: gr.Progress = gr.Progress()):
         """The grid from the panel, started as this visitor's job and watched: the sheet and its line (on_cells
         then puts every cell in the history). Bad axes, or a grid of theirs still running: one line."""
-        sid = sessions.session_id(session)
+        sid = session_id(session)
         entries: list[HistoryEntry] = []
 
         def saved(done: CellResult, path: str) -> None:
@@ -193,19 +192,14 @@ class CompareHandlers:
         if job.running:
             seconds = estimate_seconds(job.plan, self.engine.status())
             return gr.skip(), describe_running(job, seconds, self.jobs.clock())
-        if job.outcome is None:
-            return gr.skip(), f"**Not made:** {failure_words(job.failure)}"
+        if job.outcome is None:  # the one line a page is told for the error that ended it (web/errors.py's words)
+            try:
+                with user_errors():
+                    raise job.failure or RuntimeError("no result")
+            except gr.Error as told:
+                return gr.skip(), f"**Not made:** {told.message}"
         sheet = job.outcome.sheet
         return sheet if Path(sheet).is_file() else gr.skip(), job.outcome.line
-
-
-def failure_words(error: Exception | None) -> str:
-    """The one line a page is told for the error that ended a grid (web/errors.py's words)."""
-    try:
-        with user_errors():
-            raise error or RuntimeError("no result")
-    except gr.Error as told:
-        return str(told.message)
 
 
 def owner(session: BrowserSession | None) -> str:

@@ -16,11 +16,10 @@ from neuron_ui.contract.results import Mode
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 from neuron_ui.studio.studio import DEFAULT_MAX_GRIDS, PreviewSink, Studio
-from neuron_ui.ui import session as sessions
 from neuron_ui.ui.editing import file_path, file_paths, painted_mask
 from neuron_ui.ui.history import EditorValue, HistoryEntry, entry_named, gallery_items, picked
 from neuron_ui.ui.named_api import NamedApi
-from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, SessionEvents, asker
+from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, HeldResults, SessionEvents, asker, session_id
 from neuron_ui.web.errors import user_errors
 from neuron_ui.web.files import PreviewFiles
 from neuron_ui.web.progress import ProgressBar, ProgressReporter
@@ -56,7 +55,7 @@ class Handlers:
     same studio, built here with what they share."""
 
     def __init__(self, engine: EngineLike, store: ImageStore, waiting: Callable[[], int] | None = None,
-                 held: sessions.HeldResults | None = None, uploads: Path | None = None,
+                 held: HeldResults | None = None, uploads: Path | None = None,
                  stops: SessionStops | None = None, max_grid_cells: int = DEFAULT_MAX_CELLS,
                  max_grids: int = DEFAULT_MAX_GRIDS):
         # the running requests of each Gradio session, for Stop, /stop and disconnects (the server's gate too), are
@@ -64,7 +63,7 @@ class Handlers:
         self.studio = Studio(engine, store, stops, max_grid_cells, max_grids)
         self.engine, self.store, self.stops = engine, store, self.studio.stops
         self.distilled = engine.status().distilled
-        self.held = sessions.HeldResults() if held is None else held  # results a reloaded page comes back for
+        self.held = HeldResults() if held is None else held  # results a reloaded page comes back for
         self.uploads = uploads or store.folder  # Gradio's folder: the only files a browser's session may name
         self.stored = StoredFiles(self.uploads)  # the rule for every file a request names (contract/files.py)
         self.compile_wait: CompileWait | None = None  # the compile a request here waits for (one device)
@@ -94,7 +93,7 @@ class Handlers:
         session's page too (it may have reloaded by the time the image is done). `editor`: an inpaint's editor value,
         kept in the entry; `on_preview`: hears each step's estimate of the image; the line's words on a style switch
         compare with the history's newest (the visitor's previous image)."""
-        sid = sessions.session_id(session)
+        sid = session_id(session)
         what = request.resolution if isinstance(request.resolution, str) else ""
         make = self.studio.inpaint if request.image is not None else self.studio.generate
         self.held.begin(sid)  # its failure's line waits for its reason (on_failed)
@@ -209,14 +208,14 @@ class Handlers:
         fails the event before its request ends (at its next step, or once a load or compile is done): the line
         waits for the reason (HeldResults.settled) without holding a thread."""
         await self.on_settled(session)
-        error = self.held.error(sessions.session_id(session))
+        error = self.held.error(session_id(session))
         why = f" {error}{'' if error.endswith(('.', '!', '?')) else '.'}" if error else " The message says why."
         return f"**Not made:**{why} (The image above, if any, is the one before.)"
 
     async def on_settled(self, session: BrowserSession | None) -> None:
         """Returns once the session's requests here have ended (or FAILED_WAIT has passed), without holding a thread:
         a cancelled event ends in the page before its request does, and what follows it must see the request's end."""
-        sid = sessions.session_id(session)
+        sid = session_id(session)
         deadline = time.monotonic() + FAILED_WAIT
         while not self.held.settled(sid) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -9,13 +9,13 @@ cannot restore (no image of ours, no seed, no size). It looks at no more entries
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.references import FIT_MODES
 from neuron_ui.contract.requests import GUIDANCE, SEED, STEPS, STRENGTH, STYLE_SCALE
 from neuron_ui.contract.results import Mode
@@ -129,15 +129,11 @@ def inside(path: object, folders: tuple[Path, ...], base: Path) -> str | None:
     else None: a path from the browser is served only if the app made it. Gradio sends the paths of files in its own
     folder (`base`, GRADIO_TEMP_DIR) relative to that folder; the images are there through a link (files.py), so the
     path given back is the one under `base`, never the link's target (the gate cuts `base` from answers)."""
-    if not isinstance(path, str) or not path or "\x00" in path:
-        return None
-    full = os.path.normpath(os.path.join(base, path))  # an absolute `path` stays itself
-    if not full.startswith(os.path.join(base, "")):
-        return None
     try:
+        full = StoredFiles(base).resolve(path)  # the one rule for a file a caller names (contract/files.py)
         resolved = Path(full).resolve()
         ours = resolved.is_file() and any(resolved.is_relative_to(folder.resolve()) for folder in folders)
-    except (OSError, RuntimeError, ValueError):
+    except (OSError, RuntimeError, ValueError):  # ForeignFile is a ValueError
         return None
     return full if ours else None
 
@@ -183,8 +179,4 @@ def entry_named(history: list[HistoryEntry], path: object) -> HistoryEntry | Non
 
 def gallery_items(history: list[HistoryEntry]) -> list[tuple[str, str]]:
     return [(entry.path, entry.resolution) for entry in history]
-
-
-def to_json(history: list[HistoryEntry]) -> list[dict[str, object]]:
-    return [entry.to_json() for entry in history]
 

@@ -30,7 +30,7 @@ from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.contract.requests import GUIDANCE, MAX_PROMPT_CHARS, SEED, STEPS
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS
 from neuron_ui.studio.studio import Asker
-from neuron_ui.ui.history import HistoryEntry, clean_history, gallery_items, merge_history, to_json
+from neuron_ui.ui.history import HistoryEntry, clean_history, gallery_items, merge_history
 from neuron_ui.web.gradio_bridge import current_event, current_user
 from neuron_ui.web.visitors import visitor_name
 
@@ -157,9 +157,7 @@ class HeldResults:
     def end(self, sid: str | None) -> None:
         if sid:
             with self._lock:
-                self._pending[sid] -= 1
-                if self._pending[sid] <= 0:
-                    del self._pending[sid]
+                self._pending -= Counter({sid: 1})  # a count that reaches 0 goes
 
     def settled(self, sid: str | None) -> bool:
         """No request of the session is in a handler, or one has already failed (its reason is known)."""
@@ -230,7 +228,7 @@ class SessionEvents:
         if running:
             info = (f"*Your image at {running} is still being made (asked for before this page loaded); "
                     "it shows here when it is done.*")
-        new_session = {**{k: saved.get(k) for k in FORM_FIELDS}, "id": sid, "history": to_json(history)}
+        new_session = {**{k: saved.get(k) for k in FORM_FIELDS}, "id": sid, "history": [e.to_json() for e in history]}
         return (new_session, *(form.get(k, gr.skip()) for k in FORM_FIELDS), history, gallery_items(history), image,
                 info, gr.Timer(active=bool(running)))
 
@@ -261,7 +259,7 @@ class SessionEvents:
         history = merge_history(history, stored, HISTORY_SIZE)
         self.store.keep_using(e.path for e in history)
         values = dict(zip(FORM_FIELDS, (prompt, resolution, steps, seed, randomize, guidance)))
-        return {**values, "id": sid, "history": to_json(history)}
+        return {**values, "id": sid, "history": [e.to_json() for e in history]}
 
     def on_collect(self, session: BrowserSession | None, history: list[HistoryEntry]):
         """The collect timer's tick, active only while the page awaits a request from before its load (it reloaded

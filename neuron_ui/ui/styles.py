@@ -50,7 +50,7 @@ def describe_style(result: GenerateResult, before: HistoryEntry | None = None) -
 
 
 class StyleHandlers:
-    """The style controls' handlers: defaults when a style is picked, history restore, the browser's copy."""
+    """The style controls' handlers: defaults when a style is picked, history restore, the browser's copy restored."""
 
     def __init__(self, engine: EngineLike):
         self.defaults = {s["name"]: s["default_scale"] for s in engine.status().styles}
@@ -71,11 +71,6 @@ class StyleHandlers:
             return gr.skip(), gr.skip()
         kept = self._valid(entry.lora, entry.lora_scale)
         return kept if kept else (NO_STYLE, gr.skip())
-
-    @staticmethod
-    def on_save(style: str, strength: float) -> dict[str, object]:
-        """The choice, kept in the browser's storage (a value Style or Strength would not take is refused first)."""
-        return {"style": style, "strength": strength}
 
     def on_restore(self, saved: object) -> tuple[object, object]:
         """On page load: the style and strength this browser last chose, if still loaded here."""
@@ -101,5 +96,6 @@ def wire_style_controls(handlers: StyleHandlers, style: gr.Dropdown, strength: g
     style.input(handlers.on_style, [style], [strength], **HIDDEN)
     history_gallery.select(handlers.on_select, [history], [style, strength], **HIDDEN)
     demo.load(handlers.on_restore, [state], [style, strength], **HIDDEN)
-    gr.on([style.change, strength.change], handlers.on_save, [style, strength], [state], trigger_mode="always_last",
-          **HIDDEN)
+    # The choice into the browser's storage (a value Style or Strength would not take is refused first).
+    gr.on([style.change, strength.change], lambda style, strength: {"style": style, "strength": strength},
+          [style, strength], [state], trigger_mode="always_last", **HIDDEN)
