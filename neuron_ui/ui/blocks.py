@@ -44,8 +44,7 @@ SHOW_IMAGE = """(...args) => { if (window.innerWidth <= 720)
 PROMPTS = ASSETS / "prompts.txt"  # the examples under the form, one a line ("#" starts a comment)
 
 
-def build_demo(engine: EngineLike, settings: Settings,
-               stops: SessionStops | None = None) -> tuple[gr.Blocks, Handlers]:
+def build_demo(engine: EngineLike, settings: Settings, stops: SessionStops | None = None) -> tuple[gr.Blocks, Handlers]:
     """The whole app around one engine, and the Handlers wired into it (their image store, status and tick, for the
     caller to keep); queue() and launch() are the caller's (app.py). `stops`, the registry of running requests by
     session, is the caller's to hand the server too (its gate stops a cancelled request)."""
@@ -82,9 +81,8 @@ def build_demo(engine: EngineLike, settings: Settings,
         with gr.Row(equal_height=False, elem_id="main-row"):
             with gr.Column(scale=2, min_width=340, elem_id="controls"):
                 with gr.Column(elem_id="form"):
-                    prompt = gr.Textbox(label="Prompt", placeholder="Describe the image, then press Enter",
-                                        lines=1, max_lines=4, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
-                                        autofocus=True)
+                    prompt = gr.Textbox(label="Prompt", placeholder="Describe the image, then press Enter", lines=1,
+                                        max_lines=4, max_length=MAX_PROMPT_CHARS, elem_id="prompt", autofocus=True)
                     prompt_count = gr.Markdown(elem_id="prompt-count")
                     style, style_strength = add_style_controls(engine)
                     resolution = gr.Dropdown(resolution_choices(status), value=first, label="Resolution",
@@ -141,8 +139,7 @@ def build_demo(engine: EngineLike, settings: Settings,
             grid_image.render()
             grid_line.render()
         with gr.Accordion("Sizes on this server", open=True, elem_id="status"):
-            table = gr.Dataframe(status_rows(status), headers=TABLE_HEADERS, interactive=False,
-                                 elem_id="status-table")
+            table = gr.Dataframe(status_rows(status), headers=TABLE_HEADERS, interactive=False, elem_id="status-table")
             gr.Markdown(TABLE_LEGEND, elem_id="table-legend")
             activity = gr.Markdown(describe_activity(status), elem_id="activity")
         timer = gr.Timer(REFRESH_SECONDS)

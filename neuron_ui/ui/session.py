@@ -274,5 +274,4 @@ class SessionEvents:
             return (*(gr.skip(),) * 5, gr.skip() if still else gr.Timer(active=False))
         history = merge_history(history, arrived, HISTORY_SIZE)
         newest = arrived[0]
-        return (newest.path, newest.info, newest.seed, history, gallery_items(history),
-                gr.Timer(active=False))
+        return newest.path, newest.info, newest.seed, history, gallery_items(history), gr.Timer(active=False)

@@ -214,8 +214,7 @@ def describe_now(status: EngineStatus, compile_wait: CompileWait | None) -> str:
     if compile_wait is not None:
         doing = compile_wait.describe(time.monotonic())[1]
     else:
-        compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts]
-                     if s.state == Phase.COMPILING]
+        compiling = [s.layout or s.resolution for s in [*status.shapes, *status.layouts] if s.state == Phase.COMPILING]
         doing = f"compiling {', '.join(compiling)} (a warm-up)" if compiling else "making an image"
     if not status.busy and compile_wait is None:
         return ""

@@ -54,8 +54,7 @@ class GradioLimits:
 
 
 def mount(app: FastAPI, demo: gr.Blocks, stops: SessionStops, settings: Settings, limits: GradioLimits,
-          uploads: UploadFolder, lifespan: AsyncExitStack, loop: asyncio.AbstractEventLoop,
-          timeout: float) -> Mounted:
+          uploads: UploadFolder, lifespan: AsyncExitStack, loop: asyncio.AbstractEventLoop, timeout: float) -> Mounted:
     """Mount the queued demo at / of `app` and start it on the server's `loop`, Gradio's lifespan entered into ours.
 
     gr.mount_gradio_app does not return Gradio's own App: in 6.31 it appends one starlette Mount to the parent's
@@ -189,9 +188,8 @@ class Mounted:
         from gradio import networking
 
         try:
-            url = networking.setup_tunnel(local_host=settings.host, local_port=settings.port,
-                                          share_token=self.demo.share_token, share_server_address=None,
-                                          share_server_tls_certificate=None)
+            url = networking.setup_tunnel(local_host=settings.host, local_port=settings.port, share_server_address=None,
+                                          share_token=self.demo.share_token, share_server_tls_certificate=None)
         except Exception as error:  # noqa: BLE001 - no network, a blocked download...: serve locally anyway
             logger.warning("could not open a share link (%s); serving locally only", error)
             return None

@@ -67,8 +67,7 @@ class UploadFolder:
         if length is None:
             return UploadRefusal(411, "an upload must say its size (a Content-Length header)")
         if length > self.budget:
-            return UploadRefusal(413, f"this upload is {length / 2**20:.1f} MB; uploads may take {limit} "
-                                 "in all")
+            return UploadRefusal(413, f"this upload is {length / 2**20:.1f} MB; uploads may take {limit} in all")
         with self._lock:
             fits = self.used + length <= self.budget
         if not fits:
