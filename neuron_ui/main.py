@@ -148,7 +148,7 @@ def stop_on_signals(server: Server, stop_at_once: Callable[[], None]) -> None:
 
     def on_signal(number: int, _frame: FrameType | None) -> None:
         name = signal.Signals(number).name
-        if not server.ready:
+        if server.mounted is None:  # the model is still loading
             raise SystemExit(0)
         if server.drain_requested.is_set():
             for each in (signal.SIGTERM, signal.SIGINT):  # a third one must not start this again

@@ -59,7 +59,7 @@ def test_a_neuron_rank_device_is_a_device_string_even_when_torch_neuron_gives_an
 
 def test_a_call_is_bounded_by_its_size_measured_time_with_a_floor_for_compiles():
     from neuron_ui.model.runner import PipelineCall
-    from neuron_ui.parallel.leader import COMPILE_FLOOR, GroupHealth, LeaderRunner
+    from neuron_ui.parallel.lockstep import COMPILE_FLOOR, GroupHealth, LeaderRunner
 
     group = SimpleNamespace(degree=2, launch=Launch(0, 0, 2))
     leader = LeaderRunner(lambda call, callback=None: None, group, GroupHealth(), min_seconds=5)
@@ -71,7 +71,7 @@ def test_a_call_is_bounded_by_its_size_measured_time_with_a_floor_for_compiles()
 
 
 def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was_measured():
-    from neuron_ui.parallel.leader import GroupHealth
+    from neuron_ui.parallel.lockstep import GroupHealth
 
     first = GroupHealth(started=time.monotonic() - 21.2)
     first.serving(restart_seconds=None)  # the first group: no restart to measure yet
@@ -96,15 +96,15 @@ def test_a_restarted_group_reads_how_long_its_restart_took_from_the_store():
         return ParallelGroup(Launch(0, 0, 2, restart_count, 3), "cpu", None, None, [], dist.HashStore(), history)
 
     first = group(0)
-    assert first.seconds_since_last_break() is None
+    assert first.seconds_since_last("broken") is None
     first.note_broken()
     noted = float(history.get("broken/0"))
     assert abs(noted - time.time()) < 5
     first.note_broken()  # a second rank noticing later does not move the time
     assert float(history.get("broken/0")) == noted
     history.set("broken/0", repr(noted - 30))  # as if group 0 broke 30 s ago
-    assert 30 <= group(1).seconds_since_last_break() < 35
-    assert group(2).seconds_since_last_break() is None  # group 1 never broke
+    assert 30 <= group(1).seconds_since_last("broken") < 35
+    assert group(2).seconds_since_last("broken") is None  # group 1 never broke
 
 
 def test_when_nobody_noted_the_break_a_restarted_group_bounds_it_by_rank_0s_last_heartbeat():
@@ -118,7 +118,7 @@ def test_when_nobody_noted_the_break_a_restarted_group_bounds_it_by_rank_0s_last
         return ParallelGroup(Launch(0, 0, 2, restart_count, 3), "cpu", None, None, [], dist.HashStore(), history)
 
     first = group(0)
-    assert first.seconds_since_last_heartbeat() is None  # the first group: nothing before it
+    assert first.seconds_since_last("heartbeat") is None  # the first group: nothing before it
     stop = first.start_heartbeat(every=0.05)
     wait_until(lambda: history.check(["heartbeat/0"]), "a first beat")
     beat = history.get("heartbeat/0")
@@ -127,5 +127,5 @@ def test_when_nobody_noted_the_break_a_restarted_group_bounds_it_by_rank_0s_last
     wait_until(lambda: "tp-heartbeat" not in {t.name for t in threading.enumerate()}, "the heartbeat stopped")
     history.set("heartbeat/0", repr(time.time() - 30))  # its last beat, as if 30 s ago
     restarted = group(1)
-    assert restarted.seconds_since_last_break() is None
-    assert 30 <= restarted.seconds_since_last_heartbeat() < 35
+    assert restarted.seconds_since_last("broken") is None
+    assert 30 <= restarted.seconds_since_last("heartbeat") < 35

@@ -474,7 +474,7 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
     assert defaults.host == "127.0.0.1"
     server = start_server(defaults)
     try:
-        (socket,) = server.sockets
+        (socket,) = [sock for each in server._uvicorn.servers for sock in each.sockets]  # uvicorn's, once started
         assert socket.getsockname()[0] == "127.0.0.1"
         # The model is not loaded yet: the port answers, and says so.
         health = httpx.get(server.url + "/healthz")

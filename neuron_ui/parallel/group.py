@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from collections.abc import Callable
 
 import torch
@@ -90,18 +90,13 @@ class ParallelGroup:
         except Exception as error:  # the store went with torchrun's agent: nobody is left to restart anyway
             logger.warning("could not note the break in the rendezvous store: %s", error)
 
-    def seconds_since_last_break(self) -> float | None:
-        """How long the restart that made this group took: from the previous group's break to now (call it
-        when serving); None for the first group, or when no rank of the previous one lived to note it."""
-        return self._seconds_since(f"broken/{self.launch.restart_count - 1}")
-
-    def seconds_since_last_heartbeat(self) -> float | None:
-        """From the previous group's rank 0's last heartbeat to now: at most HEARTBEAT_SECONDS more than the
-        restart took (rank 0 died within that long of its last heartbeat). For when nobody noted the break:
-        rank 0 killed while its followers sat in a collective, stopped by torchrun before they noticed."""
-        return self._seconds_since(f"heartbeat/{self.launch.restart_count - 1}")
-
-    def _seconds_since(self, key: str) -> float | None:
+    def seconds_since_last(self, mark: Literal["broken", "heartbeat"]) -> float | None:
+        """From the previous group's last `mark` to now; None for the first group, or where none was written.
+        "broken" (note_broken): how long the restart that made this group took (call it when serving). "heartbeat":
+        at most HEARTBEAT_SECONDS more than that (rank 0 died within that long of its last heartbeat), for when
+        nobody noted the break: rank 0 killed while its followers sat in a collective, stopped by torchrun before
+        they noticed."""
+        key = f"{mark}/{self.launch.restart_count - 1}"
         try:
             if self.launch.restart_count == 0 or not self.history.check([key]):
                 return None

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from neuron_ui.parallel.follower import follow
+from neuron_ui.parallel.lockstep import follow
 from neuron_ui.parallel.group import check_launch, count_devices, init_parallel
-from neuron_ui.parallel.leader import GroupHealth, LeaderRunner
+from neuron_ui.parallel.lockstep import GroupHealth, LeaderRunner
 
 if TYPE_CHECKING:
     from neuron_ui.config.runtime import Launch
@@ -83,8 +83,8 @@ class TorchrunRank:
         """Rank 0 serves: note how long start-up (and the restart before it) took, and log it; with restarts left,
         a break makes rank 0 exit EXIT_RESTART (through its SIGTERM handler, on the main thread)."""
         group, launch = self.group, self.launch
-        measured = group.seconds_since_last_break()
-        bounded = group.seconds_since_last_heartbeat() if measured is None else None
+        measured = group.seconds_since_last("broken")
+        bounded = group.seconds_since_last("heartbeat") if measured is None else None
         self.health.serving(measured if measured is not None else bounded, bounded=measured is None)
         logger.info("tensor-parallel group of %d serving after %.0f s (restart %d of %d)%s", group.degree,
                     self.health.startup_seconds, launch.restart_count, launch.max_restarts,
@@ -107,5 +107,4 @@ class TorchrunRank:
             return
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the drain short
         logger.info("rank 0 stopping%s", f": {self.leader.broken}" if self.leader.broken else "")
-        self.leader.drain()
-        self.leader.stop_followers()
+        self.leader.stop()

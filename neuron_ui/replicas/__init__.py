@@ -1,11 +1,11 @@
 """Engine replicas on Ray Serve: the only package that imports Ray, loaded only with --replicas or --ray-address.
 
     plan        what each replica asks Ray for          launch      Ray, the board, the deployment, the runner
-    deployment  the replica: an engine, by shape        runner      ReplicaRunner, the engine front's runner
+    deployment  a replica: an engine and its lease      runner      ReplicaRunner, the engine front's runner
     messages    what a replica's stream carries         stream      one call's stream, read at the front
     board       where replicas report                   watcher     the front reading the board, a row each
-    lease       compile a shape once per deployment     tp_group    a tensor-parallel replica's ranks
-    ray_bridge  every read of Ray's internals
+    pacing      few messages while an engine runs       routing     which replica a call goes to
+    tp_group    a tensor-parallel replica's ranks       ray_bridge  every read of Ray's internals
 """
 
 import os

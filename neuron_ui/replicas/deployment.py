@@ -5,7 +5,7 @@ one graph). A replica that holds a graph attracts its requests; a request whose 
 max_ongoing_requests = 1 request: one image at a time) goes, after one back-off, to the replicas holding the
 fewest graphs, which load it from the shared cache. Multiplexing chosen over a custom RequestRouter (alpha in 2.60):
 no routing code of ours, and the one thing it lacks, compiling a shape once in the whole deployment, is a file lock
-per (compile key, token count) in the shared cache folder (neuron_ui.replicas.lease): the first replica to take it
+per (compile key, token count) in the shared cache folder (ShapeLease): the first replica to take it
 compiles; any other waits on it and then loads the graph from the cache (disk_hit). The kernel drops a lock whose
 holder dies (kill -9), so a waiter never waits for a dead replica.
 """
@@ -13,11 +13,13 @@ holder dies (kill -9), so a waiter never waits for a dead replica.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
@@ -27,7 +29,6 @@ from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import CacheEvent, GenerateResult, ProgressUpdate
 from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
-from neuron_ui.replicas.lease import ShapeLease
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Progress, Started, Value
 from neuron_ui.replicas.pacing import LinePacer
 from neuron_ui.replicas.plan import describe_devices
@@ -45,6 +46,40 @@ MAX_GRAPHS_PER_REPLICA = 64  # never evict: a graph dynamo compiled stays in the
 # A report woken by an image's end waits this long: its snapshot (Python, holding the GIL) then no longer competes
 # with the last messages of the image's stream on the replica's loop.
 WOKEN_REPORT_DELAY = 0.02
+
+
+class ShapeLease:
+    """An exclusive lock on one (compile key, token count) in the shared cache folder, held while a replica
+    compiles or loads that graph; released after its first request there, so others then load from the cache."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another replica compiles this graph
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def held_elsewhere(self) -> bool:
+        """True when another process holds the lock now (for the progress line only; it may change at once)."""
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the probe's lock if it got one
+        return False
 
 
 class EngineReplica:

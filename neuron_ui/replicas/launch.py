@@ -116,35 +116,6 @@ def stop_app(app_name: str = APP_NAME) -> None:
         pass
 
 
-def deploy(settings: Settings, plan: ReplicaPlan, app_name: str, board_name: str):
-    """The Serve application: N EngineReplica, no HTTP proxy (the front calls a handle); returns the handle."""
-    serve.start(proxy_location="Disabled")  # started already by launch: a no-op then
-    group_options: dict[str, Any] = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
-    runtime_env = dict(plan.actor_options.get("runtime_env") or {})  # REPLICA_ENV added to the plan's variables
-    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **REPLICA_ENV}
-    deployment = serve.deployment(name=DEPLOYMENT_NAME)(EngineReplica).options(
-        num_replicas=plan.replicas,
-        max_ongoing_requests=plan.max_ongoing_requests,
-        ray_actor_options={**plan.actor_options, "runtime_env": runtime_env},
-        health_check_period_s=5,
-        logging_config={"enable_access_log": False},  # a log line per request, on every image's path; ours suffice
-        graceful_shutdown_timeout_s=5,
-        **(group_options if plan.bundles else {}),
-    )
-    return serve.run(deployment.bind(settings, plan.threads, board_name), name=app_name, route_prefix=None)
-
-
-def grpc_ready() -> bool:
-    """Whether this front's calls can go over Serve's gRPC: its channel takes messages of GRPC_MESSAGE_BYTES
-    (neuron_ui.replicas' __init__ sets it before Serve is imported; a process that imported Serve earlier kept
-    Ray's default). The stages it cut, against Ray actor calls: docs/performance.md, "Replicas"."""
-    if grpc_message_limit() >= GRPC_MESSAGE_BYTES:
-        return True
-    logger.warning("Serve was imported before neuron_ui.replicas could raise its gRPC message size: the replicas "
-                   "are called as Ray actors (a few ms slower an image)")
-    return False
-
-
 def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_NAME,
            timeout: float = 600.0, plan: ReplicaPlan | None = None) -> ReplicaRunner:
     """Ray, the board, the replicas and the runner for the engine's front; returns once every replica has reported.
@@ -161,11 +132,30 @@ def launch(settings: Settings, num_cpus: int | None = None, app_name: str = APP_
     reports = ReplicaBoard.options(  # type: ignore[attr-defined]
         name=board, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
     plan = plan or plan_replicas(settings, ray.cluster_resources())
-    serve.start(proxy_location="Disabled")
+    serve.start(proxy_location="Disabled")  # no HTTP proxy: the front calls a handle
     stages.mark("serve")
-    handle = deploy(settings, plan, app_name, board)
+    # The Serve application: N EngineReplica, REPLICA_ENV added to the plan's variables
+    group_options: dict[str, Any] = {"placement_group_bundles": plan.bundles, "placement_group_strategy": "STRICT_PACK"}
+    runtime_env = dict(plan.actor_options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **REPLICA_ENV}
+    deployment = serve.deployment(name=DEPLOYMENT_NAME)(EngineReplica).options(
+        num_replicas=plan.replicas,
+        max_ongoing_requests=plan.max_ongoing_requests,
+        ray_actor_options={**plan.actor_options, "runtime_env": runtime_env},
+        health_check_period_s=5,
+        logging_config={"enable_access_log": False},  # a log line per request, on every image's path; ours suffice
+        graceful_shutdown_timeout_s=5,
+        **(group_options if plan.bundles else {}),
+    )
+    handle = serve.run(deployment.bind(settings, plan.threads, board), name=app_name, route_prefix=None)
     stages.mark("replicas")
-    runner = ReplicaRunner(handle, reports, settings, plan, app_name, grpc=grpc_ready())
+    # The calls go over Serve's gRPC where its channel takes messages of GRPC_MESSAGE_BYTES (neuron_ui.replicas'
+    # __init__ sets it before Serve is imported; a process that imported Serve earlier kept Ray's default). The
+    # stages it cut, against Ray actor calls: docs/performance.md, "Replicas".
+    if not (grpc := grpc_message_limit() >= GRPC_MESSAGE_BYTES):
+        logger.warning("Serve was imported before neuron_ui.replicas could raise its gRPC message size: the replicas "
+                       "are called as Ray actors (a few ms slower an image)")
+    runner = ReplicaRunner(handle, reports, settings, plan, app_name, grpc=grpc)
     runner.watcher.wait_for(plan.replicas, timeout)
     stages.mark("first reports")
     runner.startup = dict(stages.seconds)

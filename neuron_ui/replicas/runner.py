@@ -44,9 +44,7 @@ if TYPE_CHECKING:
 
 
 class ReplicaRunner:
-    """Images made by replicas, one at a time each: a slot per replica at the front. A request whose replica dies
-    is sent once more, with the same seed, to another replica (neuron_ui.replicas.stream). A watcher thread reads
-    the replicas' reports (neuron_ui.replicas.watcher)."""
+    """Images made by replicas, one at a time each: a slot per replica at the front; a retry has the same seed."""
 
     def __init__(self, handle: DeploymentHandle, board: ActorHandle, settings: Settings, plan: ReplicaPlan,
                  app_name: str = APP_NAME, watcher: ReplicaWatcher | None = None,

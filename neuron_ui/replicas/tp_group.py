@@ -5,8 +5,8 @@
 Serve gives each replica a placement group of tp bundles packed on one node (STRICT_PACK, as vLLM does on Ray).
 The replica is rank 0, in the first bundle: it starts one follower actor per other bundle, hands every rank its
 rank and the group's address (a free port on the node), and joins the group as torchrun's ranks do
-(neuron_ui.parallel.group.init_parallel), then serves through neuron_ui.parallel.leader.LeaderRunner while each
-follower runs neuron_ui.parallel.follower.follow.
+(neuron_ui.parallel.group.init_parallel), then serves through neuron_ui.parallel.lockstep.LeaderRunner while each
+follower runs neuron_ui.parallel.lockstep.follow.
 A follower that dies breaks the replica: its health check fails and Serve replaces the whole replica with its
 placement group (followers are owned by the replica, so Ray stops them with it).
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
     from neuron_ui.parallel.group import ParallelGroup
-    from neuron_ui.parallel.leader import GroupHealth
+    from neuron_ui.parallel.lockstep import GroupHealth
     from neuron_ui.config.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class RankFollower:
         import torch
 
         from neuron_ui.engine.local import LocalRunner
-        from neuron_ui.parallel.follower import follow
+        from neuron_ui.parallel.lockstep import follow
         from neuron_ui.parallel.group import init_parallel
 
         if threads:
@@ -89,7 +89,7 @@ class ReplicaGroup:
     def start(cls, settings: Settings, threads: int | None) -> ReplicaGroup:
         """Start the followers in this replica's placement group and join them; raises if one fails to join."""
         from neuron_ui.parallel.group import check_launch, init_parallel
-        from neuron_ui.parallel.leader import GroupHealth
+        from neuron_ui.parallel.lockstep import GroupHealth
 
         health = GroupHealth(started=time.monotonic())
         placement = ray.util.get_current_placement_group()
@@ -116,7 +116,7 @@ class ReplicaGroup:
 
     def leader(self, runner):
         """Rank 0's runner: the torchrun path's LeaderRunner, broadcasting each call to the followers."""
-        from neuron_ui.parallel.leader import LeaderRunner
+        from neuron_ui.parallel.lockstep import LeaderRunner
 
         return LeaderRunner(runner, self.group, self.health, self.min_seconds)
 

@@ -93,12 +93,12 @@ def check_route(scope: dict, demo: gr.Blocks) -> None:
         raise Refusal(404, "there is no such event: call the endpoint first (its result may have been sent already)")
 
 
+@dataclass(frozen=True)
 class FileDoors:
     """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget."""
 
-    def __init__(self, stored: StoredFiles, uploads: UploadFolder):
-        self.stored_files = stored
-        self.uploads = uploads
+    stored: StoredFiles
+    uploads: UploadFolder
 
     def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
         """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
@@ -126,10 +126,10 @@ class FileDoors:
             return scope
         name = path[len(route):]
         try:
-            full = self.stored_files.resolve(name)
+            full = self.stored.resolve(name)
         except ForeignFile:
             raise Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app") from None
-        folder, _, rest = full[len(self.stored_files.prefix):].partition(os.sep)
+        folder, _, rest = full[len(self.stored.prefix):].partition(os.sep)
         if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
             raise Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
         routed = FILE_ROUTES[0] + full
@@ -141,14 +141,14 @@ class FileDoors:
         if isinstance(value, list):
             return [self.paths(item, as_file) for item in value]
         if isinstance(value, str) and as_file:
-            return self.stored_files.use(value)
+            return self.stored.use(value)
         if not isinstance(value, dict):
             return value  # None, a number, or text where no file goes
         value = {key: self.paths(item, as_file and key in EDITOR_PARTS) for key, item in value.items()}
         if "path" in value and as_file:
-            value["path"] = self.stored_files.use(value["path"])
+            value["path"] = self.stored.use(value["path"])
         elif "path" in value and isinstance(value.get("meta"), dict):
-            value["path"] = self.stored_files.resolve(value["path"])
+            value["path"] = self.stored.resolve(value["path"])
         return value
 
     async def admit_upload(self, scope: dict) -> UploadAnswer:

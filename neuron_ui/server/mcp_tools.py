@@ -39,12 +39,8 @@ TURNS = ("One image is made at a time and visitors take turns: with others waiti
 
 def describe_sizes(status: EngineStatus) -> str:
     """Every preset and what its first image costs now, in one sentence a model can plan with."""
-    ready, other = [], []
-    for shape in status.shapes:
-        if shape.state == Phase.READY:
-            ready.append(shape.resolution)
-        else:
-            other.append(f"{shape.resolution} ({_cost(shape)})")
+    ready = [shape.resolution for shape in status.shapes if shape.state == Phase.READY]
+    other = [f"{shape.resolution} ({_cost(shape)})" for shape in status.shapes if shape.state != Phase.READY]
     parts = [f"Allowed resolutions (WIDTHxHEIGHT, no others): {', '.join(s.resolution for s in status.shapes)}."]
     if ready:
         parts.append(f"Ready now, full speed: {', '.join(ready)}.")

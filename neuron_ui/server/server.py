@@ -90,15 +90,6 @@ class Server:
         self._uvicorn = uvicorn.Server(config)
 
     @property
-    def ready(self) -> bool:
-        return self.mounted is not None
-
-    @property
-    def sockets(self) -> list:
-        """The sockets the server listens on (empty until it has started)."""
-        return [sock for server in self._uvicorn.servers for sock in server.sockets]
-
-    @property
     def url(self) -> str:
         host = "127.0.0.1" if self.settings.host in ("0.0.0.0", "") else self.settings.host
         return f"http://{host}:{self.settings.port}"

@@ -1,15 +1,17 @@
-"""Rank 0's side of a tensor-parallel group: the lockstep runner that broadcasts each pipeline call to the
-followers and bounds it (LeaderRunner), and the group's health for /healthz and the restart wait (GroupHealth).
+"""Both sides of a tensor-parallel group's lockstep: rank 0's runner that broadcasts each pipeline call to the
+followers and bounds it (LeaderRunner), the group's health for /healthz and the restart wait (GroupHealth), and a
+follower's loop that runs what rank 0 broadcasts until told to stop (follow).
 
 Before each call rank 0 broadcasts it (prompt, size, steps, seed) on the gloo control group and every rank runs
 it in lockstep with the same seed, so a new shape compiles on every rank in the same request. At the end of every
 denoising step rank 0 broadcasts whether to stop there (a user's Stop), so every rank leaves the loop at the same
-step. Followers report their compile counters back, so the status shows what each rank compiled. The follower's
-side is follower.py; the process group itself, group.py.
+step. Followers report their compile counters back, so the status shows what each rank compiled. The process
+group itself is group.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -24,6 +26,8 @@ import torch.distributed as dist
 from neuron_ui.compile.counters import read_counters
 from neuron_ui.config.processes import in_daemon_thread
 from neuron_ui.contract.errors import EngineError, first_line
+from neuron_ui.contract.stopping import Stopped
+from neuron_ui.model.runner import NotFinite
 from neuron_ui.parallel.group import _ranks, dead_ranks, seconds_since_start
 
 if TYPE_CHECKING:
@@ -216,22 +220,69 @@ class LeaderRunner:
                     f"try again in {self.health.restart_wait()}")
         return f"tensor-parallel {self.broken}; this server cannot make images until it is restarted"
 
-    def drain(self, timeout: float = DRAIN_SECONDS) -> None:
-        """Let the call in flight answer its user before rank 0 exits: wait for its answer, then give the
-        server a moment to send it (a broken group has just answered with why)."""
-        self._answered.wait(timeout)
+    def stop(self) -> None:
+        """Rank 0's way out: the call in flight answers its user (waited for, then a moment for the server to send
+        it; a broken group has just answered with why), then the followers are told to exit, unless the group is
+        broken or still in a call."""
+        self._answered.wait(DRAIN_SECONDS)
         if self.broken is not None:
             time.sleep(1.0)
-
-    def stop_followers(self) -> None:
-        """Tell the followers to exit (rank 0 is shutting down); not a broken group, nor one still in a call."""
-        if self.broken is not None or not self._answered.is_set():
-            return
-        try:
-            dist.broadcast_object_list([None], src=0, group=self.group.control)
-        except Exception:  # already gone
-            pass
+        elif self._answered.is_set():
+            with contextlib.suppress(Exception):  # already gone
+                dist.broadcast_object_list([None], src=0, group=self.group.control)
 
     def describe(self) -> dict:
         return {"degree": self.group.degree, "ranks": [asdict(r) for r in self.reports], "broken": self.broken,
                 "step": self.step}
+
+
+def follow(runner: Runner, group: ParallelGroup) -> int:
+    """A follower's life: run every call rank 0 broadcasts, until it says stop or disappears; the exit code.
+
+    A call that fails here leaves the group out of step, so the follower tells rank 0 why (in the store,
+    which outlives it) and exits 1: rank 0's collective fails at once instead of waiting, and names it."""
+    rank = group.launch.rank
+    while True:
+        message = [None]
+        try:
+            dist.broadcast_object_list(message, src=0, group=group.control)
+        except Exception as error:
+            logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
+            group.note_broken()
+            return 0
+        call = message[0]
+        if call is None:
+            logger.warning("rank %d: rank 0 asked the followers to stop", rank)
+            return 0
+        before = read_counters()
+        try:
+            runner(call, follower_steps(group))
+        except Stopped:
+            logger.info("rank %d: stopped with rank 0", rank)
+        except NotFinite as error:  # every rank decoded the same numbers: still in step; rank 0 tells the user
+            logger.warning("rank %d: %s", rank, error)
+        except Exception as error:
+            logger.exception("rank %d: pipeline call failed; leaving the group", rank)
+            group.report_error(first_line(error))
+            group.note_broken()
+            return 1
+        try:
+            dist.gather_object(read_counters() - before, None, dst=0, group=group.control)
+        except Exception as error:
+            logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
+            group.note_broken()
+            return 0
+
+
+def follower_steps(group: ParallelGroup):
+    """A follower's step callback: hear from rank 0 whether to stop after this step
+    (LeaderRunner._steps_in_lockstep)."""
+
+    def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+        flag = torch.zeros(1, dtype=torch.int32)
+        dist.broadcast(flag, src=0, group=group.control)
+        if flag.item():
+            raise Stopped("stopped with rank 0")
+        return {}
+
+    return on_step_end
