@@ -45,8 +45,9 @@ for _name, _value in OFFLINE.items():
 
 from neuron_ui.config.processes import free_port  # noqa: E402
 from neuron_ui.contract.stopping import SessionStops  # noqa: E402
-from neuron_ui.main import build_app, launch  # noqa: E402
+from neuron_ui.main import build_app  # noqa: E402
 from neuron_ui.model.runner import RunnerWrapper  # noqa: E402
+from neuron_ui.server.server import Server  # noqa: E402
 from neuron_ui.serving import build_engine  # noqa: E402
 
 PROMPT = "a lighthouse on a cliff at dusk"
@@ -137,7 +138,7 @@ def served(resolution: str, compile_mode: str, backend: str | None) -> Iterator[
 
     stops = SessionStops()
     engine, demo, handlers = build_app(settings, build_engine(settings, wrap_runner=wrap), stops=stops)
-    server = launch(engine, demo, settings, stops=stops, grids=handlers.studio.jobs)
+    server = Server(settings).start().mount(engine, demo, stops, handlers.studio.jobs)
     try:
         engine.warmup(resolution)
         yield Bench(engine, runners[0], server.url, resolution)

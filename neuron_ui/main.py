@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from collections.abc import Callable, MutableMapping
 
 from neuron_ui.config.host_memory import limit_heap_arenas
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.server.server import Server
     from neuron_ui.serving import Loaded
-    from neuron_ui.studio.grid_jobs import GridJobs
     from neuron_ui.ui.handlers import Handlers
 
 logger = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ class App(NamedTuple):
 
 def build_app(settings: Settings, engine: EngineLike | None = None, stops: SessionStops | None = None) -> App:
     """Everything but the launch: the engine (loaded here the way the settings choose, unless given) and the
-    queued UI; `stops` the UI's registry of running requests, for launch() to hand the server."""
+    queued UI; `stops` the UI's registry of running requests, for the server's mount."""
     engine = engine or choose_serving(settings).load(None).engine
     from neuron_ui.ui.blocks import build_demo
 
@@ -75,27 +74,6 @@ def build_app(settings: Settings, engine: EngineLike | None = None, stops: Sessi
     if settings.warmup:  # compiles in the background; users' requests go first
         engine.start_warmup([str(preset) for preset in settings.warmup])
     return App(engine, demo, handlers)
-
-
-def start_server(settings: Settings, health: Callable[[], str | None] | None = None,
-                 loading: LoadingState | None = None) -> Server:
-    """The HTTP server, listening: /healthz says 503 and /metrics serves while the model loads; `health` says
-    why /healthz must answer 503 once serving (a broken tensor-parallel group), `loading` what loading does."""
-    from neuron_ui.server.server import Server
-
-    return Server(settings, health=health, loading=loading).start()
-
-
-def launch(engine: EngineLike, demo: gr.Blocks, settings: Settings, server: Server | None = None, *,
-           stops: SessionStops, grids: GridJobs[Any]) -> Server:
-    """Serve the UI on `server` (started before the model loaded) or on a new one; it serves in its own thread.
-    `stops` is the registry build_app gave the demo, `grids` the grid jobs of its studio (its handlers'), which the
-    server's drain waits for.
-
-    Tests call launch(engine, demo, settings, stops=stops, grids=handlers.studio.jobs) and stop() the server it
-    returns."""
-    server = server or start_server(settings)
-    return server.mount(engine, demo, stops, grids)
 
 
 def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
@@ -111,8 +89,10 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
         serving = choose_serving(settings, launch_info, runtime)
     except StartupError as error:
         sys.exit(f"error: {error}")
-    loading = LoadingState()
-    server = start_server(settings, serving.health, loading)
+    from neuron_ui.server.server import Server
+
+    loading = LoadingState()  # /healthz says 503 and /metrics serves while the model loads
+    server = Server(settings, health=serving.health, loading=loading).start()
     # Beside the server, before the model loads (replicas.launch puts them back after ray.init replaced them; a
     # torchrun rank 0 handles SIGTERM its own way once loaded): a second signal stops what was loaded at once.
     loaded: list[Loaded] = []
@@ -121,7 +101,7 @@ def main(argv: list[str] | None = None, runtime: Runtime | None = None) -> None:
         loaded.append(serving.load(loading))
         stops = SessionStops()
         app = build_app(settings, loaded[0].engine, stops)
-        launch(app.engine, app.demo, settings, server, stops=stops, grids=app.handlers.studio.jobs)
+        server.mount(app.engine, app.demo, stops, app.handlers.studio.jobs)
         loaded[0].start()
         drained = server.serve_forever()
     except StartupError as error:

@@ -61,7 +61,7 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
     to do; a torchrun follower follows rank 0 here and exits."""
     if settings.replicas:
         return Serving(lambda loading: load_replicas(settings))
-    configure_cache_env(settings.cache_dir)  # before torch loads: torch_neuronx reads it at import
+    cache = configure_cache_env(settings.cache_dir)  # before torch loads: torch_neuronx reads it at import
     if launch is None and settings.tp not in (None, 1):
         raise StartupError(f"--tp {settings.tp} needs one process per device: torchrun --nproc_per_node={settings.tp}"
                            f" app.py ..., or --replicas N --tp {settings.tp}")
@@ -83,7 +83,6 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
     except ValueError as error:
         raise StartupError(str(error)) from None
     if not launch.is_leader:  # a follower: its shard, on its device, compiled as rank 0's is; none of its requests
-        cache = configure_cache_env(settings.cache_dir)
         code = rank.follow(LocalRunner.from_settings(settings, cache, rank.form()).pipeline)
         gc.freeze()  # as main() does on its way out: the interpreter's exit need not collect the model (seconds)
         sys.exit(code)
@@ -120,10 +119,19 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None,
                  wrap_runner: Callable[[Runner], Runner] | None = None, loading: LoadingState | None = None) -> Engine:
     """The engine with its model loaded; the cache env is set first, before torch loads, and a
     --cache-bundle is imported (fetched, if remote) before the engine reads the manifest (rank 0 only under
-    torchrun). Alone, weights that need more memory than is available are refused first, in one line."""
+    torchrun). Alone, weights that need more memory than is available, in the dtype this process would load them in
+    (model/footprint.py), are refused first, in one line that says what to pass instead."""
     cache = configure_cache_env(settings.cache_dir)  # torch_neuronx reads it when torch is imported
     if group is None:  # a rank holds its shard: counted whole it would be refused where it fits
-        check_memory(settings)
+        from neuron_ui.config.runtime import Runtime
+        from neuron_ui.model.footprint import memory_problem
+
+        dtype = settings.dtype if settings.dtype != "auto" else Runtime.detect(settings.device).dtype
+        if problem := memory_problem(settings.model, dtype):
+            refused, line = problem
+            if refused:
+                raise StartupError(line)
+            logger.warning(line)
     if settings.cache_bundle and (group is None or group.launch.is_leader):
         from neuron_ui.cache.warm_boot import import_at_start
 
@@ -131,20 +139,6 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None,
     from neuron_ui.engine.engine import Engine
 
     return Engine.from_settings(settings, cache, group, wrap_runner)
-
-
-def check_memory(settings: Settings) -> None:
-    """StartupError when the model's weights in the dtype this process would load them in need more memory than
-    the machine has available (model/footprint.py), saying what to pass instead; before anything is built."""
-    from neuron_ui.config.runtime import Runtime
-    from neuron_ui.model.footprint import memory_problem
-
-    dtype = settings.dtype if settings.dtype != "auto" else Runtime.detect(settings.device).dtype
-    if problem := memory_problem(settings.model, dtype):
-        refused, line = problem
-        if refused:
-            raise StartupError(line)
-        logger.warning(line)
 
 
 # A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this

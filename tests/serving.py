@@ -22,7 +22,7 @@ from waiting import wait_until  # noqa: F401 (the tests' one wait, re-exported)
 from neuron_ui.config.processes import free_port
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.web.gradio_mount import GradioLimits
-from neuron_ui.main import build_app, launch, parse_settings
+from neuron_ui.main import build_app, parse_settings
 from neuron_ui.model.runner import RunnerWrapper
 from neuron_ui.server.server import Server
 from neuron_ui.serving import build_engine
@@ -97,10 +97,10 @@ def served(cache_dir, *flags: str, environ: dict | None = None,
     server = None
     try:
         settings = parse_settings(argv)
-        server = Server(settings, gradio_limits=gradio_limits).start()  # main.start_server, with the limits
+        server = Server(settings, gradio_limits=gradio_limits).start()  # as main() starts it, with the limits
         stops = SessionStops()
         app = build_app(settings, engine(settings) if engine else None, stops=stops)
-        launch(app.engine, app.demo, settings, server, stops=stops, grids=app.handlers.studio.jobs)
+        server.mount(app.engine, app.demo, stops, app.handlers.studio.jobs)
         yield Served(app.engine, app.demo, server, settings, stops, app.handlers, wrapped[0] if wrapped else None)
     finally:
         if server is not None:

@@ -178,12 +178,13 @@ def test_manifests_written_before_load_seconds_are_still_read(tmp_path):
     records = manifest.shapes(key)
     assert records["512x512"].load_seconds is None and records["1024x1024"].load_seconds is None
     # An old record whose last event was a disk hit measured a load in `seconds`.
-    assert estimate_compile_seconds(records, "1024x1024", "inductor") == 2.5
-    assert estimate_compile_seconds(records, "512x512", "inductor") == 2.5  # the key's loads, not its 30 s compile
+    assert estimate_compile_seconds(records, "inductor", [records["1024x1024"]], 4096) == 2.5
+    # 512x512 on disk, its own load not measured: the key's loads, not its 30 s compile
+    assert estimate_compile_seconds(records, "inductor", [records["512x512"]], 1024) == 2.5
     # not on disk: the cold compiles on the line through their token counts (768x768 is 2304 tokens): 34.2 s, told to
     # two digits, as any figure taken from other sizes is (issue 46)
     assert 30 + 10 * 1280 / 3072 == pytest.approx(34.17, abs=0.01)
-    assert estimate_compile_seconds(records, "768x768", "inductor") == 34.0
+    assert estimate_compile_seconds(records, "inductor", [], 2304) == 34.0
     manifest.record(key, "512x512", 1024, 1.25, CacheEvent.DISK_HIT)
     record = manifest.shapes(key)["512x512"]
     assert (record.seconds, record.cold_seconds, record.load_seconds) == (1.25, 30.0, 1.25)

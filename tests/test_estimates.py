@@ -8,6 +8,13 @@ from neuron_ui.cache.manifest import ShapeRecord
 from neuron_ui.config.resolutions import parse_resolution
 
 
+def estimate(records, resolution, backend, on_disk=None, tokens=None, parameters=None):
+    """The engine's estimate for a preset: by default its own record is its graph on disk, its name its tokens."""
+    on_disk = ([records[resolution]] if resolution in records else []) if on_disk is None else on_disk
+    tokens = parse_resolution(resolution).tokens if tokens is None else tokens
+    return estimate_compile_seconds(records, backend, on_disk, tokens, parameters)
+
+
 def cold(resolution: str, seconds: float) -> ShapeRecord:
     tokens = parse_resolution(resolution).tokens
     return ShapeRecord(resolution, tokens, seconds, seconds, "compiled", "2026-01-01T00:00:00")
@@ -15,10 +22,10 @@ def cold(resolution: str, seconds: float) -> ShapeRecord:
 
 def test_one_compile_does_not_set_every_other_sizes_estimate():
     records = {"1344x768": cold("1344x768", 59.0)}  # 4032 tokens
-    assert estimate_compile_seconds(records, "512x512", "inductor") == 15.0  # 59 x 1024 / 4032, two digits kept
-    assert estimate_compile_seconds(records, "1344x768", "inductor", on_disk=[]) == pytest.approx(59.0)
+    assert estimate(records, "512x512", "inductor") == 15.0  # 59 x 1024 / 4032, two digits kept
+    assert estimate(records, "1344x768", "inductor", on_disk=[]) == pytest.approx(59.0)
     # The engine passes a layout's own token count (an edit's references add tokens to its name's size).
-    assert estimate_compile_seconds(records, "512x512", "inductor", tokens=2048) == 30.0  # 59 x 2048 / 4032
+    assert estimate(records, "512x512", "inductor", tokens=2048) == 30.0  # 59 x 2048 / 4032
 
 
 def test_between_two_measured_sizes_the_line_through_them():
@@ -34,14 +41,14 @@ def test_a_larger_size_is_never_scaled_up_from_a_smaller_ones_compile_and_keeps_
     for the tokens) and compiled in 12.3 s: a compile's time hardly grows with the tokens, so past the largest size
     measured the estimate is that size's, and a figure from other sizes claims no more than two digits."""
     records = {"512x512": cold("512x512", 104.3)}
-    assert estimate_compile_seconds(records, "1024x1024", "inductor") == 100.0
-    assert estimate_compile_seconds(records, "512x512", "inductor", on_disk=[]) == 104.3  # measured at that size
+    assert estimate(records, "1024x1024", "inductor") == 100.0
+    assert estimate(records, "512x512", "inductor", on_disk=[]) == 104.3  # measured at that size
     records["1024x1024"] = cold("1024x1024", 12.3)
-    assert estimate_compile_seconds(records, "1024x1024", "inductor", on_disk=[]) == 12.3
+    assert estimate(records, "1024x1024", "inductor", on_disk=[]) == 12.3
 
 
 def test_a_guess_stays_the_backends_default_until_something_is_measured():
-    assert estimate_compile_seconds({}, "512x512", "inductor") == 60.0
+    assert estimate({}, "512x512", "inductor") == 60.0
 
 
 def test_the_guess_knows_the_models_size():
@@ -55,13 +62,13 @@ def test_the_guess_knows_the_models_size():
     klein = INDUCTOR_GUESS_BY_PARAMETERS[1][0]
     assert INDUCTOR_GUESS_BY_PARAMETERS[0][0] == tiny and 3.8e9 < klein < 3.9e9 < weight_bytes("random-klein-4b",
                                                                                                "bfloat16") / 4
-    assert estimate_compile_seconds({}, "512x512", "inductor", parameters=tiny) == pytest.approx(60.0)
-    assert estimate_compile_seconds({}, "512x512", "inductor", parameters=klein) == pytest.approx(140.0)
-    assert 60 < estimate_compile_seconds({}, "512x512", "inductor", parameters=klein // 2) < 140
-    assert estimate_compile_seconds({}, "512x512", "inductor", parameters=2 * klein) == pytest.approx(280.0)
-    assert estimate_compile_seconds({}, "512x512", "neuron", parameters=klein) == 600.0  # its guess was klein's
+    assert estimate({}, "512x512", "inductor", parameters=tiny) == pytest.approx(60.0)
+    assert estimate({}, "512x512", "inductor", parameters=klein) == pytest.approx(140.0)
+    assert 60 < estimate({}, "512x512", "inductor", parameters=klein // 2) < 140
+    assert estimate({}, "512x512", "inductor", parameters=2 * klein) == pytest.approx(280.0)
+    assert estimate({}, "512x512", "neuron", parameters=klein) == 600.0  # its guess was klein's
     # Something measured with this key wins over any guess.
-    assert estimate_compile_seconds({"512x512": cold("512x512", 20.0)}, "512x512", "inductor", on_disk=[],
+    assert estimate({"512x512": cold("512x512", 20.0)}, "512x512", "inductor", on_disk=[],
                                     parameters=klein) == pytest.approx(20.0)
 
 

@@ -33,7 +33,7 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.engine.engine import Engine
-from neuron_ui.main import build_app, launch, parse_settings, start_server
+from neuron_ui.main import build_app, parse_settings
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.server.server import Server, basic_auth_ok
@@ -472,7 +472,7 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
     defaults = parse_settings(["--model", "tiny", "--compile-backend", "eager", "--resolutions", "256x256",
                                    "--cache-dir", str(tmp_path), "--port", str(free_port())])
     assert defaults.host == "127.0.0.1"
-    server = start_server(defaults)
+    server = Server(defaults).start()
     try:
         (socket,) = [sock for each in server._uvicorn.servers for sock in each.sockets]  # uvicorn's, once started
         assert socket.getsockname()[0] == "127.0.0.1"
@@ -486,7 +486,7 @@ def test_it_listens_on_loopback_unless_told_and_healthz_is_503_until_the_model_i
 
         stops = SessionStops()
         engine, demo, handlers = build_app(defaults, stops=stops)
-        launch(engine, demo, defaults, server, stops=stops, grids=handlers.studio.jobs)
+        server.mount(engine, demo, stops, handlers.studio.jobs)
         assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
         assert httpx.get(server.url + "/").status_code == 200
         assert "neuron_ui_model_loaded 1.0" in httpx.get(server.url + "/metrics").text

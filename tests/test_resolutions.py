@@ -13,7 +13,7 @@ def test_parse_and_label():
     r = parse_resolution(" 1344x768 ")
     assert (r.width, r.height) == (1344, 768)
     assert str(r) == "1344x768"
-    assert r.label == "1344x768 (7:4)"
+    assert f"{r} ({r.aspect})" == "1344x768 (7:4)"  # the label the page shows (ui/words.py)
     assert r.tokens == 84 * 48
 
 

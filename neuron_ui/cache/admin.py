@@ -59,15 +59,12 @@ class ClearResult:
     skipped_folders: list[Path] = field(default_factory=list)  # outside the cache root: the user's own
 
 
-def key_for_settings(settings: Settings, model_name: str | None = None) -> CompileKey:
-    """This machine's compile key for `settings`, as the engine will compute it, without loading the model.
-
-    Pass `model_name` (a `choose_model(...).name` already made) to skip deciding again what `--model auto` means.
-    """
+def key_for_settings(settings: Settings) -> CompileKey:
+    """This machine's compile key for `settings`, as the engine will compute it, without loading the model."""
     from neuron_ui.model.loading import choose_model
 
     runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
-    name = model_name or choose_model(settings.model, settings.hub_timeout).name
+    name = choose_model(settings.model, settings.hub_timeout).name
     launch = detect_launch()
     tp_degree = launch.world_size if launch else settings.tp or 1
     return CompileKey.current(name, settings.compile, runtime.backend, runtime.dtype, tp_degree)
@@ -121,13 +118,11 @@ def format_listing(listing: CacheListing, current: CompileKey | None = None) -> 
 
 def human_bytes(n: float) -> str:
     """Bytes as a person reads them: B below 1 KiB, then KiB, MiB, GiB (the largest unit, however many)."""
-    if n < 1024:
-        return f"{n:.0f} B"
-    for unit in ("KiB", "MiB"):
-        n /= 1024
+    for unit in ("B", "KiB", "MiB"):
         if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} GiB"
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: list[str] | None = None) -> ClearResult:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import tarfile
 import tempfile
 import time
@@ -33,7 +32,7 @@ from neuron_ui.cache.bundle_format import (
 )
 from neuron_ui.cache.fetch import parse_bundle_source
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import staging_prefix
+from neuron_ui.config.cache_paths import replaced_whole, staging_prefix
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.errors import first_line
 
@@ -83,24 +82,17 @@ def export_bundle(cache: CachePaths, key: CompileKey, out: Path, resolutions: li
 
 def _write_tar(info: BundleInfo, sources: dict[str, Path]) -> None:
     """Write next to `info.path` and rename, so a reader never sees half a bundle there."""
-    out = info.path
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar:
-            data = json.dumps(info.header(), indent=1, sort_keys=True).encode()
-            tar.addfile(_member(BUNDLE_JSON, len(data), 0o644), io.BytesIO(data))
-            for f in info.files:
-                with open(sources[f.path], "rb") as handle:
-                    reader = HashingReader(handle)
-                    tar.addfile(_member(f.path, f.size, f.mode), reader)
-                if reader.hexdigest() != f.sha256:
-                    raise RuntimeError(f"{sources[f.path]} changed during export (is a compile running?); try again")
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the bundle from the service user that imports it
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # 0644: mkstemp's 0600 would hide the bundle from the service user that imports it
+    with (replaced_whole(info.path, mode=0o644) as tmp, open(tmp, "wb") as raw,
+          tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar):
+        data = json.dumps(info.header(), indent=1, sort_keys=True).encode()
+        tar.addfile(_member(BUNDLE_JSON, len(data), 0o644), io.BytesIO(data))
+        for f in info.files:
+            with open(sources[f.path], "rb") as handle:
+                reader = HashingReader(handle)
+                tar.addfile(_member(f.path, f.size, f.mode), reader)
+            if reader.hexdigest() != f.sha256:
+                raise RuntimeError(f"{sources[f.path]} changed during export (is a compile running?); try again")
 
 
 def _member(name: str, size: int, mode: int) -> tarfile.TarInfo:

@@ -24,7 +24,7 @@ from neuron_ui.cache.bundle_format import (
     safe_parts,
 )
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, staging_prefix
+from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, replaced_whole, staging_prefix
 from neuron_ui.config.settings import parse_sha256
 from neuron_ui.contract.errors import first_line
 from neuron_ui.images.decode import open_regular
@@ -158,13 +158,7 @@ def _place(source: Path, dest: Path) -> bool:
     """Move one verified file into the cache; True when an identical-named file was already there (kept)."""
     if dest.exists() or dest.is_symlink():
         return True
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=STAGING_PREFIX)
-    os.close(fd)
-    try:  # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
+    # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
+    with replaced_whole(dest, prefix=STAGING_PREFIX, suffix="") as tmp:
         shutil.move(source, tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from neuron_ui.cache.manifest import record_name_tokens
 from neuron_ui.compile.strategies import backend_name
 from neuron_ui.contract.results import CacheEvent
 
@@ -24,46 +23,36 @@ DEFAULT_OTHER_BACKEND_SECONDS = 10.0
 INDUCTOR_GUESS_BY_PARAMETERS = [(128_768, 60.0), (3_875_544_576, 140.0)]  # tiny's transformer, klein-4B's
 
 
-def measured_load_seconds(record: ShapeRecord) -> float | None:
-    """The latest load from the disk cache; manifests older than `load_seconds` kept it in `seconds`."""
-    if record.load_seconds is not None:
-        return record.load_seconds
-    return record.seconds if record.event == CacheEvent.DISK_HIT else None
+def measured_seconds(record: ShapeRecord, event: CacheEvent) -> float | None:
+    """The latest load from the disk cache (`event` DISK_HIT) or compile from scratch (COMPILED), if this record ever
+    measured one; `seconds` holds the latest of either (the only place a load is in manifests before `load_seconds`)."""
+    kept = record.load_seconds if event == CacheEvent.DISK_HIT else record.cold_seconds
+    if kept is not None:
+        return kept
+    return record.seconds if record.event == event else None
 
 
-def measured_cold_seconds(record: ShapeRecord) -> float | None:
-    """The latest compile from scratch, if this record ever measured one."""
-    if record.cold_seconds is not None:
-        return record.cold_seconds
-    return record.seconds if record.event == CacheEvent.COMPILED else None
+def estimate_compile_seconds(records: dict[str, ShapeRecord], backend: Backend, on_disk: list[ShapeRecord],
+                             tokens: int, parameters: int | None = None) -> float | None:
+    """About how long a graph of `tokens` image tokens will take before its first image here, from what this key
+    measured before (else a guess, by the transformer's `parameters` where known).
 
-
-def estimate_compile_seconds(records: dict[str, ShapeRecord], resolution: str, backend: Backend,
-                             on_disk: list[ShapeRecord] | None = None, tokens: int | None = None,
-                             parameters: int | None = None) -> float | None:
-    """About how long `resolution` (of `tokens` image tokens; by default read from its name) will take before its
-    first image here, from what this key measured before (else a guess, by the transformer's `parameters` where
-    known).
-
-    A graph on disk (`on_disk`: the records of its graph, its own first; by default its own record) loads, which
-    takes a fraction of a cold compile (1.6 s against 31 s with inductor): its own latest load, else the median
-    load of this key's other sizes, else None, as no load was measured yet and the cold time would overstate it.
-    A graph not on disk compiles: this key's cold compiles scaled to its token count (`scaled_seconds`), else a
-    rough default per backend (inductor's scaled to the model's size).
+    A graph on disk (`on_disk`: the records of its graph, its own first) loads, which takes a fraction of a cold
+    compile (1.6 s against 31 s with inductor): its own latest load, else the median load of this key's other sizes,
+    else None, as no load was measured yet and the cold time would overstate it. A graph not on disk compiles: this
+    key's cold compiles scaled to its token count (`scaled_seconds`), else a rough default per backend (inductor's
+    scaled to the model's size).
     """
-    if on_disk is None:
-        on_disk = [records[resolution]] if resolution in records else []
     if on_disk:
-        own = [s for s in map(measured_load_seconds, on_disk) if s is not None]
-        others = [s for s in map(measured_load_seconds, records.values()) if s is not None]
+        own = [s for r in on_disk if (s := measured_seconds(r, CacheEvent.DISK_HIT)) is not None]
+        others = [s for r in records.values() if (s := measured_seconds(r, CacheEvent.DISK_HIT)) is not None]
         return own[0] if own else statistics.median(others) if others else None
-    cold = [(r.tokens, s) for r in records.values() if (s := measured_cold_seconds(r))]
+    cold = [(r.tokens, s) for r in records.values() if (s := measured_seconds(r, CacheEvent.COMPILED))]
     if cold:
         # Never scaled up past the largest size measured: a 512x512 compile of 104 s under load, scaled to 1024x1024,
         # was announced as 417 s and took 12.3 s (issue 46); a figure from other sizes keeps two digits, no more.
-        count = tokens if tokens is not None else name_tokens(resolution)
-        seconds = scaled_seconds(cold, count, grow=False)
-        return seconds if any(t == count for t, _ in cold) else float(f"{seconds:.2g}")
+        seconds = scaled_seconds(cold, tokens, grow=False)
+        return seconds if any(t == tokens for t, _ in cold) else float(f"{seconds:.2g}")
     if parameters and backend_name(backend) == "inductor":
         return scaled_seconds(INDUCTOR_GUESS_BY_PARAMETERS, parameters)
     return DEFAULT_COMPILE_SECONDS.get(backend_name(backend), DEFAULT_OTHER_BACKEND_SECONDS)
@@ -89,11 +78,3 @@ def scaled_seconds(measured: list[tuple[int, float]], tokens: int | None, grow: 
     count, seconds = (above[0] if not below else below[-1])
     return seconds * tokens / count if grow or tokens < count else seconds
 
-
-def name_tokens(resolution: str) -> int | None:
-    """The token count a preset's or layout's name gives, where it gives one."""
-    try:
-        low, high = record_name_tokens(resolution)
-    except ValueError:
-        return None
-    return low if low == high else None

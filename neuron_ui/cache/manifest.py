@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_ui.compile.key import key_digest
+from neuron_ui.config.cache_paths import check_cache_folder, replaced_whole
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.checks import shown
 from neuron_ui.contract.errors import first_line
@@ -183,15 +183,10 @@ class CacheManifest:
         self._problem = f"{error}; serving without persistence" if error else None  # for good: the folder
         self._write_error: str | None = None  # until a write succeeds again (a disk that filled, then had room)
         self._data = self._read()
-        if self._problem is None:  # an unwritable folder is said at start-up, not at the first compile
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.NamedTemporaryFile(dir=self.path.parent, prefix=".probe-"):
-                    pass
-            except OSError as error:
-                self._problem = (f"cache folder {self.path.parent} is not writable ({error.strerror or error}); "
-                                 "serving without persistence")
-                logger.warning(self._problem)
+        # an unwritable folder is said at start-up, not at the first compile (a full one is the writes' to find)
+        if self._problem is None and (problem := check_cache_folder(self.path.parent, min_free=0)):
+            self._problem = f"{problem}; serving without persistence"
+            logger.warning(self._problem)
 
     def _read(self) -> dict:
         """What passes the schema; a bad record is left out with a warning, a bad file read as empty."""
@@ -277,17 +272,12 @@ class CacheManifest:
         """Temp file, fsync, rename: readers see the old manifest or the new one, never half of one."""
         if self._problem and not strict:
             return
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".manifest-", suffix=".tmp")
-            with os.fdopen(fd, "w") as handle:
+            with replaced_whole(self.path) as tmp, open(tmp, "w") as handle:
                 json.dump(self._data, handle, indent=1, sort_keys=True)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
         except OSError as error:
-            if tmp:
-                Path(tmp).unlink(missing_ok=True)
             if strict:
                 raise
             self._write_error = f"cannot write {self.path} ({error.strerror or error}); serving without persistence"

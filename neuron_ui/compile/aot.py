@@ -15,15 +15,11 @@ under its device queue). What happened is counted in dynamo's `counters[PACKAGE_
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import inspect
 import logging
-import os
 import platform
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from neuron_ui.config.cache_paths import replaced_whole, temporary_folder
 from neuron_ui.config.settings import StartupError
 from neuron_ui.model.torch_bridge import (
     aoti_compile_and_package,
@@ -71,9 +68,7 @@ def package_folder(cache: CachePaths | None, key: CompileKey) -> Path:
     """Where one compile key's packages live (a key never reads another's folder); a temporary folder when the
     cache folder cannot keep anything, as for the other compilers."""
     if cache is None or cache.problem:
-        folder = tempfile.mkdtemp(prefix="neuron-ui-aot-")
-        atexit.register(shutil.rmtree, folder, True)
-        return Path(folder) / key.digest
+        return Path(temporary_folder("neuron-ui-aot-")) / key.digest
     return cache.aot / key.digest
 
 
@@ -121,16 +116,8 @@ class PackageStore:
     def _compile(self, name: str, signature: str, program: torch.export.ExportedProgram) -> AOTICompiledModel:
         """AOTInductor into a temp file, renamed into place: a process killed mid-compile leaves no half package."""
         path = self.path(name, signature)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{name}-", suffix=".pt2")
-        os.close(fd)
-        try:
-            metadata = {KEY_FIELD: self.key.digest, SIGNATURE_FIELD: signature}
-            aoti_compile_and_package(program, tmp, metadata)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        with replaced_whole(path, prefix=f".{name}-", suffix=".pt2", mode=0o644) as tmp:
+            aoti_compile_and_package(program, str(tmp), {KEY_FIELD: self.key.digest, SIGNATURE_FIELD: signature})
         dynamo_counters()[PACKAGE_COUNTERS]["compiled"] += 1
         logger.info("compiled AOT package %s", path.name)
         return load_aoti_package(path)

@@ -39,16 +39,11 @@ CACHE_COUNTERS = {
 }
 
 
-def count_files(folder: Path | None) -> int:
-    if folder is None or not folder.is_dir():
-        return 0
-    return sum(len(files) for _, _, files in os.walk(folder))
-
-
 def read_counters(neff_dir: Path | None = None) -> CompileCounters:
     counters = dynamo_counters()
     cache = {field: sum(counters[group][name] for group, name in names) for field, names in CACHE_COUNTERS.items()}
-    return CompileCounters(graphs=counters["stats"]["unique_graphs"], neff_files=count_files(neff_dir),
+    neff_files = sum(len(files) for _, _, files in os.walk(neff_dir)) if neff_dir else 0  # none when it is not there
+    return CompileCounters(graphs=counters["stats"]["unique_graphs"], neff_files=neff_files,
                            packages_compiled=counters["aot_package"]["compiled"],
                            packages_loaded=counters["aot_package"]["loaded"], **cache)
 

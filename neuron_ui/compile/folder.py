@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import atexit
 import errno
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 from collections.abc import Callable
 
-from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, is_disk_full
+from neuron_ui.config.cache_paths import MIN_FREE_BYTES, free_bytes, is_disk_full, temporary_folder
 from neuron_ui.model.torch_bridge import temporary_inductor_cache
 
 if TYPE_CHECKING:
@@ -78,6 +75,5 @@ class CompileFolder:
     def _temp_folder(self) -> str:
         """One per process, removed at exit: what compiled there stays loaded while the process runs."""
         if self._temp is None or not Path(self._temp).is_dir():
-            self._temp = tempfile.mkdtemp(prefix="neuron-ui-compile-")
-            atexit.register(shutil.rmtree, self._temp, True)
+            self._temp = temporary_folder("neuron-ui-compile-")
         return self._temp

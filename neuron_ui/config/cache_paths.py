@@ -1,4 +1,4 @@
-"""The persistent compile-cache folders, set in the environment before torch loads."""
+"""The persistent compile-cache folders, set in the environment before torch loads, and how a file is put in them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +58,7 @@ def configure_cache_env(cache_dir: Path, environ: MutableMapping[str, str] = os.
         logger.warning("%s; compiling in a temporary folder, serving without persistence", problem)
         for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
             if Path(environ[name]).is_relative_to(root):
-                environ[name] = tempfile.mkdtemp(prefix=f"neuron-ui-{name.lower()}-")
-                atexit.register(shutil.rmtree, environ[name], True)
+                environ[name] = temporary_folder(f"neuron-ui-{name.lower()}-")
     else:
         for name in (INDUCTOR_CACHE_ENV, NEFF_CACHE_ENV):
             Path(environ[name]).mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,32 @@ def configure_cache_env(cache_dir: Path, environ: MutableMapping[str, str] = os.
                       manifest=root / "manifest.json", problem=problem)
 
 
-def check_cache_folder(root: Path) -> str | None:
+def temporary_folder(prefix: str) -> str:
+    """A folder for this process's compiles where the cache folder cannot keep them, removed at exit."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+@contextmanager
+def replaced_whole(path: Path, prefix: str | None = None, suffix: str = ".tmp",
+                   mode: int | None = None) -> Iterator[Path]:
+    """A temp file beside `path` (its folder made if missing) for the block to write, renamed onto `path` (with
+    `mode`, else mkstemp's 0600) when the block ends, removed if it fails: a reader never sees half a file there, nor
+    does a process killed meanwhile leave one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix or f".{path.name}-", suffix=suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def check_cache_folder(root: Path, min_free: int = MIN_FREE_BYTES) -> str | None:
     """Why the cache folder cannot take compiled artifacts (not a folder, read-only, full), or None."""
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -76,7 +101,7 @@ def check_cache_folder(root: Path) -> str | None:
         free = shutil.disk_usage(root).free
     except OSError as error:
         return f"cache folder {root} is not usable ({error.strerror or error})"
-    if free < MIN_FREE_BYTES:
+    if free < min_free:
         return f"cache folder {root} is full ({free // 2**20} MiB free)"
     return None
 

@@ -36,10 +36,6 @@ class Resolution:
         d = math.gcd(self.width, self.height)
         return f"{self.width // d}:{self.height // d}"
 
-    @property
-    def label(self) -> str:
-        return f"{self} ({self.aspect})"
-
 
 def parse_resolution(text: object) -> Resolution:
     """Parse and validate one "WxH" string; ValueError says what is wrong and what is allowed."""

@@ -49,17 +49,12 @@ def _create(path: Path, replace: bool) -> str:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as file:
             file.write(secret + "\n")
-        if replace:
-            os.replace(temp, path)
-            return secret
-        try:
-            os.link(temp, path)  # fails if another process made it meanwhile
-        except FileExistsError:
-            return load_session_secret(path.parent)
-        return secret
+        (os.replace if replace else os.link)(temp, path)  # a link fails if another process made the key meanwhile
+    except FileExistsError:
+        return load_session_secret(path.parent)
     except OSError as error:
         logger.warning("cannot keep a session key in %s (%s): browsers' stored sessions will not survive a restart",
                        path.parent, error)
-        return secret
     finally:
         temp.unlink(missing_ok=True)
+    return secret

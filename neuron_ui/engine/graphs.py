@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from neuron_ui.cache.estimates import estimate_compile_seconds, measured_cold_seconds, measured_load_seconds
+from neuron_ui.cache.estimates import estimate_compile_seconds, measured_seconds
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.results import CacheEvent, ShapeState, ShapeStatus
 from neuron_ui.contract.stopping import Phase
@@ -159,14 +159,13 @@ class GraphBook:
 
     def estimate(self, layout: Layout) -> float | None:
         """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
-        return estimate_compile_seconds(self.manifest.shapes(self.key), str(layout), self.key.backend,
-                                        on_disk=self.disk_records(layout), tokens=layout.tokens,
-                                        parameters=self.parameters)
+        return estimate_compile_seconds(self.manifest.shapes(self.key), self.key.backend, self.disk_records(layout),
+                                        layout.tokens, self.parameters)
 
     def estimate_is_guess(self, layout: Layout) -> bool:
         """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""
         records = self.manifest.shapes(self.key).values()
-        return not self.disk_records(layout) and not any(map(measured_cold_seconds, records))
+        return not self.disk_records(layout) and not any(measured_seconds(r, CacheEvent.COMPILED) for r in records)
 
     def status(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
         """One layout's state, e.g. for the status table or the line under the form before the click (`warmup`: the
@@ -204,8 +203,8 @@ class GraphBook:
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
             shape.estimate_guess = self.estimate_is_guess(layout)
             if disk:  # earlier runs' measurements, kept apart from this run's
-                shape.recorded_compile_seconds = measured_cold_seconds(disk[0])
-                shape.recorded_load_seconds = measured_load_seconds(disk[0])
+                shape.recorded_compile_seconds = measured_seconds(disk[0], CacheEvent.COMPILED)
+                shape.recorded_load_seconds = measured_seconds(disk[0], CacheEvent.DISK_HIT)
         return shape
 
     def used(self) -> list[Layout]:
