@@ -116,6 +116,14 @@ def measure_mix(engine: Engine, sizes: list[str], steps: int) -> dict:
             "compiles": compiles, "dynamo_graphs_made": read_counters().graphs - graphs_before, "events": events}
 
 
+def host_memory(book: StyleBook) -> dict:
+    """Host memory the styles hold: their factors, and the original weights kept to restore from."""
+    factors = sum(style.host_bytes for style in book.styles.values())
+    originals = book.fuser.host_bytes if book.fuser else 0
+    return {"factors_mb": round(factors / 2**20, 3), "originals_mb": round(originals / 2**20, 3),
+            "now": book.fuser.current[0] if book.fuser else None}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="1024x1024", help="the size of the switch and per-image figures")
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
                "runs": args.runs, "threads": torch.get_num_threads(),
                "switch_s": measure_switches(engine, args.runs),
                "per_image": measure_per_image(engine, args.size, args.runs),
-               "mix": mix, "host_memory": engine.runner.styles.memory()}
+               "mix": mix, "host_memory": host_memory(engine.runner.styles)}
     print(f"switch at {args.size} ({args.compile}/{args.backend}, rank {args.rank}, median of {args.runs}): "
           + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in results["switch_s"].items()))
     per = results["per_image"]

@@ -1,4 +1,4 @@
-"""Fair turns on the device (engine.turns, engine.device_queue): the order, the per-visitor bound, the words."""
+"""Fair turns on the device (engine.device_queue: Turns, DeviceQueue): the order, the per-visitor bound, the words."""
 
 import threading
 import time
@@ -8,8 +8,7 @@ from waiting import wait_until
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.stopping import Stopped, StopToken
-from neuron_ui.engine.device_queue import DeviceQueue
-from neuron_ui.engine.turns import Turns
+from neuron_ui.engine.device_queue import DeviceQueue, Turns
 
 
 def names(tickets):
