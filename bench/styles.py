@@ -34,6 +34,7 @@ from neuron_ui.compile.counters import read_counters  # noqa: E402
 from neuron_ui.config.resolutions import parse_resolutions  # noqa: E402
 from neuron_ui.contract.requests import GenerateRequest  # noqa: E402
 from neuron_ui.engine.engine import Engine  # noqa: E402
+from neuron_ui.engine.local import LocalRunner  # noqa: E402
 from neuron_ui.engine.styles import StyleBook  # noqa: E402
 from neuron_ui.model.loading import LoadedModel  # noqa: E402
 from neuron_ui.model.lora_random import write_random_lora  # noqa: E402
@@ -49,8 +50,8 @@ def build(args: argparse.Namespace, sizes: list[str]) -> Engine:
     specs = [str(write_random_lora(loaded.pipe.transformer, folder / f"{name}.safetensors", rank=args.rank,
                                    seed=index)) for index, name in enumerate(STYLES)]
     book = StyleBook.load(specs, loaded.pipe.transformer)
-    return Engine.local(loaded, presets=parse_resolutions(",".join(dict.fromkeys(sizes))), compile_mode=args.compile,
-                        backend=args.backend, cache=CACHE, styles=book)
+    return Engine(LocalRunner(loaded, presets=parse_resolutions(",".join(dict.fromkeys(sizes))),
+                              compile_mode=args.compile, backend=args.backend, cache=CACHE, styles=book))
 
 
 def image(engine: Engine, size: str, lora: str | None = None, scale: float | None = None, seed: int = 1,

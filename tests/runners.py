@@ -1,5 +1,14 @@
-"""The tests' base for a pipeline runner around the engine's own (tests/serving.py's gated one, the browser tests'
-held one); light, so the plugins can import it before anything loads Gradio."""
+"""What tests build engines from: the engine in this process over a LocalRunner, and the base for a pipeline runner
+around the engine's own (tests/serving.py's gated one, the browser tests' held one); light, so the plugins can import
+it before anything loads Gradio."""
+
+
+def local_engine(*args, max_queue_per_user: int | None = None, **kwargs):
+    """The engine in this process: the front of a LocalRunner built with these arguments."""
+    from neuron_ui.engine.engine import Engine
+    from neuron_ui.engine.local import LocalRunner
+
+    return Engine(LocalRunner(*args, **kwargs), max_queue_per_user)
 
 
 class RunnerWrapper:

@@ -159,12 +159,6 @@ class DeviceQueue:
         return self._running >= self._slots
 
     @property
-    def background_waiting(self) -> int:
-        """Background work (a warm-up) waiting for the device: it goes only when no user waits."""
-        with self._cond:
-            return self._background
-
-    @property
     def waiting(self) -> int:
         """Users waiting for the device (not counting the ones on it)."""
         return len(self._turns)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.layouts import Layout
@@ -137,13 +137,6 @@ class Engine(Generic[Job]):
         self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.device_queue)
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
         self._warmups = WarmupList(self._warm_one)
-
-    @staticmethod
-    def local(*args: Any, max_queue_per_user: int | None = None, **kwargs: Any) -> Engine[LocalJob]:
-        """The engine in this process: the front of a LocalRunner built with these arguments."""
-        from neuron_ui.engine.local import LocalRunner
-
-        return Engine(LocalRunner(*args, **kwargs), max_queue_per_user)
 
     @staticmethod
     def from_settings(settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
