@@ -25,15 +25,10 @@ from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
 
 if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import Health, Observers
-    from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.resolutions import Resolution
-    from neuron_ui.config.settings import Settings
     from neuron_ui.contract.layouts import Layouts
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ProgressUpdate, ShapeStatus
-    from neuron_ui.engine.local import LocalJob
-    from neuron_ui.model.runner import Runner
-    from neuron_ui.parallel.group import ParallelGroup
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +132,6 @@ class Engine(Generic[Job]):
         self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.device_queue)
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
         self._warmups = WarmupList(self._warm_one)
-
-    @staticmethod
-    def from_settings(settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
-                      wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine[LocalJob]:
-        """The front of LocalRunner.from_settings (`wrap_runner`: its `wrap`, rank 0's LeaderRunner under torchrun)."""
-        from neuron_ui.engine.local import LocalRunner
-
-        return Engine(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
 
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout:
