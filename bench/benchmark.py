@@ -46,7 +46,6 @@ for _name, _value in OFFLINE.items():
 from neuron_ui.config.processes import free_port  # noqa: E402
 from neuron_ui.contract.stopping import SessionStops  # noqa: E402
 from neuron_ui.main import build_app  # noqa: E402
-from neuron_ui.model.runner import RunnerWrapper  # noqa: E402
 from neuron_ui.server.server import Server  # noqa: E402
 from neuron_ui.serving import build_engine  # noqa: E402
 
@@ -68,13 +67,13 @@ def median_time(fn, runs: int) -> float:
 UNCACHED_SEEDS = range(10**9, 2 * 10**9)  # requests with these seeds skip the prompt embedding cache
 
 
-class BenchRunner(RunnerWrapper):
+class BenchRunner:
     """The engine's pipeline runner, timed: when each call started (the moment a request has the device and its
     pipeline begins) and when each step ended; calls whose seed is in `uncached_seeds` run on `uncached` (the
     runner without the prompt cache), the others on `inner`."""
 
     def __init__(self, inner, uncached, uncached_seeds=UNCACHED_SEEDS):
-        super().__init__(inner)
+        self.inner = inner
         self.uncached, self.uncached_seeds = uncached, uncached_seeds
         self.starts: dict[int, float] = {}  # seed -> when its pipeline call started
         self.ends: dict[int, float] = {}  # seed -> when it returned its image
@@ -90,6 +89,9 @@ class BenchRunner(RunnerWrapper):
         image = (self.uncached if call.seed in self.uncached_seeds else self.inner)(call, timed)
         self.ends[call.seed] = time.perf_counter()
         return image
+
+    def describe(self):
+        return self.inner.describe()
 
 
 @dataclass

@@ -51,13 +51,14 @@ from neuron_ui.config.cache_paths import configure_cache_env
 cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor reads its folder from the env
 from dataclasses import asdict
 from neuron_ui.engine.engine import Engine
+from neuron_ui.engine.local import LocalRunner
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.config.settings import Settings
 spawned, resolution, mode = float(sys.argv[2]), sys.argv[3], sys.argv[4]
 settings = Settings(model="tiny", device="cpu", compile=mode, compile_backend=None if mode == "aot" else "inductor",
                     resolutions=parse_resolutions(resolution), cache_dir=Path(sys.argv[1]))
-engine = Engine.from_settings(settings, cache)
+engine = Engine(LocalRunner.from_settings(settings, cache))
 ready = time.time()
 result = engine.generate(GenerateRequest("a lighthouse at dusk", resolution, seed=7))
 done = time.time()

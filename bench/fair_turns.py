@@ -43,15 +43,16 @@ def build_engine(resolution: str, queued: int):
     import torch
 
     from neuron_ui.engine.engine import Engine
+    from neuron_ui.engine.local import LocalRunner
     from neuron_ui.model.loading import LoadedModel
     from neuron_ui.model.tiny import build_tiny_pipeline
 
     cache = configure_cache_env(Path(tempfile.mkdtemp(prefix="fair-turns-")), environ={})
     torch.manual_seed(0)
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-    return Engine.local(loaded,
-                        presets=parse_resolutions(resolution), compile_mode="eager", backend="eager", cache=cache,
-                        max_queue_per_user=queued)
+    runner = LocalRunner(loaded, presets=parse_resolutions(resolution), compile_mode="eager", backend="eager",
+                         cache=cache)
+    return Engine(runner, max_queue_per_user=queued)
 
 
 def one_run(engine, resolution: str, steps: int, queued: int, fair: bool) -> dict:

@@ -34,6 +34,7 @@ from neuron_ui.compile.counters import read_counters  # noqa: E402
 from neuron_ui.config.resolutions import parse_resolutions  # noqa: E402
 from neuron_ui.contract.requests import GenerateRequest  # noqa: E402
 from neuron_ui.engine.engine import Engine  # noqa: E402
+from neuron_ui.engine.local import LocalRunner  # noqa: E402
 from neuron_ui.engine.styles import StyleBook  # noqa: E402
 from neuron_ui.model.loading import LoadedModel  # noqa: E402
 from neuron_ui.model.lora_random import write_random_lora  # noqa: E402
@@ -49,8 +50,8 @@ def build(args: argparse.Namespace, sizes: list[str]) -> Engine:
     specs = [str(write_random_lora(loaded.pipe.transformer, folder / f"{name}.safetensors", rank=args.rank,
                                    seed=index)) for index, name in enumerate(STYLES)]
     book = StyleBook.load(specs, loaded.pipe.transformer)
-    return Engine.local(loaded, presets=parse_resolutions(",".join(dict.fromkeys(sizes))), compile_mode=args.compile,
-                        backend=args.backend, cache=CACHE, styles=book)
+    return Engine(LocalRunner(loaded, presets=parse_resolutions(",".join(dict.fromkeys(sizes))),
+                              compile_mode=args.compile, backend=args.backend, cache=CACHE, styles=book))
 
 
 def image(engine: Engine, size: str, lora: str | None = None, scale: float | None = None, seed: int = 1,
@@ -116,6 +117,14 @@ def measure_mix(engine: Engine, sizes: list[str], steps: int) -> dict:
             "compiles": compiles, "dynamo_graphs_made": read_counters().graphs - graphs_before, "events": events}
 
 
+def host_memory(book: StyleBook) -> dict:
+    """Host memory the styles hold: their factors, and the original weights kept to restore from."""
+    factors = sum(style.host_bytes for style in book.styles.values())
+    originals = book.fuser.host_bytes if book.fuser else 0
+    return {"factors_mb": round(factors / 2**20, 3), "originals_mb": round(originals / 2**20, 3),
+            "now": book.fuser.current[0] if book.fuser else None}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="1024x1024", help="the size of the switch and per-image figures")
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
                "runs": args.runs, "threads": torch.get_num_threads(),
                "switch_s": measure_switches(engine, args.runs),
                "per_image": measure_per_image(engine, args.size, args.runs),
-               "mix": mix, "host_memory": engine.runner.styles.memory()}
+               "mix": mix, "host_memory": host_memory(engine.runner.styles)}
     print(f"switch at {args.size} ({args.compile}/{args.backend}, rank {args.rank}, median of {args.runs}): "
           + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in results["switch_s"].items()))
     per = results["per_image"]

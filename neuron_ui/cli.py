@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
-from neuron_ui.studio.ab_plan import SETTINGS_WORDS
+from neuron_ui.studio.ab import SETTINGS_WORDS
 from neuron_ui.studio.grid_plan import AXIS_HELP
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.results import GenerateResult
-    from neuron_ui.studio.ab_sheet import ABFiles
+    from neuron_ui.studio.ab import ABFiles
     from neuron_ui.studio.grid_plan import Info
     from neuron_ui.studio.grid_sheet import CellResult, GridResult
     from neuron_ui.studio.studio import Studio
@@ -149,7 +149,7 @@ def make(args: argparse.Namespace, settings: Settings,
     their parameters, making nothing. The engine is the one the app would serve, stopped after the command (Ray's
     replicas with it); an engine a test hands in (`load`) is its own to stop."""
     if args.command == "ab" and args.images:
-        from neuron_ui.studio.ab_sheet import compare_files
+        from neuron_ui.studio.ab import compare_files
 
         compared = compare_files(Path(args.images[0]), Path(args.images[1]))
         return compared, compared.info

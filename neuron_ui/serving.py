@@ -137,8 +137,9 @@ def build_engine(settings: Settings, group: ParallelGroup | None = None,
 
         import_at_start(settings, cache, loading)
     from neuron_ui.engine.engine import Engine
+    from neuron_ui.engine.local import LocalRunner
 
-    return Engine.from_settings(settings, cache, group, wrap_runner)
+    return Engine(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
 
 
 # A local Ray binds its servers to loopback only when it takes 127.0.0.1 as the node's address; Ray reads this

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from neuron_ui.engine.setup import WARMUP_PROMPT
-from neuron_ui.model.runner import RunnerWrapper
+from runners import RunnerWrapper
 
 DEFAULT_CHROMIUM = "/usr/lib/chromium/chromium"
 CHROMIUM = os.environ.get("NEURON_UI_CHROMIUM", DEFAULT_CHROMIUM)  # for a test that launches chromium itself

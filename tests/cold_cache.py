@@ -32,13 +32,14 @@ cache = configure_cache_env(Path(sys.argv[1]))  # before torch loads: inductor r
 import torch
 from torch._dynamo.utils import counters
 from neuron_ui.engine.engine import Engine
+from neuron_ui.engine.local import LocalRunner
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.config.settings import Settings
 request = json.loads(sys.argv[3])
 settings = Settings(model="tiny", device="cpu", compile="aot", resolutions=parse_resolutions(request["resolution"]),
                     cache_dir=Path(sys.argv[1]))
-engine = Engine.from_settings(settings, cache)
+engine = Engine(LocalRunner.from_settings(settings, cache))
 first = engine.generate(GenerateRequest(**request))
 second = engine.generate(GenerateRequest(**request))
 first.image.save(sys.argv[2])

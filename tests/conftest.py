@@ -18,12 +18,12 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 import pytest  # noqa: E402
+from runners import local_engine
 import torch  # noqa: E402
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.runner import PipelineRunner
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -57,7 +57,7 @@ def make_engine(tmp_path):
         torch._dynamo.reset()
         cache = configure_cache_env(cache_dir or tmp_path / "cache", environ={})
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-        return Engine.local(
+        return local_engine(
             loaded,
             presets=parse_resolutions(presets),
             compile_mode=compile_mode,

@@ -17,13 +17,13 @@ import httpx
 import torch
 from gradio_client import Client
 
+from runners import RunnerWrapper
 from waiting import wait_until  # noqa: F401 (the tests' one wait, re-exported)
 
 from neuron_ui.config.processes import free_port
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.web.gradio_mount import GradioLimits
 from neuron_ui.main import build_app, parse_settings
-from neuron_ui.model.runner import RunnerWrapper
 from neuron_ui.server.server import Server
 from neuron_ui.serving import build_engine
 from neuron_ui.ui.handlers import Handlers

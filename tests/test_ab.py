@@ -14,8 +14,7 @@ from PIL import Image
 
 from neuron_ui import cli
 from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.studio.ab_plan import plan_ab
-from neuron_ui.studio.ab_sheet import compare_files
+from neuron_ui.studio.ab import compare_files, plan_ab
 from neuron_ui.contract.results import GenerateResult
 
 PRESETS = parse_resolutions("256x256,384x256")

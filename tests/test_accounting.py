@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 from PIL import Image
+from runners import local_engine
 from serving import TIMEOUT, served
 from torch._dynamo.utils import counters as dynamo_counters
 
@@ -199,7 +200,7 @@ def test_manifests_written_before_load_seconds_are_still_read(tmp_path):
 def eager_engine(tmp_path, distilled: bool) -> Engine:
     pipe = build_tiny_pipeline()
     pipe.register_to_config(is_distilled=distilled)
-    return Engine.local(LoadedModel(pipe, name="tiny", is_tiny=True), presets=parse_resolutions("256x256"),
+    return local_engine(LoadedModel(pipe, name="tiny", is_tiny=True), presets=parse_resolutions("256x256"),
                         compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from cold_cache import AOT_REQUEST, RESOLUTION, run_aot_child
 from PIL import Image
+from runners import local_engine
 
 from neuron_ui.cache.admin import key_for_settings
 from neuron_ui.cache.bundle_export import export_bundle
@@ -62,7 +63,7 @@ def pixels(image) -> np.ndarray:
 
 def aot_engine(cache_dir: Path, name: str = "tiny") -> Engine:
     cache = configure_cache_env(cache_dir, environ={})
-    return Engine.local(LoadedModel(build_tiny_pipeline(), name=name, is_tiny=True),
+    return local_engine(LoadedModel(build_tiny_pipeline(), name=name, is_tiny=True),
                         presets=parse_resolutions(RESOLUTION),
                         compile_mode="aot", backend="inductor", cache=cache, manifest=CacheManifest(cache.manifest))
 

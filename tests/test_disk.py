@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from runners import local_engine
 import torch
 from serving import served
 from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -18,7 +19,6 @@ from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.folder import CompileFolder
 from neuron_ui.config.cache_paths import configure_cache_env, free_bytes, is_disk_full
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
 
@@ -174,7 +174,7 @@ def test_the_app_says_disk_full_everywhere_and_persists_again_once_there_is_room
     def build(settings):
         cache = configure_cache_env(settings.cache_dir)  # in os.environ, as app.py does; served() restores it
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-        return Engine.local(loaded, presets=settings.resolutions, backend=writing_backend(disk), cache=cache,
+        return local_engine(loaded, presets=settings.resolutions, backend=writing_backend(disk), cache=cache,
                             compile_folder=CompileFolder(cache, free=free))
 
     with served(root, engine=build) as s:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from runners import local_engine
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import read_counters
@@ -19,7 +20,6 @@ from neuron_ui.images.decode import UploadLimits
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.runner import build_inpaint_pipeline
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -43,7 +43,7 @@ def engine(tmp_path_factory):
     """One regional/eager engine for the graph-counting tests of this module, in order."""
     torch._dynamo.reset()
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
-    engine = Engine.local(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
+    engine = local_engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
                           presets=parse_resolutions("256x256,512x512"), compile_mode="regional", backend="eager",
                           cache=cache, manifest=CacheManifest(cache.manifest),
                           reference_sizes=parse_resolutions(REF_SIZES))

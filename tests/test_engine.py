@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SMALL_PRESETS
+from runners import local_engine
 from serving import GatedRunner
 from waiting import wait_until
 
@@ -24,12 +25,11 @@ def checking_engine(tmp_path_factory):
     from neuron_ui.cache.manifest import CacheManifest
     from neuron_ui.config.cache_paths import configure_cache_env
     from neuron_ui.config.resolutions import parse_resolutions
-    from neuron_ui.engine.engine import Engine
     from neuron_ui.model.loading import LoadedModel
     from neuron_ui.model.tiny import build_tiny_pipeline
 
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
-    return Engine.local(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
+    return local_engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True),
                         presets=parse_resolutions(SMALL_PRESETS), backend="eager", cache=cache,
                         manifest=CacheManifest(cache.manifest))
 
@@ -338,13 +338,12 @@ def test_cached_prompt_embeddings_give_the_plain_pipelines_image(make_engine):
 def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
     from neuron_ui.config.cache_paths import configure_cache_env
     from neuron_ui.config.resolutions import parse_resolutions
-    from neuron_ui.engine.engine import Engine
     from neuron_ui.model.loading import LoadedModel
     from neuron_ui.model.tiny import build_tiny_pipeline
 
     pipe = build_tiny_pipeline()
     pipe.register_to_config(is_distilled=False)  # as a base (not step-distilled) checkpoint says
-    engine = Engine.local(LoadedModel(pipe, name="base", is_tiny=True), presets=parse_resolutions("256x256"),
+    engine = local_engine(LoadedModel(pipe, name="base", is_tiny=True), presets=parse_resolutions("256x256"),
                           compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
     status = engine.status()
     assert (status.distilled, status.default_steps, status.default_guidance) == (False, 50, 4.0)

@@ -13,6 +13,7 @@ import pytest
 from fakes import Painter, made_image
 import torch
 from PIL import Image, ImageFont
+from runners import local_engine
 
 from neuron_ui import cli
 from neuron_ui.cache.manifest import CacheManifest
@@ -23,7 +24,6 @@ from neuron_ui.studio.grid_plan import estimate_seconds, plan_grid
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.results import EngineStatus, ShapeStatus
 from neuron_ui.contract.stopping import Phase, Stopped, StopReason, StopToken
-from neuron_ui.engine.engine import Engine
 from neuron_ui.studio.grid_jobs import GridJobs, run_grid
 from neuron_ui.studio.grid_sheet import FONT_SIZE, _fit, draw_sheet
 from neuron_ui.engine.styles import StyleBook
@@ -361,7 +361,7 @@ def engine(tmp_path_factory):
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
     style = write_random_lora(loaded.pipe.transformer, tmp_path_factory.mktemp("styles") / "ink.safetensors", rank=2,
                               seed=1)
-    yield Engine.local(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
+    yield local_engine(loaded, presets=PRESETS, compile_mode="regional", backend="eager", cache=cache,
                        manifest=CacheManifest(cache.manifest, error=cache.problem), max_queue_per_user=1,
                        styles=StyleBook.load([f"{style}@0.8"], loaded.pipe.transformer))
     torch._dynamo.reset()

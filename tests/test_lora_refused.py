@@ -12,6 +12,7 @@ import socket
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
+from runners import local_engine
 import safetensors
 import torch
 from safetensors.torch import save_file
@@ -24,7 +25,6 @@ from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.contract.requests import GenerateRequest
-from neuron_ui.engine.engine import Engine
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.lora_files import METADATA_KEY, StyleError, download, load_style
@@ -155,7 +155,7 @@ def engine(tmp_path_factory):
     torch._dynamo.reset()
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-    return Engine.local(loaded, presets=parse_resolutions(SIZE), compile_mode="eager", backend="eager", cache=cache,
+    return local_engine(loaded, presets=parse_resolutions(SIZE), compile_mode="eager", backend="eager", cache=cache,
                         manifest=CacheManifest(cache.manifest, error=cache.problem))
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import Flux2KleinPipeline
+from runners import local_engine
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import read_counters
@@ -96,7 +97,7 @@ def cache(tmp_path_factory):
 
 
 def build_engine(cache, previews: bool = True, compile_mode: str = "eager") -> Engine:
-    return Engine.local(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True), presets=parse_resolutions(SIZE),
+    return local_engine(LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True), presets=parse_resolutions(SIZE),
                         compile_mode=compile_mode, backend="eager", cache=cache,
                         manifest=CacheManifest(cache.manifest, error=cache.problem), previews=previews)
 

@@ -23,6 +23,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
+from runners import local_engine
 from serving import TIMEOUT, call, connect, served, wait_until
 
 from neuron_ui.cache.manifest import CacheManifest
@@ -32,7 +33,6 @@ from neuron_ui.config.processes import free_port
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import SessionStops
-from neuron_ui.engine.engine import Engine
 from neuron_ui.main import build_app, parse_settings
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
@@ -271,7 +271,7 @@ def engine_with_backend(backend):
     def build(settings):
         cache = configure_cache_env(settings.cache_dir)
         loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-        return Engine.local(loaded, presets=settings.resolutions, compile_mode="regional", backend=backend, cache=cache)
+        return local_engine(loaded, presets=settings.resolutions, compile_mode="regional", backend=backend, cache=cache)
 
     return build
 

@@ -58,7 +58,9 @@ cache = configure_cache_env(settings.cache_dir)
 import torch
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.engine.engine import Engine
-result = Engine.from_settings(settings, cache).generate(GenerateRequest("a lighthouse", "256x256", steps=2, seed=1))
+from neuron_ui.engine.local import LocalRunner
+engine = Engine(LocalRunner.from_settings(settings, cache))
+result = engine.generate(GenerateRequest("a lighthouse", "256x256", steps=2, seed=1))
 print(json.dumps({"event": result.cache_event, "threads": torch.get_num_threads()}))
 """
 

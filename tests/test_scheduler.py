@@ -37,7 +37,7 @@ def test_background_work_yields_to_a_waiting_user():
     queue, order = DeviceQueue(), []
     with queue.user():
         background = take(queue, "background", order, "background")
-        wait_until(lambda: queue.background_waiting == 1)  # the background work asked first
+        wait_until(lambda: queue._background == 1)  # the background work asked first
         user = take(queue, "user", order, "user")
         wait_for_waiting(queue, 1)
     user.join(timeout=10)

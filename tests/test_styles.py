@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from runners import local_engine
 from safetensors.torch import save_file
 
 from neuron_ui import cli
@@ -67,7 +68,7 @@ def build_engine(files, cache, compile_mode: str = "regional", backend: str = "e
     torch._dynamo.reset()
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
     styles = StyleBook.load([str(files["a"]), f"bee={files['b']}@0.5"], loaded.pipe.transformer)
-    return Engine.local(loaded,
+    return local_engine(loaded,
                         presets=parse_resolutions(SIZE), compile_mode=compile_mode, backend=backend, cache=cache,
                         manifest=CacheManifest(cache.manifest, error=cache.problem), styles=styles)
 

@@ -1,4 +1,4 @@
-"""Fair turns on the device (engine.turns, engine.device_queue): the order, the per-visitor bound, the words."""
+"""Fair turns on the device (engine.device_queue: Turns, DeviceQueue): the order, the per-visitor bound, the words."""
 
 import threading
 import time
@@ -8,8 +8,7 @@ from waiting import wait_until
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.stopping import Stopped, StopToken
-from neuron_ui.engine.device_queue import DeviceQueue
-from neuron_ui.engine.turns import Turns
+from neuron_ui.engine.device_queue import DeviceQueue, Turns
 
 
 def names(tickets):
@@ -188,7 +187,7 @@ def test_background_work_waits_while_any_visitor_waits_and_the_device_is_never_i
     with queue.user(visitor="A"):
         warm = threading.Thread(target=background, daemon=True)
         warm.start()
-        wait_until(lambda: queue.background_waiting == 1)  # the warm-up asked first
+        wait_until(lambda: queue._background == 1)  # the warm-up asked first
         threads = [take(queue, log, "a1", "A", seconds=0.05), take(queue, log, "b0", "B")]
         wait_for_waiting(queue, 2)
     for thread in [*threads, warm]:

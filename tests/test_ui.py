@@ -13,6 +13,7 @@ import gradio as gr
 import pytest
 import torch
 from PIL import Image
+from runners import local_engine
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import configure_cache_env
@@ -20,7 +21,6 @@ from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate, ShapeStatus
-from neuron_ui.engine.engine import Engine
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
 from neuron_ui.ui import session as sessions
@@ -58,7 +58,7 @@ def engine(tmp_path_factory):
     torch._dynamo.reset()
     cache = configure_cache_env(tmp_path_factory.mktemp("cache"), environ={})
     loaded = LoadedModel(build_tiny_pipeline(), name="tiny", is_tiny=True)
-    yield Engine.local(loaded,
+    yield local_engine(loaded,
                        presets=parse_resolutions(PRESETS), compile_mode="regional", backend="eager", cache=cache,
                        manifest=CacheManifest(cache.manifest))
     torch._dynamo.reset()

@@ -1,8 +1,20 @@
-"""The one error type the engine raises for users, and the first line of any error."""
+"""The one error type the engine raises for users, the first line of any error, and the base of every value of a few
+kinds (error kinds, cache events, phases, states)."""
 
 from __future__ import annotations
 
-from neuron_ui.contract.kinds import Kind
+from enum import Enum
+
+
+class Kind(str, Enum):
+    """A text-valued enum whose str() is its word (Prometheus labels and messages read it that way): one spelling,
+    checked by the type checker, and still its word everywhere a word goes.
+
+    A member equals its word ("stopped" == ErrorKind.STOPPED), JSON writes the word, and str() and f-strings give the
+    word on every Python (a str-valued Enum's str() is its name before 3.11's StrEnum, which 3.10 lacks). A value that
+    came through JSON or Ray as a plain string compares equal with `==`; `is` only holds for members."""
+
+    __str__ = str.__str__
 
 
 def first_line(error: BaseException) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +54,6 @@ class StoredFiles:
     def use(self, path: object) -> str:
         """resolve(), and the file's retention clock restarts (web/uploads.py removes uploads unused for a while)."""
         full = self.resolve(path)
-        try:
+        with suppress(OSError, NotImplementedError):  # gone, or never there: the read that follows says so in one line
             os.utime(full, times=(time.time(),) * 2, follow_symlinks=False)
-        except (OSError, NotImplementedError):
-            pass  # gone, or never there: the read that follows says so in one line
         return full

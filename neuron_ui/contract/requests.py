@@ -46,7 +46,7 @@ class GenerateRequest:
     # A style (a LoRA loaded with --lora) by name, None for none; its strength, None for the style's default.
     lora: str | None = None
     lora_scale: float | None = None
-    # Whose request it is, for fair turns on the device (engine.turns): the logged-in user, a browser's session or
+    # Whose request it is, for fair turns on the device (engine.device_queue): the logged-in user, a browser session or
     # an API client's session; None: a visitor of its own. Not part of the image.
     visitor: str | None = None
     preview: bool = False  # report each step's estimate of the image (ProgressUpdate.preview), if the server allows

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from neuron_ui.contract.kinds import Kind
+from neuron_ui.contract.errors import Kind
 from neuron_ui.contract.stopping import Phase
 from neuron_ui.images.png import write_png
 

@@ -13,8 +13,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from neuron_ui.contract.errors import EngineError, ErrorKind
-from neuron_ui.contract.kinds import Kind
+from neuron_ui.contract.errors import EngineError, ErrorKind, Kind
 from neuron_ui.contract.registry import BoundedRegistry
 
 # Where a request is when a stop reaches it. RECEIVED: not yet checked; the engine enters QUEUED once the request

@@ -1,4 +1,4 @@
-"""Who gets the device next: visitors in turn (engine.turns); background warm-up only when no user waits.
+"""Who gets the device next: visitors in turn (Turns, below); background warm-up only when no user waits.
 
 One pipeline run at a time is a hardware fact (one NeuronCore group, one GPU); a plain lock would let a background
 warm-up grab the device again between two compilations while a user waits, and would serve whoever the OS wakes.
@@ -10,19 +10,37 @@ once, and the caller waits (bounded) for the run already on the device to finish
 A user's StopToken takes them out of the queue at once; while they wait, `on_wait` hears what is ahead of them
 in the real order (the `job` each request came with) and how many of those are their own, when they join,
 whenever that changes, and every REPORT_SECONDS.
+
+Visitors take turns: among the requests waiting, the next one is the first request of the visitor whose turn came
+longest ago; each visitor's own requests keep their order.
+
+First come, first served let one visitor who queued twelve images hold the device for twelve image times while
+the next person waited; turns give that person the device after at most the one image on it. A visitor is named by
+the caller (the logged-in user, a browser's session, an API client's session); a request without one is a
+visitor of its own, so requests that name nobody are served first come, first served, as before.
+
+A visitor's place is the later of its last turn and the moment it came to wait (just before the turn given then):
+a newcomer is not "never served, so first". Visitors are as cheap as sessions, and ranking every new one first let
+a stranger sending one request at a time, each from a fresh session, go before a returning visitor again and again
+(67 images in a row). Now whoever comes later ranks after a visitor already waiting, except the one visitor whose
+image is on the device: a waiting request is overtaken only by the requests that were already waiting (first come,
+first served at worst) and by newcomers until the next turn is given, at most.
+
+Turns is plain bookkeeping, no threads or locks: DeviceQueue holds it under its own lock.
 """
 
 from __future__ import annotations
 
 import threading
-from functools import partial
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
+from neuron_ui.contract.registry import BoundedRegistry
 from neuron_ui.contract.stopping import Stopped
-from neuron_ui.engine.turns import Ticket, Turns
 
 if TYPE_CHECKING:
     from neuron_ui.contract.layouts import Layout
@@ -32,9 +50,98 @@ if TYPE_CHECKING:
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LEFT_THE_QUEUE = "stopped: you left the queue; no image was made"
 REPORT_SECONDS = 1.0  # how often a waiting user hears how long is left
+VisitorKey = str | tuple[str, int]  # a visitor's name, or ("anonymous", arrival) for a request that names nobody
+REMEMBERED_VISITORS = 4096  # when each was last served; the oldest are forgotten (they rank by when they came)
 
 # The layouts of the requests ahead in the order they go (None: not told), and how many are the caller's own
 OnWait = Callable[[list["Layout | None"], int], None]
+
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One waiting request: what it is (`job`, for the waiting words), whose, when it came (`arrival`) and how many
+    turns had been given by then (`turns_before`)."""
+
+    job: Layout | None  # None: not told
+    visitor: str | None
+    arrival: int
+    turns_before: int
+
+    @property
+    def key(self) -> VisitorKey:
+        return self.visitor if self.visitor is not None else ("anonymous", self.arrival)
+
+
+class Turns:
+    """The waiting requests and when each visitor was last served: the order they get the device in."""
+
+    def __init__(self, remembered: int = REMEMBERED_VISITORS) -> None:
+        self._waiting: list[Ticket] = []  # in arrival order
+        self._last_served: BoundedRegistry[VisitorKey, int] = BoundedRegistry(remembered)  # visitor -> latest turn
+        self._clock = 0  # turns given, to anyone (a request without a visitor too)
+        self._arrivals = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def join(self, job: Layout | None, visitor: str | None) -> Ticket:
+        self._arrivals += 1
+        ticket = Ticket(job, visitor, self._arrivals, self._clock)
+        self._waiting.append(ticket)
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        """A request stopped waiting without a turn (stopped, refused)."""
+        if ticket in self._waiting:
+            self._waiting.remove(ticket)
+
+    def take(self, ticket: Ticket) -> None:
+        """`ticket` gets the device now: it stops waiting and its visitor counts as just served."""
+        self._waiting.remove(ticket)
+        self._clock += 1
+        if ticket.visitor is not None:
+            self._last_served[ticket.visitor] = self._clock
+
+    def waiting_for(self, visitor: str | None) -> int:
+        """Requests of `visitor` waiting (0 for nobody: a request without a visitor is its own)."""
+        return 0 if visitor is None else sum(1 for t in self._waiting if t.visitor == visitor)
+
+    def visitors(self) -> int:
+        """How many visitors wait (not who)."""
+        return len({t.key for t in self._waiting})
+
+    def first(self) -> Ticket | None:
+        """The request that gets the device next: the first one of the visitor whose turn came longest ago."""
+        heads: dict[VisitorKey, Ticket] = {}
+        for ticket in self._waiting:
+            heads.setdefault(ticket.key, ticket)
+        return min(heads.values(), key=lambda t: _rank(t, self._last_served.get(t.key)), default=None)
+
+    def order(self) -> list[Ticket]:
+        """Every waiting request in the order it would get the device if nobody else came: turns played out."""
+        queues: dict[VisitorKey, list[Ticket]] = {}
+        for ticket in self._waiting:
+            queues.setdefault(ticket.key, []).append(ticket)
+        last = {key: self._last_served.get(key) for key in queues}
+        clock, ordered = self._clock, []
+        while queues:
+            key = min(queues, key=lambda k: _rank(queues[k][0], last[k]))
+            ordered.append(queues[key].pop(0))
+            clock += 1
+            last[key] = clock
+            if not queues[key]:
+                del queues[key]
+        return ordered
+
+
+def _rank(head: Ticket, last_turn: int | None) -> tuple[int, int]:
+    """A visitor's place, from the first of its waiting requests: the later of its last turn and the moment that
+    request came (just before the turn given next, hence the half), then the earlier request. Counted in half turns:
+    turn n is 2n, coming while n turns had been given is 2n - 1, so it ranks before the visitor served n-th (the
+    one on the device) and after everyone served before."""
+    came = 2 * head.turns_before - 1
+    return (came if last_turn is None else max(2 * last_turn, came)), head.arrival
 
 
 class DeviceQueue:
@@ -50,12 +157,6 @@ class DeviceQueue:
     @property
     def busy(self) -> bool:
         return self._running >= self._slots
-
-    @property
-    def background_waiting(self) -> int:
-        """Background work (a warm-up) waiting for the device: it goes only when no user waits."""
-        with self._cond:
-            return self._background
 
     @property
     def waiting(self) -> int:

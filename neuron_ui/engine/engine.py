@@ -2,7 +2,7 @@
 
 Knows nothing of Gradio. It checks each request's layout, gives the device its turns (visitors in turn, users before
 background warm-up), tells a waiting user what is ahead, keeps the warm-up list, the status and the observers; its
-runner (engine.runner.DeviceRunner) makes the images: the pipeline on this process's device (engine.local) or a Ray
+runner (DeviceRunner, below) makes the images: the pipeline on this process's device (engine.local) or a Ray
 Serve replica (replicas.runner), as many at once as the runner has slots.
 """
 
@@ -14,29 +14,65 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.layouts import Layout
 from neuron_ui.contract.requests import require_inpaint_inputs
 from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.engine.device_queue import DeviceQueue
-from neuron_ui.engine.runner import Job
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING, DeviceWatch, Wait
 
 if TYPE_CHECKING:
-    from neuron_ui.contract.engine_like import Health
-    from neuron_ui.config.cache_paths import CachePaths
+    from neuron_ui.contract.engine_like import Health, Observers
     from neuron_ui.config.resolutions import Resolution
-    from neuron_ui.config.settings import Settings
+    from neuron_ui.contract.layouts import Layouts
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressFn, ProgressUpdate, ShapeStatus
-    from neuron_ui.engine.local import LocalJob
-    from neuron_ui.engine.runner import DeviceRunner
-    from neuron_ui.model.runner import Runner
-    from neuron_ui.parallel.group import ParallelGroup
 
 logger = logging.getLogger(__name__)
+
+Job = TypeVar("Job")  # a request as the runner runs it, from prepare() to make()
+
+
+class DeviceRunner(Protocol[Job]):
+    """The device side of an engine. `slots`: images it makes at once (the front's queue lets that many through);
+    `allowed`: the layouts it makes; `observers`: told of its compiles (the front tells them of images and failures).
+    Errors: ValueError for bad input, EngineError (one line) for failures."""
+
+    slots: int
+    allowed: Layouts
+    observers: Observers
+
+    def prepare(self, request: GenerateRequest, layout: Layout) -> Job:
+        """Before the queue: what make() runs (every field checked: ValueError names what is allowed)."""
+
+    def make(self, job: Job, layout: Layout, report: ProgressFn, stop: StopToken, watch: DeviceWatch) -> GenerateResult:
+        """In its turn: the image of a prepared request, compiling its layout first where needed; `watch` hears what
+        holds the device, for the users waiting behind it."""
+
+    def warm(self, layout: Layout, report: ProgressFn, watch: DeviceWatch) -> None:
+        """In its turn: compile a layout without making an image."""
+
+    def compile_left(self, layout: Layout) -> float | None:
+        """Seconds a request at `layout` would compile before its image: 0.0 when held, None when unknown."""
+
+    def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
+        """One layout's state (`warmup`: the layouts still to warm up)."""
+
+    def used(self) -> list[Layout]:
+        """The editing layouts used or warmed up, for the status's layouts section."""
+
+    def status(self) -> EngineStatus:
+        """The runner's part of the status (facts, cache, tensor parallelism, styles, replicas); the front fills in
+        its queue, warm-up list and sizes."""
+
+    def prompt_tokens(self, text: str) -> tuple[int, int]: ...
+
+    def health(self) -> Health: ...
+
+    def close(self) -> None:
+        """Shutting down: what waits beyond the front's queue hears so (a replica's router); nothing new starts."""
 
 
 def _ignore(update: ProgressUpdate) -> None:
@@ -93,24 +129,9 @@ class Engine(Generic[Job]):
         self.max_references = runner.allowed.max_references
         self.reference_sizes: tuple[Resolution, ...] = runner.allowed.reference_sizes
         self.observers = runner.observers  # the runner tells them its compiles; the front, images and failures
-        self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.turns)
+        self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.device_queue)
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
         self._warmups = WarmupList(self._warm_one)
-
-    @staticmethod
-    def local(*args: Any, max_queue_per_user: int | None = None, **kwargs: Any) -> Engine[LocalJob]:
-        """The engine in this process: the front of a LocalRunner built with these arguments."""
-        from neuron_ui.engine.local import LocalRunner
-
-        return Engine(LocalRunner(*args, **kwargs), max_queue_per_user)
-
-    @staticmethod
-    def from_settings(settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
-                      wrap_runner: Callable[[Runner], Runner] | None = None) -> Engine[LocalJob]:
-        """The front of LocalRunner.from_settings (`wrap_runner`: its `wrap`, rank 0's LeaderRunner under torchrun)."""
-        from neuron_ui.engine.local import LocalRunner
-
-        return Engine(LocalRunner.from_settings(settings, cache, group, wrap_runner), settings.max_queue_per_user)
 
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout:

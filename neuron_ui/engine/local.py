@@ -1,4 +1,4 @@
-"""The local runner: one pipeline on this process's device, compiled lazily per static shape (engine.runner's
+"""The local runner: one pipeline on this process's device, compiled lazily per static shape (engine.engine's
 DeviceRunner). The engine's front (engine.engine.Engine) gives it one request at a time; the first request for a shape
 compiles it while the others wait, so concurrent first requests compile exactly once. Under torchrun rank 0's
 lockstep LeaderRunner drives its pipeline (`pipeline`)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -183,7 +183,10 @@ class LocalRunner:
             strength=valid.strength if layout.inpaint else None,
             tokens=layout.tokens,
             inputs=[f.meta() for f in valid.inputs],
-            **self.styles.result_fields(valid),
+            # the style (valid.lora_scale is set whenever lora is), and its file's sha256
+            lora=valid.lora,
+            lora_scale=valid.lora_scale,
+            lora_sha256=self.styles.styles[valid.lora].sha256 if valid.lora is not None else None,
         )
         self.graphs.image(layout, event, result.total_seconds)
         logger.info("generated %s: %s, %.2f s", layout, event, result.total_seconds)
@@ -228,7 +231,7 @@ class LocalRunner:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
         call = PipelineCall.of(valid)
-        with StepPreviews(report, steps, call.width, call.height) if preview else nullcontext() as previews:
+        with closing(StepPreviews(report, steps, call.width, call.height)) if preview else nullcontext() as previews:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
 
     def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:

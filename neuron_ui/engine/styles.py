@@ -9,7 +9,7 @@ start-up with one log line naming the file and why; the app serves without it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.lora_files import HUB_TIMEOUT, StyleError, load_style
@@ -22,14 +22,6 @@ if TYPE_CHECKING:
     from neuron_ui.model.styles import Style
 
 logger = logging.getLogger(__name__)
-
-
-class StyleFields(TypedDict):
-    """What a result records of its style (GenerateResult's fields of the same names)."""
-
-    lora: str | None
-    lora_scale: float | None
-    lora_sha256: str | None
 
 
 class StyleBook:
@@ -80,22 +72,9 @@ class StyleBook:
         style = self.styles[valid.lora] if valid.lora is not None else None
         return self.fuser.use(style, valid.lora_scale or 0.0)
 
-    def result_fields(self, valid: ValidRequest) -> StyleFields:
-        """What the result (and its PNG) records of the style: name, strength and its file's sha256."""
-        style = self.styles.get(valid.lora) if valid.lora is not None else None
-        return {"lora": valid.lora, "lora_scale": valid.lora_scale if style else None,
-                "lora_sha256": style.sha256 if style else None}
-
     def status(self) -> list[dict[str, Any]]:
         """Each loaded style for the status: what it costs on the host, and `fused`, the strength it is fused at
         in the weights now (None when it is not)."""
         now, strength = self.fuser.current if self.fuser else (None, 0.0)
         return [{**style.describe(), "fused": strength if name == now else None}
                 for name, style in self.styles.items()]
-
-    def memory(self) -> dict[str, Any]:
-        """Host memory the styles hold: their factors, and the original weights kept to restore from."""
-        factors = sum(style.host_bytes for style in self.styles.values())
-        originals = self.fuser.host_bytes if self.fuser else 0
-        return {"factors_mb": round(factors / 2**20, 3), "originals_mb": round(originals / 2**20, 3),
-                "now": self.fuser.current[0] if self.fuser else None}

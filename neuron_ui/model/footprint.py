@@ -5,6 +5,7 @@ in float32 is 32 GB, and on a 24 GiB machine the kernel killed the build at 19.9
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -46,14 +47,7 @@ def safetensors_header(path: Path) -> tuple[int, dict]:
 def safetensors_counts(path: Path) -> list[tuple[str, int]]:
     """(dtype, number of values) of each tensor in a safetensors file, read from its header alone."""
     header = safetensors_header(path)[1]
-    counts = []
-    for name, entry in header.items():
-        if name != "__metadata__":
-            values = 1
-            for size in entry["shape"]:
-                values *= size
-            counts.append((entry["dtype"], values))
-    return counts
+    return [(entry["dtype"], math.prod(entry["shape"])) for name, entry in header.items() if name != "__metadata__"]
 
 
 def meminfo_bytes(field: str, meminfo: Path = Path("/proc/meminfo")) -> int | None:

@@ -15,7 +15,7 @@ import logging
 import os
 from contextlib import nullcontext, suppress
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,6 @@ RANDOM_KLEIN = "random-klein-4b"
 AUTO = "auto"
 HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 BFL_PREFIX = "model.diffusion_model."  # ComfyUI's whole-model checkpoints keep the transformer under it
-
 
 
 @dataclass
@@ -109,10 +108,7 @@ def choose_model(model: str, hub_timeout: float = 5.0, transformer: str | None =
     """Decide what `--model` means on this machine, without loading anything: auto is a folder named like the Hub's
     model, a complete copy of it in the local Hugging Face cache, or the Hub if it answers within `hub_timeout` s;
     else the tiny model. `transformer` (--transformer) rides along."""
-    from dataclasses import replace
-
-    choice = _choose(model, hub_timeout)
-    return replace(choice, transformer=transformer) if transformer else choice
+    return replace(_choose(model, hub_timeout), transformer=transformer)
 
 
 def _choose(model: str, hub_timeout: float) -> ModelChoice:

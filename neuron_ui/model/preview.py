@@ -95,19 +95,13 @@ class StepPreviews:
     its own, so no step waits for a preview; on the CPU, where the host is the device, in the step callback itself
     (a thread beside the step only took its cores: 1.043 against 1.006 of an image at 1024x1024). The first step
     has none (the latents before it never reach the step callback); the last step's is reported while the VAE
-    decodes. close() waits for the last one."""
+    decodes. close() waits for the last one (a run holds it in contextlib.closing)."""
 
     def __init__(self, report: ProgressFn, steps: int, width: int, height: int):
         self.report, self.steps, self.width, self.height = report, steps, width, height
         self._before: tuple[torch.Tensor, float] | None = None  # the previous step's host latents and sigma
         self._taken = 0  # the last step taken: a callback run again for a step (a held test's) adds nothing
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step-preview")  # one at a time, in order
-
-    def __enter__(self) -> StepPreviews:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def take(self, pipe: Any, step: int, latents: torch.Tensor) -> None:
         """In the step callback after step `step` (1-based): the latents now, at the scheduler's sigma now."""

@@ -165,16 +165,3 @@ class Runner(Protocol):
 
     def describe(self) -> dict | None: ...  # the tensor-parallel group behind it (ranks, graphs), None alone
 
-
-class RunnerWrapper:
-    """A runner around another, passing calls through: what tests and benchmarks subclass to hold, time or slow
-    calls, handed to the engine with `wrap_runner` at construction."""
-
-    def __init__(self, inner: Runner):
-        self.inner = inner
-
-    def __call__(self, call: PipelineCall, callback: Callable | None = None) -> Image.Image:
-        return self.inner(call, callback)
-
-    def describe(self) -> dict | None:
-        return self.inner.describe()

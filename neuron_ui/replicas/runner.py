@@ -1,4 +1,4 @@
-"""ReplicaRunner: the engine front's runner (engine.runner.DeviceRunner) whose images are made by a Ray Serve
+"""ReplicaRunner: the engine front's runner (engine.engine.DeviceRunner) whose images are made by a Ray Serve
 deployment of engine replicas. The front (engine.engine.Engine, the same as in one process) gives it as many requests
 at once as there are replicas; it sends each as a stream routed by its layout (neuron_ui.replicas.stream), retried once
 where its replica dies, and reads the replicas' reports (neuron_ui.replicas.watcher): its graph book takes what their

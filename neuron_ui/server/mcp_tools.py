@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mcp import types
 
-from neuron_ui.studio.ab_plan import SETTINGS_WORDS
+from neuron_ui.studio.ab import SETTINGS_WORDS
 from neuron_ui.studio.grid_plan import AXIS_HELP
 from neuron_ui.contract.results import save_deflated
 from neuron_ui.images.decode import MAX_UPLOAD_BYTES

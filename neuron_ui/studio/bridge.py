@@ -15,6 +15,7 @@ import contextvars
 import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -59,10 +60,8 @@ class Bridge(Generic[T, R]):
         ready = asyncio.Event()
 
         def wake() -> None:
-            try:
+            with suppress(RuntimeError):  # the loop has closed: no reader is left to wake
                 loop.call_soon_threadsafe(ready.set)
-            except RuntimeError:  # the loop has closed: no reader is left to wake
-                pass
 
         self._wake = wake
         self._start()

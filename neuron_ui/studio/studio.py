@@ -17,8 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from neuron_ui.contract.stopping import SessionStops, StopToken
-from neuron_ui.studio.ab_plan import plan_ab
-from neuron_ui.studio.ab_sheet import ABResult
+from neuron_ui.studio.ab import ABResult, plan_ab
 from neuron_ui.studio.grid_jobs import GridJob, GridJobs, run_grid
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS, plan_grid
 
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.contract.requests import GenerateRequest
     from neuron_ui.contract.results import GenerateResult, ProgressFn, ProgressUpdate, ShapeStatus, StepPreview
-    from neuron_ui.studio.ab_plan import ABPlan
+    from neuron_ui.studio.ab import ABPlan
     from neuron_ui.studio.grid_plan import GridPlan, Info
     from neuron_ui.studio.grid_sheet import CellResult, GridResult
 

@@ -96,7 +96,7 @@ class NamedApi:
 
     def api_ab(self, prompt: str, resolution: str, a: str | None = None,
                b: str | None = None) -> tuple[str, dict[str, object]]:
-        """Two images that differ in named settings (studio/ab_plan.py), side by side: the labelled PNG, and info:
+        """Two images that differ in named settings (studio/ab.py), side by side: the labelled PNG, and info:
         `a` and `b` (parameters, cache_event, seconds, image) and `differs`. Made as a two-cell grid: one request."""
         with user_errors():
             sheet = self.studio.ab(self.studio.plan_ab(prompt, resolution, a, b), asker())

@@ -1,4 +1,4 @@
-"""Who a request is from, for fair turns on the device (engine.turns): one name per visitor, for the UI's handlers
+"""Who a request is from, for fair turns on the device (engine.device_queue): one name per visitor, for the UI handlers
 and the MCP tools alike.
 
 A visitor is the logged-in user when NEURON_UI_AUTH is on; else the browser's session (the id its BrowserState
