@@ -20,10 +20,9 @@ from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import Stopped, StopToken
 from neuron_ui.contract.results import EngineStatus, GenerateResult, ProgressUpdate
 from neuron_ui.engine.graphs import Holdings
-from neuron_ui.replicas.board import ReplicaReport
+from neuron_ui.replicas.board import REPORT_SECONDS, ReplicaReport, ReplicaWatcher
 from neuron_ui.replicas.messages import Compiled, Done, Progress, Started
 from neuron_ui.replicas.stream import LOST_WAIT, RETRIED
-from neuron_ui.replicas.watcher import REPORT_SECONDS, ReplicaWatcher
 from neuron_ui.ui.words import describe_activity, describe_result
 
 LOST_AFTER = 0.3  # seconds the first replica works before it dies

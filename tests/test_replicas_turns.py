@@ -19,7 +19,7 @@ from neuron_ui.contract.results import GenerateResult
 from neuron_ui.engine.engine import Engine
 from neuron_ui.replicas.runner import ReplicaRunner
 from neuron_ui.replicas.messages import Done, Started
-from neuron_ui.replicas.watcher import ReplicaWatcher
+from neuron_ui.replicas.board import ReplicaWatcher
 
 
 class Stream:

@@ -181,10 +181,6 @@ class EngineReplica:
         lease = await self.hold_shape(model_id)
         loop = asyncio.get_running_loop()
         pacer = LinePacer(loop)  # few lines, none mid-image for a short image (pacing.py)
-
-        def report(update: ProgressUpdate) -> None:
-            pacer.offer(Progress.of(update))
-
         stop = StopToken()
 
         def run() -> None:
@@ -193,7 +189,7 @@ class EngineReplica:
             self.active = True
             result: Done | Failed
             try:
-                value = work(report, stop)
+                value = work(lambda update: pacer.offer(Progress.of(update)), stop)
                 if isinstance(value, GenerateResult):
                     value = replace(value, replica=self.name)
                 result = Done(value)

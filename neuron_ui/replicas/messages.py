@@ -59,6 +59,7 @@ class Compiled:
     seconds: float
 
 
+RAISED: dict[ErrorKind, type[Exception]] = {ErrorKind.INVALID_REQUEST: ValueError, ErrorKind.STOPPED: Stopped}
 Value = GenerateResult | ShapeStatus  # what a call of the deployment gives: generate's, warmup's
 
 
@@ -87,11 +88,8 @@ class Failed:
 
     def error(self) -> Exception:
         """The error to raise at the front: the engine's own types, so callers cannot tell replicas from an engine."""
-        if self.kind == ErrorKind.INVALID_REQUEST:
-            return ValueError(self.message)
-        if self.kind == ErrorKind.STOPPED:
-            return Stopped(self.message)
-        return EngineError(self.message, kind=self.kind)
+        raised = RAISED.get(self.kind)
+        return raised(self.message) if raised else EngineError(self.message, kind=self.kind)
 
 
 Message = Started | Progress | Compiled | Done | Failed

@@ -1,7 +1,7 @@
 """ReplicaRunner: the engine front's runner (engine.engine.DeviceRunner) whose images are made by a Ray Serve
 deployment of engine replicas. The front (engine.engine.Engine, the same as in one process) gives it as many requests
 at once as there are replicas; it sends each as a stream routed by its layout (neuron_ui.replicas.stream), retried once
-where its replica dies, and reads the replicas' reports (neuron_ui.replicas.watcher): its graph book takes what their
+where its replica dies, and reads the replicas' reports (neuron_ui.replicas.board): its graph book takes what their
 books hold, for each size's state over all of them, beside a row per replica, so the status and /healthz never wait
 for Ray.
 """
@@ -26,10 +26,10 @@ from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import count_prompt_tokens
 from neuron_ui.contract.results import GenerateResult
 from neuron_ui.engine.graphs import GraphBook
-from neuron_ui.replicas.board import APP_NAME, REPORT_SECONDS, STALE_SECONDS, ReplicaReport, Reports
+from neuron_ui.replicas.board import (APP_NAME, REPORT_SECONDS, STALE_SECONDS, ReplicaReport, ReplicaWatcher, Reports,
+                                      replica_rows)
 from neuron_ui.replicas.routing import ShapeRouting
 from neuron_ui.replicas.stream import StreamCaller
-from neuron_ui.replicas.watcher import ReplicaWatcher, replica_rows
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -148,8 +148,7 @@ class ReplicaRunner:
 
     def health(self) -> Health:
         """Up while at least one replica answers; `replicas` is the deployment's count, not every id ever seen."""
-        rows = replica_rows(self.reports(), self.plan.replicas)
-        healthy = sum(1 for r in rows if r["state"] == "healthy")
+        healthy = len(self.watcher.healthy())  # each fresh report is a healthy row (replica_rows)
         return bool(healthy), {"status": "ok" if healthy else "no replica", "replicas_healthy": healthy,
                                "replicas": self.plan.replicas}
 

@@ -14,6 +14,7 @@ two PNGs already made, read back (compare_files). PIL only, no torch.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shlex
 from dataclasses import asdict, dataclass, replace
@@ -142,7 +143,7 @@ def plan_ab(prompt: object, resolution: object, a: object, b: object, *, presets
     if not differs:
         raise ValueError("a and b make the same image: give b a setting that differs, e.g. b=\"seed=4\"")
     axis = Axis("ab", ("A", "B"), side_labels(asdict(first), asdict(second), differs))
-    grid = GridPlan(prompt=first.prompt, resolution=str(size), axes=(axis,), cells=(first, second), order=(0, 1))
+    grid = GridPlan(prompt=first.prompt, resolution=str(size), axes=(axis,), cells=(first, second))
     return ABPlan(grid, differs)
 
 
@@ -163,12 +164,8 @@ def differing_words(a: str, b: str) -> tuple[str, str]:
     """What differs between two prompts, the words they share at both ends cut ("a red fox in snow", "a red cat in
     snow": "fox", "cat"); the whole prompts when one is the other with words added."""
     first, second = a.split(), b.split()
-    start = 0
-    while start < min(len(first), len(second)) and first[start] == second[start]:
-        start += 1
-    end = 0
-    while end < min(len(first), len(second)) - start and first[-1 - end] == second[-1 - end]:
-        end += 1
+    start = len(os.path.commonprefix([first, second]))  # commonprefix compares lists element by element
+    end = len(os.path.commonprefix([first[start:][::-1], second[start:][::-1]]))
     middle = (" ".join(first[start:len(first) - end]), " ".join(second[start:len(second) - end]))
     return middle if all(middle) else (a, b)
 
@@ -247,7 +244,7 @@ def compare_files(first: Path, second: Path) -> ABFiles:
     places = tuple(GridCell(index=i, column=i, row=0, block=0, prompt="", seed=0, steps=None, style=None,
                             strength=None) for i in (0, 1))
     plan = GridPlan(prompt="", resolution=f"{image_a.width}x{image_a.height}", axes=(Axis("ab", ("A", "B"), labels),),
-                    cells=places, order=(0, 1))
+                    cells=places)
     files = {"a": str(first), "b": str(second)}
     sides = {name: {**settings, "image": files[name]} if settings else {"image": files[name], "parameters": None}
              for name, settings in zip(SIDES, (a, b))}

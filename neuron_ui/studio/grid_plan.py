@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The axes in the order the sheet lays them out: the first given runs across (columns), the next down (rows), the
 # third in blocks one under the other; styles side by side first, as a designer compares them. The run order is
-# another (run_order): one style's cells together, whatever their place on the sheet.
+# another (GridPlan.in_order): one style's cells together, whatever their place on the sheet.
 AXES = ("styles", "prompts", "strengths", "steps", "seeds")
 # What each axis takes, in the words every interface shows (the panel, the CLI's help, the MCP tool).
 AXIS_HELP = {
@@ -74,13 +74,12 @@ class GridCell:
 
 @dataclass(frozen=True)
 class GridPlan:
-    """A checked grid: the cells on the sheet, and the order they are made in."""
+    """A checked grid: the cells on the sheet, made in the order in_order() gives."""
 
     prompt: str
     resolution: str
     axes: tuple[Axis, ...]
     cells: tuple[GridCell, ...]
-    order: tuple[int, ...]  # indexes into `cells`: all of one style's (and strength's) cells together
 
     @property
     def columns(self) -> int:
@@ -95,7 +94,17 @@ class GridPlan:
         return len(self.axes[2].values) if len(self.axes) > 2 else 1
 
     def in_order(self) -> list[GridCell]:
-        return [self.cells[i] for i in self.order]
+        """All of one style's cells together, and within them one strength's: each switch between two cells refuses
+        the weights (engine/styles.py), so a grid switches once per style and strength it uses, never back. A style
+        that is no axis' value (an A/B's sides) keeps the sheet's order."""
+        names = {axis.name: axis.values for axis in self.axes}
+        styles, strengths = names.get("styles", ()), names.get("strengths", ())
+
+        def key(cell: GridCell) -> tuple[int, int, int]:
+            style = styles.index(cell.style) if cell.style in styles else 0
+            return style, strengths.index(cell.strength) if cell.strength in strengths else 0, cell.index
+
+        return sorted(self.cells, key=key)
 
     def switches(self) -> int:
         """Style switches the run order makes between its cells (the first cell's style is not counted)."""
@@ -195,8 +204,7 @@ def plan_grid(prompt: object, resolution: object, *, presets: tuple[Resolution, 
     axes = tuple(Axis(name, values, tuple(setting_words(AXIS_SETTING[name], v) for v in values))
                  for name, values in parsed.items())
     fixed_seed = secrets.randbelow(MAX_SEED + 1) if seed is None else int(SEED.check(seed))
-    cells = build_cells(axes, text, fixed_seed)
-    return GridPlan(prompt=text, resolution=str(size), axes=axes, cells=cells, order=run_order(cells, axes))
+    return GridPlan(prompt=text, resolution=str(size), axes=axes, cells=build_cells(axes, text, fixed_seed))
 
 
 def setting_words(key: str, value: object) -> str:
@@ -223,19 +231,6 @@ def build_cells(axes: tuple[Axis, ...], prompt: str, seed: int) -> tuple[GridCel
                               steps=value.get("steps"), style=style,
                               strength=value.get("strengths") if style is not None else None))
     return tuple(cells)
-
-
-def run_order(cells: tuple[GridCell, ...], axes: tuple[Axis, ...]) -> tuple[int, ...]:
-    """All of one style's cells together, and within them one strength's: each switch between two cells refuses
-    the weights (engine/styles.py), so a grid switches once per style and strength it uses, never back."""
-    names = {axis.name: axis.values for axis in axes}
-    styles, strengths = names.get("styles", (None,)), names.get("strengths", (None,))
-
-    def key(cell: GridCell) -> tuple[int, int, int]:
-        strength = strengths.index(cell.strength) if cell.strength in strengths else 0
-        return styles.index(cell.style), strength, cell.index
-
-    return tuple(cell.index for cell in sorted(cells, key=key))
 
 
 def estimate_seconds(plan: GridPlan, status: EngineStatus) -> float | None:
