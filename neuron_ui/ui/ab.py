@@ -12,12 +12,10 @@ from pathlib import Path
 import gradio as gr
 
 from neuron_ui.ui.history import HistoryEntry, entry_named, picked  # at run time: Gradio reads the handlers' hints
+from neuron_ui.web.files import page_script
 from neuron_ui.web.gradio_bridge import HIDDEN, TOLD
 
-# Run in the page once the panel opened (or not: a hidden panel does not scroll): it opened below the fold at
-# 1440x900, with nothing to say so (issue 46); the next frame, once Gradio has shown it.
-SHOW_PANEL = """() => requestAnimationFrame(() =>
-    document.querySelector('#ab-panel')?.scrollIntoView({block: 'nearest', behavior: 'instant'}))"""
+SHOW_PANEL = page_script("show_panel")  # scrolls the panel into view once it opened (the file says why)
 NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
 ALONE = "Only one image in this session's history: make another, then compare."
 EXPIRED = ("The other images of this history have expired on the server (it keeps the 512 images shown or made most "

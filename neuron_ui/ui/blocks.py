@@ -12,11 +12,10 @@ from neuron_ui.ui import session as sessions
 from neuron_ui.ui.ab import add_ab_panel
 from neuron_ui.ui.compare import CompareHandlers, add_compare_panel
 from neuron_ui.ui.editing import EditingHandlers, add_inpaint_tab, add_reference_panel
-from neuron_ui.web.files import ASSETS, build_image_store, private_file_folder
+from neuron_ui.web.files import ASSETS, build_image_store, page_script, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, HIDDEN, TOLD, Listen, device_queue_length, serve_in_place
 from neuron_ui.ui.handlers import MAX_VARIATIONS, Handlers
 from neuron_ui.ui.named_api import add_named_api
-from neuron_ui.ui.page_js import EDIT_SCRIPT, INPAINT_SCRIPT, PAGE_SCRIPT
 from neuron_ui.ui.styles import StyleHandlers, add_style_controls, wire_style_controls
 from neuron_ui.ui.words import (
     REFRESH_SECONDS,
@@ -37,10 +36,8 @@ if TYPE_CHECKING:
     from neuron_ui.contract.stopping import SessionStops
 
 
-# Run in the page before a request's handler (its inputs pass through): a phone scrolls the image, where the progress
-# shows, into view; a wide page, where it is in view beside the button, does not move.
-SHOW_IMAGE = """(...args) => { if (window.innerWidth <= 720)
-    document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'}); return args; }"""
+# The page's own scripts, run in the browser: each of assets/<name>.js says when it runs and why.
+PAGE_SCRIPT, EDIT_SCRIPT, INPAINT_SCRIPT, SHOW_IMAGE = map(page_script, ["page", "edit", "inpaint", "show_image"])
 PROMPTS = ASSETS / "prompts.txt"  # the examples under the form, one a line ("#" starts a comment)
 
 

@@ -227,7 +227,7 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
         with gr.Row():
             make = gr.Button("Make grid", variant="primary", elem_id="grid-make")
             stop = gr.Button("Stop", variant="stop", elem_id="grid-stop")
-        # Rendered by the caller; a click on the sheet opens it full size (page_js.PAGE_SCRIPT).
+        # Rendered by the caller; a click on the sheet opens it full size (assets/page.js).
         image = gr.Image(label="Grid", show_label=False, type="filepath", format="png", interactive=False,
                          buttons=["download", "fullscreen"], elem_id="grid-image", render=False)
         line = gr.Markdown(elem_id="grid-line", render=False)

@@ -115,7 +115,7 @@ class EditingHandlers:
     @staticmethod
     def on_edit_image(image: str | None) -> tuple[object, object]:
         """Open the shown result in the inpaint editor, which then holds an image (the page opens its panel:
-        page_js.EDIT_SCRIPT)."""
+        assets/edit.js)."""
         if not image:
             gr.Warning("No image yet: generate one first.")
             return gr.skip(), gr.skip()
@@ -152,7 +152,7 @@ def add_inpaint_tab() -> tuple[gr.ImageEditor, gr.ImageEditor, gr.Checkbox, gr.S
     triggered by it, shows progress on it or updates the panel around it (blocks.py), and only Inpaint's first,
     page-only step reads it: one upload of its files, its value handed to `sent`, which the request reads. `holds` is
     set by the server where an image comes in by Edit this image or a history pick, and by the page for a file or a
-    clear (page_js.PAGE_SCRIPT)."""
+    clear (assets/page.js)."""
     brush = gr.Brush(default_size=32, colors=["#ff00ff"], color_mode="fixed")
     editor = gr.ImageEditor(label="Paint over the part to redo", type="filepath", height=360, layers=False,
                             brush=brush, elem_id="inpaint-editor")

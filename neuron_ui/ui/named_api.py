@@ -57,15 +57,10 @@ class NamedApi:
                 made = self.studio.generate(request, asker(on_preview=on_preview))
                 return str(made.path), made.result.info()
 
-        if preview:
-            yield from self.previews.shown(make, self._frame)
-        else:
-            yield make()
+        def frame(path: str, preview: StepPreview) -> tuple[str, dict[str, object]]:  # a step's, before the image
+            return path, {"preview": {"step": preview.step, "steps": preview.steps}}
 
-    @staticmethod
-    def _frame(path: str, preview: StepPreview) -> tuple[str, dict[str, object]]:
-        """A step's estimate of the image as /generate streams it before the image."""
-        return path, {"preview": {"step": preview.step, "steps": preview.steps}}
+        yield from self.previews.shown(make, frame) if preview else [make()]
 
     def api_inpaint(self, image: object, mask: object, prompt: str, strength: float | None = None,
                     resolution: Any = None, steps: float | None = None, seed: float | None = None,

@@ -45,6 +45,11 @@ KEEP_IMAGES = 512  # the newest results kept: 1.6 GB of 1024x1024 PNGs (written 
 KEEP_IMAGE_BYTES = 2 * 2**30
 
 
+def page_script(name: str) -> str:
+    """The page's script assets/<name>.js (its comments say when it runs and why), for an event's js=."""
+    return (ASSETS / f"{name}.js").read_text(encoding="utf-8")
+
+
 DISK_FULL = ("the image was made but the server's disk is full, so it could not be saved; free some space and try "
              "again")
 

@@ -49,16 +49,11 @@ class UploadFolder:
         self._lock = threading.Lock()
         self._counted = 0  # on disk at the last sweep
         self._since = 0  # admitted and finished since the last sweep (their files are on disk, uncounted)
-        self._in_flight = 0  # admitted, still arriving
+        self.arriving = 0  # bytes admitted for uploads still arriving (done() not yet called)
 
     @property
     def used(self) -> int:
-        return self._counted + self._since + self._in_flight
-
-    @property
-    def arriving(self) -> int:
-        """Bytes admitted for uploads still arriving (done() not yet called)."""
-        return self._in_flight
+        return self._counted + self._since + self.arriving
 
     def admit(self, length: int | None) -> UploadRefusal | None:
         """Reserve `length` bytes for one upload request (then call `done`), or say why not. May sweep: call it
@@ -77,13 +72,13 @@ class UploadFolder:
                 minutes = max(1, round(self.retention / 60))
                 return UploadRefusal(507, f"the server's {limit} for uploads is full (each is kept {minutes} min "
                                      "after its last use); try again in a few minutes")
-            self._in_flight += length
+            self.arriving += length
         return None
 
     def done(self, length: int, files: int) -> None:
         """An admitted upload ended; `files` it wrote (0 if it failed) count at least FILE_COST each."""
         with self._lock:
-            self._in_flight -= length
+            self.arriving -= length
             self._since += length + files * FILE_COST
 
     def sweep(self) -> None:

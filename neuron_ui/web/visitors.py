@@ -12,10 +12,5 @@ from __future__ import annotations
 
 def visitor_name(user: str | None = None, browser: str | None = None, session: str | None = None) -> str | None:
     """The visitor's name from what is known of it, the strongest first; None when nothing is."""
-    if user:
-        return f"user:{user}"
-    if browser:
-        return f"browser:{browser}"
-    if session:
-        return f"session:{session}"
-    return None
+    known = (("user", user), ("browser", browser), ("session", session))
+    return next((f"{kind}:{name}" for kind, name in known if name), None)

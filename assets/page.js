@@ -1,19 +1,20 @@
-"""The page's own scripts, run in the browser: what Gradio 6.31's events leave undone on this page (the DOM they
-read is Gradio 6.31's, as tests/test_browser_*.py read it: elem_ids, the status tracker's Clear button, the editor's
-canvas and Brush button, the accordion's toggle, the client's POST to /gradio_api/upload)."""
-
-# Run once when the page loads (demo.load):
-# - the red Error badge Gradio leaves on the image until its own Clear button is clicked goes at the user's next
-#   action (typing, picking, clicking);
-# - what the inpaint editor holds, as far as the page knows (window.neuronMask): 'empty' once an image came in by
-#   Edit this image or a file, 'painted' after a brush stroke on its canvas, 'unknown' otherwise (a history pick may
-#   restore a mask; the server checks every mask anyway); a file into the editor, or its Clear canvas button (named
-#   in English), ticks or clears the hidden #editor-holds box, so the layout hint knows with no event on the editor;
-# - a click on Inpaint with an empty mask is told at once beside the button and goes no further (nothing uploads:
-#   it took 5 s behind the device's queue); any other click says, beside the button, how the upload of the editor's
-#   files goes, file by file (seconds on a slow link, with nothing else moving), until INPAINT_SCRIPT runs;
-# - a click on the grid's sheet opens its PNG full size in a new tab.
-PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true; window.neuronMask = 'unknown';
+// The page's own scripts (this file and the others in assets/ named *.js), run in the browser: what Gradio 6.31's
+// events leave undone on this page (the DOM they read is Gradio 6.31's, as tests/test_browser_*.py read it: elem_ids,
+// the status tracker's Clear button, the editor's canvas and Brush button, the accordion's toggle, the client's POST
+// to /gradio_api/upload). Each file is one function, read once at import (ui/blocks.py) and handed to an event's js=.
+//
+// Run once when the page loads (demo.load):
+// - the red Error badge Gradio leaves on the image until its own Clear button is clicked goes at the user's next
+//   action (typing, picking, clicking);
+// - what the inpaint editor holds, as far as the page knows (window.neuronMask): 'empty' once an image came in by
+//   Edit this image or a file, 'painted' after a brush stroke on its canvas, 'unknown' otherwise (a history pick may
+//   restore a mask; the server checks every mask anyway); a file into the editor, or its Clear canvas button (named
+//   in English), ticks or clears the hidden #editor-holds box, so the layout hint knows with no event on the editor;
+// - a click on Inpaint with an empty mask is told at once beside the button and goes no further (nothing uploads:
+//   it took 5 s behind the device's queue); any other click says, beside the button, how the upload of the editor's
+//   files goes, file by file (seconds on a slow link, with nothing else moving), until inpaint.js runs;
+// - a click on the grid's sheet opens its PNG full size in a new tab.
+() => { if (window.neuronPage) return; window.neuronPage = true; window.neuronMask = 'unknown';
     const clearError = (event) => {
         const clear = document.querySelector('#image [data-testid="status-tracker"] .clear-status button');
         if (clear && !clear.contains(event.target)) clear.click(); };
@@ -60,22 +61,4 @@ PAGE_SCRIPT = """() => { if (window.neuronPage) return; window.neuronPage = true
             say(`The upload failed (${why}): nothing was sent.`); };
         return send(resource, init).then((response) => { up.done += 1; up.sent += bytes;
             if (!response.ok) failed(`HTTP ${response.status}`); else if (window.neuronUpload === up) tell(up);
-            return response; }, (error) => { failed('the connection broke'); throw error; }); }; }"""
-
-# Run in the page on Edit this image's click (its input passes through): the shown result comes into the editor with
-# nothing painted, and the Inpaint panel opens here, not by the server's update: an update to the panel makes Gradio
-# 6.31 read, and so upload, every component inside it (core's update_state: get_data on the node and its children).
-EDIT_SCRIPT = """(...args) => { if (!document.querySelector('#image img')) return args;  // the server says why
-    window.neuronMask = 'empty';
-    const toggle = document.querySelector('#inpaint-panel button.label-wrap');
-    if (toggle && !toggle.classList.contains('open')) toggle.click();
-    return args; }"""
-
-# Run in the page once Gradio has uploaded the editor's files for Inpaint (its value passes on, to the hidden editor
-# the request reads): the upload's note goes, and the image, where the progress shows, scrolls into view on any width
-# (Inpaint's button sits below the image's column on a wide page too).
-INPAINT_SCRIPT = """(editor) => { window.neuronUpload = null;
-    const note = document.getElementById('inpaint-note');
-    if (note) note.textContent = '';
-    document.querySelector('#image')?.scrollIntoView({block: 'nearest', behavior: 'instant'});
-    return editor; }"""
+            return response; }, (error) => { failed('the connection broke'); throw error; }); }; }
