@@ -78,7 +78,7 @@ def test_auto_falls_back_to_tiny_quickly_when_the_hub_does_not_answer(silent_hub
 
 def test_auto_offline_falls_back_without_touching_the_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert choose_model("auto").is_tiny
+    assert choose_model("auto").source == TINY
 
 
 def test_offline_says_so_once_on_a_warm_boot(monkeypatch, tmp_path, caplog):

@@ -32,15 +32,16 @@ def layout_of(shapes: Mapping[str, tuple[int, ...]]) -> Layout:
     return shapes.get("x_embedder.weight", (0,))[0], blocks("transformer_blocks."), blocks("single_transformer_blocks.")
 
 
-def config_layout(config: Mapping[str, int]) -> Layout:
-    """A Flux2Transformer2DModel's layout from its config."""
-    return (config["num_attention_heads"] * config["attention_head_dim"], config["num_layers"],
-            config["num_single_layers"])
+def fits(inner: Layout, outer: Layout) -> bool:
+    """Whether a LoRA reaching `inner` can be fused into a transformer of layout `outer`."""
+    return inner[0] == outer[0] and inner[1] <= outer[1] and inner[2] <= outer[2]
 
 
-def lora_layout(in_features: Mapping[str, int]) -> Layout | None:
-    """The least layout a LoRA's layers reach (diffusers' names: each one's lora_A input width); None when its widths
-    disagree or it targets no layer that tells the width."""
+def lora_misfit(in_features: Mapping[str, int], config: Mapping[str, int]) -> str | None:
+    """Why a LoRA (each layer's lora_A input width) cannot be fused into the Flux2Transformer2DModel of `config`, by
+    its width and the blocks it reaches: the first known model it fits (klein-9B, FLUX.1...) and this one, in words;
+    None when it fits, or its widths disagree or no layer it targets tells its width (the layer checks after this
+    one say what is wrong)."""
     widths = {width for module, width in in_features.items() if HIDDEN_INPUTS.fullmatch(module)}
     if len(widths) != 1:
         return None
@@ -48,14 +49,11 @@ def lora_layout(in_features: Mapping[str, int]) -> Layout | None:
     def reach(prefix: str) -> int:
         return max((int(found[1]) + 1 for m in in_features if (found := re.match(rf"{prefix}\.(\d+)\.", m))), default=0)
 
-    return widths.pop(), reach("transformer_blocks"), reach("single_transformer_blocks")
-
-
-def fits(inner: Layout, outer: Layout) -> bool:
-    """Whether a LoRA reaching `inner` can be fused into a transformer of layout `outer`."""
-    return inner[0] == outer[0] and inner[1] <= outer[1] and inner[2] <= outer[2]
-
-
-def model_for(layout: Layout) -> str:
-    """The first known model a LoRA of this layout fits."""
-    return next((name for known, name in LAYOUTS.items() if fits(layout, known)), "another model")
+    lora = (widths.pop(), reach("transformer_blocks"), reach("single_transformer_blocks"))
+    own = (config["num_attention_heads"] * config["attention_head_dim"], config["num_layers"],
+           config["num_single_layers"])
+    if fits(lora, own):
+        return None
+    model = next((name for known, name in LAYOUTS.items() if fits(lora, known)), "another model")
+    return (f"a LoRA for {model} (its layers are {lora[0]} wide, in up to {lora[1]} double- and {lora[2]} "
+            f"single-stream blocks), but this transformer is {layout_words(own)}")

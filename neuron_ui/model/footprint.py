@@ -21,10 +21,11 @@ def weight_bytes(model: str, dtype: str) -> int | None:
     """The bytes of `model`'s weights in `dtype` (`--model`: random-klein-4b or a diffusers folder); None when the
     layout cannot be read without loading it (a Hub id: the download says its size) or always fits (the tiny)."""
     if Path(model).is_dir():
-        files = [f for name in COMPONENTS for f in sorted((Path(model) / name).glob("*.safetensors"))]
+        entries = [entry for name in COMPONENTS for file in sorted((Path(model) / name).glob("*.safetensors"))
+                   for key, entry in safetensors_header(file).items() if key != "__metadata__"]
         # from_pretrained casts floating weights to the dtype asked for; others keep their own size
-        return sum(count * (DTYPE_BYTES[dtype] if kind in FLOATS else FILE_DTYPE_BYTES.get(kind, 8))
-                   for f in files for kind, count in safetensors_counts(f)) or None
+        return sum(math.prod(entry["shape"]) * (DTYPE_BYTES[dtype] if entry["dtype"] in FLOATS else
+                                                FILE_DTYPE_BYTES.get(entry["dtype"], 8)) for entry in entries) or None
     from neuron_ui.model.loading import RANDOM_KLEIN
 
     if model != RANDOM_KLEIN:
@@ -37,17 +38,11 @@ def weight_bytes(model: str, dtype: str) -> int | None:
     return sum(t.nbytes for name in COMPONENTS for t in getattr(pipe, name).parameters())
 
 
-def safetensors_header(path: Path) -> tuple[int, dict]:
-    """A safetensors file's header (tensor name -> dtype, shape, data_offsets) and where its data starts."""
+def safetensors_header(path: Path) -> dict:
+    """A safetensors file's header (tensor name -> dtype, shape, data_offsets), read alone: the file's size is not
+    checked against it, so a header that declares terabytes is counted, not refused."""
     with path.open("rb") as file:
-        size = struct.unpack("<Q", file.read(8))[0]
-        return 8 + size, json.loads(file.read(size))
-
-
-def safetensors_counts(path: Path) -> list[tuple[str, int]]:
-    """(dtype, number of values) of each tensor in a safetensors file, read from its header alone."""
-    header = safetensors_header(path)[1]
-    return [(entry["dtype"], math.prod(entry["shape"])) for name, entry in header.items() if name != "__metadata__"]
+        return json.loads(file.read(struct.unpack("<Q", file.read(8))[0]))
 
 
 def meminfo_bytes(field: str, meminfo: Path = Path("/proc/meminfo")) -> int | None:

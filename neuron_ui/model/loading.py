@@ -15,7 +15,7 @@ import logging
 import os
 from contextlib import nullcontext, suppress
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,9 +26,9 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 from neuron_ui.config.processes import in_daemon_thread
 from neuron_ui.config.settings import StartupError
 from neuron_ui.contract.errors import first_line
-from neuron_ui.model.flux_layouts import layout_of, layout_words
+from neuron_ui.model.flux_layouts import FLUX1_LAYERS, layout_of, layout_words
 from neuron_ui.model.tiny import TINY as TINY_SHAPE
-from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline, build_tiny_pipeline
+from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline
 from neuron_ui.model.torch_bridge import allow_cpu_tensor_parallelism, forget_single_device_map
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ RANDOM_KLEIN = "random-klein-4b"
 AUTO = "auto"
 HUB_MODEL_ID = "black-forest-labs/FLUX.2-klein-4B"
 BFL_PREFIX = "model.diffusion_model."  # ComfyUI's whole-model checkpoints keep the transformer under it
+BUILT = {TINY: TINY_SHAPE, RANDOM_KLEIN: KleinShape()}  # the models built in code, and their layouts
 
 
 @dataclass
@@ -82,11 +83,9 @@ def _is_timeout(error: BaseException) -> bool:
 
     chain: BaseException | None = error
     for _ in range(8):  # a chain is short; a cycle in one must not hang the probe
-        if chain is None:
-            return False
         if isinstance(chain, (TimeoutError, FutureTimeout, httpx.TimeoutException)):
             return True
-        chain = chain.__cause__ or chain.__context__
+        chain = chain and (chain.__cause__ or chain.__context__)
     return False
 
 
@@ -99,46 +98,40 @@ class ModelChoice:
     fallback_reason: str | None = None
     transformer: str | None = None  # --transformer: BFL's single file, the rest from `source`
 
-    @property
-    def is_tiny(self) -> bool:
-        return self.source == TINY
-
 
 def choose_model(model: str, hub_timeout: float = 5.0, transformer: str | None = None) -> ModelChoice:
     """Decide what `--model` means on this machine, without loading anything: auto is a folder named like the Hub's
     model, a complete copy of it in the local Hugging Face cache, or the Hub if it answers within `hub_timeout` s;
     else the tiny model. `transformer` (--transformer) rides along."""
-    return replace(_choose(model, hub_timeout), transformer=transformer)
-
-
-def _choose(model: str, hub_timeout: float) -> ModelChoice:
     from huggingface_hub import HfApi, snapshot_download
 
+    def chosen(source: str, name: str = HUB_MODEL_ID, why: str | None = None) -> ModelChoice:
+        return ModelChoice(source, name, why, transformer)
+
     if model != AUTO:
-        return ModelChoice(model, model)
+        return chosen(model, model)
     if Path(HUB_MODEL_ID).is_dir():
-        return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
+        return chosen(HUB_MODEL_ID)
     with suppress(Exception):  # not cached (or partly): the Hub is asked next, without touching the network here
-        return ModelChoice(snapshot_download(HUB_MODEL_ID, local_files_only=True), HUB_MODEL_ID)
+        return chosen(snapshot_download(HUB_MODEL_ID, local_files_only=True))
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):  # huggingface_hub asks nothing
-        return ModelChoice(TINY, TINY, f"HF_HUB_OFFLINE is set, so the Hub was not asked, and {HUB_MODEL_ID} is "
-                                       "not in the local cache")
+        return chosen(TINY, TINY, f"HF_HUB_OFFLINE is set, so the Hub was not asked, and {HUB_MODEL_ID} is not in "
+                                  "the local cache")
     api = HfApi(endpoint=os.environ.get("HF_ENDPOINT"))
     try:  # the wait bounds it too: DNS and proxies can ignore the request's timeout
         in_daemon_thread(lambda: api.model_info(HUB_MODEL_ID, timeout=hub_timeout), "hub-probe").result(hub_timeout)
     except Exception as error:  # noqa: BLE001 - no answer, or not a yes: the tiny model
         logger.info("the Hub did not answer for %s: %s", HUB_MODEL_ID, first_line(error))
-        return ModelChoice(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
-                                       f"{hub_timeout:g} s")
-    return ModelChoice(HUB_MODEL_ID, HUB_MODEL_ID)
+        return chosen(TINY, TINY, f"{HUB_MODEL_ID} is not in the local cache and the Hub did not answer within "
+                                  f"{hub_timeout:g} s")
+    return chosen(HUB_MODEL_ID)
 
 
 def transformer_layout(choice: ModelChoice) -> torch.nn.Module:
     """The transformer's layers with no weights (on the meta device): what `lora random` writes a LoRA against. A
     folder's or a Hub repo's config is read, never its weights (klein-4B's are 7.75 GB)."""
-    if choice.is_tiny or choice.source == RANDOM_KLEIN:
-        shape = TINY_SHAPE if choice.is_tiny else KleinShape()
-        return build_random_klein_pipeline(torch.float32, device="meta", shape=shape).transformer
+    if choice.source in BUILT:
+        return build_random_klein_pipeline(torch.float32, device="meta", shape=BUILT[choice.source]).transformer
     config = Flux2Transformer2DModel.load_config(choice.source, subfolder="transformer")
     with torch.device("meta"):
         return Flux2Transformer2DModel.from_config(config)
@@ -150,12 +143,12 @@ def load_model(choice: ModelChoice, dtype: torch.dtype, mesh=None) -> LoadedMode
     code after building."""
     if choice.fallback_reason:  # said where the model loads (once), not where it is chosen (twice on a warm boot)
         logger.warning("%s: serving the tiny random-weight model instead (images are noise)", choice.fallback_reason)
-    built = choice.is_tiny or choice.source == RANDOM_KLEIN
-    if choice.transformer and built:
+    shape = BUILT.get(choice.source)
+    if choice.transformer and shape:
         raise StartupError(f"--transformer {choice.transformer}: the other components come from --model, a folder or "
                          f"a Hub repo id; {choice.source} is built in code")
-    if built:
-        pipe = build_tiny_pipeline(dtype) if choice.is_tiny else build_random_klein_pipeline(dtype)
+    if shape:
+        pipe = build_random_klein_pipeline(dtype, shape=shape)
         if mesh is not None:
             shard(pipe.transformer, mesh)
         return LoadedModel(pipe, name=choice.name, is_tiny=True, fallback_reason=choice.fallback_reason)
@@ -190,26 +183,22 @@ def load_transformer_file(path: str, source: str, dtype: torch.dtype) -> Flux2Tr
     from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
     from safetensors import SafetensorError, safe_open
 
-    config = Flux2Transformer2DModel.load_config(source, subfolder="transformer")
-    with torch.device("meta"):  # shapes without memory, at any size
-        model = Flux2Transformer2DModel.from_config(config)
-    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    layout = transformer_layout(ModelChoice(source, source))  # on the meta device: shapes without memory, any size
+    expected = {key: tuple(value.shape) for key, value in layout.state_dict().items()}
     try:
         with safe_open(path, "pt", device="cpu") as opened:
             keys = [k for k in opened.keys() if k.startswith(BFL_PREFIX)] or list(opened.keys())  # noqa: SIM118
-            header = {key.removeprefix(BFL_PREFIX): opened.get_slice(key).get_shape() for key in keys}
+            header = {key.removeprefix(BFL_PREFIX): tuple(opened.get_slice(key).get_shape()) for key in keys}
     except (SafetensorError, OSError) as error:
         raise StartupError(f"--transformer {path}: cannot be read as safetensors ({first_line(error)})") from None
-    found, count, first = None, len(header), next(iter(header), None)
-    if any(".img_mod." in key for key in header):  # FLUX.1's modulation per block; FLUX.2 shares one per stream
-        found = "a FLUX.1 transformer (a modulation per block)"
-    elif set(header) != set(expected):  # diffusers converts a file whose keys are not its own exactly (as here)
+    flux1, count, first = next(filter(FLUX1_LAYERS.search, header), None), len(header), next(iter(header), None)
+    found = None if flux1 is None else f"a FLUX.1 transformer (e.g. {flux1!r}, a layer FLUX.2 does not have)"
+    if flux1 is None and set(header) != set(expected):  # keys not its own (BFL's): diffusers converts them
         try:
             meta = {key: torch.empty(shape, device="meta") for key, shape in header.items()}
             header = {k: tuple(v.shape) for k, v in convert_flux2_transformer_checkpoint_to_diffusers(meta).items()}
         except Exception:  # noqa: BLE001 - names diffusers' conversion does not know: not a FLUX.2 transformer
             header = {}
-    header = {key: tuple(shape) for key, shape in header.items()}
     if found is None and "x_embedder.weight" not in header:
         found = f"{count} weights that are not a FLUX.2 transformer's (e.g. {first!r})"
     elif found is None and header != expected:

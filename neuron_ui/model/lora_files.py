@@ -17,13 +17,13 @@ import json
 import math
 import re
 import reprlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from neuron_ui.contract.errors import first_line
-from neuron_ui.model.flux_layouts import FLUX1_LAYERS, config_layout, fits, layout_words, lora_layout, model_for
+from neuron_ui.model.flux_layouts import FLUX1_LAYERS, lora_misfit
 from neuron_ui.model.loading import hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
@@ -34,6 +34,14 @@ MAX_SCALE = 2.0
 NAME_PATTERN = re.compile(r"[\w][\w .+-]{0,63}")
 REPO_PATTERN = re.compile(r"[\w.-]+/[\w.-]+(:[\w./-]+)?")
 TEXT_ENCODER_PREFIXES = ("text_encoder", "lora_te", "te_", "te1", "te2", "text_model")
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # what PEFT's save_pretrained writes
+# Adapters that are not plain LoRA, by a part of their weights' names: what each is, in its error.
+NOT_LORA = {"lokr_": "a LoKr adapter (lokr_* weights)", "hada_": "a LoHa adapter (hada_* weights)",
+            "dora_scale": "a DoRA adapter (magnitude weights)", "lora_magnitude_vector": "a DoRA adapter (magnitude "
+            "weights)"}
+JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+              float: "a number", type(None): "null"}
+PATTERN_KEY = re.compile(r"[\w.]{1,200}")  # a layer name or its end: no regex operators, so no catastrophic match
 
 
 class StyleError(ValueError):
@@ -88,10 +96,8 @@ def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None
     repo, _, weight_name = source.partition(":")
     filename, name = weight_name or DIFFUSERS_WEIGHT_NAME, repo.split("/")[1]
     silence = hub_silence(repo, filename, hub_timeout, endpoint)
-    try:
-        if silence is not None:  # the cache alone, without touching the network
-            return Path(hf_hub_download(repo, filename, local_files_only=True)), name
-        return Path(hf_hub_download(repo, filename, endpoint=endpoint)), name
+    try:  # with no answer from the Hub, the cache alone, without touching the network
+        return Path(hf_hub_download(repo, filename, endpoint=endpoint, local_files_only=silence is not None)), name
     except Exception as error:  # noqa: BLE001 - not cached, offline, no such repo or file, no access: one line
         if silence is not None:
             raise StyleError(f"{source}: {silence}, and it is not in the local Hugging Face cache") from None
@@ -99,7 +105,7 @@ def download(source: str, hub_timeout: float = HUB_TIMEOUT, endpoint: str | None
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
-    """The tensors and diffusers' LoRA config as JSON from the header (any JSON value: lora_config checks it);
+    """The tensors and diffusers' LoRA config as JSON from the header (any JSON value: lora_scaling checks it);
     StyleError for a file that is not safetensors."""
     from safetensors import SafetensorError, safe_open
 
@@ -122,17 +128,12 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], object]:
     return tensors, config
 
 
-# Adapters that are not plain LoRA, by a part of their weights' names: what each is, in its error.
-NOT_LORA = {"lokr_": "a LoKr adapter (lokr_* weights)", "hada_": "a LoHa adapter (hada_* weights)",
-            "dora_scale": "a DoRA adapter (magnitude weights)", "lora_magnitude_vector": "a DoRA adapter (magnitude "
-            "weights)"}
+def to_diffusers(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Refuse what cannot be fused as a transformer LoRA, naming the format; convert the rest with diffusers' own
+    conversion to its `transformer.<layer>.lora_A/B.weight` keys (kohya, ai-toolkit, PEFT)."""
+    from diffusers import Flux2KleinPipeline
 
-
-PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # what PEFT's save_pretrained writes
-
-
-def check_format(path: Path, keys: list[str]) -> None:
-    """Refuse what cannot be fused as a transformer LoRA, naming the format."""
+    keys = list(tensors)
     if not keys:
         raise StyleError(f"{path}: holds no weights")
     flux1 = next((key for key in keys if FLUX1_LAYERS.search(key)), None)
@@ -146,21 +147,10 @@ def check_format(path: Path, keys: list[str]) -> None:
     if text:
         raise StyleError(f"{path}: targets the text encoder ({len(text)} weights, e.g. {text[0]!r}); klein loads "
                          "transformer LoRAs only")
-
-
-def convert(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """diffusers' own conversion to its `transformer.<layer>.lora_A/B.weight` keys (kohya, ai-toolkit, PEFT)."""
-    from diffusers import Flux2KleinPipeline
-
     try:
         return Flux2KleinPipeline.lora_state_dict(dict(tensors))
     except Exception as error:  # noqa: BLE001 - any conversion failure is one line for the log
         raise StyleError(f"{path}: diffusers cannot read it as a klein LoRA ({first_line(error)})") from None
-
-
-JSON_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-              float: "a number", type(None): "null"}
-PATTERN_KEY = re.compile(r"[\w.]{1,200}")  # a layer name or its end: no regex operators, so no catastrophic match
 
 
 def described(value: object) -> str:
@@ -172,23 +162,18 @@ def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def is_finite(number: float) -> bool:
-    try:
-        return math.isfinite(number)
-    except OverflowError:  # a JSON integer past float's range
-        return False
-
-
-def lora_config(path: Path, header: object) -> dict[str, Any] | None:
-    """The transformer's LoRA config from diffusers' header (None without one), checked for every value
-    `scalings` reads: a header of the wrong shape is one line (StyleError), never an exception that stops the app."""
+def lora_scaling(path: Path, header: object) -> Callable[[str, int], float]:
+    """A layer's `alpha / rank` from the LoRA config in diffusers' header (or PEFT's), as PEFT computes it, an
+    alpha_pattern key matching a layer whose name ends with it (peft.utils.other.get_pattern_key); without a config,
+    diffusers takes alpha = rank (utils/peft_utils.get_peft_kwargs): a scaling of 1. Every value it reads is checked
+    first: a header of the wrong shape is one line (StyleError), never an exception that stops the app."""
     if header is None:
-        return None
+        return lambda module, rank: 1.0
     if not isinstance(header, dict):
         raise StyleError(f"{path}: its LoRA metadata ({METADATA_KEY}) is {described(header)}, not a JSON object")
     config = {k.removeprefix("transformer."): v for k, v in header.items() if k.startswith("transformer.")} \
         or header  # diffusers packs it per component ("transformer.r"); a bare PEFT config is taken as is
-    alpha, patterns = config.get("lora_alpha", 8), config.get("alpha_pattern") or {}
+    alpha, patterns = config.get("lora_alpha", 8), config.get("alpha_pattern") or {}  # 8: LoraConfig's default
     if not is_number(alpha):
         raise StyleError(f"{path}: lora_alpha is {described(alpha)}, not a number")
     if not isinstance(patterns, dict) or not all(is_number(v) for v in patterns.values()):
@@ -197,28 +182,23 @@ def lora_config(path: Path, header: object) -> dict[str, Any] | None:
     if odd:
         raise StyleError(f"{path}: alpha_pattern key {reprlib.repr(odd[0])} is not a layer name (letters, digits, "
                          "_ and . only)")
-    if not all(is_finite(value) for value in (alpha, *patterns.values())):
+    try:
+        finite = all(math.isfinite(value) for value in (alpha, *patterns.values()))
+    except OverflowError:  # a JSON integer past float's range
+        finite = False
+    if not finite:
         raise StyleError(f"{path}: its alpha is not finite (lora_alpha {reprlib.repr(alpha)}, alpha_pattern "
                          f"{reprlib.repr(patterns)}): NaN or infinity would make every image black")
     if not isinstance(config.get("use_rslora", False), bool):
         raise StyleError(f"{path}: use_rslora is {described(config['use_rslora'])}, not true or false")
-    return config
+    if config.get("use_dora"):
+        raise StyleError(f"{path}: a DoRA adapter (use_dora in its config); styles here are plain LoRA only")
+    root = math.sqrt if config.get("use_rslora") else float
+    return lambda module, rank: next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", module)),
+                                     alpha) / root(rank)
 
 
-def scalings(modules: dict[str, int], config: dict[str, Any] | None) -> dict[str, float]:
-    """`alpha / rank` per layer as PEFT computes it from diffusers' saved config, an alpha_pattern key matching a
-    layer whose name ends with it (peft.utils.other.get_pattern_key); without a config, diffusers takes
-    alpha = rank (utils/peft_utils.get_peft_kwargs): a scaling of 1."""
-    if config is None:
-        return dict.fromkeys(modules, 1.0)
-    alpha = config.get("lora_alpha", 8)  # LoraConfig's default
-    patterns = config.get("alpha_pattern") or {}
-    root = math.sqrt if config.get("use_rslora") else (lambda r: r)
-    return {m: next((v for k, v in patterns.items() if re.match(rf"(.*\.)?({k})$", m)), alpha) / root(rank)
-            for m, rank in modules.items()}
-
-
-def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, Any] | None,
+def match_layers(path: Path, state: dict[str, torch.Tensor], scaling: Callable[[str, int], float],
                  transformer: torch.nn.Module) -> tuple[LoraLayer, ...]:
     """Pair each layer's factors and check them against the transformer: every layer must exist, be linear and
     take the factors' shapes."""
@@ -232,13 +212,15 @@ def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, A
         if found is None:
             raise StyleError(f"{path}: unrecognised weight {key!r} (a LoRA holds lora_A/lora_B weights only)")
         pairs.setdefault(found[1], {})[found[2]] = tensor
-    check_model(path, pairs, transformer)
+    config = getattr(transformer, "config", None)  # none: not a FLUX.2 transformer, and the checks below say so
+    misfit = config and lora_misfit({m: f["lora_A"].shape[-1] for m, f in pairs.items() if "lora_A" in f}, config)
+    if misfit:
+        raise StyleError(f"{path}: {misfit}")
     modules = dict(transformer.named_modules())
     missing = [m for m in pairs if not isinstance(modules.get(m), torch.nn.Linear)]
     if missing:
         raise StyleError(f"{path}: {len(missing)} of the {len(pairs)} layers it targets are not in this transformer "
                          f"(e.g. {missing[0]!r}): a LoRA for another model")
-    ranks: dict[str, int] = {}
     for module, factors in pairs.items():
         linear, down, up = modules[module], factors.get("lora_A"), factors.get("lora_B")
         if down is None or up is None:
@@ -250,23 +232,10 @@ def match_layers(path: Path, state: dict[str, torch.Tensor], config: dict[str, A
                              "(a LoRA for another size of model?)")
         if down.shape[0] == 0:
             raise StyleError(f"{path}: {module!r} has rank 0 (lora_A and lora_B are empty): nothing to fuse")
-        ranks[module] = down.shape[0]
-    scale = scalings(ranks, config)
-    layers = tuple(LoraLayer(m, pairs[m]["lora_A"].contiguous(), pairs[m]["lora_B"].contiguous(), scale[m])
-                   for m in sorted(pairs))
+    layers = tuple(LoraLayer(m, pairs[m]["lora_A"].contiguous(), pairs[m]["lora_B"].contiguous(),
+                             scaling(m, pairs[m]["lora_A"].shape[0])) for m in sorted(pairs))
     check_finite(path, layers, modules)
     return layers
-
-
-def check_model(path: Path, pairs: dict[str, dict[str, torch.Tensor]], transformer: torch.nn.Module) -> None:
-    """Refuse a LoRA made for another FLUX transformer, by its layers' width and the blocks it reaches, naming the
-    model it fits (klein-9B, FLUX.1...) and this one."""
-    config = getattr(transformer, "config", None)
-    lora = lora_layout({m: f["lora_A"].shape[-1] for m, f in pairs.items() if "lora_A" in f})
-    if config is None or lora is None or fits(lora, own := config_layout(config)):
-        return  # not a FLUX.2 transformer, or widths that disagree: the checks after this one say what is wrong
-    raise StyleError(f"{path}: a LoRA for {model_for(lora)} (its layers are {lora[0]} wide, in up to {lora[1]} "
-                     f"double- and {lora[2]} single-stream blocks), but this transformer is {layout_words(own)}")
 
 
 def peft_config(path: Path) -> object:
@@ -315,12 +284,9 @@ def load_style(spec: str, transformer: torch.nn.Module, hub_timeout: float = HUB
     name, source, scale = parse_spec(spec)
     path, default_name = resolve_file(source, hub_timeout)
     tensors, header = read_safetensors(path)
-    check_format(path, list(tensors))
-    state = convert(path, tensors)
-    config = lora_config(path, header if header is not None else peft_config(path))
-    if config is not None and config.get("use_dora"):
-        raise StyleError(f"{path}: a DoRA adapter (use_dora in its config); styles here are plain LoRA only")
-    layers = match_layers(path, state, config, transformer)
+    state = to_diffusers(path, tensors)
+    scaling = lora_scaling(path, header if header is not None else peft_config(path))
+    layers = match_layers(path, state, scaling, transformer)
     if not layers:
         raise StyleError(f"{path}: holds no LoRA layers")
     return Style(name=check_name(name or default_name, spec), source=source, file=path, sha256=file_sha256(path),

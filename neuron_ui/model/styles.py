@@ -9,7 +9,7 @@ per step on every image and adds layers to the graph; a fused style costs nothin
 
 Restoring: the first time a style targets a layer, that layer's original weight is copied to the host once (shared
 by every style), unless the model's own safetensors file holds it bit for bit (a diffusers folder's): then it is read
-back from there with plain reads (FileWeights), for klein-4B with a LoRA on every linear layer was 7.3 GB of copies,
+back from there when needed (file_weights), for klein-4B with a LoRA on every linear layer was 7.3 GB of copies,
 the transformer twice (issue 45); a switch writes `original + scale * alpha/rank * up @ down` (computed in float32
 from the original, rounded once to the weight's dtype) and a switch back copies the original in. So A -> B gives
 exactly the weights none -> B gives, and -> none gives the base weights back bit for bit (tests/test_styles.py
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from neuron_ui.model.footprint import safetensors_header
+from safetensors import safe_open
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class Style:
     @property
     def host_bytes(self) -> int:
         """Host memory of its factors (the original weights it shares with other styles are counted apart)."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.down, layer.up))
+        return sum(t.nbytes for layer in self.layers for t in (layer.down, layer.up))
 
     def describe(self) -> dict:
         """What the status and the API say about it."""
@@ -74,37 +73,16 @@ class Style:
                 "host_mb": round(self.host_bytes / 2**20, 3)}
 
 
-class FileWeights:
-    """A folder's safetensors weights by name, each read when asked with a plain read (nothing kept, nothing mapped
-    into this process, so its resident memory does not count them twice)."""
-
-    DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-
-    def __init__(self, folder: Path):
-        self.where: dict[str, tuple[Path, torch.dtype, list[int], int, int]] = {}
-        for file in sorted(Path(folder).glob("*.safetensors")):
-            data, header = safetensors_header(file)
-            for name, entry in header.items():
-                if name != "__metadata__" and entry["dtype"] in self.DTYPES:
-                    start, end = entry["data_offsets"]
-                    self.where[name] = (file, self.DTYPES[entry["dtype"]], entry["shape"], data + start, end - start)
-
-    def read(self, name: str) -> torch.Tensor | None:
-        if name not in self.where:
-            return None
-        file, dtype, shape, offset, length = self.where[name]
-        data = bytearray(length)
-        with file.open("rb") as opened:
-            opened.seek(offset)
-            opened.readinto(data)
-        return torch.frombuffer(data, dtype=dtype).reshape(shape)
-
-
-def file_weights(transformer: torch.nn.Module) -> FileWeights | None:
-    """The transformer's own safetensors files, where diffusers read it from a folder (its config's _name_or_path)."""
+def file_weights(transformer: torch.nn.Module) -> dict[str, Path]:
+    """Which of the transformer's own safetensors files holds each weight, where diffusers read it from a folder (its
+    config's _name_or_path); empty for a model built in code."""
     config = getattr(transformer, "config", None)
     folder = config.get("_name_or_path") if isinstance(config, dict) else None
-    return FileWeights(Path(folder)) if folder and Path(folder).is_dir() else None
+    where: dict[str, Path] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")) if folder and Path(folder).is_dir() else []:
+        with safe_open(str(file), "pt") as opened:
+            where.update(dict.fromkeys(opened.keys(), file))  # noqa: SIM118 - safe_open is not a dict
+    return where
 
 
 class StyleFuser:
@@ -113,36 +91,39 @@ class StyleFuser:
     Not thread-safe by design of its caller: the engine switches only while it holds the device (between images);
     the lock here only guards against a misuse turning into torn weights."""
 
-    def __init__(self, transformer: torch.nn.Module, files: FileWeights | None = None):
+    def __init__(self, transformer: torch.nn.Module, files: dict[str, Path] | None = None):
         self.transformer = transformer
-        self.files = files  # the weights' own file, where they were read from one (a diffusers folder)
-        self._originals: dict[str, torch.Tensor] = {}  # host copies of the weights a loaded style targets
-        self._on_file: set[str] = set()  # ... or the layers whose file holds them bit for bit
-        self._fused: dict[str, float] = {}  # layers holding a delta now
+        self.files = files or {}  # the weights' own files (file_weights), where they were read from a folder
+        self._originals: dict[str, torch.Tensor | None] = {}  # a targeted layer's base: a host copy, None: on file
+        self._fused: set[str] = set()  # layers holding a delta now
         self.current: tuple[str | None, float] = (None, 0.0)
         self._lock = threading.Lock()
 
     @property
     def host_bytes(self) -> int:
         """Host memory of the original weights kept to restore from."""
-        return sum(t.numel() * t.element_size() for t in self._originals.values())
+        return sum(t.nbytes for t in self._originals.values() if t is not None)
 
     def keep_originals(self, style: Style) -> None:
         """Once for each weight this style targets, the base a restore comes back to: its file, where that holds it
         bit for bit, else a copy on the host."""
         with torch.no_grad():
-            for layer in style.layers:
-                if layer.module not in self._originals and layer.module not in self._on_file:
-                    weight = self._weight(layer.module)
-                    read = self.files.read(f"{layer.module}.weight") if self.files else None
-                    if read is not None and read.shape == weight.shape and torch.equal(read.to(weight), weight):
-                        self._on_file.add(layer.module)
-                    else:
-                        self._originals[layer.module] = weight.detach().to("cpu", copy=True)
+            for module in [layer.module for layer in style.layers if layer.module not in self._originals]:
+                weight = self._weight(module)
+                read = self._read(module) if f"{module}.weight" in self.files else None
+                on_file = read is not None and read.shape == weight.shape and torch.equal(read.to(weight), weight)
+                self._originals[module] = None if on_file else weight.detach().to("cpu", copy=True)
+
+    def _read(self, module: str) -> torch.Tensor:
+        """A weight from its file: nothing kept, and the file mapped into this process only while it is read, so
+        its resident memory does not count the weights twice."""
+        name = f"{module}.weight"
+        with safe_open(str(self.files[name]), "pt") as opened:
+            return opened.get_tensor(name)
 
     def _original(self, module: str, like: torch.Tensor) -> torch.Tensor:
-        read = self.files.read(f"{module}.weight") if module in self._on_file and self.files else None
-        return (read if read is not None else self._originals[module]).to(like)
+        kept = self._originals[module]
+        return (kept if kept is not None else self._read(module)).to(like)
 
     def use(self, style: Style | None, strength: float) -> float:
         """Fuse `style` at `strength` (None: the base weights); seconds spent, 0 when it was already fused."""
@@ -156,12 +137,12 @@ class StyleFuser:
                 for module in [m for m in self._fused if m not in targets]:
                     weight = self._weight(module)
                     weight.copy_(self._original(module, weight))
-                    del self._fused[module]
+                    self._fused.discard(module)
                 for module, layer in targets.items():
                     weight = self._weight(module)
                     base = self._original(module, weight) if module in self._fused else weight
                     weight.copy_(layer.delta(weight.device, strength).add_(base))  # one float32 layer at a time
-                    self._fused[module] = strength
+                    self._fused.add(module)
             self.current = wanted
             seconds = time.perf_counter() - start
         logger.info("style %s at %g fused in %.3f s", wanted[0] or "none", wanted[1], seconds)
