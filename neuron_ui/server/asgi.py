@@ -1,5 +1,5 @@
 """ASGI plumbing for the gate: read, bound and replay a request's body, refuse in one JSON line, and the response's
-send that cuts the server's file folder from what it sends and gives empty errors a message."""
+send that cuts the server's file folder from what it sends, gives empty errors a message and tells the gate's counts."""
 
 from __future__ import annotations
 
@@ -87,33 +87,27 @@ def fill_empty_errors(body: bytes) -> bytes:
             .replace(b'"output":{"error":null', b'"output":{"error":' + line))
 
 
-def until_sent(send: Send) -> Send:
-    """A send whose answer ends only once its bytes have left the process: its last piece goes as a piece, then an
-    empty end. uvicorn (0.55, httptools_impl and h11_impl `send`) writes a piece into the connection's buffer at once
-    and waits, before the next message, until a buffer above its high-water mark (64 KiB) has drained into the
+class Outbound:
+    """The ASGI send of one response: the file folder cut from paths (`rewrite`), empty errors given a message; for
+    the gate, whether it started and ended, `on_start` told when it starts, and a 200's body kept (`keep`: an upload's
+    answer, the list of files it wrote).
+
+    With `until_sent` the answer ends only once its bytes have left the process: its last piece goes as a piece, then
+    an empty end. uvicorn (0.55, httptools_impl and h11_impl `send`) writes a piece into the connection's buffer at
+    once and waits, before the next message, until a buffer above its high-water mark (64 KiB) has drained into the
     socket; so the end waits for a client that reads nothing, and the gate's count of open downloads holds the last
     piece too (without it a stalled reader kept up to a whole piece, uncounted, after the answer had ended)."""
 
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.body" and message.get("body") and not message.get("more_body"):
-            await send({**message, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        else:
-            await send(message)
-
-    return sending
-
-
-class Outbound:
-    """The ASGI send of one response: the file folder cut from paths, empty errors given a message."""
-
-    def __init__(self, send: Send, files_prefix: str, rewrite: bool):
+    def __init__(self, send: Send, files_prefix: str, rewrite: bool, until_sent: bool = False, keep: bool = False,
+                 on_start: Callable[[], None] | None = None):
         self.send = send
         self.cut = files_prefix.encode()
         self.rewrite = rewrite
+        self.until_sent = until_sent
+        self.kept: list[bytes] | None = [] if keep else None
+        self.on_start = on_start
         self.started = False
         self.finished = False  # the last body was sent: the response ended on the server's side
-        self.on_start: Callable[[], None] | None = None
         self._start: Message | None = None
         self._held: list[bytes] = []
 
@@ -126,6 +120,8 @@ class Outbound:
             if self.rewrite or message["status"] >= 400:  # the length may change
                 headers = [(k, v) for k, v in headers if k != b"content-length"]
             self._start = {**message, "headers": headers}
+            if message["status"] != 200:
+                self.kept = None
             if message["status"] < 400:
                 await self.send(self._start)
             return
@@ -139,7 +135,9 @@ class Outbound:
         if self.rewrite:
             body = fill_empty_errors(body.replace(self.cut, b""))
         if start["status"] < 400:
-            await self.send({**message, "body": body})
+            if self.kept is not None:
+                self.kept.append(body)
+            await self._body({**message, "body": body})
             return
         self._held.append(body)  # an error: small; held whole so an empty one can be given a message
         if message.get("more_body"):
@@ -150,7 +148,21 @@ class Outbound:
             start = {**start, "headers": [(k, v) for k, v in start["headers"] if k != b"content-type"]
                      + [(b"content-type", b"application/json")]}
         await self.send({**start, "headers": start["headers"] + [(b"content-length", str(len(body)).encode())]})
-        await self.send({"type": "http.response.body", "body": body})
+        await self._body({"type": "http.response.body", "body": body})
+
+    async def _body(self, message: Message) -> None:
+        if self.until_sent and message.get("body") and not message.get("more_body"):
+            await self.send({**message, "more_body": True})
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
+        await self.send(message)
+
+    def listed(self) -> int:
+        """How many items the kept answer lists (an upload's files): 0 for any other answer."""
+        try:
+            written = json.loads(b"".join(self.kept)) if self.kept is not None else []
+        except ValueError:
+            return 0
+        return len(written) if isinstance(written, list) else 0
 
 
 @dataclass(eq=False)

@@ -10,7 +10,7 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
 
 So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
 queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
-route but the login page's (doors.py), bounds the JSON it reads (asgi.parse_json) and the files it sends at once
+route but the login page's (doors.py), bounds the JSON it reads (asgi.read_json) and the files it sends at once
 (--max-downloads: a client that asks for a file and reads none holds about two of its 1 MiB pieces, the one in the
 connection's buffer and the next, for as long as it stays connected), gives every error a one-line message, and
 keeps the server's file folder out of what it sends (a relative `file=` path is read inside that folder, so
@@ -31,7 +31,6 @@ import json
 import logging
 import re
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import parse_qs
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse
@@ -50,16 +49,13 @@ from neuron_ui.server.asgi import (
     Send,
     read_json,
     replay,
-    until_sent,
 )
 from neuron_ui.server.doors import (
     DOWNLOADS,
-    EVENT_RESULT,
     FILE_ROUTES,
     FileDoors,
-    UploadAnswer,
+    check_login,
     check_route,
-    open_without_login,
 )
 from neuron_ui.web import gradio_bridge
 from neuron_ui.web.gradio_mount import Mounted
@@ -79,7 +75,6 @@ NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
 UPLOAD = "/gradio_api/upload"
 CANCEL = "/gradio_api/cancel"
-EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
@@ -106,7 +101,7 @@ class Gate:
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
-        self.downloading = 0  # files being sent: until their last byte has left the process (asgi.until_sent)
+        self.downloading = 0  # files being sent: until their last byte has left the process (asgi.Outbound)
         self.files = FileDoors(server.stored, server.uploads)
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
@@ -127,15 +122,14 @@ class Gate:
         if mounted is None:
             await HTMLResponse(LOADING_PAGE, 503, {"retry-after": "5"})(scope, receive, send)
             return
-        upload: UploadAnswer | None = None
+        upload: int | None = None  # an upload's length, admitted
         download = method in ("GET", "HEAD") and path.startswith(DOWNLOADS)
         try:
             if self.server.draining and method == "POST" and NEW_WORK.match(path):
                 raise Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),))
-            if self.server.settings.auth and not open_without_login(path, method) and not (
-                    mounted.logged_in(scope)):  # the login Gradio issued: its cookie
-                raise Refusal(401, "Not authenticated")
-            check_route(scope, mounted.demo)
+            if auth := self.server.settings.auth:
+                check_login(scope, auth, mounted)
+            stream = check_route(scope, mounted.demo)  # an event stream's work, as (session, event)
             scope = self.files.file_route(scope)
             if download and self.downloading >= (most := self.server.settings.max_downloads):
                 raise Refusal(503, f"{most} files are being sent, this server's limit (--max-downloads): try again "
@@ -151,17 +145,13 @@ class Gate:
             path in ("/config", "/config/"))
         if rewrite:  # API answers are not compressed, so Outbound can read what it sends
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
-        if upload is not None:
-            send = upload.watch(send)
-        if download:  # held until its bytes have left the process: a reader that reads none holds one piece
-            self.downloading += 1
-            send = until_sent(send)
-        send = Outbound(send, self.server.stored.prefix, rewrite)
-        if method == "GET" and (watched := streamed_work(scope, mounted)):
-            receive = stop_on_disconnect(receive, send, mounted.stops, *watched)
-        if device:
-            self.admitting += 1
-            send.on_start = self._admitted
+        self.downloading += download
+        self.admitting += device
+        # a download held until its bytes have left the process: a reader that reads none holds one piece
+        send = Outbound(send, self.server.stored.prefix, rewrite, until_sent=download, keep=upload is not None,
+                        on_start=self._admitted if device else None)
+        if method == "GET" and stream:
+            receive = stop_on_disconnect(receive, send, mounted.stops, *stream)
         try:
             await self.app(scope, receive, send)
         except ClientDisconnect:
@@ -173,10 +163,9 @@ class Gate:
         finally:
             if device and not send.started:
                 self._admitted()
-            if download:
-                self.downloading -= 1
+            self.downloading -= download
             if upload is not None:
-                self.server.uploads.done(upload.length, upload.files())
+                self.server.uploads.done(upload, send.listed())
 
     def _admitted(self) -> None:
         self.admitting -= 1
@@ -235,20 +224,14 @@ class Gate:
         session = data.get("session_hash")
         if session is not None and not (isinstance(session, str) and session):  # "" broke Gradio's queue: a 500
             raise Refusal(422, "session_hash must be a non-empty string, or left out")
-        if by_name and name and (problem := gradio_bridge.keyword_problem(demo, name, data)):
-            raise Refusal(422, problem)
-        if name is None:
-            index = data.get("fn_index")
-            if not isinstance(index, int) or isinstance(index, bool):
-                return checked, False  # Gradio's own validation names the field
-            if fn is None:
+        if fn is None:  # Gradio's own validation names a fn_index that is not a number
+            if name is None and isinstance(index := data.get("fn_index"), int) and not isinstance(index, bool):
                 raise Refusal(404, f"there is no function {index}")
-        if fn is None:
             return checked, False
         given = data.get("data")
-        if isinstance(given, list) and (problem := gradio_bridge.arity_problem(fn, len(given))):
-            raise Refusal(422, problem)
-        if problem := values.call_problem(mounted.gradio_app, fn, checked, by_name):
+        if problem := ((name and by_name and gradio_bridge.keyword_problem(demo, name, data))
+                       or (isinstance(given, list) and gradio_bridge.arity_problem(fn, len(given)))
+                       or values.call_problem(mounted.gradio_app, fn, checked, by_name)):
             raise Refusal(422, problem)
         if fn.concurrency_id != gradio_bridge.DEVICE:  # its events wait for the device
             return checked, False
@@ -270,18 +253,6 @@ async def stop_cancelled(data: object, stops: SessionStops) -> object:
     stops.stop(session, stopping.StopReason.CANCELLED, event_id)
     await gradio_bridge.cancel_event_task(session, fn_index, event_id)
     return {**data, "fn_index": gradio_bridge.NO_FUNCTION}
-
-
-def streamed_work(scope: dict, mounted: Mounted) -> tuple[str, str | None] | None:
-    """The work an event stream carries, as (session, event): the page's /queue/data all of its session's (event
-    None), a raw call's /call/<name>/<event_id> its one event; None for any other request."""
-    if scope["path"] == EVENT_STREAM:
-        session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
-        return (session, None) if session else None
-    if not (named := EVENT_RESULT.match(scope["path"])):
-        return None
-    session = gradio_bridge.event_session(mounted.demo, named.group(1))
-    return (session, named.group(1)) if session else None
 
 
 def stop_on_disconnect(receive: Receive, send: Outbound, stops: SessionStops, session: str,

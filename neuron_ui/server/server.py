@@ -9,11 +9,8 @@ No torch here.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
-import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
@@ -30,6 +27,7 @@ from starlette.routing import Route
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.admission import Admission
+from neuron_ui.server.doors import basic_auth_ok
 from neuron_ui.server.gate import SHUTTING_DOWN, Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.web import gradio_bridge, gradio_mount
@@ -83,7 +81,7 @@ class Server:
         if settings.mcp:
             from neuron_ui.server.mcp import McpEndpoint  # only with --mcp: the `mcp` package
 
-            self.mcp = McpEndpoint(settings, self.admission, self._logged_in)
+            self.mcp = McpEndpoint(settings, self.admission)
         self.app = self._build_app()
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=3)
@@ -129,13 +127,6 @@ class Server:
         if self.mcp is not None:  # before Gradio's mount at /, which would answer these paths itself
             app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)
         return app
-
-    def _logged_in(self, scope: dict) -> bool:
-        """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        auth = self.settings.auth
-        return (auth is not None and basic_auth_ok(header, auth)) or (
-            self.mounted is not None and self.mounted.logged_in(scope))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -228,15 +219,3 @@ class Server:
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
-
-
-def basic_auth_ok(header: str | None, auth: tuple[str, str]) -> bool:
-    """HTTP Basic credentials, compared in constant time."""
-    scheme, _, encoded = (header or "").partition(" ")
-    if scheme.lower() != "basic":
-        return False
-    try:
-        user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return False
-    return secrets.compare_digest(user, auth[0]) & secrets.compare_digest(password, auth[1])
