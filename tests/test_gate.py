@@ -11,10 +11,9 @@ import pytest
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
-from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import Outbound, Refusal
 from neuron_ui.server.doors import FileDoors
-from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
+from neuron_ui.server.gate import LOADING_PAGE, Admission, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
 
 

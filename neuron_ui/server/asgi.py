@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 # The ASGI types every module of the server names, starlette's, re-exported.
 from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Scope, Send as Send
@@ -29,23 +30,17 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
-async def read_json(receive: Receive) -> tuple[bytes, object]:
+async def read_json(scope: Scope, receive: Receive) -> tuple[bytes, object]:
     """A request body read by the gate, and its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
-    Refusal when it is too big, too deep, or carries a NUL character."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            chunks = []  # the client went away: nothing to check
-            break
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > MAX_JSON_BODY or not message.get("more_body"):
-            break  # an oversized body is cut, and refused
-    body = b"".join(chunks)
-    if len(body) > MAX_JSON_BODY:
-        raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+    Refusal when it is too big (read no further), too deep, or carries a NUL character."""
+    body = b""
+    try:
+        async for piece in Request(scope, receive).stream():
+            body += piece
+            if len(body) > MAX_JSON_BODY:
+                raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+    except ClientDisconnect:
+        body = b""  # the client went away: nothing to check
     try:
         value = json.loads(body)
     except RecursionError:

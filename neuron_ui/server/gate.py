@@ -8,12 +8,12 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
   show_error=False;
 - results name the file's absolute path on the server.
 
-So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
-queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
-route but the login page's (doors.py), bounds the JSON it reads (asgi.read_json) and the files it sends at once
-(--max-downloads: a client that asks for a file and reads none holds about two of its 1 MiB pieces, the one in the
-connection's buffer and the next, for as long as it stays connected), gives every error a one-line message, and
-keeps the server's file folder out of what it sends (a relative `file=` path is read inside that folder, so
+So this gate lets through only the named endpoints (PUBLIC_ENDPOINTS) by name, bounds the device's queue itself
+over every door (Admission; Gradio's own bound is off), refuses new work while the server shuts down, asks for the
+login on every route but the login page's (doors.py), bounds the JSON it reads (asgi.read_json) and the files it
+sends at once (--max-downloads: a client that asks for a file and reads none holds about two of its 1 MiB pieces,
+the one in the connection's buffer and the next, for as long as it stays connected), gives every error a one-line
+message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that folder, so
 gradio_client still downloads the image). Every file a call or the file route names must be one the app stored,
 and uploads stay within their disk budget (doors.py); every value must fit its component before Gradio
 preprocesses it (values.py).
@@ -30,12 +30,16 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse
 
 from neuron_ui.contract import stopping
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.files import ForeignFile
 from neuron_ui.server import values
 from neuron_ui.server.asgi import (
@@ -64,7 +68,6 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.stopping import SessionStops
-    from neuron_ui.server.admission import Admission
     from neuron_ui.web.uploads import UploadFolder
 
 logger = logging.getLogger(__name__)
@@ -80,6 +83,44 @@ SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
+
+
+class Admission:
+    """The one count of the device's work against --max-queue (the one on the device plus those waiting), over every
+    door: Gradio's device events are counted by Gradio's queue (`events`, handed in once the demo is mounted), the
+    MCP tools' calls here while they run (`admitted`); the gate asks `refusal` for a Gradio request before it reaches
+    the queue, with the requests it has let through and Gradio has not queued yet."""
+
+    def __init__(self, max_queue: int, events: Callable[[], int] = lambda: 0):
+        self.max_queue = max_queue
+        self.events = events  # Gradio's device events accepted and not finished (0 until the demo is mounted)
+        self.calls = 0  # MCP's device calls running
+        self._lock = threading.Lock()
+
+    def count(self) -> int:
+        """Device requests accepted and not finished, Gradio's and MCP's."""
+        return self.events() + self.calls
+
+    def refusal(self, arriving: int = 0) -> str | None:
+        """The one line a new request is refused with while the queue is full (`arriving`: let through, not yet
+        counted); None when it may wait."""
+        admitted = self.count() + arriving
+        if admitted > self.max_queue:
+            return f"Queue is full: {admitted - 1} requests are waiting for the device; try again in a moment"
+        return None
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Count one call while it runs; EngineError (one line) when the queue is full."""
+        with self._lock:
+            if (line := self.refusal()) is not None:
+                raise EngineError(line, kind=ErrorKind.QUEUE_FULL)
+            self.calls += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.calls -= 1
 
 
 class GateServer(Protocol):
@@ -187,7 +228,7 @@ class Gate:
                 raise Refusal(404, f"there is no /{name}; this API has {', '.join(f'/{n}' for n in PUBLIC_ENDPOINTS)}")
             if route in ("run", "api"):
                 return receive, False  # Gradio refuses it (api_open=False) and says to join the queue
-        body, data = await read_json(receive)
+        body, data = await read_json(scope, receive)
         if data is NOT_JSON:
             return replay(body, receive), False  # not JSON: Gradio says what is wrong with it
         device = False

@@ -12,7 +12,7 @@ server's mount keeps it off, and this one calls the studio the way the UI does:
 - login: with NEURON_UI_AUTH a request needs HTTP Basic credentials (or the browser's login cookie), else the gate
   answers a 401 in one line (server/doors.py);
 - the queue bound: a device call counts with the Gradio requests against --max-queue ("Queue is full" otherwise),
-  in the server's one count (server/admission.py);
+  in the server's one count (server/gate.py, Admission);
 - fair turns: the caller is a visitor, the logged-in user or else its MCP session;
 - progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
   every second, steps) as MCP progress notifications when the client asks for them;
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.server.admission import Admission
+    from neuron_ui.server.gate import Admission
 
 logger = logging.getLogger(__name__)
 

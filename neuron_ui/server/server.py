@@ -26,9 +26,8 @@ from starlette.routing import Route
 
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.loading import LoadingState
-from neuron_ui.server.admission import Admission
 from neuron_ui.server.doors import basic_auth_ok
-from neuron_ui.server.gate import SHUTTING_DOWN, Gate
+from neuron_ui.server.gate import SHUTTING_DOWN, Admission, Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
@@ -171,15 +170,11 @@ class Server:
         return self
 
     def serve_forever(self) -> bool:
-        """Block until the server stops: Ctrl-C, or drain_requested (SIGTERM), which drains first.
-
-        False when a drain ran out of time with the device still busy (see drain())."""
-        try:  # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
-            while self._thread is not None and self._thread.is_alive() and not self.drain_requested.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            logger.info("interrupted: stopping")
-            return True
+        """Block until the server stops, or drains once drain_requested is set (main.stop_on_signals sets it on
+        SIGTERM and Ctrl-C). False when a drain ran out of time with the device still busy (see drain())."""
+        # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
+        while self._thread is not None and self._thread.is_alive() and not self.drain_requested.wait(0.5):
+            pass
         return self.drain() if self.drain_requested.is_set() else True
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
