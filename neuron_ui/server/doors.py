@@ -24,7 +24,6 @@ import binascii
 import os
 import re
 import secrets
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -123,71 +122,67 @@ def check_route(scope: dict, demo: gr.Blocks) -> tuple[str, str | None] | None:
     return session, named.group(1)
 
 
-@dataclass(frozen=True)
-class FileDoors:
-    """File checks for the Gate: `stored` is the rule for every file a request names, `uploads` the uploads' budget."""
+def full_paths(stored: StoredFiles, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
+    """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
 
-    stored: StoredFiles
-    uploads: UploadFolder
+    Where an input takes files (`fn`'s file inputs, by position, or by parameter name for /call/v2) every
+    value must name one of the app's files, in any shape: a path, a FileData with or without "meta", a list,
+    an editor value. Elsewhere a FileData with "meta" (a gallery's selected image) is checked the same way.
+    The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
+    indices = gradio_bridge.file_inputs(fn) if fn is not None else frozenset()
+    if isinstance(data, dict) and by_name:
+        names = gradio_bridge.parameter_names(fn) if fn is not None else []
+        data = {key: paths(stored, value, key in names and names.index(key) in indices) for key, value in data.items()}
+    elif isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = {**data, "data": [paths(stored, value, index in indices) for index, value in enumerate(data["data"])]}
+    return paths(stored, data, False)
 
-    def full_paths(self, data: object, fn: BlockFunction | None = None, by_name: bool = False) -> object:
-        """Every file a call names, as its full path on the server, or ForeignFile before anything is read.
 
-        Where an input takes files (`fn`'s file inputs, by position, or by parameter name for /call/v2) every
-        value must name one of the app's files, in any shape: a path, a FileData with or without "meta", a list,
-        an editor value. Elsewhere a FileData with "meta" (a gallery's selected image) is checked the same way.
-        The browser sends back the relative paths Outbound gave it; Gradio wants the path on the server."""
-        indices = gradio_bridge.file_inputs(fn) if fn is not None else frozenset()
-        if isinstance(data, dict) and by_name:
-            names = gradio_bridge.parameter_names(fn) if fn is not None else []
-            data = {key: self.paths(value, key in names and names.index(key) in indices) for key, value in data.items()}
-        elif isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = {**data, "data": [self.paths(value, index in indices) for index, value in enumerate(data["data"])]}
-        return self.paths(data, False)
+def file_route(stored: StoredFiles, scope: dict) -> dict:
+    """A request on a file route names one of the app's files, or is refused (Refusal) before Gradio sees it: a
+    relative name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one
+    must lie in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes
+    is served. Gradio then checks the file itself (links resolved)."""
+    path = scope["path"]
+    route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
+    if route is None:
+        return scope
+    name = path[len(route):]
+    try:
+        full = stored.resolve(name)
+    except ForeignFile:
+        raise Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app") from None
+    folder, _, rest = full[len(stored.prefix):].partition(os.sep)
+    if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
+        raise Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
+    routed = FILE_ROUTES[0] + full
+    return {**scope, "path": routed, "raw_path": routed.encode()}
 
-    def file_route(self, scope: dict) -> dict:
-        """A request on a file route names one of the app's files, or is refused (Refusal) before Gradio sees it: a
-        relative name is read inside the server's folder (the prefix asgi.Outbound cut from answers), an absolute one
-        must lie in it too ('..' folded first), and in the images' folders (web/files.py) only a name the store makes
-        is served. Gradio then checks the file itself (links resolved)."""
-        path = scope["path"]
-        route = next((r for r in FILE_ROUTES if path.startswith(r)), None)
-        if route is None:
-            return scope
-        name = path[len(route):]
-        try:
-            full = self.stored.resolve(name)
-        except ForeignFile:
-            raise Refusal(403, f"File not allowed: {name[:80]!r} is not a file of this app") from None
-        folder, _, rest = full[len(self.stored.prefix):].partition(os.sep)
-        if folder.startswith(IMAGES) and rest and not IMAGE_NAME.fullmatch(rest):
-            raise Refusal(403, f"File not allowed: {name[:80]!r} is not an image of this app")
-        routed = FILE_ROUTES[0] + full
-        return {**scope, "path": routed, "raw_path": routed.encode()}
 
-    def paths(self, value: object, as_file: bool) -> object:
-        """A value sent where a file goes (`as_file`): each path in it must be one of the app's files (its retention
-        restarts); elsewhere only a FileData with "meta" is checked. What is not a path the handler refuses."""
-        if isinstance(value, list):
-            return [self.paths(item, as_file) for item in value]
-        if isinstance(value, str) and as_file:
-            return self.stored.use(value)
-        if not isinstance(value, dict):
-            return value  # None, a number, or text where no file goes
-        value = {key: self.paths(item, as_file and key in EDITOR_PARTS) for key, item in value.items()}
-        if "path" in value and as_file:
-            value["path"] = self.stored.use(value["path"])
-        elif "path" in value and isinstance(value.get("meta"), dict):
-            value["path"] = self.stored.resolve(value["path"])
-        return value
+def paths(stored: StoredFiles, value: object, as_file: bool) -> object:
+    """A value sent where a file goes (`as_file`): each path in it must be one of the app's files (its retention
+    restarts); elsewhere only a FileData with "meta" is checked. What is not a path the handler refuses."""
+    if isinstance(value, list):
+        return [paths(stored, item, as_file) for item in value]
+    if isinstance(value, str) and as_file:
+        return stored.use(value)
+    if not isinstance(value, dict):
+        return value  # None, a number, or text where no file goes
+    value = {key: paths(stored, item, as_file and key in EDITOR_PARTS) for key, item in value.items()}
+    if "path" in value and as_file:
+        value["path"] = stored.use(value["path"])
+    elif "path" in value and isinstance(value.get("meta"), dict):
+        value["path"] = stored.resolve(value["path"])
+    return value
 
-    async def admit_upload(self, scope: dict) -> int:
-        """The length of an upload within the budget on disk (web/uploads.py), refused unread past it (Refusal). One
-        without the login never gets here (the gate refuses it first), so it reserves nothing."""
-        declared = Headers(scope=scope).get("content-length", "")  # none, or nonsense (a chunked body): None
-        length = int(declared) if declared.isascii() and declared.isdigit() and len(declared) < 19 else None
-        refused = await asyncio.to_thread(self.uploads.admit, length)
-        if refused is not None:  # no room now: a few minutes frees some
-            raise Refusal(refused.status, refused.message, (("retry-after", "60"),) if refused.status == 507 else ())
-        assert length is not None  # admit refuses an upload that does not say its size
-        return length
+
+async def admit_upload(uploads: UploadFolder, scope: dict) -> int:
+    """The length of an upload within the budget on disk (web/uploads.py), refused unread past it (Refusal). One
+    without the login never gets here (the gate refuses it first), so it reserves nothing."""
+    declared = Headers(scope=scope).get("content-length", "")  # none, or nonsense (a chunked body): None
+    length = int(declared) if declared.isascii() and declared.isdigit() and len(declared) < 19 else None
+    refused = await asyncio.to_thread(uploads.admit, length)
+    if refused is not None:  # no room now: a few minutes frees some
+        raise Refusal(refused.status, refused.message, (("retry-after", "60"),) if refused.status == 507 else ())
+    assert length is not None  # admit refuses an upload that does not say its size
+    return length

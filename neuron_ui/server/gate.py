@@ -57,9 +57,11 @@ from neuron_ui.server.asgi import (
 from neuron_ui.server.doors import (
     DOWNLOADS,
     FILE_ROUTES,
-    FileDoors,
+    admit_upload,
     check_login,
     check_route,
+    file_route,
+    full_paths,
 )
 from neuron_ui.web import gradio_bridge
 from neuron_ui.web.gradio_mount import Mounted
@@ -143,7 +145,6 @@ class Gate:
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
         self.downloading = 0  # files being sent: until their last byte has left the process (asgi.Outbound)
-        self.files = FileDoors(server.stored, server.uploads)
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.server.mounted is None:
@@ -171,13 +172,13 @@ class Gate:
             if auth := self.server.settings.auth:
                 check_login(scope, auth, mounted)
             stream = check_route(scope, mounted.demo)  # an event stream's work, as (session, event)
-            scope = self.files.file_route(scope)
+            scope = file_route(self.server.stored, scope)
             if download and self.downloading >= (most := self.server.settings.max_downloads):
                 raise Refusal(503, f"{most} files are being sent, this server's limit (--max-downloads): try again "
                                    "in a moment", (("retry-after", "5"),))
             receive, device = await self.check_body(scope, receive, mounted)
             if path == UPLOAD and method == "POST":
-                upload = await self.files.admit_upload(scope)
+                upload = await admit_upload(self.server.uploads, scope)
         except Refusal as refusal:
             await refusal(scope, receive, send)
             return
@@ -237,7 +238,7 @@ class Gate:
                 data = await stop_cancelled(data, mounted.stops)
             elif page:  # its files the app's own, its values fit for their components
                 fn = gradio_bridge.called_function(mounted.demo, None, data)
-                data = self.files.full_paths(data, fn)
+                data = full_paths(self.server.stored, data, fn)
                 if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, data, by_name=False)):
                     raise Refusal(422, problem)
             else:
@@ -259,7 +260,7 @@ class Gate:
             data = {**data, "session_hash": mounted.stops.on_behalf(stopped)}
         fn = gradio_bridge.called_function(demo, name, data)
         data = gradio_bridge.with_defaults(data, fn)
-        checked = self.files.full_paths(data, fn, by_name=by_name)
+        checked = full_paths(self.server.stored, data, fn, by_name=by_name)
         if not isinstance(data, dict):
             return checked, False
         session = data.get("session_hash")

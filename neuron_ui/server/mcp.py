@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from mcp import types
 from mcp.server.lowlevel import Server as McpServer
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.datastructures import Headers
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
@@ -86,15 +87,14 @@ class McpEndpoint:
         return [tool.name for tool in mcp_tools.build_tools(engine.status())]
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        opens = not any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
+        opens = "mcp-session-id" not in Headers(scope=scope)
 
         async def make_room_then_send(message: Message) -> None:
             """A request without a session may open one: once it has (its answer names the new session), past
             --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
-            if opens and message["type"] == "http.response.start" and message["status"] < 400:
-                for name, value in message.get("headers", ()):
-                    if name == b"mcp-session-id":
-                        await self.make_room(keep=value.decode())
+            if opens and message["type"] == "http.response.start" and message["status"] < 400 and (
+                    opened := Headers(raw=message.get("headers", [])).get("mcp-session-id")):
+                await self.make_room(keep=opened)
             await send(message)
 
         await self.manager.handle_request(scope, receive, make_room_then_send)
