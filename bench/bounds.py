@@ -52,8 +52,7 @@ from neuron_ui.contract.requests import MAX_PROMPT_CHARS
 from neuron_ui.contract.results import GenerateResult, StepPreview
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.model.runner import EMBEDS_BYTES
-from neuron_ui.server.admission import Admission
-from neuron_ui.server.gate import Gate
+from neuron_ui.server.gate import Admission, Gate
 from neuron_ui.studio.grid_jobs import run_grid
 from neuron_ui.studio.grid_plan import DEFAULT_MAX_CELLS, plan_grid
 from neuron_ui.studio.grid_sheet import CellResult, GridResult

@@ -11,10 +11,9 @@ import pytest
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.files import StoredFiles
-from neuron_ui.server.admission import Admission
 from neuron_ui.server.asgi import Outbound, Refusal
-from neuron_ui.server.doors import FileDoors
-from neuron_ui.server.gate import LOADING_PAGE, Gate, GateServer, Mounted
+from neuron_ui.server.doors import admit_upload, file_route
+from neuron_ui.server.gate import LOADING_PAGE, Admission, Gate, GateServer, Mounted
 from neuron_ui.web.uploads import UploadFolder
 
 
@@ -72,21 +71,20 @@ def test_the_gate_reads_only_its_doors_while_the_model_loads(tmp_path):
 
 def test_the_file_checks_take_the_stored_files_and_the_upload_budget_alone(tmp_path):
     server = doors(tmp_path, budget=1000)
-    files = FileDoors(server.stored, server.uploads)
     own = {"type": "http", "path": "/gradio_api/file=upload/a.png", "headers": []}
-    assert files.file_route(own)["path"] == f"/gradio_api/file={tmp_path.resolve()}/upload/a.png"
+    assert file_route(server.stored, own)["path"] == f"/gradio_api/file={tmp_path.resolve()}/upload/a.png"
     with pytest.raises(Refusal) as refused:
-        files.file_route({**own, "path": "/gradio_api/file=/etc/passwd"})
+        file_route(server.stored, {**own, "path": "/gradio_api/file=/etc/passwd"})
     assert refused.value.status == 403 and "not a file of this app" in refused.value.message
 
     upload = {"type": "http", "path": "/gradio_api/upload", "headers": [(b"content-length", b"2000")]}
     with pytest.raises(Refusal) as refused:
-        asyncio.run(files.admit_upload(upload))
+        asyncio.run(admit_upload(server.uploads, upload))
     assert refused.value.status == 413  # over the whole budget
-    answer = asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
-    assert answer.length == 600 and server.uploads.used == 600
+    answer = asyncio.run(admit_upload(server.uploads, {**upload, "headers": [(b"content-length", b"600")]}))
+    assert answer == 600 and server.uploads.used == 600
     with pytest.raises(Refusal) as refused:
-        asyncio.run(files.admit_upload({**upload, "headers": [(b"content-length", b"600")]}))
+        asyncio.run(admit_upload(server.uploads, {**upload, "headers": [(b"content-length", b"600")]}))
     assert refused.value.status == 507 and "\n" not in refused.value.message  # full now: one line, to retry later
 
 

@@ -292,7 +292,7 @@ def test_the_session_bounds_come_from_the_settings_not_the_librarys_defaults():
     assert (defaults.mcp_sessions, defaults.mcp_session_idle) == (100, 300.0)
     settings = settings_from_args(build_parser().parse_args(["--mcp-sessions", "3"]),
                                   {"NEURON_UI_MCP_SESSION_IDLE": "7.5"})
-    endpoint = McpEndpoint(settings, lambda: 0, lambda scope: False)
+    endpoint = McpEndpoint(settings, lambda: 0)
     assert (endpoint.manager.session_idle_timeout, endpoint.manager.max_sessions) == (7.5, None)
     assert endpoint.settings.mcp_sessions == 3
     with pytest.raises(ValueError, match="--mcp-sessions must be at least 1"):

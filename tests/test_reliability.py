@@ -36,7 +36,8 @@ from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.main import build_app, parse_settings
 from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.tiny import build_tiny_pipeline
-from neuron_ui.server.server import Server, basic_auth_ok
+from neuron_ui.server.doors import basic_auth_ok
+from neuron_ui.server.server import Server
 from neuron_ui.web.files import ImageStore, private_file_folder
 from neuron_ui.ui.handlers import Handlers
 

@@ -1,5 +1,5 @@
 """ASGI plumbing for the gate: read, bound and replay a request's body, refuse in one JSON line, and the response's
-send that cuts the server's file folder from what it sends and gives empty errors a message."""
+send that cuts the server's file folder from what it sends, gives empty errors a message and tells the gate's counts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 # The ASGI types every module of the server names, starlette's, re-exported.
 from starlette.types import ASGIApp as ASGIApp, Message as Message, Receive as Receive, Scope, Send as Send
@@ -29,23 +30,17 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
-async def read_json(receive: Receive) -> tuple[bytes, object]:
+async def read_json(scope: Scope, receive: Receive) -> tuple[bytes, object]:
     """A request body read by the gate, and its value (NOT_JSON when it is not JSON: Gradio then says what is wrong);
-    Refusal when it is too big, too deep, or carries a NUL character."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            chunks = []  # the client went away: nothing to check
-            break
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > MAX_JSON_BODY or not message.get("more_body"):
-            break  # an oversized body is cut, and refused
-    body = b"".join(chunks)
-    if len(body) > MAX_JSON_BODY:
-        raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+    Refusal when it is too big (read no further), too deep, or carries a NUL character."""
+    body = b""
+    try:
+        async for piece in Request(scope, receive).stream():
+            body += piece
+            if len(body) > MAX_JSON_BODY:
+                raise Refusal(413, f"the request body is over {MAX_JSON_BODY >> 20} MB")
+    except ClientDisconnect:
+        body = b""  # the client went away: nothing to check
     try:
         value = json.loads(body)
     except RecursionError:
@@ -87,33 +82,27 @@ def fill_empty_errors(body: bytes) -> bytes:
             .replace(b'"output":{"error":null', b'"output":{"error":' + line))
 
 
-def until_sent(send: Send) -> Send:
-    """A send whose answer ends only once its bytes have left the process: its last piece goes as a piece, then an
-    empty end. uvicorn (0.55, httptools_impl and h11_impl `send`) writes a piece into the connection's buffer at once
-    and waits, before the next message, until a buffer above its high-water mark (64 KiB) has drained into the
+class Outbound:
+    """The ASGI send of one response: the file folder cut from paths (`rewrite`), empty errors given a message; for
+    the gate, whether it started and ended, `on_start` told when it starts, and a 200's body kept (`keep`: an upload's
+    answer, the list of files it wrote).
+
+    With `until_sent` the answer ends only once its bytes have left the process: its last piece goes as a piece, then
+    an empty end. uvicorn (0.55, httptools_impl and h11_impl `send`) writes a piece into the connection's buffer at
+    once and waits, before the next message, until a buffer above its high-water mark (64 KiB) has drained into the
     socket; so the end waits for a client that reads nothing, and the gate's count of open downloads holds the last
     piece too (without it a stalled reader kept up to a whole piece, uncounted, after the answer had ended)."""
 
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.body" and message.get("body") and not message.get("more_body"):
-            await send({**message, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        else:
-            await send(message)
-
-    return sending
-
-
-class Outbound:
-    """The ASGI send of one response: the file folder cut from paths, empty errors given a message."""
-
-    def __init__(self, send: Send, files_prefix: str, rewrite: bool):
+    def __init__(self, send: Send, files_prefix: str, rewrite: bool, until_sent: bool = False, keep: bool = False,
+                 on_start: Callable[[], None] | None = None):
         self.send = send
         self.cut = files_prefix.encode()
         self.rewrite = rewrite
+        self.until_sent = until_sent
+        self.kept: list[bytes] | None = [] if keep else None
+        self.on_start = on_start
         self.started = False
         self.finished = False  # the last body was sent: the response ended on the server's side
-        self.on_start: Callable[[], None] | None = None
         self._start: Message | None = None
         self._held: list[bytes] = []
 
@@ -126,6 +115,8 @@ class Outbound:
             if self.rewrite or message["status"] >= 400:  # the length may change
                 headers = [(k, v) for k, v in headers if k != b"content-length"]
             self._start = {**message, "headers": headers}
+            if message["status"] != 200:
+                self.kept = None
             if message["status"] < 400:
                 await self.send(self._start)
             return
@@ -139,7 +130,9 @@ class Outbound:
         if self.rewrite:
             body = fill_empty_errors(body.replace(self.cut, b""))
         if start["status"] < 400:
-            await self.send({**message, "body": body})
+            if self.kept is not None:
+                self.kept.append(body)
+            await self._body({**message, "body": body})
             return
         self._held.append(body)  # an error: small; held whole so an empty one can be given a message
         if message.get("more_body"):
@@ -150,7 +143,21 @@ class Outbound:
             start = {**start, "headers": [(k, v) for k, v in start["headers"] if k != b"content-type"]
                      + [(b"content-type", b"application/json")]}
         await self.send({**start, "headers": start["headers"] + [(b"content-length", str(len(body)).encode())]})
-        await self.send({"type": "http.response.body", "body": body})
+        await self._body({"type": "http.response.body", "body": body})
+
+    async def _body(self, message: Message) -> None:
+        if self.until_sent and message.get("body") and not message.get("more_body"):
+            await self.send({**message, "more_body": True})
+            message = {"type": "http.response.body", "body": b"", "more_body": False}
+        await self.send(message)
+
+    def listed(self) -> int:
+        """How many items the kept answer lists (an upload's files): 0 for any other answer."""
+        try:
+            written = json.loads(b"".join(self.kept)) if self.kept is not None else []
+        except ValueError:
+            return 0
+        return len(written) if isinstance(written, list) else 0
 
 
 @dataclass(eq=False)

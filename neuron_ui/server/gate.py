@@ -8,12 +8,12 @@ Gradio 6.31 mounts more than this app uses, and some of it is open wider than we
   show_error=False;
 - results name the file's absolute path on the server.
 
-So this gate lets through only the named endpoints (generate, warmup, status, stop) by name, bounds the device's
-queue itself (Gradio's own bound is off), refuses new work while the server shuts down, asks for the login on every
-route but the login page's (doors.py), bounds the JSON it reads (asgi.parse_json) and the files it sends at once
-(--max-downloads: a client that asks for a file and reads none holds about two of its 1 MiB pieces, the one in the
-connection's buffer and the next, for as long as it stays connected), gives every error a one-line message, and
-keeps the server's file folder out of what it sends (a relative `file=` path is read inside that folder, so
+So this gate lets through only the named endpoints (PUBLIC_ENDPOINTS) by name, bounds the device's queue itself
+over every door (Admission; Gradio's own bound is off), refuses new work while the server shuts down, asks for the
+login on every route but the login page's (doors.py), bounds the JSON it reads (asgi.read_json) and the files it
+sends at once (--max-downloads: a client that asks for a file and reads none holds about two of its 1 MiB pieces,
+the one in the connection's buffer and the next, for as long as it stays connected), gives every error a one-line
+message, and keeps the server's file folder out of what it sends (a relative `file=` path is read inside that folder, so
 gradio_client still downloads the image). Every file a call or the file route names must be one the app stored,
 and uploads stay within their disk budget (doors.py); every value must fit its component before Gradio
 preprocesses it (values.py).
@@ -30,13 +30,16 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import parse_qs
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse
 
 from neuron_ui.contract import stopping
+from neuron_ui.contract.errors import EngineError, ErrorKind
 from neuron_ui.contract.files import ForeignFile
 from neuron_ui.server import values
 from neuron_ui.server.asgi import (
@@ -50,16 +53,15 @@ from neuron_ui.server.asgi import (
     Send,
     read_json,
     replay,
-    until_sent,
 )
 from neuron_ui.server.doors import (
     DOWNLOADS,
-    EVENT_RESULT,
     FILE_ROUTES,
-    FileDoors,
-    UploadAnswer,
+    admit_upload,
+    check_login,
     check_route,
-    open_without_login,
+    file_route,
+    full_paths,
 )
 from neuron_ui.web import gradio_bridge
 from neuron_ui.web.gradio_mount import Mounted
@@ -68,7 +70,6 @@ if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.files import StoredFiles
     from neuron_ui.contract.stopping import SessionStops
-    from neuron_ui.server.admission import Admission
     from neuron_ui.web.uploads import UploadFolder
 
 logger = logging.getLogger(__name__)
@@ -79,12 +80,49 @@ NAMED_CALL = re.compile(r"^/gradio_api/(call/v2|call|run|api)/([^/]+)/?$")
 QUEUE_JOIN = "/gradio_api/queue/join"
 UPLOAD = "/gradio_api/upload"
 CANCEL = "/gradio_api/cancel"
-EVENT_STREAM = "/gradio_api/queue/data"  # a session's event stream: browsers and gradio_client
 NEW_WORK = re.compile(r"^/gradio_api/(queue/join|upload|call/.+|run/.+|api/.+)$")
 SHUTTING_DOWN = "the server is shutting down; try again in a moment"
 LOADING_PAGE = """<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>neuron-ui · loading</title></head><body style="font-family:sans-serif;margin:3em">
 <h1>neuron-ui is loading the model…</h1><p>This page reloads itself every 5 seconds.</p></body></html>"""
+
+
+class Admission:
+    """The one count of the device's work against --max-queue (the one on the device plus those waiting), over every
+    door: Gradio's device events are counted by Gradio's queue (`events`, handed in once the demo is mounted), the
+    MCP tools' calls here while they run (`admitted`); the gate asks `refusal` for a Gradio request before it reaches
+    the queue, with the requests it has let through and Gradio has not queued yet."""
+
+    def __init__(self, max_queue: int, events: Callable[[], int] = lambda: 0):
+        self.max_queue = max_queue
+        self.events = events  # Gradio's device events accepted and not finished (0 until the demo is mounted)
+        self.calls = 0  # MCP's device calls running
+        self._lock = threading.Lock()
+
+    def count(self) -> int:
+        """Device requests accepted and not finished, Gradio's and MCP's."""
+        return self.events() + self.calls
+
+    def refusal(self, arriving: int = 0) -> str | None:
+        """The one line a new request is refused with while the queue is full (`arriving`: let through, not yet
+        counted); None when it may wait."""
+        admitted = self.count() + arriving
+        if admitted > self.max_queue:
+            return f"Queue is full: {admitted - 1} requests are waiting for the device; try again in a moment"
+        return None
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Count one call while it runs; EngineError (one line) when the queue is full."""
+        with self._lock:
+            if (line := self.refusal()) is not None:
+                raise EngineError(line, kind=ErrorKind.QUEUE_FULL)
+            self.calls += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.calls -= 1
 
 
 class GateServer(Protocol):
@@ -106,8 +144,7 @@ class Gate:
         self.app = app
         self.server = server
         self.admitting = 0  # requests for the device let through and not yet in Gradio's queue
-        self.downloading = 0  # files being sent: until their last byte has left the process (asgi.until_sent)
-        self.files = FileDoors(server.stored, server.uploads)
+        self.downloading = 0  # files being sent: until their last byte has left the process (asgi.Outbound)
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.server.mounted is None:
@@ -127,22 +164,21 @@ class Gate:
         if mounted is None:
             await HTMLResponse(LOADING_PAGE, 503, {"retry-after": "5"})(scope, receive, send)
             return
-        upload: UploadAnswer | None = None
+        upload: int | None = None  # an upload's length, admitted
         download = method in ("GET", "HEAD") and path.startswith(DOWNLOADS)
         try:
             if self.server.draining and method == "POST" and NEW_WORK.match(path):
                 raise Refusal(503, SHUTTING_DOWN, (("retry-after", "5"),))
-            if self.server.settings.auth and not open_without_login(path, method) and not (
-                    mounted.logged_in(scope)):  # the login Gradio issued: its cookie
-                raise Refusal(401, "Not authenticated")
-            check_route(scope, mounted.demo)
-            scope = self.files.file_route(scope)
+            if auth := self.server.settings.auth:
+                check_login(scope, auth, mounted)
+            stream = check_route(scope, mounted.demo)  # an event stream's work, as (session, event)
+            scope = file_route(self.server.stored, scope)
             if download and self.downloading >= (most := self.server.settings.max_downloads):
                 raise Refusal(503, f"{most} files are being sent, this server's limit (--max-downloads): try again "
                                    "in a moment", (("retry-after", "5"),))
             receive, device = await self.check_body(scope, receive, mounted)
             if path == UPLOAD and method == "POST":
-                upload = await self.files.admit_upload(scope)
+                upload = await admit_upload(self.server.uploads, scope)
         except Refusal as refusal:
             await refusal(scope, receive, send)
             return
@@ -151,17 +187,13 @@ class Gate:
             path in ("/config", "/config/"))
         if rewrite:  # API answers are not compressed, so Outbound can read what it sends
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"accept-encoding"]}
-        if upload is not None:
-            send = upload.watch(send)
-        if download:  # held until its bytes have left the process: a reader that reads none holds one piece
-            self.downloading += 1
-            send = until_sent(send)
-        send = Outbound(send, self.server.stored.prefix, rewrite)
-        if method == "GET" and (watched := streamed_work(scope, mounted)):
-            receive = stop_on_disconnect(receive, send, mounted.stops, *watched)
-        if device:
-            self.admitting += 1
-            send.on_start = self._admitted
+        self.downloading += download
+        self.admitting += device
+        # a download held until its bytes have left the process: a reader that reads none holds one piece
+        send = Outbound(send, self.server.stored.prefix, rewrite, until_sent=download, keep=upload is not None,
+                        on_start=self._admitted if device else None)
+        if method == "GET" and stream:
+            receive = stop_on_disconnect(receive, send, mounted.stops, *stream)
         try:
             await self.app(scope, receive, send)
         except ClientDisconnect:
@@ -173,10 +205,9 @@ class Gate:
         finally:
             if device and not send.started:
                 self._admitted()
-            if download:
-                self.downloading -= 1
+            self.downloading -= download
             if upload is not None:
-                self.server.uploads.done(upload.length, upload.files())
+                self.server.uploads.done(upload, send.listed())
 
     def _admitted(self) -> None:
         self.admitting -= 1
@@ -198,7 +229,7 @@ class Gate:
                 raise Refusal(404, f"there is no /{name}; this API has {', '.join(f'/{n}' for n in PUBLIC_ENDPOINTS)}")
             if route in ("run", "api"):
                 return receive, False  # Gradio refuses it (api_open=False) and says to join the queue
-        body, data = await read_json(receive)
+        body, data = await read_json(scope, receive)
         if data is NOT_JSON:
             return replay(body, receive), False  # not JSON: Gradio says what is wrong with it
         device = False
@@ -207,7 +238,7 @@ class Gate:
                 data = await stop_cancelled(data, mounted.stops)
             elif page:  # its files the app's own, its values fit for their components
                 fn = gradio_bridge.called_function(mounted.demo, None, data)
-                data = self.files.full_paths(data, fn)
+                data = full_paths(self.server.stored, data, fn)
                 if fn is not None and (problem := values.call_problem(mounted.gradio_app, fn, data, by_name=False)):
                     raise Refusal(422, problem)
             else:
@@ -229,26 +260,20 @@ class Gate:
             data = {**data, "session_hash": mounted.stops.on_behalf(stopped)}
         fn = gradio_bridge.called_function(demo, name, data)
         data = gradio_bridge.with_defaults(data, fn)
-        checked = self.files.full_paths(data, fn, by_name=by_name)
+        checked = full_paths(self.server.stored, data, fn, by_name=by_name)
         if not isinstance(data, dict):
             return checked, False
         session = data.get("session_hash")
         if session is not None and not (isinstance(session, str) and session):  # "" broke Gradio's queue: a 500
             raise Refusal(422, "session_hash must be a non-empty string, or left out")
-        if by_name and name and (problem := gradio_bridge.keyword_problem(demo, name, data)):
-            raise Refusal(422, problem)
-        if name is None:
-            index = data.get("fn_index")
-            if not isinstance(index, int) or isinstance(index, bool):
-                return checked, False  # Gradio's own validation names the field
-            if fn is None:
+        if fn is None:  # Gradio's own validation names a fn_index that is not a number
+            if name is None and isinstance(index := data.get("fn_index"), int) and not isinstance(index, bool):
                 raise Refusal(404, f"there is no function {index}")
-        if fn is None:
             return checked, False
         given = data.get("data")
-        if isinstance(given, list) and (problem := gradio_bridge.arity_problem(fn, len(given))):
-            raise Refusal(422, problem)
-        if problem := values.call_problem(mounted.gradio_app, fn, checked, by_name):
+        if problem := ((name and by_name and gradio_bridge.keyword_problem(demo, name, data))
+                       or (isinstance(given, list) and gradio_bridge.arity_problem(fn, len(given)))
+                       or values.call_problem(mounted.gradio_app, fn, checked, by_name)):
             raise Refusal(422, problem)
         if fn.concurrency_id != gradio_bridge.DEVICE:  # its events wait for the device
             return checked, False
@@ -270,18 +295,6 @@ async def stop_cancelled(data: object, stops: SessionStops) -> object:
     stops.stop(session, stopping.StopReason.CANCELLED, event_id)
     await gradio_bridge.cancel_event_task(session, fn_index, event_id)
     return {**data, "fn_index": gradio_bridge.NO_FUNCTION}
-
-
-def streamed_work(scope: dict, mounted: Mounted) -> tuple[str, str | None] | None:
-    """The work an event stream carries, as (session, event): the page's /queue/data all of its session's (event
-    None), a raw call's /call/<name>/<event_id> its one event; None for any other request."""
-    if scope["path"] == EVENT_STREAM:
-        session = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
-        return (session, None) if session else None
-    if not (named := EVENT_RESULT.match(scope["path"])):
-        return None
-    session = gradio_bridge.event_session(mounted.demo, named.group(1))
-    return (session, named.group(1)) if session else None
 
 
 def stop_on_disconnect(receive: Receive, send: Outbound, stops: SessionStops, session: str,

@@ -9,10 +9,10 @@ were not provided") and shared by every MCP client (one visitor for all of them)
 dump of Gradio's file record, not as an image; and its progress says only Gradio's queue positions. So the
 server's mount keeps it off, and this one calls the studio the way the UI does:
 
-- login: with NEURON_UI_AUTH a request needs HTTP Basic credentials (or the browser's login cookie), else a 401
-  in one line;
+- login: with NEURON_UI_AUTH a request needs HTTP Basic credentials (or the browser's login cookie), else the gate
+  answers a 401 in one line (server/doors.py);
 - the queue bound: a device call counts with the Gradio requests against --max-queue ("Queue is full" otherwise),
-  in the server's one count (server/admission.py);
+  in the server's one count (server/gate.py, Admission);
 - fair turns: the caller is a visitor, the logged-in user or else its MCP session;
 - progress: the engine's own words (queue place, "compiling 1024x1024 for the first time (about N s)" ticking
   every second, steps) as MCP progress notifications when the client asks for them;
@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING, Any
 from mcp import types
 from mcp.server.lowlevel import Server as McpServer
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.datastructures import Headers
 
 from neuron_ui.contract.errors import EngineError
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.server import mcp_bridge, mcp_tools
-from neuron_ui.server.asgi import Message, Receive, Refusal, Send
+from neuron_ui.server.asgi import Message, Receive, Send
 from neuron_ui.studio.bridge import Bridge, Finished
 from neuron_ui.studio.studio import Asker, Studio
 from neuron_ui.web.errors import public_status, user_message
@@ -50,25 +51,22 @@ if TYPE_CHECKING:
 
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.server.admission import Admission
+    from neuron_ui.server.gate import Admission
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 48 * 2**20  # an inpaint's image and mask as base64: up to the upload limit each
-LOGIN = ("login required: send the NEURON_UI_AUTH user and password as HTTP Basic credentials "
-         "(header Authorization: Basic base64(user:password))")
 SUMMARY_SECONDS = 60.0  # at most one line this often about sessions closed to make room
 ToolArguments = dict[str, Any]  # a tool call's JSON as the client sent it: the studio and the engine check each value
 
 
 class McpEndpoint:
-    """The ASGI app at /gradio_api/mcp/: login, then the MCP session manager. Its `manager.run()` belongs in the
-    server's lifespan; `serve(engine)` once the model is loaded (before, the gate answers "loading")."""
+    """The ASGI app at /gradio_api/mcp/ (behind the gate's login): the MCP session manager. Its `manager.run()`
+    belongs in the server's lifespan; `serve(engine)` once the model is loaded (before, the gate answers "loading")."""
 
-    def __init__(self, settings: Settings, admission: Admission, authorized: Callable[[dict], bool]):
+    def __init__(self, settings: Settings, admission: Admission):
         self.settings = settings
         self.admission = admission  # the server's one count of device work against --max-queue, Gradio's and ours
-        self.authorized = authorized  # the request carries the login (NEURON_UI_AUTH set)
         self.studio: Studio  # what the tools call, from serve(): requests reach them only after (the gate)
         self.server: McpServer = McpServer("neuron-ui", instructions=(
             "An image studio for FLUX.2-klein: call status to see which resolutions are ready, warmup to compile "
@@ -89,18 +87,14 @@ class McpEndpoint:
         return [tool.name for tool in mcp_tools.build_tools(engine.status())]
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if self.settings.auth and not self.authorized(scope):
-            await Refusal(401, LOGIN, (("www-authenticate", 'Basic realm="neuron-ui"'),))(scope, receive, send)
-            return
-        opens = not any(name == b"mcp-session-id" for name, _ in scope.get("headers", ()))
+        opens = "mcp-session-id" not in Headers(scope=scope)
 
         async def make_room_then_send(message: Message) -> None:
             """A request without a session may open one: once it has (its answer names the new session), past
             --mcp-sessions the session idle longest closes, never this one, before the client hears its id."""
-            if opens and message["type"] == "http.response.start" and message["status"] < 400:
-                for name, value in message.get("headers", ()):
-                    if name == b"mcp-session-id":
-                        await self.make_room(keep=value.decode())
+            if opens and message["type"] == "http.response.start" and message["status"] < 400 and (
+                    opened := Headers(raw=message.get("headers", [])).get("mcp-session-id")):
+                await self.make_room(keep=opened)
             await send(message)
 
         await self.manager.handle_request(scope, receive, make_room_then_send)

@@ -92,44 +92,44 @@ def build_tools(status: EngineStatus) -> list[types.Tool]:
     result = ("Returns the PNG as an image and the result as JSON text: seed, resolution, steps, "
               f"{'the style (lora, lora_scale, lora_sha256), ' if styles else ''}timings in seconds "
               f"(compile_seconds, run_seconds, total_seconds, waited_seconds). {CACHE_EVENTS}")
-    return [
-        types.Tool(name="generate", inputSchema=_schema(generate, ["prompt", "resolution"]), description=(
-            f"Make one image from a text prompt with {model}. {sizes} {result} {TURNS}")),
-        types.Tool(name="grid", inputSchema=_schema({"prompt": prompt, "resolution": resolution, **axes},
-                                                    ["prompt", "resolution"]), description=(
+    tools: dict[str, tuple[Mapping[str, Schema], list[str], str]] = {  # name: its inputs, those required, its words
+        "generate": (generate, ["prompt", "resolution"],
+                     f"Make one image from a text prompt with {model}. {sizes} {result} {TURNS}"),
+        "grid": ({"prompt": prompt, "resolution": resolution, **axes}, ["prompt", "resolution"], (
             f"Compare images of one prompt with {model}: a grid along one to three axes ({', '.join(axes)}), at most "
             "the server's --max-grid-cells images (16 by default; more are refused before anything runs), each made "
             "in turn like a generate call (the size compiles once, switching styles never compiles). "
             f"{sizes} Returns one PNG of the cells with the axes labelled (each cell's parameters in its metadata) "
             f"and JSON: cells (each one's parameters, cache_event, seconds) and style_switches. {TURNS}")),
-        types.Tool(name="ab", inputSchema=_schema({"prompt": prompt, "resolution": resolution, "a": side,
-                                                  "b": {**side, "description": f"B's settings: {SETTINGS_WORDS}"}},
-                                                 ["prompt", "resolution", "b"]), description=(
+        "ab": ({"prompt": prompt, "resolution": resolution, "a": side,
+                "b": {**side, "description": f"B's settings: {SETTINGS_WORDS}"}}, ["prompt", "resolution", "b"], (
             f"Compare two images of one prompt with {model}, A and B, that differ in the settings given (e.g. a "
             "\"style=ink\", b \"style=none\"; or b \"seed=4\"); A's unset settings are shared (a random seed, "
             "the model's steps, no style). Bad settings, or a and b alike, are refused before anything runs. "
             f"{sizes} Returns one PNG of A and B side by side, labelled with what differs (each one's parameters in "
             f"its A and B text chunks), and JSON: a and b (each one's parameters, cache_event, seconds) and differs. "
             f"{TURNS}")),
-        types.Tool(name="inpaint", inputSchema=_schema(
-            {"image": picture, "mask": {**picture, "description": "white where the image is redone, black where it "
-                                                                  "is kept; fitted to the image"},
-             "prompt": prompt, "resolution": resolution,
-             "strength": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
-                          "description": "how much of the masked part is redone; omit for 1 (from scratch)"},
-             "steps": steps, "seed": seed, **styles}, ["image", "mask", "prompt", "resolution"]), description=(
+        "inpaint": ({"image": picture, "mask": {**picture, "description": "white where the image is redone, black "
+                                                                          "where it is kept; fitted to the image"},
+                     "prompt": prompt, "resolution": resolution,
+                     "strength": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                                  "description": "how much of the masked part is redone; omit for 1 (from scratch)"},
+                     "steps": steps, "seed": seed, **styles}, ["image", "mask", "prompt", "resolution"], (
             "Redo the white part of a mask in an image, following the prompt; the image is fitted (cropped) to the "
             f"resolution. An inpaint at a size is its own compiled shape: its first call compiles. {sizes} {result} "
             f"{TURNS}")),
-        types.Tool(name="status", inputSchema=_schema({}, []), description=(
+        "status": ({}, [], (
             "The server's state as JSON: model, device, each preset's state ('ready', 'cold' = compiles on first "
             "use, 'compiling', 'failed'), estimate_seconds for a cold one, hits and last_latency, how many requests "
             "and visitors are waiting (never who), and the warm-up list. Fast: it never waits for the device.")),
-        types.Tool(name="warmup", inputSchema=_schema({"resolution": resolution}, ["resolution"]), description=(
+        "warmup": ({"resolution": resolution}, ["resolution"], (
             "Compile one resolution without making an image, so later generate calls at it are fast; returns that "
             f"size's status as JSON (state 'ready' and compile_seconds). {sizes} A ready size returns at once. "
             f"{TURNS}")),
-    ]
+    }
+    return [types.Tool(name=name, description=words, inputSchema={
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False})
+        for name, (properties, required, words) in tools.items()]
 
 
 def png_result(made: GenerateResult | GridResult) -> list[types.ContentBlock]:
@@ -140,10 +140,6 @@ def png_result(made: GenerateResult | GridResult) -> list[types.ContentBlock]:
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
     return [types.ImageContent(type="image", data=data, mimeType="image/png"),
             types.TextContent(type="text", text=json.dumps(made.info()))]
-
-
-def _schema(properties: Mapping[str, Schema], required: list[str]) -> dict[str, object]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def check_arguments(name: str, arguments: Mapping[str, object], tools: list[types.Tool]) -> None:

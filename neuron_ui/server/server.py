@@ -9,11 +9,8 @@ No torch here.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
-import secrets
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
@@ -29,8 +26,8 @@ from starlette.routing import Route
 
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.loading import LoadingState
-from neuron_ui.server.admission import Admission
-from neuron_ui.server.gate import SHUTTING_DOWN, Gate
+from neuron_ui.server.doors import basic_auth_ok
+from neuron_ui.server.gate import SHUTTING_DOWN, Admission, Gate
 from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
@@ -83,7 +80,7 @@ class Server:
         if settings.mcp:
             from neuron_ui.server.mcp import McpEndpoint  # only with --mcp: the `mcp` package
 
-            self.mcp = McpEndpoint(settings, self.admission, self._logged_in)
+            self.mcp = McpEndpoint(settings, self.admission)
         self.app = self._build_app()
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 lifespan="on", timeout_graceful_shutdown=3)
@@ -130,13 +127,6 @@ class Server:
             app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)
         return app
 
-    def _logged_in(self, scope: dict) -> bool:
-        """The login on a request that is not Gradio's: HTTP Basic credentials, or the browser's login cookie."""
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        auth = self.settings.auth
-        return (auth is not None and basic_auth_ok(header, auth)) or (
-            self.mounted is not None and self.mounted.logged_in(scope))
-
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> Server:
@@ -180,15 +170,11 @@ class Server:
         return self
 
     def serve_forever(self) -> bool:
-        """Block until the server stops: Ctrl-C, or drain_requested (SIGTERM), which drains first.
-
-        False when a drain ran out of time with the device still busy (see drain())."""
-        try:  # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
-            while self._thread is not None and self._thread.is_alive() and not self.drain_requested.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            logger.info("interrupted: stopping")
-            return True
+        """Block until the server stops, or drains once drain_requested is set (main.stop_on_signals sets it on
+        SIGTERM and Ctrl-C). False when a drain ran out of time with the device still busy (see drain())."""
+        # the drain's event wakes this at once (a signal handler sets it); the thread's end within 0.5 s
+        while self._thread is not None and self._thread.is_alive() and not self.drain_requested.wait(0.5):
+            pass
         return self.drain() if self.drain_requested.is_set() else True
 
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
@@ -228,15 +214,3 @@ class Server:
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
-
-
-def basic_auth_ok(header: str | None, auth: tuple[str, str]) -> bool:
-    """HTTP Basic credentials, compared in constant time."""
-    scheme, _, encoded = (header or "").partition(" ")
-    if scheme.lower() != "basic":
-        return False
-    try:
-        user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return False
-    return secrets.compare_digest(user, auth[0]) & secrets.compare_digest(password, auth[1])

@@ -54,12 +54,9 @@ def call_problem(gradio_app: App, fn: BlockFunction, data: object, by_name: bool
     else:
         return None
     # the named API's handlers take raw values (preprocess=False) and check them in their own words
-    preprocessed = bool(fn.preprocess)
     for index, block in gradio_bridge.checked_inputs(gradio_app, fn, data.get("session_hash")).items():
-        if index in values:
-            problem = value_problem(block, values[index], preprocessed)
-            if problem is not None:
-                return f"{gradio_bridge.input_names(fn)[index]} {problem}"
+        if index in values and (problem := value_problem(block, values[index], bool(fn.preprocess))):
+            return f"{gradio_bridge.input_names(fn)[index]} {problem}"
     return None
 
 

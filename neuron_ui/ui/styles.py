@@ -72,6 +72,12 @@ class StyleHandlers:
         kept = self._valid(entry.lora, entry.lora_scale)
         return kept if kept else (NO_STYLE, gr.skip())
 
+    @staticmethod
+    def on_save(style: str, strength: float) -> dict[str, object]:
+        """The choice, kept in the browser's storage (a value Style or Strength would not take is refused first); a
+        named handler, so the gate's test reaches it by name (on_save_1)."""
+        return {"style": style, "strength": strength}
+
     def on_restore(self, saved: object) -> tuple[object, object]:
         """On page load: the style and strength this browser last chose, if still loaded here."""
         kept = self._valid(saved.get("style"), saved.get("strength")) if isinstance(saved, dict) else None
@@ -96,6 +102,5 @@ def wire_style_controls(handlers: StyleHandlers, style: gr.Dropdown, strength: g
     style.input(handlers.on_style, [style], [strength], **HIDDEN)
     history_gallery.select(handlers.on_select, [history], [style, strength], **HIDDEN)
     demo.load(handlers.on_restore, [state], [style, strength], **HIDDEN)
-    # The choice into the browser's storage (a value Style or Strength would not take is refused first).
-    gr.on([style.change, strength.change], lambda style, strength: {"style": style, "strength": strength},
-          [style, strength], [state], trigger_mode="always_last", **HIDDEN)
+    gr.on([style.change, strength.change], handlers.on_save, [style, strength], [state], trigger_mode="always_last",
+          **HIDDEN)

@@ -145,7 +145,7 @@ async def cancel_event_task(session: str, fn_index: int, event_id: str) -> None:
 
 def device_queue_length(demo: gr.Blocks, running: bool = False) -> int:
     """Requests Gradio has accepted for the device and not yet started (`running`: and the ones started, each waiting
-    in the engine's queue or holding the device: server/admission.py bounds those by --max-queue + 1).
+    in the engine's queue or holding the device: server/gate.py's Admission bounds those by --max-queue + 1).
 
     Gradio 6 has no public call for this. Its queue keeps one EventQueue per concurrency id, whose `queue` list
     holds the events not yet started (gradio/queueing.py: Queue.event_queue_per_concurrency_id); only this
