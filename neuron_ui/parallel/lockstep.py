@@ -98,10 +98,7 @@ class LeaderRunner:
     restart the group, else "degraded: rank k gone")."""
 
     def __init__(self, runner: Runner, group: ParallelGroup, health: GroupHealth, min_seconds: float):
-        self.runner = runner
-        self.group = group
-        self.health = health
-        self.min_seconds = min_seconds
+        self.runner, self.group, self.health, self.min_seconds = runner, group, health, min_seconds
         self.reports = [RankReport(rank) for rank in range(group.degree)]
         self.broken: str | None = None  # why the group cannot run calls any more
         self.broken_event = threading.Event()
@@ -241,10 +238,12 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
 
     A call that fails here leaves the group out of step, so the follower tells rank 0 why (in the store,
     which outlives it) and exits 1: rank 0's collective fails at once instead of waiting, and names it."""
-    rank = group.launch.rank
+    rank, before = group.launch.rank, None
     while True:
         message = [None]
         try:
+            if before is not None:  # the last call's compile counters, gathered by rank 0, then the next call
+                dist.gather_object(read_counters() - before, None, dst=0, group=group.control)
             dist.broadcast_object_list(message, src=0, group=group.control)
         except Exception as error:
             logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
@@ -266,12 +265,6 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             group.report_error(first_line(error))
             group.note_broken()
             return 1
-        try:
-            dist.gather_object(read_counters() - before, None, dst=0, group=group.control)
-        except Exception as error:
-            logger.error("rank %d: rank 0 is gone (%s); exiting", rank, error)
-            group.note_broken()
-            return 0
 
 
 def follower_steps(group: ParallelGroup):

@@ -17,9 +17,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from neuron_ui.parallel.lockstep import follow
 from neuron_ui.parallel.group import check_launch, count_devices, init_parallel
-from neuron_ui.parallel.lockstep import GroupHealth, LeaderRunner
+from neuron_ui.parallel.lockstep import GroupHealth, LeaderRunner, follow
 
 if TYPE_CHECKING:
     from neuron_ui.config.runtime import Launch
@@ -38,9 +37,7 @@ class TorchrunRank:
     def __init__(self, launch: Launch, tp: int | None, tp_timeout: float, device: str,
                  count: Callable[[str], int | None] = count_devices):
         check_launch(launch, tp, device, count)
-        self.launch = launch
-        self.device = device
-        self.tp_timeout = tp_timeout
+        self.launch, self.device, self.tp_timeout = launch, device, tp_timeout
         self.health = GroupHealth()  # what /healthz says about the group; only the leader runner writes it
         self.leader: LeaderRunner | None = None  # rank 0's runner, once the engine has built it (lead)
         self._group: ParallelGroup | None = None

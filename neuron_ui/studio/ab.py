@@ -19,7 +19,7 @@ import secrets
 import shlex
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from PIL import Image, ImageOps
 
@@ -47,7 +47,6 @@ SETTINGS_HELP = {
 }
 SETTINGS_WORDS = ("key=value pairs: " + ", ".join(SETTINGS_HELP.values())
                   + "; B is A with b's settings, a key b leaves unset is A's")
-T = TypeVar("T")
 COMPARED = ("prompt", "seed", "steps", "style", "strength")  # what a cell is made of: where A and B may differ
 SIDES = ("a", "b")
 PLACE = ("index", "column", "row", "block", "same_as")  # a grid cell's place: nothing to an A/B
@@ -94,13 +93,6 @@ def parse_settings(text: object) -> dict[str, str]:
     return pairs
 
 
-def _one(key: str, value: str, parse: Callable[[str], tuple[T, ...]]) -> T:
-    values = parse(value)
-    if len(values) != 1:
-        raise ValueError(f"{key} takes one value, got {value!r}")
-    return values[0]
-
-
 def side_cell(cell: GridCell, text: object, side: str, loaded: Mapping[str, float]) -> GridCell:
     """`cell` with `side`'s settings (`text`) set, a new style at its default strength unless the side sets one;
     ValueError in one line that starts with the side's name."""
@@ -115,10 +107,13 @@ def side_cell(cell: GridCell, text: object, side: str, loaded: Mapping[str, floa
         parsers: dict[str, Callable[[str], tuple[Any, ...]]] = {
             "seed": lambda v: parse_seeds(v, 1), "steps": parse_steps, "style": lambda v: parse_styles(v, loaded),
             "strength": parse_strengths}
-        changed = {key: _one(key, pairs[key], parse) for key, parse in parsers.items() if key in pairs}
+        changed = {key: parse(pairs[key]) for key, parse in parsers.items() if key in pairs}
+        for key, values in changed.items():
+            if len(values) != 1:
+                raise ValueError(f"{key} takes one value, got {pairs[key]!r}")
         if "style" in changed:
-            changed.setdefault("strength", None)
-        made = replace(cell, prompt=prompt, **changed)
+            changed.setdefault("strength", (None,))
+        made = replace(cell, prompt=prompt, **{key: values[0] for key, values in changed.items()})
         if made.style is None:
             if "strength" in pairs:
                 raise ValueError("strength is a style's strength: set style too (e.g. style=ink strength=0.8)")
@@ -224,17 +219,12 @@ def read_png(path: Path) -> tuple[Image.Image, Info | None]:
     return image, parameters if isinstance(parameters, dict) else None
 
 
-def settings_from(parameters: Mapping[str, object] | None) -> Info:
-    if parameters is None:
-        return {}
-    return {key: parameters.get(name) for key, name in FROM_PARAMETERS.items()}
-
-
 def compare_files(first: Path, second: Path) -> ABFiles:
     """A against B from their PNGs' own parameters, without making anything: side by side at A's size (B fitted,
     not stretched), labelled with what differs. Images without parameters are labelled by their side alone."""
     (image_a, params_a), (image_b, params_b) = read_png(first), read_png(second)
-    a, b = settings_from(params_a), settings_from(params_b)
+    a, b = ({key: params.get(name) for key, name in FROM_PARAMETERS.items()} if params is not None else {}
+            for params in (params_a, params_b))
     differs = tuple(key for key in FROM_PARAMETERS if a.get(key) != b.get(key)) if a and b else ()
     labels = side_labels(a, b, differs)
     if image_b.size != image_a.size:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import queue
 import threading
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -38,8 +38,7 @@ class Bridge(Generic[T, R]):
     def __init__(self, work: Callable[[Callable[[T], None]], R], stop: StopToken | None = None,
                  name: str = "studio-call"):
         self.work, self.stop, self.name = work, stop, name
-        self._items: deque[T | Finished[R] | BaseException] = deque()
-        self._ready = threading.Condition()
+        self._items: queue.SimpleQueue[T | Finished[R] | BaseException] = queue.SimpleQueue()
         self._wake: Callable[[], None] = lambda: None  # an async reader's loop hears each item
         self._thread: threading.Thread | None = None
         self._ended = False  # the reader was handed the end (Finished, or the call's error)
@@ -48,10 +47,7 @@ class Bridge(Generic[T, R]):
         self._start()
         try:
             while not self._ended:
-                with self._ready:
-                    self._ready.wait_for(lambda: bool(self._items))
-                    item = self._items.popleft()
-                yield self._deliver(item)
+                yield self._deliver(self._items.get())
         finally:
             self._leave()
 
@@ -67,11 +63,11 @@ class Bridge(Generic[T, R]):
         self._start()
         try:
             while not self._ended:
-                with self._ready:
-                    item = self._items.popleft() if self._items else None
-                if item is None:
+                try:
+                    item = self._items.get_nowait()
+                except queue.Empty:
                     await ready.wait()
-                    ready.clear()  # an item put since is in the deque already: the loop finds it
+                    ready.clear()  # an item put since is in the queue already: the loop finds it
                     continue
                 yield self._deliver(item)
         finally:
@@ -92,9 +88,7 @@ class Bridge(Generic[T, R]):
         self._thread.start()
 
     def _put(self, item: T | Finished[R] | BaseException) -> None:
-        with self._ready:
-            self._items.append(item)
-            self._ready.notify_all()
+        self._items.put(item)
         self._wake()
 
     def _deliver(self, item: T | Finished[R] | BaseException) -> T | Finished[R]:

@@ -133,17 +133,16 @@ class GridJob(Generic[R]):
         page's token: stopped by its Stop or a cancel, it stops the grid and follows it to its end; stopped because
         the page went away (StopReason.DISCONNECTED), it leaves the grid running and returns False at once."""
         remove = page.listen(self._wake)
-        seen, told = -1, False  # told: the page's stop has stopped the grid
+        seen = -1
         try:
             while True:
-                with self._changed:
-                    while self._version == seen and self.running and (told or not page.stopped):
+                with self._changed:  # until a change, the end, or the page's stop to pass on to the grid
+                    while self._version == seen and self.running and (self._token.stopped or not page.stopped):
                         self._changed.wait()
                     seen, update, running = self._version, self._update, self.running
                 if page.stopped and page.reason is StopReason.DISCONNECTED:
                     return not running
-                if page.stopped and not told:
-                    told = True
+                if page.stopped and not self._token.stopped:
                     self.stop(page.reason or StopReason.STOPPED_BY_USER)
                 if not running:
                     return True
@@ -253,7 +252,6 @@ class GridJobs(Generic[R]):
         """Drop grids ended keep_seconds ago, then the longest-ended past max_kept; a running grid is never dropped
         (it is bounded by max_running and its cells)."""
         deadline = self.clock() - self.keep_seconds
-        ended = [(self._jobs[owner].ended, owner) for owner in self._jobs]
-        for when, owner in sorted((when, owner) for when, owner in ended if when is not None):
+        for when, owner in sorted((job.ended, owner) for owner, job in self._jobs.items() if job.ended is not None):
             if when < deadline or len(self._jobs) > self.max_kept:
                 self._jobs.pop(owner)
