@@ -38,58 +38,47 @@ class Bridge(Generic[T, R]):
     def __init__(self, work: Callable[[Callable[[T], None]], R], stop: StopToken | None = None,
                  name: str = "studio-call"):
         self.work, self.stop, self.name = work, stop, name
-        self._items: queue.SimpleQueue[T | Finished[R] | BaseException] = queue.SimpleQueue()
-        self._wake: Callable[[], None] = lambda: None  # an async reader's loop hears each item
         self._thread: threading.Thread | None = None
         self._ended = False  # the reader was handed the end (Finished, or the call's error)
 
     def __iter__(self) -> Iterator[T | Finished[R]]:
-        self._start()
+        items: queue.SimpleQueue[T | Finished[R] | BaseException] = queue.SimpleQueue()
+        self._start(items.put)
         try:
             while not self._ended:
-                yield self._deliver(self._items.get())
+                yield self._deliver(items.get())
         finally:
             self._leave()
 
     async def __aiter__(self) -> AsyncGenerator[T | Finished[R], None]:
         loop = asyncio.get_running_loop()
-        ready = asyncio.Event()
+        items: asyncio.Queue[T | Finished[R] | BaseException] = asyncio.Queue()
 
-        def wake() -> None:
-            with suppress(RuntimeError):  # the loop has closed: no reader is left to wake
-                loop.call_soon_threadsafe(ready.set)
+        def put(item: T | Finished[R] | BaseException) -> None:
+            with suppress(RuntimeError):  # the loop has closed: no reader is left to take it
+                loop.call_soon_threadsafe(items.put_nowait, item)
 
-        self._wake = wake
-        self._start()
+        self._start(put)
         try:
             while not self._ended:
-                try:
-                    item = self._items.get_nowait()
-                except queue.Empty:
-                    await ready.wait()
-                    ready.clear()  # an item put since is in the queue already: the loop finds it
-                    continue
-                yield self._deliver(item)
+                yield self._deliver(await items.get())
         finally:
             self._leave()
 
-    def _start(self) -> None:
+    def _start(self, put: Callable[[T | Finished[R] | BaseException], None]) -> None:
+        """The call on its thread, each item it tells, then its end, handed to `put`, the reader's queue's."""
         if self._thread is not None:
             raise RuntimeError("a Bridge is read once")
 
         def run() -> None:
             try:
-                self._put(Finished(self.work(self._put)))
+                put(Finished(self.work(put)))
             except BaseException as error:  # raised again to the reader, where its door reports it
-                self._put(error)
+                put(error)
 
         self._thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name=self.name,
                                         daemon=True)
         self._thread.start()
-
-    def _put(self, item: T | Finished[R] | BaseException) -> None:
-        self._items.put(item)
-        self._wake()
 
     def _deliver(self, item: T | Finished[R] | BaseException) -> T | Finished[R]:
         """The item for the reader; at the end the call's thread is joined first, and its error is raised here."""
