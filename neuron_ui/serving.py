@@ -94,7 +94,7 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
         rank.handle_signals()  # torchrun's SIGTERM: unwind, so main's `finally` stops the group in order
         return Loaded(engine, start=rank.serving, stop=lambda at_once=False: rank.stop())
 
-    return Serving(lead, rank.health)
+    return Serving(lead, lambda: rank.health.problem)
 
 
 def load_replicas(settings: Settings) -> Loaded:

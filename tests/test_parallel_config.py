@@ -75,7 +75,7 @@ def test_the_wait_announced_after_a_rank_dies_is_an_estimate_until_a_restart_was
 
     first = GroupHealth(started=time.monotonic() - 21.2)
     first.serving(restart_seconds=None)  # the first group: no restart to measure yet
-    assert first.restart_wait() == "about 32 s (an estimate: this group's start-up plus 10 s)" and first() is None
+    assert first.restart_wait() == "about 32 s (an estimate: this group's start-up plus 10 s)" and first.problem is None
     restarted = GroupHealth(started=time.monotonic() - 21.2)
     restarted.serving(restart_seconds=33.4)
     assert restarted.restart_wait() == "about 34 s (the last restart took that long)"

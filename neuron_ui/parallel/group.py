@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -113,13 +114,10 @@ class ParallelGroup:
         key = f"heartbeat/{self.launch.restart_count}"
 
         def beat() -> None:
-            while True:
-                try:
+            with contextlib.suppress(Exception):  # the agent is gone: so is any restart
+                while not stop.is_set():
                     self.history.set(key, repr(time.time()))
-                except Exception:  # the agent is gone: so is any restart
-                    return
-                if stop.wait(every):
-                    return
+                    stop.wait(every)
 
         threading.Thread(target=beat, name="tp-heartbeat", daemon=True).start()
         return stop

@@ -66,10 +66,6 @@ class GroupHealth:
     # the previous group's break (or, failing that, rank 0's last heartbeat) to serving
     restart_seconds: float | None = None
     problem: str | None = None
-
-    def __call__(self) -> str | None:
-        return self.problem
-
     restart_bounded: bool = False  # restart_seconds is an upper bound from rank 0's last heartbeat, not the break
 
     def serving(self, restart_seconds: float | None, bounded: bool = False) -> None:
@@ -78,9 +74,8 @@ class GroupHealth:
         self.restart_bounded = bounded and restart_seconds is not None
 
     def restart_wait(self) -> str:
-        """How long until a restarted group serves again, in words: the restart that made this group when
-        there was one (measured from the break, or bounded by rank 0's last heartbeat when nobody noted the
-        break), else this group's own start-up plus rank 0's drain (an estimate)."""
+        """How long until a restarted group serves again, in words: the last restart's time (measured, or bounded
+        by rank 0's last heartbeat), else this group's own start-up plus rank 0's drain (an estimate)."""
         if self.restart_seconds is not None:
             took = "at most that long, from rank 0's last heartbeat" if self.restart_bounded else "that long"
             return f"about {math.ceil(self.restart_seconds)} s (the last restart took {took})"
@@ -123,13 +118,11 @@ class LeaderRunner:
         self._answered.clear()
         try:
             # on a daemon thread: one stuck in a collective is left there and never holds up the exit
-            future = in_daemon_thread(lambda: self._lockstep(call, callback), "tp-call")
-            try:
-                return future.result(timeout=bound)
-            except FutureTimeout:
-                followers = [r for r in range(1, self.group.degree) if self.reports[r].alive]
-                self._break(f"rank {_ranks(followers)} did not answer within {bound:.0f} s", followers)
-                raise FollowerGone(self.user_message()) from None
+            return in_daemon_thread(lambda: self._lockstep(call, callback), "tp-call").result(timeout=bound)
+        except FutureTimeout:
+            followers = [r for r in range(1, self.group.degree) if self.reports[r].alive]
+            self._break(f"rank {_ranks(followers)} did not answer within {bound:.0f} s", followers)
+            raise FollowerGone(self.user_message()) from None
         finally:
             self._answered.set()
 
@@ -158,7 +151,7 @@ class LeaderRunner:
 
     def _steps_in_lockstep(self, callback):
         """The step callback on rank 0: run the engine's (progress, stop), then tell the followers whether to
-        stop after this step; they learn it at the same step (follower_steps) and stop there too."""
+        stop after this step; they learn it at the same step (follow's on_step_end) and stop there too."""
 
         def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
             failure = None
@@ -239,6 +232,15 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
     A call that fails here leaves the group out of step, so the follower tells rank 0 why (in the store,
     which outlives it) and exits 1: rank 0's collective fails at once instead of waiting, and names it."""
     rank, before = group.launch.rank, None
+
+    def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
+        """Hear from rank 0 whether to stop after this step (LeaderRunner._steps_in_lockstep)."""
+        flag = torch.zeros(1, dtype=torch.int32)
+        dist.broadcast(flag, src=0, group=group.control)
+        if flag.item():
+            raise Stopped("stopped with rank 0")
+        return {}
+
     while True:
         message = [None]
         try:
@@ -255,7 +257,7 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             return 0
         before = read_counters()
         try:
-            runner(call, follower_steps(group))
+            runner(call, on_step_end)
         except Stopped:
             logger.info("rank %d: stopped with rank 0", rank)
         except NotFinite as error:  # every rank decoded the same numbers: still in step; rank 0 tells the user
@@ -266,16 +268,3 @@ def follow(runner: Runner, group: ParallelGroup) -> int:
             group.note_broken()
             return 1
 
-
-def follower_steps(group: ParallelGroup):
-    """A follower's step callback: hear from rank 0 whether to stop after this step
-    (LeaderRunner._steps_in_lockstep)."""
-
-    def on_step_end(pipe, step: int, timestep, callback_kwargs: dict) -> dict:
-        flag = torch.zeros(1, dtype=torch.int32)
-        dist.broadcast(flag, src=0, group=group.control)
-        if flag.item():
-            raise Stopped("stopped with rank 0")
-        return {}
-
-    return on_step_end

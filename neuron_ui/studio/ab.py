@@ -185,10 +185,9 @@ class ABResult(GridResult):
 
     def info(self, images: Mapping[int, str] | None = None) -> Info:
         """JSON-ready: `a` and `b` (with their images' paths from `images`, by cell index), what differs."""
-        images = images or {}
         return {"resolution": self.plan.resolution, "differs": list(self.differs),
                 "labels": list(self.plan.axes[0].labels),
-                **{name: self.side(index, images.get(index)) for index, name in enumerate(SIDES)},
+                **{name: self.side(index, (images or {}).get(index)) for index, name in enumerate(SIDES)},
                 "style_switches": self.style_switches, "stopped": self.stopped, "seconds": round(self.seconds, 3)}
 
     def chunk_name(self, index: int) -> str:
@@ -235,9 +234,8 @@ def compare_files(first: Path, second: Path) -> ABFiles:
                             strength=None) for i in (0, 1))
     plan = GridPlan(prompt="", resolution=f"{image_a.width}x{image_a.height}", axes=(Axis("ab", ("A", "B"), labels),),
                     cells=places)
-    files = {"a": str(first), "b": str(second)}
-    sides = {name: {**settings, "image": files[name]} if settings else {"image": files[name], "parameters": None}
-             for name, settings in zip(SIDES, (a, b))}
+    sides = {name: {**settings, "image": str(path)} if settings else {"image": str(path), "parameters": None}
+             for name, settings, path in zip(SIDES, (a, b), (first, second))}
     text = [("ab", json.dumps({"differs": list(differs), "labels": list(labels)}, sort_keys=True))]
     text += [(name.upper(), json.dumps({"parameters": params}, sort_keys=True))
              for name, params in zip(SIDES, (params_a, params_b)) if params is not None]

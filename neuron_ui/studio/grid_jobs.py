@@ -43,11 +43,10 @@ MAX_KEPT = 1024  # finished grids kept at once (as many as held browser sessions
 def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None = None, stop: StopToken | None = None,
              visitor: str | None = None, on_cell: Callable[[CellResult], None] | None = None) -> GridResult:
     """The plan's cells in its run order (styles switched the fewest times), each told to `on_cell` when made, at
-    full size (the store saves it, the CLI writes it, the UI's history hears it), then kept at the size the sheet
-    draws it (CellResult.for_sheet: the grids running at once hold sheet cells, not images). A Stop, or the server
-    shutting down (SIGTERM), ends the rest: the grid comes back with the cells made and `stopped` saying so (the
-    error is raised only when no cell was made). A cell with the same request as an earlier one reuses its image
-    (a repeat is told as kept)."""
+    full size (the store saves it, the CLI writes it, the UI's history hears it), then kept at the sheet's size
+    (CellResult says why). A Stop, or the server shutting down (SIGTERM), ends the rest: the grid comes
+    back with the cells made and `stopped` saying so (the error is raised only when no cell was made). A cell with
+    the same request as an earlier one reuses its image (a repeat is told as kept)."""
     stop = stop or StopToken()
     grid = GridResult(plan)
     size = cell_size(plan.resolution)
@@ -65,8 +64,9 @@ def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None 
                 break
             request = GenerateRequest(cell.prompt, plan.resolution, cell.steps, cell.seed, lora=cell.style,
                                       lora_scale=cell.strength, visitor=visitor)
+            told = None if progress is None else _told(progress, number, total)
             try:
-                result = engine.generate(request, progress=_told(progress, number, total), stop=stop)
+                result = engine.generate(request, progress=told, stop=stop)
             except EngineError as error:  # a Stop, or a SIGTERM's drain: the sheet of the cells made
                 if not grid.made or error.kind not in (ErrorKind.STOPPED, ErrorKind.SHUTTING_DOWN):
                     raise
@@ -90,15 +90,12 @@ def run_grid(engine: EngineLike, plan: GridPlan, *, progress: ProgressFn | None 
     return grid
 
 
-def _told(progress: ProgressFn | None, number: int, total: int) -> ProgressFn | None:
+def _told(progress: ProgressFn, number: int, total: int) -> ProgressFn:
     """A cell's progress as the grid's: "image 2 of 4: ..." and the fraction of the whole grid."""
-    if progress is None:
-        return None
-    report: ProgressFn = progress
 
     def tell(update: ProgressUpdate) -> None:
         fraction = None if update.fraction is None else (number - 1 + update.fraction) / total
-        report(replace(update, message=f"image {number} of {total}: {update.message}", fraction=fraction))
+        progress(replace(update, message=f"image {number} of {total}: {update.message}", fraction=fraction))
 
     return tell
 
@@ -215,9 +212,8 @@ class GridJobs(Generic[R]):
                                  "is done")
             job: GridJob[R] = GridJob(owner, plan)
             self._jobs[owner] = job
-        thread = threading.Thread(target=job.run, args=(self.engine, finish, on_cell, self.clock),
-                                  name="grid", daemon=True)
-        thread.start()
+        threading.Thread(target=job.run, args=(self.engine, finish, on_cell, self.clock), name="grid",
+                         daemon=True).start()
         return job
 
     def find(self, owner: str | None) -> GridJob[R] | None:

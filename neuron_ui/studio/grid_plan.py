@@ -123,8 +123,7 @@ def split_values(text: object, name: str) -> list[str]:
         raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_AXIS_TEXT}")
     if "\n" in text or "\r" in text:
         raise ValueError(f"{name} has a line break: give its values on one line, comma-separated")
-    rows = list(csv.reader([text], skipinitialspace=True)) if text.strip() else [[]]
-    return [value.strip() for value in rows[0]]
+    return [value.strip() for value in next(csv.reader([text], skipinitialspace=True))] if text.strip() else []
 
 
 def parse_seeds(text: object, max_cells: int) -> tuple[int, ...]:

@@ -77,11 +77,10 @@ class GridResult:
 
     def info(self, images: Mapping[int, str] | None = None) -> Info:
         """JSON-ready: the axes, each cell made (with its image's path from `images`, by cell index), the switches."""
-        images = images or {}
         return {"prompt": self.plan.prompt, "resolution": self.plan.resolution,
                 "axes": [{"name": a.name, "labels": list(a.labels)} for a in self.plan.axes],
                 "columns": self.plan.columns, "rows": self.plan.rows, "blocks": self.plan.blocks,
-                "cells": [done.info(images.get(done.cell.index)) for done in self.made],
+                "cells": [done.info((images or {}).get(done.cell.index)) for done in self.made],
                 "style_switches": self.style_switches, "stopped": self.stopped, "seconds": round(self.seconds, 3)}
 
     def chunk_name(self, index: int) -> str:

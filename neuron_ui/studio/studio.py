@@ -4,9 +4,7 @@
 the page, the named API, MCP and the CLI: the door says who asks and what hears the call (`Asker`), the studio puts
 the visitor on the request (visitors take turns on the device), keys its stop token to the asker's session and event
 (Stop, /stop, a cancel or a disconnect find it), runs it, and saves the result in its store when it has one. A grid
-or an A/B is planned against this engine's sizes and styles, then made one cell at a time (run_grid), so it is
-one request against --max-queue and the per-visitor cap. Typed on EngineLike: the same in this process, under
-torchrun and with replicas. No Gradio here.
+or an A/B is planned against this engine's sizes and styles, then made by grid_jobs.py's run_grid. No Gradio here.
 """
 
 from __future__ import annotations
