@@ -72,10 +72,15 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
             if info is not None:
                 raise
             raise BundleError(f"{shown} is not a readable bundle ({first_line(error)}); nothing was changed") from error
-        for f in info.files:
+        for f in info.files:  # each verified file moved into the cache
             section, _, rest = f.path.partition("/")
-            if _place(staging / f.path, getattr(cache, section) / rest):
+            dest = getattr(cache, section) / rest
+            if dest.exists() or dest.is_symlink():  # an identical name: the same content hash, kept as it is
                 info.kept_files += 1
+                continue
+            # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
+            with replaced_whole(dest, prefix=STAGING_PREFIX, suffix="") as tmp:
+                shutil.move(staging / f.path, tmp)
     # this cache's own records win, as they were measured here
     added, kept = CacheManifest(cache.manifest).merge(key, info.shapes)
     info.added_shapes.extend(added)
@@ -140,12 +145,3 @@ def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, B
         raise BundleError(f"{bundle} lacks {len(absent)} listed files (truncated?), e.g. {absent[0]}; "
                           "nothing was changed")
 
-
-def _place(source: Path, dest: Path) -> bool:
-    """Move one verified file into the cache; True when an identical-named file was already there (kept)."""
-    if dest.exists() or dest.is_symlink():
-        return True
-    # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
-    with replaced_whole(dest, prefix=STAGING_PREFIX, suffix="") as tmp:
-        shutil.move(source, tmp)
-    return False

@@ -127,8 +127,7 @@ class Settings:
                              "shards them; serve styles without --tp (or with --replicas N, one device each)")
         if self.ray_address and self.replicas == 0:
             self.replicas = 1
-        missing = [str(r) for r in self.warmup if r not in self.resolutions]
-        if missing:
+        if missing := [str(r) for r in self.warmup if r not in self.resolutions]:
             presets = ", ".join(map(str, self.resolutions))
             raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({presets})")
 
