@@ -45,7 +45,7 @@ from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.main import parse_settings
 from neuron_ui.engine.engine import Engine
-from neuron_ui.serving import build_engine, build_replicas, stop_replicas
+from neuron_ui.serving import build_engine, build_replicas
 
 from replicas_cpu import CpuMeter, ceiling
 
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed, size in enumerate(MIX):
         client.generate(GenerateRequest(PROMPT, size, steps=1, seed=seed))
     distinct = len({parse_resolution(size).tokens for size in MIX})
-    from neuron_ui.replicas.launch import stop_app
+    from neuron_ui.replicas.launch import shutdown, stop_app
 
     compilations = list(counter.events)
     two, two_where = throughput(client, args.flow_images, args.steps)
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     runner.stop()
     stop_app()  # its replicas hold the cores: the one replica's deployment needs one of them
     one, one_where = one_replica_throughput(settings, args.flow_images, args.steps)
-    stop_replicas(settings)  # the cores free again for the plain processes
+    shutdown(settings)  # the cores free again for the plain processes
     where = {"two_replicas": two_where, "one_replica": one_where}
     if args.ceiling_images:
         where["ceiling"] = ceiling(args.ceiling_images, args.steps, [*flags[:4], "--resolutions", "256x256"])

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_ui.config.cache_paths import configure_cache_env
-from neuron_ui.config.settings import add_bundle_pin_argument, add_engine_arguments, settings_from_args
+from neuron_ui.config.settings import ENGINE, FETCH, add_flags, settings_from_args
 from neuron_ui.studio.ab import SETTINGS_WORDS
 from neuron_ui.studio.grid_plan import AXIS_HELP
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "side; prints the info as JSON")
     for command, default, out in ((generate, "out.png", "the PNG"), (grid, "grid.png", "the sheet"),
                                   (ab, "ab.png", "A and B side by side")):
-        add_engine_arguments(command)
+        add_flags(command, ENGINE)
         command.add_argument("--prompt", required=command is not ab)  # ab compares two PNGs without one
         command.add_argument("--resolution", required=command is not ab, help="one of the presets, e.g. 512x512")
         command.add_argument("--out", default=default, help=f"where to write {out} (default {default})")
@@ -96,13 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                             ("publish", "export a bundle and upload it to the Hub; prints the lines a Space sets"),
                             ("clear", "forget shapes (all of them, with their artifacts, unless --resolutions)")):
         action = actions.add_parser(name, help=help_text)
-        add_engine_arguments(action)  # --resolutions here means: the shapes to export or clear
+        add_flags(action, ENGINE)  # --resolutions here means: the shapes to export or clear
         if name == "export":
             action.add_argument("--out", required=True, help="the .tar.gz to write, or a folder")
         if name == "import":
             action.add_argument("cache_bundle", metavar="BUNDLE", help="a bundle written by `cache export`: a file, an "
                                 "https:// URL or hf://<owner>/<repo>/<path>[@revision]; several comma-separated")
-            add_bundle_pin_argument(action)
+            add_flags(action, FETCH)
         if name == "publish":
             action.add_argument("--to", required=True, help="hf://[datasets/]<owner>/<repo>/<path in repo>[@branch]")
     return parser
@@ -222,10 +222,8 @@ def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
         inputs += [(flag, path) for flag, path in (("--image", args.image), ("--mask", args.mask)) if path]
     for flag, path in inputs:
         file = Path(path).expanduser()
-        if not file.exists():
-            return f"{flag} {path}: no such file"
         if not file.is_file():
-            return f"{flag} {path}: not a file"
+            return f"{flag} {path}: {'not a file' if file.exists() else 'no such file'}"
         try:
             file.open("rb").close()
         except OSError as error:

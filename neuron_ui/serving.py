@@ -101,17 +101,20 @@ def load_replicas(settings: Settings) -> Loaded:
     """The engine's front over Ray Serve replicas (a slot per replica); stopping it stops Serve and the local Ray."""
     from neuron_ui.engine.engine import Engine
 
+    runner: ReplicaRunner | None = None
+
+    def stop(at_once: bool = False) -> None:
+        from neuron_ui.replicas.launch import shutdown
+
+        if runner is not None and not at_once:  # the board's reads end before Ray goes; a second signal does not wait
+            runner.stop()
+        shutdown(settings, at_once=at_once)  # after the drain: Serve, then this process's Ray
+
     try:
         runner = build_replicas(settings)
     except BaseException:
-        stop_replicas(settings)  # a launch cut short: Serve and the local Ray go all the same
+        stop()  # a launch cut short: Serve and the local Ray go all the same
         raise
-
-    def stop(at_once: bool = False) -> None:
-        if not at_once:  # no more reads of the board before Ray goes (a second signal does not wait for it)
-            runner.stop()
-        stop_replicas(settings, at_once)
-
     return Loaded(Engine(runner, settings.max_queue_per_user), stop=stop)
 
 
@@ -156,9 +159,3 @@ def build_replicas(settings: Settings, num_cpus: int | None = None) -> ReplicaRu
 
     return launch(settings, num_cpus)
 
-
-def stop_replicas(settings: Settings, at_once: bool = False) -> None:
-    """After the drain: Serve and this process's Ray stop (`at_once`: Ray's local processes are ended)."""
-    from neuron_ui.replicas.launch import shutdown
-
-    shutdown(settings, at_once=at_once)

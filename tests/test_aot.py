@@ -28,7 +28,7 @@ from neuron_ui.compile.key import CompileKey
 from neuron_ui.contract.results import CacheEvent
 from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.config.runtime import Runtime, default_compile_backend, default_dtype
+from neuron_ui.config.runtime import Runtime
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.contract.results import EngineStatus
@@ -204,7 +204,7 @@ def test_status_line_names_the_aot_mode():
 def test_an_auto_detected_neuron_device_stops_aot_at_start_up_in_one_line(tmp_path):
     """No Trainium here: main is given the runtime auto-detection would choose on one, the rest is app.py's own
     start-up (refused before the server starts or a signal handler is set)."""
-    on_trainium = Runtime("neuron", default_dtype("neuron"), default_compile_backend("neuron"))
+    on_trainium = Runtime("neuron", "bfloat16", "neuron")
     with pytest.raises(SystemExit) as stopped:
         main(["--compile", "aot", "--model", "tiny", "--cache-dir", str(tmp_path), "--port", "0",
               "--host", "127.0.0.1"], runtime=on_trainium)

@@ -140,8 +140,7 @@ def clear_cache(cache: CachePaths, key: CompileKey | None = None, resolutions: l
     if key is not None and resolutions is not None:
         shapes = manifest.entries().get(key.digest, {}).get("shapes", {})
         wanted = [str(parse_resolution(r)) for r in resolutions]
-        missing = [r for r in wanted if r not in shapes]
-        if missing:
+        if missing := [r for r in wanted if r not in shapes]:
             raise ValueError(f"no record of {', '.join(missing)} for key {key.digest}; "
                              f"recorded: {', '.join(sorted(shapes)) or 'none'}")
     result = ClearResult(removed_shapes=manifest.forget(key.digest if key else None, wanted))

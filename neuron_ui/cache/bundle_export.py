@@ -7,32 +7,16 @@ import io
 import json
 import logging
 import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.cache.admin import (
-    HashingReader,
-    describe_holdings,
-    describe_key,
-    hash_file,
-    human_bytes,
-    remove_path,
-    walk_files,
-)
-from neuron_ui.cache.bundle_format import (
-    ARTIFACTS,
-    BUNDLE_JSON,
-    BundleFile,
-    BundleInfo,
-    artifact_folders,
-    this_machine,
-)
+from neuron_ui.cache.admin import HashingReader, describe_holdings, describe_key, hash_file, human_bytes, walk_files
+from neuron_ui.cache.bundle_format import ARTIFACTS, BUNDLE_JSON, BundleFile, BundleInfo, artifact_folders, this_machine
 from neuron_ui.cache.fetch import parse_bundle_source
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import replaced_whole, staging_prefix
+from neuron_ui.config.cache_paths import replaced_whole, staging_folder
 from neuron_ui.config.resolutions import parse_resolution
 from neuron_ui.contract.errors import first_line
 
@@ -131,8 +115,7 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
         from huggingface_hub import HfApi
 
         api = HfApi()
-    staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
-    try:
+    with staging_folder(cache.root) as staging:
         info = export_bundle(cache, key, staging, resolutions)  # named by its key
         size, sha256 = hash_file(info.path)
         try:
@@ -145,8 +128,6 @@ def publish_bundle(cache: CachePaths, key: CompileKey, target: str, resolutions:
                                f"({key.model}, {key.mode}, {key.backend}, {key.dtype}, key {key.digest})")
         except Exception as error:  # noqa: BLE001 the Hub's HTTP errors, no token, no network: one line
             raise ValueError(f"uploading to {target} failed: {first_line(error)}") from None
-    finally:
-        remove_path(staging)
     revision = getattr(commit, "oid", None) or source.revision or "main"
     prefix = {"model": "", "dataset": "datasets/", "space": "spaces/"}[source.repo_type]
     pinned = f"hf://{prefix}{source.repo_id}/{source.filename}@{revision}"

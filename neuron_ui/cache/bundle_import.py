@@ -8,23 +8,15 @@ import os
 import shutil
 import stat
 import tarfile
-import tempfile
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream, remove_path
-from neuron_ui.cache.bundle_format import (
-    BUNDLE_JSON,
-    BundleError,
-    BundleInfo,
-    check_key,
-    check_room,
-    read_header,
-    safe_parts,
-)
+from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream
+from neuron_ui.cache.bundle_format import (BUNDLE_JSON, BundleError, BundleInfo, check_key, check_room, read_header,
+                                           safe_parts)
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, replaced_whole, staging_prefix
+from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, replaced_whole, staging_folder
 from neuron_ui.config.settings import parse_sha256
 from neuron_ui.contract.errors import first_line
 from neuron_ui.images.decode import open_regular
@@ -50,45 +42,45 @@ def import_bundle(cache: CachePaths, key: CompileKey, bundle: Path, sha256: str 
     """
     bundle = Path(bundle)
     shown = label or str(bundle)
-    staging: Path | None = None
     info: BundleInfo | None = None
-    try:
-        with open_bundle(bundle, shown) as raw:
-            if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
-                _check_sha256(hash_stream(raw)[1], sha256, shown)
-                raw.seek(0)
-            reader = HashingReader(raw)
-            # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
-            # typeshed's GzipFile wants a seekable fileobj; reading forward, as here, never seeks.
-            with (gzip.GzipFile(fileobj=reader, mode="rb") as gz,  # type: ignore[call-overload]
-                  tarfile.open(fileobj=gz, mode="r|") as tar):
-                info = read_header(tar, shown)
-                info.path = bundle
-                check_key(info, key, shown)
-                check_room(cache.root, free_bytes(cache.root), info.bytes, f"{shown} holds")
-                staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
-                _extract_verified(tar, staging, {f.path: f for f in info.files}, shown)
-                while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
+    with staging_folder(cache.root) as staging:
+        try:
+            with open_bundle(bundle, shown) as raw:
+                if sha256 is not None:  # before reading a byte of it as a bundle: it may not be the one we trust
+                    _check_sha256(hash_stream(raw)[1], sha256, shown)
+                    raw.seek(0)
+                reader = HashingReader(raw)
+                # gzip rather than tarfile's own "r|gz": only GzipFile checks the CRC and length at the end.
+                # typeshed's GzipFile wants a seekable fileobj; reading forward, as here, never seeks.
+                with (gzip.GzipFile(fileobj=reader, mode="rb") as gz,  # type: ignore[call-overload]
+                      tarfile.open(fileobj=gz, mode="r|") as tar):
+                    info = read_header(tar, shown)
+                    info.path = bundle
+                    check_key(info, key, shown)
+                    check_room(cache.root, free_bytes(cache.root), info.bytes, f"{shown} holds")
+                    _extract_verified(tar, staging, {f.path: f for f in info.files}, shown)
+                    while gz.read(CHUNK):  # to the very end, so a bundle cut short is refused even in its padding
+                        pass
+                while reader.read(CHUNK):
                     pass
-            while reader.read(CHUNK):
-                pass
-        if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
-            _check_sha256(reader.hexdigest(), sha256, shown)
-    except BaseException as error:
-        remove_path(staging)
-        if isinstance(error, (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)):
+            if sha256 is not None:  # what was extracted is what was pinned, even if the file changed meanwhile
+                _check_sha256(reader.hexdigest(), sha256, shown)
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
             raise BundleError(f"{shown} is corrupt or truncated ({first_line(error)}); nothing was changed. "
                               "Copy it again or export a new one.") from error
-        if isinstance(error, OSError) and info is None:  # could not open or read the bundle file itself
+        except OSError as error:  # before its header: the bundle file itself could not be opened or read
+            if info is not None:
+                raise
             raise BundleError(f"{shown} is not a readable bundle ({first_line(error)}); nothing was changed") from error
-        raise
-    try:
-        for f in info.files:
+        for f in info.files:  # each verified file moved into the cache
             section, _, rest = f.path.partition("/")
-            if _place(staging / f.path, getattr(cache, section) / rest):
+            dest = getattr(cache, section) / rest
+            if dest.exists() or dest.is_symlink():  # an identical name: the same content hash, kept as it is
                 info.kept_files += 1
-    finally:
-        remove_path(staging)
+                continue
+            # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
+            with replaced_whole(dest, prefix=STAGING_PREFIX, suffix="") as tmp:
+                shutil.move(staging / f.path, tmp)
     # this cache's own records win, as they were measured here
     added, kept = CacheManifest(cache.manifest).merge(key, info.shapes)
     info.added_shapes.extend(added)
@@ -153,12 +145,3 @@ def _extract_verified(tar: tarfile.TarFile, staging: Path, expected: dict[str, B
         raise BundleError(f"{bundle} lacks {len(absent)} listed files (truncated?), e.g. {absent[0]}; "
                           "nothing was changed")
 
-
-def _place(source: Path, dest: Path) -> bool:
-    """Move one verified file into the cache; True when an identical-named file was already there (kept)."""
-    if dest.exists() or dest.is_symlink():
-        return True
-    # by a name of its own first: a copy (NEFF folder on another filesystem) is never seen half written
-    with replaced_whole(dest, prefix=STAGING_PREFIX, suffix="") as tmp:
-        shutil.move(source, tmp)
-    return False

@@ -12,8 +12,6 @@ no number of tries can stretch. On any failure (an exception, SIGTERM unwinding)
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +25,7 @@ import httpx
 from neuron_ui.cache.admin import human_bytes
 from neuron_ui.cache.bundle_format import BundleError, HeaderPeek, check_room
 from neuron_ui.cache.fetch_bounds import Watchdog
-from neuron_ui.config.cache_paths import free_bytes, staging_prefix
+from neuron_ui.config.cache_paths import free_bytes, staging_folder
 from neuron_ui.contract.errors import first_line
 
 if TYPE_CHECKING:
@@ -271,13 +269,10 @@ def fetch_bundle(source: BundleSource, cache: CachePaths, key: CompileKey, polic
     policy = policy or FetchPolicy()
     url, headers = resolve_url(source)
     timeout = httpx.Timeout(policy.read_timeout, connect=policy.connect_timeout)
-    staging = Path(tempfile.mkdtemp(dir=cache.root, prefix=staging_prefix()))
-    try:
+    with staging_folder(cache.root) as staging:
         with httpx.Client(timeout=timeout, follow_redirects=True,
                           headers={**headers, "Accept-Encoding": "identity"}) as client:
             download = _Download(client, url, staging / "bundle.tar.gz", source, key, cache.root, policy, progress)
             download.run()
         logger.info("fetched %s: %s", source.label, human_bytes(download.done))
         yield download.path
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -64,7 +64,10 @@ class CompileFolder:
                 return result
         else:
             self._full(cache.root, f"{free // 2**20} MiB free, {self.min_free // 2**20} MiB needed")
-        with temporary_inductor_cache(self._temp_folder()):
+        # one temporary folder per process, removed at exit: what compiled there stays loaded while the process runs
+        if self._temp is None or not Path(self._temp).is_dir():
+            self._temp = temporary_folder("neuron-ui-compile-")
+        with temporary_inductor_cache(self._temp):
             return compile()
 
     def _full(self, root: Path, why: str) -> None:
@@ -72,8 +75,3 @@ class CompileFolder:
                         "folder until there is room")
         logger.warning(self.problem)
 
-    def _temp_folder(self) -> str:
-        """One per process, removed at exit: what compiled there stays loaded while the process runs."""
-        if self._temp is None or not Path(self._temp).is_dir():
-            self._temp = temporary_folder("neuron-ui-compile-")
-        return self._temp

@@ -125,9 +125,15 @@ def is_disk_full(error: BaseException | None) -> bool:
     return False
 
 
-def staging_prefix() -> str:
-    """The name a new import's staging folder starts with: whose it is, so a sweep can tell a live one."""
-    return f"{STAGING_PREFIX}{os.getpid()}.{socket.gethostname()}."
+@contextmanager
+def staging_folder(root: Path) -> Iterator[Path]:
+    """A folder in the cache folder for the block (an import's, a download's, a bundle to publish), removed when it
+    ends; its name says whose it is, so the sweep at a later start removes it only once its process is gone."""
+    folder = Path(tempfile.mkdtemp(dir=root, prefix=f"{STAGING_PREFIX}{os.getpid()}.{socket.gethostname()}."))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def sweep_staging(root: Path) -> list[Path]:

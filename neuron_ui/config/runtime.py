@@ -86,17 +86,9 @@ class Runtime:
     @classmethod
     def detect(cls, device: str = "auto", dtype: str = "auto", backend: str | None = None) -> Runtime:
         chosen = detect_device(device)
-        chosen_dtype = default_dtype(chosen) if dtype == "auto" else dtype
-        return cls(chosen, chosen_dtype, backend or default_compile_backend(chosen))
-
-
-def default_dtype(device: str) -> str:
-    """bf16 on accelerators; fp32 on CPU, where the tiny model is for correctness (docs/performance.md, CPU dtype)."""
-    return "float32" if device == "cpu" else "bfloat16"
-
-
-def default_compile_backend(device: str) -> str:
-    return "neuron" if device == "neuron" else "inductor"
+        # auto: bf16 on accelerators, fp32 on CPU: the tiny model is for correctness (docs/performance.md, CPU dtype)
+        chosen_dtype = ("float32" if chosen == "cpu" else "bfloat16") if dtype == "auto" else dtype
+        return cls(chosen, chosen_dtype, backend or ("neuron" if chosen == "neuron" else "inductor"))
 
 
 # Neuron 2.34: torch_neuronx raises on a graph it fails to compile (1, the default), so the size shows `failed` with

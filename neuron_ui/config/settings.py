@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Callable, Mapping
 
 from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
@@ -18,7 +18,7 @@ from neuron_ui.config.resolutions import DEFAULT_RESOLUTIONS, parse_resolutions
 if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
 
-
+T = TypeVar("T")
 DEVICES = ("auto", "neuron", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 COMPILE_MODES = ("eager", "regional", "full", "aot")
@@ -43,47 +43,70 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ, data: Path = Path
     return home / ".cache" / "neuron-ui"
 
 
+ENGINE, APP, FETCH = "engine", "app", "fetch"  # a flag of every command, of the app only, of the app and `cache import`
+
+
+def flag(default: T, text: str, group: str = APP, name: str | None = None, **kwargs: object) -> T:
+    """A setting that is a flag too: its --help `text`, the parsers that take it (`group`), its flag's `name` where
+    it is not the field's, and argparse's own `kwargs`."""
+    return field(default=default, metadata={"help": text, "group": group, "name": name, "argparse": kwargs})
+
+
 @dataclass
 class Settings:
-    """Everything that configures one neuron-ui process."""
+    """Everything that configures one neuron-ui process; a field made by `flag` is a flag too, its help here."""
 
-    model: str = "auto"
-    transformer: str | None = None  # BFL's single-file transformer (ComfyUI's); the other components from --model
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: str = "regional"
-    compile_backend: str | None = None
-    resolutions: tuple[Resolution, ...] = DEFAULT_RESOLUTIONS
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    hub_timeout: float = 5.0
-    host: str = "127.0.0.1"
-    port: int = 7860
-    share: bool = False
-    max_queue: int = 16
-    max_queue_per_user: int = 4  # requests one visitor may have waiting (visitors take turns on the device)
-    max_grid_cells: int = 16  # images one grid may make (studio/grid_plan.py)
-    mcp: bool = False  # serve the tools generate, inpaint, status and warmup to MCP clients at /gradio_api/mcp/
-    mcp_sessions: int = 100  # MCP sessions open at once; past it the one idle longest closes (server/mcp.py)
-    mcp_session_idle: float = 300.0  # seconds an MCP session may stay idle (no request, no open stream) before closing
-    auth: tuple[str, str] | None = None
-    warmup: tuple[Resolution, ...] = ()
-    cache_bundle: tuple[str, ...] = ()  # local files, http(s):// URLs or hf:// Hub files, tried in order
-    cache_bundle_sha256: tuple[str, ...] = ()  # one digest per bundle, in the same order; "" for an unpinned file
-    cache_bundle_timeout: float = 30.0  # seconds: connecting, and silence mid-download, before a try counts as failed
-    cache_bundle_deadline: float = 3600.0  # seconds for a whole bundle download, tries included
-    cache_bundle_min_rate: float = 64.0  # KiB/s over any 30 s of a try: a download slower than this is given up
-    cache_bundle_max_mb: int = 16384  # MiB: the largest bundle downloaded, whatever the disk could hold
-    tp: int | None = None
-    tp_timeout: float = 60.0  # seconds; the least a tensor-parallel call may take before the group counts as hung
-    max_references: int = 2
-    replicas: int = 0  # engine replicas on Ray Serve; 0 serves in this process, without Ray
-    ray_address: str | None = None  # join this Ray cluster instead of starting a local one
-    upload_budget_mb: int = 512  # all uploads on disk at once; past it an upload is refused in one line
-    upload_retention: float = 600.0  # seconds an upload is kept after its last use
-    max_downloads: int = 64  # files being sent at once (server/gate.py); past it a request is refused in one line
+    model: str = flag("auto", "'auto', 'tiny', a Hugging Face repo id or a local folder", ENGINE)
+    transformer: str | None = flag(None, "the transformer from this .safetensors file, BFL's layout as ComfyUI keeps "
+                                   "it (flux-2-klein-4b.safetensors); the other components from --model", ENGINE,
+                                   metavar="FILE")
+    device: str = flag("auto", "where the model runs; auto: Neuron, then CUDA, then CPU", ENGINE, choices=DEVICES)
+    dtype: str = flag("auto", "the weights' precision; auto: bf16 on accelerators", ENGINE, choices=DTYPES)
+    compile: str = flag("regional", "aot: AOTInductor packages, CUDA and CPU only", ENGINE, choices=COMPILE_MODES)
+    compile_backend: str | None = flag(None, "torch.compile backend; default: neuron on Neuron, else inductor", ENGINE)
+    resolutions: tuple[Resolution, ...] = flag(DEFAULT_RESOLUTIONS, "comma-separated WIDTHxHEIGHT presets", ENGINE)
+    cache_dir: Path = field(default_factory=default_cache_dir, metadata={
+        "help": "persistent compile cache folder", "group": ENGINE, "name": None, "argparse": {}})
+    hub_timeout: float = flag(5.0, "seconds to wait for the Hub with --model auto", ENGINE)
+    host: str = flag("127.0.0.1", "interface to bind")
+    port: int = flag(7860, "port")
+    share: bool = flag(False, "open a public Gradio share link", action="store_true")
+    max_queue: int = flag(16, "requests allowed to wait")
+    max_queue_per_user: int = flag(4, "requests one visitor may have waiting")  # visitors take turns on the device
+    max_grid_cells: int = flag(16, f"images one grid (the Compare panel, /grid) may make, at most {MAX_GRID_CELLS}")
+    mcp: bool = flag(False, "serve generate, grid, ab, inpaint, status and warmup as MCP tools at /gradio_api/mcp/",
+                     action="store_true")
+    mcp_sessions: int = flag(100, "MCP sessions open at once; past it the one idle longest is closed")  # server/mcp.py
+    mcp_session_idle: float = flag(300.0, "seconds an idle MCP session is kept")  # idle: no request, no open stream
+    auth: tuple[str, str] | None = None  # NEURON_UI_AUTH's user:password
+    warmup: tuple[Resolution, ...] = flag((), "presets to compile in the background once serving, or 'all'")
+    cache_bundle: tuple[str, ...] = flag((), "import this compile-cache bundle before serving: a file, an https:// URL "
+                                         "or hf://<repo_id>/<path>[@revision]; several comma-separated, tried in order")
+    cache_bundle_sha256: tuple[str, ...] = flag((), "import only bundles with these sha256 digests, one per bundle "
+                                                "(comma-separated, in order); needed for a URL or hf:// bundle", FETCH)
+    cache_bundle_timeout: float = flag(30.0, "seconds to connect, and of silence mid-download, before a bundle "
+                                       "download is tried again", FETCH)
+    cache_bundle_deadline: float = flag(3600.0, "seconds a whole bundle download may take, tries included", FETCH)
+    cache_bundle_min_rate: float = flag(64.0, "KiB/s: a download slower than this over 30 s is given up; 0: none",
+                                        FETCH)
+    cache_bundle_max_mb: int = flag(16384, "MiB: a larger bundle is refused, whatever the disk could hold", FETCH)
+    tp: int | None = flag(None, "tensor-parallel degree; must match torchrun's --nproc_per_node", ENGINE, type=int)
+    tp_timeout: float = flag(60.0, "seconds a tensor-parallel call may take at least before a rank counts as hung; "
+                             "a size's first call gets 30 min to compile", ENGINE)
+    max_references: int = flag(2, "reference images per request, 0-5", ENGINE)
+    replicas: int = flag(0, "engine replicas on Ray Serve; 0: one process, no Ray")
+    ray_address: str | None = flag(None, "join this Ray cluster ('auto' or host:port) instead of starting a local one")
+    upload_budget_mb: int = flag(512, "MB all uploads may take on disk at once")  # past it an upload is refused
+    upload_retention: float = flag(600.0, "seconds an upload is kept after its last use")
+    max_downloads: int = flag(64, "files being sent at once (images, uploads, the page's own files); past it a "
+                              "request for one is refused with 503")  # counted in server/gate.py
     session_secret: str | None = field(default=None, repr=False)  # browsers' stored sessions' key (session_secret.py)
-    previews: bool = True  # each step's estimate of the image, for requests that ask (--no-previews: none)
-    loras: tuple[str, ...] = ()  # styles: `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` each (docs/styles.md)
+    previews: bool = flag(True, "never show or send each step's estimate of the image: /generate's preview=True then "
+                          "yields the image only", name="no_previews", action="store_true")
+    # styles, each `[NAME=]PATH|FOLDER|owner/repo[:weight_name][@SCALE]` (docs/styles.md)
+    loras: tuple[str, ...] = flag((), "a style: a LoRA .safetensors file, a folder or a Hub repo id; repeatable, "
+                                  "the env var comma-separated; see docs/styles.md", ENGINE, name="lora",
+                                  action="append", metavar="[NAME=]PATH[@SCALE]")
 
     def __post_init__(self) -> None:
         for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("compile", COMPILE_MODES)):
@@ -104,8 +127,7 @@ class Settings:
                              "shards them; serve styles without --tp (or with --replicas N, one device each)")
         if self.ray_address and self.replicas == 0:
             self.replicas = 1
-        missing = [str(r) for r in self.warmup if r not in self.resolutions]
-        if missing:
+        if missing := [str(r) for r in self.warmup if r not in self.resolutions]:
             presets = ", ".join(map(str, self.resolutions))
             raise ValueError(f"--warmup {', '.join(missing)}: not among the presets ({presets})")
 
@@ -161,8 +183,9 @@ def parse_switch(value: str | None, name: str) -> bool:
 ENV_NAMES = {"host": "GRADIO_SERVER_NAME", "port": "GRADIO_SERVER_PORT", "lora": "NEURON_UI_LORAS"}
 NO_ENV = ("tp", "share")
 # A text flag's empty variable counts as unset; its default is Settings'. A number flag (NUMBER_FLAGS: a setting
-# whose default is a number) takes its default's type.
-TEXT_FLAGS = ("model", "transformer", "device", "dtype", "compile", "compile_backend", "host", "ray_address")
+# whose default is a number) takes its default's type. Settings splits the bundles and their pins.
+TEXT_FLAGS = ("model", "transformer", "device", "dtype", "compile", "compile_backend", "host", "ray_address",
+              "cache_bundle", "cache_bundle_sha256")
 NUMBER_FLAGS = tuple(f.name for f in fields(Settings) if type(f.default) in (int, float))
 
 
@@ -183,74 +206,30 @@ def add_flag(parser: argparse.ArgumentParser, name: str, text: str, **kwargs: An
     parser.add_argument("--" + name.replace("_", "-"), help=f"{text} ({'; '.join(said)})" if said else text, **kwargs)
 
 
-def add_bundle_pin_argument(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "cache_bundle_sha256", "import only bundles with these sha256 digests, one per bundle "
-             "(comma-separated, in order); needed for a URL or hf:// bundle")
-    add_flag(parser, "cache_bundle_timeout", "seconds to connect, and of silence mid-download, before a bundle "
-             "download is tried again")
-    add_flag(parser, "cache_bundle_deadline", "seconds a whole bundle download may take, tries included")
-    add_flag(parser, "cache_bundle_min_rate", "KiB/s: a download slower than this over 30 s is given up; 0: none")
-    add_flag(parser, "cache_bundle_max_mb", "MiB: a larger bundle is refused")
+def add_flags(parser: argparse.ArgumentParser, *groups: str) -> None:
+    """The flags of these groups, in the order of Settings' fields."""
+    for f in fields(Settings):
+        if f.metadata.get("group") in groups:
+            add_flag(parser, f.metadata["name"] or f.name, f.metadata["help"], **f.metadata["argparse"])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The app's flags; `python -m neuron_ui generate` reuses the model and engine ones."""
+    """The app's flags; `python -m neuron_ui`'s commands take the engine's (and `cache import` the fetch's)."""
     parser = argparse.ArgumentParser(description="neuron-ui: FLUX.2-klein on Trainium, CUDA or CPU")
-    add_engine_arguments(parser)
-    add_flag(parser, "host", "interface to bind")
-    add_flag(parser, "port", "port")
-    add_flag(parser, "share", "open a public Gradio share link", action="store_true")
-    add_flag(parser, "max_queue", "requests allowed to wait")
-    add_flag(parser, "max_queue_per_user", "requests one visitor may have waiting")
-    add_flag(parser, "no_previews", "never show or send each step's estimate of the image: /generate's preview=True "
-             "then yields the image only", action="store_true")
-    add_flag(parser, "max_grid_cells", f"images one grid (the Compare panel, /grid) may make, at most {MAX_GRID_CELLS}")
-    add_flag(parser, "mcp", "serve generate, grid, ab, inpaint, status and warmup as MCP tools at /gradio_api/mcp/",
-             action="store_true")
-    add_flag(parser, "mcp_sessions", "MCP sessions open at once; past it the one idle longest is closed")
-    add_flag(parser, "mcp_session_idle", "seconds an idle MCP session is kept")
-    add_flag(parser, "warmup", "presets to compile in the background once serving, or 'all'")
-    add_flag(parser, "cache_bundle", "import this compile-cache bundle before serving: a file, an https:// URL or "
-             "hf://<repo_id>/<path>[@revision]; several comma-separated")
-    add_bundle_pin_argument(parser)
-    add_flag(parser, "upload_budget_mb", "MB all uploads may take on disk at once")
-    add_flag(parser, "upload_retention", "seconds an upload is kept after its last use")
-    add_flag(parser, "max_downloads", "files being sent at once (images, uploads, the page's own files); past it a "
-             "request for one is refused with 503")
-    add_flag(parser, "replicas", "engine replicas on Ray Serve; 0: one process, no Ray")
-    add_flag(parser, "ray_address", "join this Ray cluster ('auto' or host:port) instead of starting a local one")
+    add_flags(parser, ENGINE, APP, FETCH)
     return parser
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "model", "'auto', 'tiny', a Hugging Face repo id or a local folder")
-    add_flag(parser, "transformer", "the transformer from this .safetensors file, BFL's layout as ComfyUI keeps it "
-             "(flux-2-klein-4b.safetensors); the other components from --model", metavar="FILE")
-    add_flag(parser, "device", "where the model runs; auto: Neuron, then CUDA, then CPU", choices=DEVICES)
-    add_flag(parser, "dtype", "the weights' precision; auto: bf16 on accelerators", choices=DTYPES)
-    add_flag(parser, "compile", "aot: AOTInductor packages, CUDA and CPU only", choices=COMPILE_MODES)
-    add_flag(parser, "compile_backend", "torch.compile backend; by default neuron on Neuron, else inductor")
-    add_flag(parser, "resolutions", "comma-separated WIDTHxHEIGHT presets")
-    add_flag(parser, "cache_dir", "persistent compile cache folder")
-    add_flag(parser, "hub_timeout", "seconds to wait for the Hub with --model auto")
-    add_flag(parser, "tp", "tensor-parallel degree; must match torchrun's --nproc_per_node", type=int)
-    add_flag(parser, "tp_timeout", "seconds a tensor-parallel call may take at least before a rank counts as hung; "
-             "a size's first call gets 30 min to compile")
-    add_flag(parser, "max_references", "reference images per request, 0-5")
-    add_flag(parser, "lora", "a style: a LoRA .safetensors file, a folder or a Hub repo id; repeatable, the env var "
-             "comma-separated; see docs/styles.md", action="append", metavar="[NAME=]PATH[@SCALE]")
 
 
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Settings:
     """Flags win over env vars, env vars over defaults."""
 
     def text(name: str) -> str | None:
-        flag = getattr(args, name, None)
-        return str(flag) if flag else environ.get(env_name(name)) or None
+        given = getattr(args, name, None)
+        return str(given) if given else environ.get(env_name(name)) or None
 
     def number(name: str) -> Any:  # of the default's type
-        env, flag, default = env_name(name), getattr(args, name, None), getattr(Settings, name)
-        value = str(flag) if flag is not None else environ.get(env)
+        env, given, default = env_name(name), getattr(args, name, None), getattr(Settings, name)
+        value = str(given) if given is not None else environ.get(env)
         if value is None:
             return default
         try:
@@ -271,11 +250,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
         resolutions=presets,
         warmup=(presets if warmup.strip() == "all" else parse_resolutions(warmup)) if warmup else (),
-        cache_bundle=split_list(text("cache_bundle") or ()),
-        cache_bundle_sha256=split_list(text("cache_bundle_sha256") or ()),
+        **{name: getattr(args, name, getattr(Settings, name)) for name in NO_ENV},
         loras=tuple(s.strip() for s in loras),
-        tp=getattr(args, "tp", None),
-        share=bool(getattr(args, "share", False)),
         mcp=switch("mcp"),
         previews=not switch("no_previews"),
         session_secret=environ.get(env_name("session_secret")) or None,
