@@ -12,8 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_ui.cache.admin import HashingReader, describe_holdings, describe_key, hash_file, human_bytes, walk_files
-from neuron_ui.cache.bundle_format import ARTIFACTS, BUNDLE_JSON, BundleFile, BundleInfo, artifact_folders, this_machine
+from neuron_ui.cache.admin import (
+    HashingReader,
+    describe_holdings,
+    describe_key,
+    hash_file,
+    human_bytes,
+    walk_files,
+)
+from neuron_ui.cache.bundle_format import (
+    ARTIFACTS,
+    BUNDLE_JSON,
+    BundleFile,
+    BundleInfo,
+    artifact_folders,
+    this_machine,
+)
 from neuron_ui.cache.fetch import parse_bundle_source
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import replaced_whole, staging_folder

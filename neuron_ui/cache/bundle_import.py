@@ -13,8 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from neuron_ui.cache.admin import CHUNK, HashingReader, hash_stream
-from neuron_ui.cache.bundle_format import (BUNDLE_JSON, BundleError, BundleInfo, check_key, check_room, read_header,
-                                           safe_parts)
+from neuron_ui.cache.bundle_format import (
+    BUNDLE_JSON,
+    BundleError,
+    BundleInfo,
+    check_key,
+    check_room,
+    read_header,
+    safe_parts,
+)
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.config.cache_paths import STAGING_PREFIX, free_bytes, replaced_whole, staging_folder
 from neuron_ui.config.settings import parse_sha256

@@ -29,8 +29,14 @@ import torch
 
 from neuron_ui.config.cache_paths import replaced_whole, temporary_folder
 from neuron_ui.config.settings import StartupError
-from neuron_ui.model.torch_bridge import (aoti_compile_and_package, call_with_weights, dynamo_counters,
-                                          load_aoti_package, repeated_block_classes, route_compiled_call)
+from neuron_ui.model.torch_bridge import (
+    aoti_compile_and_package,
+    call_with_weights,
+    dynamo_counters,
+    load_aoti_package,
+    repeated_block_classes,
+    route_compiled_call,
+)
 
 if TYPE_CHECKING:
     from torch.export.pt2_archive._package import AOTICompiledModel
