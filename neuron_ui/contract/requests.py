@@ -67,6 +67,7 @@ class ValidRequest:
     strength: float = 1.0
     lora: str | None = None
     lora_scale: float | None = None  # set whenever lora is
+    preview: bool = False  # it asked for step previews (made only where the server allows them)
 
     @property
     def inputs(self) -> list[FittedImage]:
@@ -172,4 +173,5 @@ def validate_request(request: GenerateRequest, layout: Layout, *, default_steps:
         strength=1.0 if request.strength is None else STRENGTH.check(request.strength),
         lora=lora,
         lora_scale=None if lora is None else styles[lora] if scale is None else scale,
+        preview=request.preview,
     )

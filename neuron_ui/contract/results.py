@@ -214,8 +214,9 @@ class ReplicaRow(TypedDict):
 
 
 @dataclass
-class EngineFacts:
-    """What an engine's status says that never changes while it serves."""
+class EngineStatus:
+    """What never changes while an engine serves (its model, device, defaults), and what does: the cache, the device's
+    queue, every size's state (the /status API's JSON)."""
 
     model: str
     device: str
@@ -228,12 +229,6 @@ class EngineFacts:
     default_steps: int
     default_guidance: float
     cache_dir: str
-
-
-@dataclass
-class EngineStatus(EngineFacts):
-    """The facts, and what changes: the cache, the device's queue, every size's state (the /status API's JSON)."""
-
     persistent_cache: bool
     cache_error: str | None
     busy: bool
