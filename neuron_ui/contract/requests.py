@@ -147,23 +147,20 @@ def validate_request(request: GenerateRequest, layout: Layout, *, default_steps:
     """Every field checked, defaults filled in (a random seed when none is given), input images fitted to their
     sizes; `layout` is the request's, checked already (Layouts.layout: its size and references); `styles` are the
     loaded styles' default strengths by name. ValueError names what is allowed."""
-    resolution = layout.resolution
     styles = styles or {}
     lora = validate_style(request.lora, styles)
     # a strength without a style is checked, and no style (the page always sends its slider's value)
     scale = None if request.lora_scale is None else STYLE_SCALE.check(request.lora_scale)
-    references: tuple = ()
-    if layout.references:
-        references = refs.fit_references(list(request.references), layout.references[0],
-                                         refs.validate_fit(request.fit), len(layout.references))
+    references = refs.fit_references(list(request.references), layout.references[0], refs.validate_fit(request.fit),
+                                     len(layout.references)) if layout.references else ()
     source = mask = None
     if layout.inpaint:
         image, painted = require_inpaint_inputs(request)
-        source = refs.fit_reference(image, resolution, refs.validate_fit(request.fit), role="image")
+        source = refs.fit_reference(image, layout.resolution, refs.validate_fit(request.fit), role="image")
         mask = refs.fit_mask(painted, source)
     return ValidRequest(
         prompt=validate_prompt(request.prompt),
-        resolution=resolution,
+        resolution=layout.resolution,
         steps=default_steps if request.steps is None else int(STEPS.check(request.steps)),
         seed=secrets.randbelow(2**32) if request.seed is None else int(SEED.check(request.seed)),
         guidance=default_guidance if request.guidance is None else GUIDANCE.check(request.guidance),

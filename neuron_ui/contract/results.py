@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict, cast
 from collections.abc import Callable
@@ -148,10 +149,8 @@ class GenerateResult:
     lora_sha256: str | None = None
 
     def info(self) -> dict[str, object]:
-        """Everything but the image, JSON-ready."""
-        data = asdict(self)
-        data.pop("image")
-        return data
+        """Everything but the image, JSON-ready (asdict would copy the image too: 11 ms at 1024x1024)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "image"}
 
     def png_text(self) -> list[tuple[str, str]]:
         """Parameters in the PNG itself, so a saved image remembers how to make it again."""

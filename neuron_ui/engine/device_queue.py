@@ -200,8 +200,6 @@ class DeviceQueue:
 
         while True:
             with self._cond:
-                if not done() and on_wait is None:
-                    self._cond.wait_for(done)
                 if done():
                     self._refuse_if_closed()
                     if stop is not None and stop.stopped:
@@ -210,8 +208,7 @@ class DeviceQueue:
                     self._running += 1
                     return
                 ahead = self._ahead(ticket)
-            if on_wait is not None:  # (without one, the wait above lasted until done())
-                # outside the lock: it may take its time (an engine's estimates, a progress bar)
+            if on_wait is not None:  # outside the lock: it may take its time (an engine's estimates, a progress bar)
                 mine = sum(1 for t in ahead if t.visitor is not None and t.visitor == ticket.visitor)
                 on_wait([t.job for t in ahead], mine)
             with self._cond:
