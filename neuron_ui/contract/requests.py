@@ -127,11 +127,10 @@ def validate_style(name: object, styles: Mapping[str, float], no_style: str = NO
     caller's word for it (a grid's axis says "none")."""
     if name is None or name == "" or name == NO_STYLE:
         return None
-    allowed = ", ".join([no_style, *styles]) if styles else None
+    if not styles:
+        raise ValueError(f"lora {shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
     if not isinstance(name, str) or name not in styles:
-        if allowed is None:
-            raise ValueError(f"lora {shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
-        raise ValueError(f"lora {shown(name)} is not a style loaded here; allowed: {allowed}")
+        raise ValueError(f"lora {shown(name)} is not a style loaded here; allowed: {', '.join([no_style, *styles])}")
     return name
 
 

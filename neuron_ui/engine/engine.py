@@ -102,7 +102,7 @@ class Engine(Generic[Job]):
         return self.allowed.layout(resolution, references, reference_size, inpaint)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
-        """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
+        """The tokens the text encoder gets for `text`, and how many it reads (count_prompt_tokens)."""
         return self.runner.prompt_tokens(text)
 
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,

@@ -12,7 +12,6 @@ from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from PIL import Image
 
 from neuron_ui.cache.manifest import CacheManifest
@@ -60,7 +59,7 @@ class LocalRunner:
         *,
         presets: tuple[Resolution, ...],
         device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: str = "float32",
         compile_mode: str = "regional",
         backend: Backend = "inductor",
         cache: CachePaths | None = None,
@@ -77,8 +76,7 @@ class LocalRunner:
         self.loaded = loaded
         self.cache = cache
         self.previews = previews  # False (--no-previews): no request gets step previews
-        self.device, self.compile_mode, self.backend = device, compile_mode, backend
-        self.dtype = str(dtype).removeprefix("torch.")
+        self.device, self.dtype, self.compile_mode, self.backend = device, dtype, compile_mode, backend
         self.observers = Observers()
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
         # What changes the compiled graph, and the layouts a request may make: derived here alike for rank 0 and every
@@ -105,7 +103,7 @@ class LocalRunner:
             loaded,
             presets=settings.resolutions,
             device=group.device if group else runtime.device,
-            dtype=getattr(torch, runtime.dtype),
+            dtype=runtime.dtype,
             compile_mode=settings.compile,
             backend=runtime.backend,
             cache=cache,
@@ -122,7 +120,7 @@ class LocalRunner:
                                 default_guidance=self.default_guidance, styles=self.styles.defaults)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
-        """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
+        """The tokens the text encoder gets for `text`, and how many it reads (count_prompt_tokens)."""
         return count_prompt_tokens(self.pipe.tokenizer, text)
 
     def make(self, valid: ValidRequest, layout: Layout, report: ProgressFn, stop: StopToken,
