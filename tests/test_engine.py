@@ -347,7 +347,7 @@ def test_base_models_default_to_fifty_steps_and_guidance_four(tmp_path):
                           compile_mode="eager", cache=configure_cache_env(tmp_path, environ={}))
     status = engine.status()
     assert (status.distilled, status.default_steps, status.default_guidance) == (False, 50, 4.0)
-    valid = engine.runner.prepare(GenerateRequest("a cat", "256x256", seed=1), engine.layout("256x256")).valid
+    valid = engine.runner.prepare(GenerateRequest("a cat", "256x256", seed=1), engine.layout("256x256"))
     assert (valid.steps, valid.guidance) == (50, 4.0)
 
 

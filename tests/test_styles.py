@@ -309,7 +309,7 @@ def test_a_request_for_an_unknown_style_names_the_allowed_ones(engine, files):
         engine.generate(request("ink", float("nan")))
     with pytest.raises(ValueError, match=r"lora \['ink'\] is not a style"):
         engine.generate(request(["ink"]))
-    assert engine.runner.prepare(request("None", 1.5), engine.layout(SIZE)).valid.lora is None  # the dropdown's None
+    assert engine.runner.prepare(request("None", 1.5), engine.layout(SIZE)).lora is None  # the dropdown's None
 
 
 def test_result_and_png_carry_the_style(sequence, tmp_path):

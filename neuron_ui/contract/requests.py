@@ -67,6 +67,7 @@ class ValidRequest:
     strength: float = 1.0
     lora: str | None = None
     lora_scale: float | None = None  # set whenever lora is
+    preview: bool = False  # it asked for step previews (made only where the server allows them)
 
     @property
     def inputs(self) -> list[FittedImage]:
@@ -126,11 +127,10 @@ def validate_style(name: object, styles: Mapping[str, float], no_style: str = NO
     caller's word for it (a grid's axis says "none")."""
     if name is None or name == "" or name == NO_STYLE:
         return None
-    allowed = ", ".join([no_style, *styles]) if styles else None
+    if not styles:
+        raise ValueError(f"lora {shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
     if not isinstance(name, str) or name not in styles:
-        if allowed is None:
-            raise ValueError(f"lora {shown(name)}: no styles are loaded on this server (start it with --lora PATH)")
-        raise ValueError(f"lora {shown(name)} is not a style loaded here; allowed: {allowed}")
+        raise ValueError(f"lora {shown(name)} is not a style loaded here; allowed: {', '.join([no_style, *styles])}")
     return name
 
 
@@ -146,23 +146,20 @@ def validate_request(request: GenerateRequest, layout: Layout, *, default_steps:
     """Every field checked, defaults filled in (a random seed when none is given), input images fitted to their
     sizes; `layout` is the request's, checked already (Layouts.layout: its size and references); `styles` are the
     loaded styles' default strengths by name. ValueError names what is allowed."""
-    resolution = layout.resolution
     styles = styles or {}
     lora = validate_style(request.lora, styles)
     # a strength without a style is checked, and no style (the page always sends its slider's value)
     scale = None if request.lora_scale is None else STYLE_SCALE.check(request.lora_scale)
-    references: tuple = ()
-    if layout.references:
-        references = refs.fit_references(list(request.references), layout.references[0],
-                                         refs.validate_fit(request.fit), len(layout.references))
+    references = refs.fit_references(list(request.references), layout.references[0], refs.validate_fit(request.fit),
+                                     len(layout.references)) if layout.references else ()
     source = mask = None
     if layout.inpaint:
         image, painted = require_inpaint_inputs(request)
-        source = refs.fit_reference(image, resolution, refs.validate_fit(request.fit), role="image")
+        source = refs.fit_reference(image, layout.resolution, refs.validate_fit(request.fit), role="image")
         mask = refs.fit_mask(painted, source)
     return ValidRequest(
         prompt=validate_prompt(request.prompt),
-        resolution=resolution,
+        resolution=layout.resolution,
         steps=default_steps if request.steps is None else int(STEPS.check(request.steps)),
         seed=secrets.randbelow(2**32) if request.seed is None else int(SEED.check(request.seed)),
         guidance=default_guidance if request.guidance is None else GUIDANCE.check(request.guidance),
@@ -172,4 +169,5 @@ def validate_request(request: GenerateRequest, layout: Layout, *, default_steps:
         strength=1.0 if request.strength is None else STRENGTH.check(request.strength),
         lora=lora,
         lora_scale=None if lora is None else styles[lora] if scale is None else scale,
+        preview=request.preview,
     )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict, cast
 from collections.abc import Callable
@@ -148,10 +149,8 @@ class GenerateResult:
     lora_sha256: str | None = None
 
     def info(self) -> dict[str, object]:
-        """Everything but the image, JSON-ready."""
-        data = asdict(self)
-        data.pop("image")
-        return data
+        """Everything but the image, JSON-ready (asdict would copy the image too: 11 ms at 1024x1024)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "image"}
 
     def png_text(self) -> list[tuple[str, str]]:
         """Parameters in the PNG itself, so a saved image remembers how to make it again."""
@@ -214,8 +213,9 @@ class ReplicaRow(TypedDict):
 
 
 @dataclass
-class EngineFacts:
-    """What an engine's status says that never changes while it serves."""
+class EngineStatus:
+    """What never changes while an engine serves (its model, device, defaults), and what does: the cache, the device's
+    queue, every size's state (the /status API's JSON)."""
 
     model: str
     device: str
@@ -228,12 +228,6 @@ class EngineFacts:
     default_steps: int
     default_guidance: float
     cache_dir: str
-
-
-@dataclass
-class EngineStatus(EngineFacts):
-    """The facts, and what changes: the cache, the device's queue, every size's state (the /status API's JSON)."""
-
     persistent_cache: bool
     cache_error: str | None
     busy: bool

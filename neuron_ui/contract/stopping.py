@@ -22,7 +22,7 @@ class Phase(Kind):
     """Every state a request or a layout passes through, one word each ("compiling" once for all): where a request
     is when a stop reaches it (the stop's JSON answer); what holds the device (COMPILING or RUNNING,
     engine.waiting) and what a wait for a graph is (COMPILING, or LOADING it from the disk cache: engine.graphs'
-    Claim, a progress update's `phase`), a request's stop phase being COMPILING for a load too: neither can be cut
+    claim, a progress update's `phase`), a request's stop phase being COMPILING for a load too: neither can be cut
     short; a progress line's stage (results.Stage) and a shape's state (results.ShapeState)."""
 
     RECEIVED = "received"

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from itertools import takewhile
 from typing import TYPE_CHECKING
 
 from neuron_ui.contract.errors import EngineError, ErrorKind
@@ -113,26 +114,23 @@ class Turns:
 
     def first(self) -> Ticket | None:
         """The request that gets the device next: the first one of the visitor whose turn came longest ago."""
-        heads: dict[VisitorKey, Ticket] = {}
-        for ticket in self._waiting:
-            heads.setdefault(ticket.key, ticket)
-        return min(heads.values(), key=lambda t: _rank(t, self._last_served.get(t.key)), default=None)
+        return next(self.order(), None)
 
-    def order(self) -> list[Ticket]:
-        """Every waiting request in the order it would get the device if nobody else came: turns played out."""
+    def order(self) -> Iterator[Ticket]:
+        """Every waiting request in the order it would get the device if nobody else came: turns played out, as far
+        as the caller reads (the first costs one pass over the waiting requests)."""
         queues: dict[VisitorKey, list[Ticket]] = {}
         for ticket in self._waiting:
             queues.setdefault(ticket.key, []).append(ticket)
         last = {key: self._last_served.get(key) for key in queues}
-        clock, ordered = self._clock, []
+        clock = self._clock
         while queues:
             key = min(queues, key=lambda k: _rank(queues[k][0], last[k]))
-            ordered.append(queues[key].pop(0))
+            yield queues[key].pop(0)
             clock += 1
             last[key] = clock
             if not queues[key]:
                 del queues[key]
-        return ordered
 
 
 def _rank(head: Ticket, last_turn: int | None) -> tuple[int, int]:
@@ -200,8 +198,6 @@ class DeviceQueue:
 
         while True:
             with self._cond:
-                if not done() and on_wait is None:
-                    self._cond.wait_for(done)
                 if done():
                     self._refuse_if_closed()
                     if stop is not None and stop.stopped:
@@ -210,8 +206,7 @@ class DeviceQueue:
                     self._running += 1
                     return
                 ahead = self._ahead(ticket)
-            if on_wait is not None:  # (without one, the wait above lasted until done())
-                # outside the lock: it may take its time (an engine's estimates, a progress bar)
+            if on_wait is not None:  # outside the lock: it may take its time (an engine's estimates, a progress bar)
                 mine = sum(1 for t in ahead if t.visitor is not None and t.visitor == ticket.visitor)
                 on_wait([t.job for t in ahead], mine)
             with self._cond:
@@ -221,8 +216,7 @@ class DeviceQueue:
         return done() or self._ahead(ticket) != seen
 
     def _ahead(self, ticket: Ticket) -> list[Ticket]:
-        order = self._turns.order()
-        return order[: order.index(ticket)]
+        return list(takewhile(lambda other: other is not ticket, self._turns.order()))
 
     def _wake(self) -> None:
         with self._cond:

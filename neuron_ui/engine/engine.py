@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -79,45 +79,6 @@ def _ignore(update: ProgressUpdate) -> None:
     pass
 
 
-class WarmupList:
-    """Layouts to compile in the background, one after another on one thread, each listed until it is done; the
-    engine's front keeps one, whatever its runner. `warm(item)` compiles one; it returns False to drop the rest
-    (shutting down)."""
-
-    def __init__(self, warm: Callable[[Layout], bool]):
-        self._warm = warm
-        self._lock = threading.Lock()
-        self._items: list[Layout] = []
-        self._thread: threading.Thread | None = None
-
-    def add(self, items: list[Layout]) -> None:
-        with self._lock:
-            self._items.extend(item for item in items if item not in self._items)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="warmup", daemon=True)
-                self._thread.start()
-
-    def pending(self) -> list[Layout]:
-        """What is still to compile, the one compiling now first."""
-        with self._lock:
-            return list(self._items)
-
-    def _run(self) -> None:
-        go_on = True
-        while go_on:
-            with self._lock:
-                if not self._items:
-                    return
-                item = self._items[0]
-            try:
-                go_on = self._warm(item)
-            finally:
-                with self._lock:
-                    self._items.remove(item)
-                    if not go_on:
-                        self._items.clear()
-
-
 class Engine(Generic[Job]):
     """The front of one runner behind the engine interface: one request per runner slot on the device at a time,
     visitors in turn (`max_queue_per_user` each), users before background warm-up."""
@@ -131,7 +92,9 @@ class Engine(Generic[Job]):
         self.observers = runner.observers  # the runner tells them its compiles; the front, images and failures
         self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.device_queue)
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
-        self._warmups = WarmupList(self._warm_one)
+        self._lock = threading.Lock()
+        self._warmups: list[Layout] = []  # to compile in the background, the one compiling now first
+        self._warming: threading.Thread | None = None  # the one thread that compiles them, one after another
 
     def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
                inpaint: bool = False) -> Layout:
@@ -139,7 +102,7 @@ class Engine(Generic[Job]):
         return self.allowed.layout(resolution, references, reference_size, inpaint)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
-        """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
+        """The tokens the text encoder gets for `text`, and how many it reads (count_prompt_tokens)."""
         return self.runner.prompt_tokens(text)
 
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
@@ -198,20 +161,41 @@ class Engine(Generic[Job]):
         return self.layout_status(layout)
 
     def start_warmup(self, resolutions: list[str]) -> None:
-        """Compile these presets in the background; any user request goes first."""
-        self._warmups.add([self.layout(r) for r in resolutions])
+        """Compile these presets in the background, each listed until it is done; any user request goes first."""
+        layouts = [self.layout(r) for r in resolutions]
+        with self._lock:
+            self._warmups.extend(layout for layout in layouts if layout not in self._warmups)
+            if self._warming is None or not self._warming.is_alive():
+                self._warming = threading.Thread(target=self._warm_all, name="warmup", daemon=True)
+                self._warming.start()
 
-    def _warm_one(self, layout: Layout) -> bool:
-        """One preset of the warm-up list, when the device is free of users; False once shutting down."""
-        try:
-            with self.queue.background():
-                try:
-                    self.runner.warm(layout, _ignore, self._watch)
-                except (ValueError, EngineError) as error:  # recorded as failed in the status; the next one goes on
-                    logger.warning("warm-up of %s failed: %s", layout, error)
-        except EngineError:  # the device is closed (shutting down): the rest of the list is not compiled
-            return False
-        return True
+    def _warm_all(self) -> None:
+        """The warm-up list, one layout at a time when the device is free of users, until it is empty or the device
+        is closed (shutting down: the rest is not compiled)."""
+        go_on = True
+        while go_on:
+            with self._lock:
+                if not self._warmups:
+                    self._warming = None  # under the lock: a layout added from now on starts a thread of its own
+                    return
+                layout = self._warmups[0]
+            try:
+                with self.queue.background():
+                    try:
+                        self.runner.warm(layout, _ignore, self._watch)
+                    except (ValueError, EngineError) as error:  # recorded as failed in the status; the next goes on
+                        logger.warning("warm-up of %s failed: %s", layout, error)
+            except EngineError:  # the device is closed
+                go_on = False
+            finally:
+                with self._lock:
+                    self._warmups.remove(layout)
+                    if not go_on:
+                        self._warmups.clear()
+
+    def _pending(self) -> list[Layout]:
+        with self._lock:
+            return list(self._warmups)
 
     def health(self) -> Health:
         """/healthz once serving: up?, and the body to send."""
@@ -226,11 +210,11 @@ class Engine(Generic[Job]):
 
     def layout_status(self, layout: Layout) -> ShapeStatus:
         """One layout's state, e.g. for the line under the form before the click."""
-        return self.runner.shape(layout, self._warmups.pending())
+        return self.runner.shape(layout, self._pending())
 
     def status(self) -> EngineStatus:
         """A snapshot for the UI's status table and the /status API; never waits for the device."""
-        warmup = self._warmups.pending()
+        warmup = self._pending()
         shapes = [self.runner.shape(Layout(preset), warmup) for preset in self.presets]
         return replace(
             self.runner.status(),

@@ -9,12 +9,12 @@ the front and the UI's process need not load it.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from neuron_ui.cache.estimates import estimate_compile_seconds, measured_seconds
 from neuron_ui.contract.layouts import Layout
-from neuron_ui.contract.results import CacheEvent, ShapeState, ShapeStatus
+from neuron_ui.contract.results import CacheEvent, ProgressUpdate, ShapeState, ShapeStatus
 from neuron_ui.contract.stopping import Phase
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ class GraphState:
 
 @dataclass
 class LayoutStats:
+    """One layout's images: ShapeStatus's fields of the same names."""
+
     images: int = 0  # images made at this layout, whatever the cache did
     hits: int = 0  # ... of which found the graph in memory
     last_latency: float | None = None
@@ -54,26 +56,6 @@ class Holdings(NamedTuple):
         return sorted(tokens for tokens, graph in self.graphs.items() if graph.state == Phase.READY)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A graph this caller is now to compile (or load from the disk cache), and what that should cost."""
-
-    layout: Layout
-    loading: bool  # its graph is on disk: a load, not a compile
-    estimate: float | None  # seconds; None when no load was measured yet
-    guess: bool = False  # the estimate is the built-in default: nothing measured on this machine yet
-
-    @property
-    def phase(self) -> Phase:
-        return Phase.LOADING if self.loading else Phase.COMPILING
-
-    def describe(self) -> str:
-        where = " from the disk cache" if self.loading else ""
-        about = "load time not measured yet" if self.estimate is None else f"about {self.estimate:.0f} s"
-        about += ", a guess: nothing measured on this machine yet" if self.guess else ""
-        return f"{self.phase} {self.layout}{where} for the first time ({about})"
-
-
 class GraphBook:
     """Graph states by token count, stats by layout, and estimates from the manifest; thread-safe."""
 
@@ -86,9 +68,10 @@ class GraphBook:
         self._graphs: dict[int, GraphState] = {}
         self._stats: dict[Layout, LayoutStats] = {}  # the layouts used
 
-    def claim(self, layout: Layout) -> Claim | None:
-        """None when this layout's graph is held; else mark it compiling and say what it should cost.
-        Callers serialise claims (the engine's device queue), so one graph is compiled once."""
+    def claim(self, layout: Layout) -> ProgressUpdate | None:
+        """None when this layout's graph is held; else mark it compiling and say what it should cost: the update a
+        caller about to compile it (or load it from the disk cache) reports. Callers serialise claims (the engine's
+        device queue), so one graph is compiled once."""
         if self.compile_mode == "eager":
             return None
         with self._lock:
@@ -96,7 +79,13 @@ class GraphBook:
             if graph is not None and graph.state == Phase.READY:
                 return None
             self._graphs[layout.tokens] = GraphState(Phase.COMPILING, compiled_by=layout)
-        return Claim(layout, bool(self.disk_records(layout)), self.estimate(layout), self.estimate_is_guess(layout))
+        phase = Phase.LOADING if self.disk_records(layout) else Phase.COMPILING
+        estimate, guess = self.estimate(layout)
+        about = "load time not measured yet" if estimate is None else f"about {estimate:.0f} s"
+        about += ", a guess: nothing measured on this machine yet" if guess else ""
+        where = " from the disk cache" if phase is Phase.LOADING else ""
+        return ProgressUpdate(Phase.COMPILING, f"{phase} {layout}{where} for the first time ({about})", phase=phase,
+                              estimate_seconds=estimate, guess=guess)
 
     def failed(self, layout: Layout, reason: str) -> None:
         with self._lock:
@@ -149,7 +138,7 @@ class GraphBook:
             graph = self._graphs.get(layout.tokens)
         if self.compile_mode == "eager" or (graph is not None and graph.state == Phase.READY):
             return 0.0
-        return self.estimate(layout)
+        return self.estimate(layout)[0]
 
     def disk_records(self, layout: Layout) -> list[ShapeRecord]:
         """What the persistent cache holds for this layout's graph (its own record first)."""
@@ -157,15 +146,13 @@ class GraphBook:
         same_graph = [r for r in records.values() if r.tokens == layout.tokens]
         return sorted(same_graph, key=lambda r: r.resolution != str(layout))
 
-    def estimate(self, layout: Layout) -> float | None:
-        """Seconds until this layout's graph is ready: a load when its graph is on disk, else a compile."""
-        return estimate_compile_seconds(self.manifest.shapes(self.key), self.key.backend, self.disk_records(layout),
-                                        layout.tokens, self.parameters)
-
-    def estimate_is_guess(self, layout: Layout) -> bool:
-        """True when the estimate is the built-in default: no graph on disk, no compile measured by this key."""
-        records = self.manifest.shapes(self.key).values()
-        return not self.disk_records(layout) and not any(measured_seconds(r, CacheEvent.COMPILED) for r in records)
+    def estimate(self, layout: Layout) -> tuple[float | None, bool]:
+        """Seconds until this layout's graph is ready (a load when its graph is on disk, else a compile; None when no
+        load was measured yet), and whether that is the built-in default: no graph on disk, no compile measured by
+        this key."""
+        records, disk = self.manifest.shapes(self.key), self.disk_records(layout)
+        guess = not disk and not any(measured_seconds(r, CacheEvent.COMPILED) for r in records.values())
+        return estimate_compile_seconds(records, self.key.backend, disk, layout.tokens, self.parameters), guess
 
     def status(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
         """One layout's state, e.g. for the status table or the line under the form before the click (`warmup`: the
@@ -174,18 +161,9 @@ class GraphBook:
             stats = self._stats.get(layout, LayoutStats())
             graph = self._graphs.get(layout.tokens)
         disk = self.disk_records(layout)
-        shape = ShapeStatus(
-            resolution=str(layout.resolution),
-            aspect=layout.resolution.aspect,
-            tokens=layout.tokens,
-            state=Phase.COLD,
-            on_disk=bool(disk),
-            warmup_queued=layout.plain and layout in warmup,
-            hits=stats.hits,
-            images=stats.images,
-            last_latency=stats.last_latency,
-            layout=None if layout.plain else str(layout),
-        )
+        shape = ShapeStatus(str(layout.resolution), layout.resolution.aspect, layout.tokens, Phase.COLD,
+                            on_disk=bool(disk), warmup_queued=layout.plain and layout in warmup,
+                            layout=None if layout.plain else str(layout), **asdict(stats))
         if self.compile_mode == "eager":
             shape.state = Phase.READY
         elif graph is not None:
@@ -199,9 +177,8 @@ class GraphBook:
             else:
                 shape.compile_seconds = graph.seconds
         if shape.state != Phase.READY:
-            estimate = self.estimate(layout)
+            estimate, shape.estimate_guess = self.estimate(layout)
             shape.estimate_seconds = None if estimate is None else round(estimate, 1)
-            shape.estimate_guess = self.estimate_is_guess(layout)
             if disk:  # earlier runs' measurements, kept apart from this run's
                 shape.recorded_compile_seconds = measured_seconds(disk[0], CacheEvent.COMPILED)
                 shape.recorded_load_seconds = measured_seconds(disk[0], CacheEvent.DISK_HIT)

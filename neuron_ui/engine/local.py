@@ -10,9 +10,8 @@ import time
 from collections.abc import Callable
 from contextlib import closing, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-import torch
 from PIL import Image
 
 from neuron_ui.cache.manifest import CacheManifest
@@ -25,7 +24,7 @@ from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
 from neuron_ui.contract.layouts import Layout, Layouts
 from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, validate_request
-from neuron_ui.contract.results import EngineFacts, EngineStatus, GenerateResult, Mode, ProgressUpdate
+from neuron_ui.contract.results import EngineStatus, GenerateResult, Mode
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.engine.setup import load_for, prepare_pipeline, warmup_call
@@ -48,13 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class LocalJob(NamedTuple):
-    """A request as the local runner runs it: checked and fitted, and whether it asked for step previews."""
-
-    valid: ValidRequest
-    preview: bool
-
-
 class LocalRunner:
     """The pipeline on this process's device: validates a request fully, compiles a layout once, runs the pipeline
     step by step (stoppable), and keeps the graph book (which graphs it holds, what each cost)."""
@@ -67,7 +59,7 @@ class LocalRunner:
         *,
         presets: tuple[Resolution, ...],
         device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: str = "float32",
         compile_mode: str = "regional",
         backend: Backend = "inductor",
         cache: CachePaths | None = None,
@@ -89,7 +81,7 @@ class LocalRunner:
         self.default_steps, self.default_guidance = (4, 1.0) if loaded.distilled else (50, 4.0)
         # What changes the compiled graph, and the layouts a request may make: derived here alike for rank 0 and every
         # tensor-parallel follower (each builds its LocalRunner), so their graphs match.
-        self.key = CompileKey.current(loaded.name, compile_mode, backend, str(dtype).removeprefix("torch."), tp_degree)
+        self.key = CompileKey.current(loaded.name, compile_mode, backend, self.dtype, tp_degree)
         self.allowed = Layouts(presets, reference_sizes, max_references)
         self.manifest = manifest if manifest is not None else CacheManifest(cache.manifest, error=cache.problem) \
             if cache else CacheManifest(Path(".neuron-ui-manifest.json"))
@@ -100,11 +92,6 @@ class LocalRunner:
                                      cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
         self.pipeline = pipeline or PipelineRunner(self.pipe)
         self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
-        self.facts = EngineFacts(
-            model=loaded.name, device=device, dtype=str(dtype).removeprefix("torch."), compile_mode=compile_mode,
-            compile_backend=backend_name(backend), is_tiny=loaded.is_tiny, fallback_reason=loaded.fallback_reason,
-            distilled=loaded.distilled, default_steps=self.default_steps, default_guidance=self.default_guidance,
-            cache_dir=str(cache.root) if cache else "")
 
     @classmethod
     def from_settings(cls, settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
@@ -116,7 +103,7 @@ class LocalRunner:
             loaded,
             presets=settings.resolutions,
             device=group.device if group else runtime.device,
-            dtype=getattr(torch, runtime.dtype),
+            dtype=runtime.dtype,
             compile_mode=settings.compile,
             backend=runtime.backend,
             cache=cache,
@@ -127,19 +114,17 @@ class LocalRunner:
             styles=StyleBook.load(settings.loras, loaded.pipe.transformer, settings.hub_timeout),
         )
 
-    def prepare(self, request: GenerateRequest, layout: Layout) -> LocalJob:
+    def prepare(self, request: GenerateRequest, layout: Layout) -> ValidRequest:
         """Fill defaults, check every field and fit the input images; ValueError names what is allowed."""
-        valid = validate_request(request, layout, default_steps=self.default_steps,
-                                 default_guidance=self.default_guidance, styles=self.styles.defaults)
-        return LocalJob(valid, request.preview and self.previews)
+        return validate_request(request, layout, default_steps=self.default_steps,
+                                default_guidance=self.default_guidance, styles=self.styles.defaults)
 
     def prompt_tokens(self, text: str) -> tuple[int, int]:
-        """The tokens the text encoder gets for `text`, and how many it reads (schema.count_prompt_tokens)."""
+        """The tokens the text encoder gets for `text`, and how many it reads (count_prompt_tokens)."""
         return count_prompt_tokens(self.pipe.tokenizer, text)
 
-    def make(self, job: LocalJob, layout: Layout, report: ProgressFn, stop: StopToken,
+    def make(self, valid: ValidRequest, layout: Layout, report: ProgressFn, stop: StopToken,
              watch: DeviceWatch) -> GenerateResult:
-        valid = job.valid
         start = time.perf_counter()
         before = read_counters(self._neff_dir)
         # 4. Ensure compiled: the first request for a shape compiles it, once, while the others wait.
@@ -153,7 +138,7 @@ class LocalRunner:
         run_start = time.perf_counter()
         watch.running(layout, run_start)
         try:
-            image = self._run(valid, report, stop, preview=job.preview)
+            image = self._run(valid, report, stop)
         except EngineError:  # already one line for the user (stopped; a tensor-parallel rank failed)
             raise
         except Exception as error:
@@ -198,13 +183,12 @@ class LocalRunner:
 
     def _ensure_compiled(self, layout: Layout, report: ProgressFn, watch: DeviceWatch) -> float:
         """Compile the graph for this layout's sequence length unless this process has it; seconds spent."""
-        claim = self.graphs.claim(layout)
-        if claim is None:
+        update = self.graphs.claim(layout)
+        if update is None:
             return 0.0
-        watch.compiling(layout, claim.estimate)
-        report(ProgressUpdate(Phase.COMPILING, claim.describe(), phase=claim.phase, estimate_seconds=claim.estimate,
-                              guess=claim.guess))
-        logger.info("%s (%d tokens)", claim.describe(), layout.tokens)
+        watch.compiling(layout, update.estimate_seconds)
+        report(update)
+        logger.info("%s (%d tokens)", update.message, layout.tokens)
         before = read_counters(self._neff_dir)
         start = time.perf_counter()
         try:
@@ -227,10 +211,11 @@ class LocalRunner:
     def compile_left(self, layout: Layout) -> float | None:
         return self.graphs.compile_left(layout)
 
-    def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken, preview: bool = False) -> Image.Image:
+    def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
         call = PipelineCall.of(valid)
+        preview = valid.preview and self.previews
         with closing(StepPreviews(report, steps, call.width, call.height)) if preview else nullcontext() as previews:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
 
@@ -241,7 +226,12 @@ class LocalRunner:
         return self.graphs.used()
 
     def status(self) -> EngineStatus:
-        return EngineStatus(**vars(self.facts), busy=False,
+        loaded = self.loaded
+        return EngineStatus(model=loaded.name, device=self.device, dtype=self.dtype, compile_mode=self.compile_mode,
+                            compile_backend=backend_name(self.backend), is_tiny=loaded.is_tiny,
+                            fallback_reason=loaded.fallback_reason, distilled=loaded.distilled,
+                            default_steps=self.default_steps, default_guidance=self.default_guidance,
+                            cache_dir=str(self.cache.root) if self.cache else "", busy=False,
                             persistent_cache=self.manifest.persistent and self.compile_folder.persistent,
                             cache_error=self.compile_folder.problem or self.manifest.error,
                             tensor_parallel=self.pipeline.describe(), styles=self.styles.status(),

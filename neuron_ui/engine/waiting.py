@@ -91,9 +91,9 @@ class DeviceWatch:
             current = list(self._on_device.values())
             ahead_seconds = [self._expected_seconds(layout) for layout in ahead]
         lefts = [None if c.expected is None else max(c.expected - (now - c.started), 0.0) for c in current]
-        parts: list[str] = []
         compiles = [(c, left) for c, left in zip(current, lefts) if c.kind is Phase.COMPILING]
         images = [(c, left) for c, left in zip(current, lefts) if c.kind is Phase.RUNNING]
+        parts: list[str] = []
         if compiles:
             compile, left = compiles[0]
             waited.what = f"{compile.layout} to compile"
@@ -101,24 +101,22 @@ class DeviceWatch:
             parts.append(f"waiting for {compile.layout} to compile, {about}")
         count = len(ahead) + len(images)
         if count:
-            seconds = [left for _, left in images] + ahead_seconds
-            known = [s for s in seconds if s is not None]
-            about = (f"about {seconds_text(sum(known) / self.slots)} (estimate)" if len(known) == len(seconds)
-                     else "time not measured yet for some sizes")
+            left = self._shared([left for _, left in images] + ahead_seconds)
+            about = "time not measured yet for some sizes" if left is None else f"about {seconds_text(left)} (estimate)"
             words = images_ahead(count, mine, str(images[0][0].layout) if len(images) == 1 else None)
             parts.append(f"{'then ' if parts else 'waiting: '}{words}, {about}")
             if waited.what is None:
                 waited.what = images_ahead(count, mine)
-        if not parts:
-            parts.append("waiting for the device")
-        rest = lefts + ahead_seconds
-        known_rest = [s for s in rest if s is not None]
         fraction = None
-        if rest and len(known_rest) == len(rest):
+        if (left := self._shared(lefts + ahead_seconds)) is not None:
             elapsed = now - waited.started
-            total = elapsed + sum(known_rest) / self.slots
-            fraction = min(elapsed / total, MOST_OF_A_WAIT) if total > 0 else MOST_OF_A_WAIT
-        return ProgressUpdate(Phase.WAITING, " · ".join(parts), fraction=fraction)
+            fraction = min(elapsed / (elapsed + left), MOST_OF_A_WAIT) if elapsed + left > 0 else MOST_OF_A_WAIT
+        return ProgressUpdate(Phase.WAITING, " · ".join(parts) or "waiting for the device", fraction=fraction)
+
+    def _shared(self, seconds: list[float | None]) -> float | None:
+        """What these runs take, shared among the slots; None when any is unknown (or there are none)."""
+        known = [s for s in seconds if s is not None]
+        return sum(known) / self.slots if seconds and len(known) == len(seconds) else None
 
     def _image_estimate(self, layout: Layout) -> float | None:
         """A layout's image seconds: its own last one, else the nearest measured layout's in proportion to the

@@ -131,8 +131,9 @@ def what_it_is(head: bytes, role: str) -> ValueError:
     return ValueError(f"{role} is not an image (PNG, JPEG, WebP, GIF...)")
 
 
-def _open(file: BinaryIO, head: bytes, role: str, max_pixels: int) -> Image.Image:
-    """The header only: format, mode and size, each checked before any pixel is decoded."""
+def _open(file: BinaryIO, head: bytes, role: str, max_pixels: int, notes: list[str]) -> Image.Image:
+    """The header first: format, mode and size, each checked before any pixel is decoded; then the pixels."""
+    damaged = ValueError(f"{role} is truncated or damaged: it cannot be decoded")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS below is stricter
@@ -142,16 +143,12 @@ def _open(file: BinaryIO, head: bytes, role: str, max_pixels: int) -> Image.Imag
     except UnidentifiedImageError:
         raise what_it_is(head, role) from None
     except (OSError, SyntaxError, EOFError, ValueError):
-        raise ValueError(f"{role} is truncated or damaged: it cannot be decoded") from None
+        raise damaged from None
     width, height = image.size
     if width * height > max_pixels:
         raise ValueError(f"{role} is {width}x{height} pixels; the limit is {max_pixels / 1e6:.0f} megapixels")
     if width * height == 0:
         raise ValueError(f"{role} is {width}x{height} pixels: there is nothing in it")
-    return image
-
-
-def _load(image: Image.Image, role: str, notes: list[str]) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -162,7 +159,9 @@ def _load(image: Image.Image, role: str, notes: list[str]) -> None:
             image.load()
             ImageOps.exif_transpose(image, in_place=True)  # a phone photo's rotation lives in EXIF, not its pixels
     except (OSError, SyntaxError, EOFError, ValueError, Image.DecompressionBombWarning):
-        raise ValueError(f"{role} is truncated or damaged: it cannot be decoded") from None
+        image.close()
+        raise damaged from None
+    return image
 
 
 @contextmanager
@@ -184,8 +183,7 @@ def decoded(source: ImageSource, role: str, limits: UploadLimits = LIMITS
     with file:
         digest, head = _hash_capped(file, role, limits.max_bytes)
         file.seek(0)
-        with _open(file, head, role, limits.max_pixels) as image:
-            _load(image, role, notes)
+        with _open(file, head, role, limits.max_pixels, notes) as image:
             yield image, digest, notes
 
 
