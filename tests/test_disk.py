@@ -16,7 +16,7 @@ from serving import served
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.compile.folder import CompileFolder
+from neuron_ui.compile.strategies import CompileFolder
 from neuron_ui.config.cache_paths import configure_cache_env, free_bytes, is_disk_full
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.model.loading import LoadedModel

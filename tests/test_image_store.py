@@ -175,7 +175,7 @@ def test_a_grid_a_page_still_shows_outlives_newer_images_and_compare_says_when_o
     the same is said to have expired, in one line."""
     import gradio as gr
 
-    from neuron_ui.ui import ab
+    from neuron_ui.ui import compare
     from neuron_ui.ui.history import HistoryEntry
     from neuron_ui.ui.session import HeldResults, SessionEvents
 
@@ -191,10 +191,10 @@ def test_a_grid_a_page_still_shows_outlives_newer_images_and_compare_says_when_o
         store.save(image(seed))
     assert not any(Path(e.path).is_file() for e in history)
     with pytest.warns(UserWarning, match=r"^The other images of this history have expired on the server"):
-        assert ab.on_open(history[0].path, history)[0] == gr.skip()
+        assert compare.on_ab_open(history[0].path, history)[0] == gr.skip()
     shown = HistoryEntry(store.save(image(22)), "", "a fox", "32x16", 22)
     with pytest.warns(UserWarning, match="expired"):
-        assert ab.on_pick(shown.path, [shown, *history], gr.SelectData(None, {"index": 2, "value": None})) == \
+        assert compare.on_ab_pick(shown.path, [shown, *history], gr.SelectData(None, {"index": 2, "value": None})) == \
             (gr.skip(), gr.skip())
 
 

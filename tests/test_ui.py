@@ -689,15 +689,15 @@ def test_a_built_in_estimate_is_called_a_guess_until_this_machine_measured_one(m
 def test_ab_compares_the_image_shown_with_another_of_the_history(tmp_path):
     """Issue 35, A/B: the image shown on the left, the one made before it on the right; a history click while the
     panel is open puts that image on the right; the caption says which is which."""
-    from neuron_ui.ui import ab
+    from neuron_ui.ui import compare
 
     history = [fake_entry(tmp_path, seed) for seed in (12, 11, 10)]
-    left, panel, pair, caption = ab.on_open(history[1].path, history)
+    left, panel, pair, caption = compare.on_ab_open(history[1].path, history)
     assert left == history[1].path and pair == (history[1].path, history[2].path)
     assert caption.startswith("**A (left)**: seed 11, 256x256, 3 steps · **B (right)**: seed 10")
-    pair, caption = ab.on_pick(left, history, gr.SelectData(None, {"index": 0, "value": None}))
+    pair, caption = compare.on_ab_pick(left, history, gr.SelectData(None, {"index": 0, "value": None}))
     assert pair == (history[1].path, history[0].path) and "**B (right)**: seed 12" in caption
     with pytest.warns(UserWarning, match="No image yet"):
-        assert ab.on_open(None, history)[0] == gr.skip()
+        assert compare.on_ab_open(None, history)[0] == gr.skip()
     with pytest.warns(UserWarning, match="Only one image"):
-        assert ab.on_open(history[0].path, history[:1])[0] == gr.skip()
+        assert compare.on_ab_open(history[0].path, history[:1])[0] == gr.skip()

@@ -16,9 +16,8 @@ from PIL import Image
 
 from neuron_ui.cache.manifest import CacheManifest
 from neuron_ui.compile.counters import classify_event, read_counters
-from neuron_ui.compile.folder import CompileFolder
 from neuron_ui.compile.key import CompileKey
-from neuron_ui.compile.strategies import backend_name
+from neuron_ui.compile.strategies import CompileFolder, backend_name
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line

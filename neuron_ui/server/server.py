@@ -1,5 +1,6 @@
-"""The HTTP server: one FastAPI app under uvicorn, with /healthz and /metrics from the first second and the Gradio
-UI mounted at / (gr.mount_gradio_app) once the model is loaded.
+"""The HTTP server: one FastAPI app under uvicorn, with /healthz and /metrics (Prometheus metrics for the engine, in a
+registry of their own) from the first second and the Gradio UI mounted at / (gr.mount_gradio_app) once the model is
+loaded.
 
 The server starts before the model loads, so a Space's health check, a load balancer and an operator see the
 process come up (503, "loading") instead of a closed port for the minutes a real model takes to load.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -21,14 +23,13 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.routing import Route
 
 from neuron_ui.contract.files import StoredFiles
 from neuron_ui.contract.loading import LoadingState
 from neuron_ui.server.doors import basic_auth_ok
 from neuron_ui.server.gate import SHUTTING_DOWN, Admission, Gate
-from neuron_ui.server.metrics import EngineMetrics
 from neuron_ui.web import gradio_bridge, gradio_mount
 from neuron_ui.web.files import private_file_folder
 from neuron_ui.web.gradio_bridge import device_queue_length
@@ -38,14 +39,66 @@ from neuron_ui.web.uploads import UploadFolder
 if TYPE_CHECKING:
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.engine_like import EngineLike
+    from neuron_ui.contract.errors import ErrorKind
+    from neuron_ui.contract.results import CacheEvent, GenerateResult
     from neuron_ui.contract.stopping import SessionStops
     from neuron_ui.server.mcp import McpEndpoint
     from neuron_ui.studio.grid_jobs import GridJobs
 
 logger = logging.getLogger(__name__)
 
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 DRAIN_SECONDS = 30.0  # SIGTERM: how long the image on the device may take to finish before the process exits
 MCP_PATHS = ("/gradio_api/mcp", "/gradio_api/mcp/")
+
+
+class EngineMetrics:
+    """An engine observer that counts images, errors, compilations and cache events, and times requests."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.images = Counter("neuron_ui_images", "Images generated", ["resolution", "cache_event"], registry=r)
+        self.errors = Counter("neuron_ui_errors", "Requests that failed, by kind", ["kind"], registry=r)
+        self.compilations = Counter("neuron_ui_compilations", "Shape compilations, by cache event",
+                                    ["resolution", "cache_event"], registry=r)
+        self.compile_seconds = Counter("neuron_ui_compile_seconds", "Seconds spent compiling shapes", ["resolution"],
+                                       registry=r)
+        self.latency = Histogram("neuron_ui_generation_seconds", "Request latency, compilation included",
+                                 ["resolution"], buckets=LATENCY_BUCKETS, registry=r)
+        self.replica_images = Counter("neuron_ui_replica_images", "Images generated, by engine replica (--replicas)",
+                                      ["replica"], registry=r)
+        self.queue_depth = Gauge("neuron_ui_queue_depth", "Requests accepted and waiting for the device", registry=r)
+        self.busy = Gauge("neuron_ui_device_busy", "1 while a request or a warm-up runs on the device", registry=r)
+        self.loaded = Gauge("neuron_ui_model_loaded", "1 once the model is loaded and the UI served", registry=r)
+        self.persistent = Gauge("neuron_ui_cache_persistent",
+                                "1 when compiled shapes survive a restart; 0 when the cache folder is unusable",
+                                registry=r)
+        self.held = Gauge("neuron_ui_gradio_held", "Records Gradio holds per session or event, each bounded "
+                          "(docs/operations.md#memory)", ["record"], registry=r)
+
+    def attach(self, engine: EngineLike, waiting: Callable[[], int], held: Callable[[], dict[str, int]]) -> None:
+        """Observe `engine`; `waiting` counts requests not yet on the device, `held()` what Gradio holds, served as
+        neuron_ui_gradio_held{record=...}; the gauges read them, and the engine's status, at each scrape (0 before)."""
+        self.queue_depth.set_function(waiting)
+        self.busy.set_function(lambda: engine.status().busy)
+        self.persistent.set_function(lambda: engine.status().persistent_cache)
+        engine.observers.add(self)
+        self.loaded.set(1)
+        for record in held():
+            self.held.labels(record).set_function(functools.partial(lambda name: held()[name], record))
+
+    def on_generated(self, result: GenerateResult) -> None:
+        self.images.labels(result.resolution, result.cache_event).inc()
+        self.latency.labels(result.resolution).observe(result.total_seconds)
+        if result.replica:
+            self.replica_images.labels(result.replica).inc()
+
+    def on_compiled(self, resolution: str, event: CacheEvent, seconds: float) -> None:
+        self.compilations.labels(resolution, event).inc()
+        self.compile_seconds.labels(resolution).inc(seconds)
+
+    def on_failed(self, kind: ErrorKind) -> None:
+        self.errors.labels(kind).inc()
 
 
 class Server:
@@ -121,7 +174,7 @@ class Server:
             if auth and not basic_auth_ok(request.headers.get("authorization"), auth):
                 return Response("authentication required\n", status_code=401,
                                 headers={"WWW-Authenticate": 'Basic realm="neuron-ui metrics"'})
-            return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+            return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
         if self.mcp is not None:  # before Gradio's mount at /, which would answer these paths itself
             app.router.routes.extend(Route(path, endpoint=self.mcp) for path in MCP_PATHS)

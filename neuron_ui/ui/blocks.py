@@ -9,8 +9,7 @@ import gradio as gr
 from neuron_ui.config.session_secret import load_session_secret
 from neuron_ui.contract.requests import MAX_GUIDANCE, MAX_PROMPT_CHARS, MAX_SEED, MAX_STEPS
 from neuron_ui.ui import session as sessions
-from neuron_ui.ui.ab import add_ab_panel
-from neuron_ui.ui.compare import CompareHandlers, add_compare_panel
+from neuron_ui.ui.compare import CompareHandlers, add_ab_panel, add_compare_panel
 from neuron_ui.ui.editing import EditingHandlers, add_inpaint_tab, add_reference_panel
 from neuron_ui.web.files import ASSETS, build_image_store, page_script, private_file_folder
 from neuron_ui.web.gradio_bridge import DEVICE, HIDDEN, TOLD, Listen, device_queue_length, serve_in_place

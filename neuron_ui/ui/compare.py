@@ -1,7 +1,15 @@
-"""The Compare panel: one prompt at one size along up to three axes, its count and estimated time shown before it
+"""The two ways to compare images.
+
+The Compare panel: one prompt at one size along up to three axes, its count and estimated time shown before it
 starts, made as a grid that runs as its visitor's job in the studio (studio/grid_jobs.py) and outlives the page: the
 page only watches it, a reload (or another tab of the same visitor) finds it still running, any of that visitor's
-pages can stop it; its cells join the history."""
+pages can stop it; its cells join the history.
+
+A/B: the image shown against any image of the history, in Gradio's ImageSlider (InvokeAI's compare view).
+*Compare (A/B)* under the image opens the slider with the image shown on the left (A) and the image made before it on
+the right (B); while it is open, a click on the history puts that image on the right (and restores it, as a click
+always does); *Close* goes back to the image alone. Only paths of the session's history reach the slider.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +20,13 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from neuron_ui.studio.grid_plan import AXIS_HELP, GridPlan, estimate_seconds
-from neuron_ui.ui.history import HistoryEntry, gallery_items, merge_history
+# at run time, not only for the type checker: Gradio reads the handlers' hints
+from neuron_ui.ui.history import HistoryEntry, entry_named, gallery_items, merge_history, picked
 from neuron_ui.ui.styles import describe_style
 from neuron_ui.ui.session import HISTORY_SIZE, BrowserSession, HeldResults, current_visitor, session_id
 from neuron_ui.ui.words import REFRESH_SECONDS, describe_result
 from neuron_ui.web.errors import user_errors
+from neuron_ui.web.files import page_script
 from neuron_ui.web.gradio_bridge import HIDDEN, TOLD, Listen, current_event
 from neuron_ui.web.progress import ProgressReporter
 
@@ -255,3 +265,65 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
     timer.tick(handlers.on_poll, [session, history], [*shown, history, gallery, timer], **HIDDEN)
     line_timer.tick(handlers.on_line, [session], [line, line_timer], **HIDDEN)
     return made, (image, line)
+
+
+SHOW_PANEL = page_script("show_panel")  # scrolls the panel into view once it opened (the file says why)
+NO_IMAGE = "No image yet: generate one first, then compare it with another of the history."
+ALONE = "Only one image in this session's history: make another, then compare."
+EXPIRED = ("The other images of this history have expired on the server (it keeps the 512 images shown or made most "
+           "recently): make another, then compare.")
+
+
+def describe_pair(left: HistoryEntry | None, right: HistoryEntry) -> str:
+    """Which side is which, in what differs between them."""
+    def one(entry: HistoryEntry | None) -> str:
+        if entry is None:
+            return "the image shown"
+        style = f", style {entry.lora} {entry.lora_scale:g}" if entry.lora and entry.lora_scale is not None else ""
+        return f"seed {entry.seed}, {entry.resolution}, {entry.steps or 'default'} steps{style}"
+
+    return (f"**A (left)**: {one(left)} · **B (right)**: {one(right)}. "
+            "Click another image of the history to put it on the right.")
+
+
+def on_ab_open(image: object, history: list[HistoryEntry]) -> tuple[object, ...]:
+    """A: the image shown; B: the one made before it (else the newest other). Outputs: left, panel, slider, caption."""
+    shown = entry_named(history, image)
+    if shown is None:
+        gr.Warning(NO_IMAGE)
+        return (gr.skip(),) * 4
+    after = history[history.index(shown) + 1:]
+    others = [e for e in [*after, *history] if e.path != shown.path]
+    right = next((e for e in others if Path(e.path).is_file()), None)  # the store's bound may have dropped some
+    if right is None:
+        gr.Warning(EXPIRED if others else ALONE)
+        return (gr.skip(),) * 4
+    return (shown.path, gr.Column(visible=True), (shown.path, right.path), describe_pair(shown, right))
+
+
+def on_ab_pick(left: object, history: list[HistoryEntry], event: gr.SelectData) -> tuple[object, object]:
+    """A history image clicked while comparing: it goes on the right. Outputs: slider, caption."""
+    shown, right = entry_named(history, left), picked(history, event)
+    if shown is None or right is None:
+        return gr.skip(), gr.skip()
+    if not Path(right.path).is_file():
+        gr.Warning("That image has expired on the server: pick another of the history.")
+        return gr.skip(), gr.skip()
+    return (shown.path, right.path), describe_pair(shown, right)
+
+
+def add_ab_panel(image: gr.Image, history: gr.State, history_gallery: gr.Gallery) -> None:
+    """*Compare (A/B)* under the image, beside the result's other buttons, then the slider and its words, hidden until
+    it is clicked; and their events: open, change the right side, close (queue=False: nothing here waits for the
+    device)."""
+    opener = gr.Button("Compare (A/B)", size="sm", elem_id="ab-open")
+    with gr.Column(visible=False, elem_id="ab-panel") as panel:
+        slider = gr.ImageSlider(label="A/B: drag the handle", type="filepath", interactive=False, elem_id="ab-slider",
+                                buttons=["fullscreen"])
+        caption = gr.Markdown(elem_id="ab-caption")
+        close = gr.Button("Close the comparison", size="sm", elem_id="ab-close")
+    left = gr.State(None)  # the path on the left (A) while the panel is open, else None
+    opener.click(on_ab_open, [image, history], [left, panel, slider, caption], **TOLD).then(
+        None, js=SHOW_PANEL, queue=False, api_visibility="private")
+    history_gallery.select(on_ab_pick, [left, history], [slider, caption], **HIDDEN)
+    close.click(lambda: (None, gr.Column(visible=False)), None, [left, panel], **HIDDEN)

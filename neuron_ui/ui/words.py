@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 import time
 from collections.abc import Callable
@@ -241,14 +242,8 @@ def describe_prompt(text: str, count_tokens: Callable[[str], tuple[int, int]]) -
 def first_ignored_word(text: str, limit: int, count_tokens: Callable[[str], tuple[int, int]]) -> str | None:
     """The first word past what the text encoder reads (a binary search over word ends: a few tokenizer calls)."""
     words = list(re.finditer(r"\S+", text))
-    low, high = 0, len(words)
-    while low < high:
-        middle = (low + high) // 2
-        if count_tokens(text[: words[middle].end()])[0] > limit:
-            high = middle
-        else:
-            low = middle + 1
-    return words[low].group()[:40] if low < len(words) else None
+    first = bisect.bisect(words, limit, key=lambda word: count_tokens(text[: word.end()])[0])
+    return words[first].group()[:40] if first < len(words) else None
 
 
 def tiny_banner(status: EngineStatus) -> str:
