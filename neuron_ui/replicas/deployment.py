@@ -166,7 +166,7 @@ class EngineReplica:
         step. Started goes once the engine's thread has the work (its send then overlaps the image, about 0.3 ms
         sooner), or at once where the request first waits for another replica's compile."""
         started = Started(self.name)
-        # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
+        # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.stream):
         # either way this replica now holds the graph of `tokens`.
         model_id = serve.get_multiplexed_model_id() or str(tokens)
         waits = self.runner.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()

@@ -28,8 +28,7 @@ from neuron_ui.contract.results import GenerateResult
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import (APP_NAME, REPORT_SECONDS, STALE_SECONDS, ReplicaReport, ReplicaWatcher, Reports,
                                       replica_rows)
-from neuron_ui.replicas.routing import ShapeRouting
-from neuron_ui.replicas.stream import StreamCaller
+from neuron_ui.replicas.stream import ShapeRouting, StreamCaller
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
