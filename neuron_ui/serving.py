@@ -21,8 +21,7 @@ from neuron_ui.config.settings import StartupError
 if TYPE_CHECKING:
     from neuron_ui.config.runtime import Launch, Runtime
     from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.loading import LoadingState
+    from neuron_ui.contract.engine_like import EngineLike, LoadingState
     from neuron_ui.engine.engine import Engine
     from neuron_ui.model.runner import Runner
     from neuron_ui.parallel.group import ParallelGroup
