@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.contract.results import ProgressFn, ShapeStatus
+    from neuron_ui.contract.results import ProgressFn
     from neuron_ui.engine.waiting import DeviceWatch
     from neuron_ui.model.loading import LoadedModel
     from neuron_ui.model.runner import Runner
@@ -133,6 +133,10 @@ class LocalRunner:
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self.graphs = GraphBook(self.key, self.manifest, sum(p.numel() for p in loaded.pipe.transformer.parameters()))
+        # Answered by the graph book: what a layout would compile first, its state, the editing layouts used.
+        self.compile_left = self.graphs.compile_left
+        self.shape = self.graphs.status
+        self.used = self.graphs.used
         self.pipe = self._prepare(loaded.pipe, cache, tp_degree)
         self.pipeline = pipeline or PipelineRunner(self.pipe)
         self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
@@ -268,9 +272,6 @@ class LocalRunner:
         logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
         return seconds
 
-    def compile_left(self, layout: Layout) -> float | None:
-        return self.graphs.compile_left(layout)
-
     def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
@@ -278,12 +279,6 @@ class LocalRunner:
         preview = valid.preview and self.previews
         with closing(StepPreviews(report, steps, call.width, call.height)) if preview else nullcontext() as previews:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
-
-    def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
-        return self.graphs.status(layout, warmup)
-
-    def used(self) -> list[Layout]:
-        return self.graphs.used()
 
     def status(self) -> EngineStatus:
         loaded = self.loaded
