@@ -57,6 +57,7 @@ class ReplicaRunner:
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
         self.observers = Observers()
         self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas), grpc)
+        self.close = self.calls.close  # shutting down: every call still waiting in Serve's router hears so
         self._last: EngineStatus | None = None
         self._book: tuple[float, GraphBook] | None = None  # when read, and the book of the shared manifest
         self._tokenizer: object = None
@@ -93,10 +94,6 @@ class ReplicaRunner:
         if self._tokenizer is None:
             raise EngineError("no replica has shared its tokenizer yet", kind=ErrorKind.NO_REPLICA)
         return count_prompt_tokens(self._tokenizer, text)
-
-    def close(self) -> None:
-        """Every call still waiting in Serve's router hears the server is shutting down."""
-        self.calls.close()
 
     def stop(self) -> None:
         """After the drain, before Ray stops: no more reads of the board."""
