@@ -31,7 +31,6 @@ from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Progress, Started, Value
 from neuron_ui.replicas.pacing import LinePacer
-from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.tp_group import ReplicaGroup
 
@@ -80,6 +79,14 @@ class ShapeLease:
         finally:
             os.close(fd)  # closing drops the probe's lock if it got one
         return False
+
+
+def describe_devices(device: str, threads: int | None) -> str:
+    if device == "neuron":
+        return f"neuron cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '?')}"
+    if device == "cuda":
+        return f"cuda {os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
+    return f"cpu, {threads} thread{'s' if threads != 1 else ''}"
 
 
 class EngineReplica:

@@ -62,6 +62,7 @@ class ReplicaRunner:
         self._book: tuple[float, GraphBook] | None = None  # when read, and the book of the shared manifest
         self._tokenizer: object = None
         self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
+        self.stop = self.watcher.stop  # after the drain, before Ray stops: no more reads of the board
         self.startup: dict[str, float] = {}  # seconds per stage of the launch (neuron_ui.replicas.launch)
 
     def prepare(self, request: GenerateRequest, layout: Layout) -> GenerateRequest:
@@ -94,10 +95,6 @@ class ReplicaRunner:
         if self._tokenizer is None:
             raise EngineError("no replica has shared its tokenizer yet", kind=ErrorKind.NO_REPLICA)
         return count_prompt_tokens(self._tokenizer, text)
-
-    def stop(self) -> None:
-        """After the drain, before Ray stops: no more reads of the board."""
-        self.watcher.stop()
 
     def reports(self) -> Reports:
         """Each replica's last report and its age in seconds, as the watcher last read them; busy also where a call
