@@ -45,7 +45,7 @@ OFFLINE = {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_DISABLE_TELEMETRY": "1",
 PROMPT, OTHER_PROMPT = "a lighthouse on a cliff at dusk", "a red fox in fresh snow"
 STYLE = "real16"
 GIB = 2**30
-# What the app's log says as it starts (model/loading.py, engine/setup.py, engine/styles.py, server/server.py)
+# What the app's log says as it starts (model/loading.py, engine/local.py, engine/styles.py, server/server.py)
 STARTUP_LINES = {"listening": r"listening on http", "reading_from_disk": r"loading .* in ",
                  "read_from_disk": r"serving .* on \w+ in ", "style_loaded": r"style .* loaded from",
                  "ready": r"serving the UI at"}

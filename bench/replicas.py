@@ -112,7 +112,7 @@ def warm_every_replica(client, steps: int, rounds: int = 10) -> None:
             made[result.replica] = made.get(result.replica, 0) + 1
 
     replicas = client.runner.plan.replicas
-    for _ in range(rounds):  # concurrent pairs: the second goes to the free replica (routing.py's spill)
+    for _ in range(rounds):  # concurrent pairs: the second goes to the free replica (stream.py's ShapeRouting spill)
         pair = [threading.Thread(target=warm, args=(seed,)) for seed in range(replicas)]
         for thread in pair:
             thread.start()

@@ -153,11 +153,10 @@ def make(args: argparse.Namespace, settings: Settings,
 
         compared = compare_files(Path(args.images[0]), Path(args.images[1]))
         return compared, compared.info
-    from neuron_ui.contract.loading import LoadingState
     from neuron_ui.serving import Loaded, choose_serving
     from neuron_ui.studio.studio import Studio
 
-    loaded = choose_serving(settings).load(LoadingState()) if load is None else Loaded(load(settings))
+    loaded = choose_serving(settings).load(None) if load is None else Loaded(load(settings))
     try:
         studio = Studio(loaded.engine, max_grid_cells=settings.max_grid_cells)
         if args.command == "generate":

@@ -14,7 +14,7 @@ from collections.abc import Callable, MutableMapping
 from neuron_ui.config.host_memory import limit_heap_arenas
 from neuron_ui.config.runtime import detect_launch
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
-from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.engine_like import EngineLike, LoadingState
 from neuron_ui.contract.stopping import SessionStops
 from neuron_ui.serving import choose_serving
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
     from neuron_ui.config.runtime import Runtime
     from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.engine_like import EngineLike
     from neuron_ui.server.server import Server
     from neuron_ui.serving import Loaded
     from neuron_ui.ui.handlers import Handlers

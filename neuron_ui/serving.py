@@ -21,8 +21,7 @@ from neuron_ui.config.settings import StartupError
 if TYPE_CHECKING:
     from neuron_ui.config.runtime import Launch, Runtime
     from neuron_ui.config.settings import Settings
-    from neuron_ui.contract.engine_like import EngineLike
-    from neuron_ui.contract.loading import LoadingState
+    from neuron_ui.contract.engine_like import EngineLike, LoadingState
     from neuron_ui.engine.engine import Engine
     from neuron_ui.model.runner import Runner
     from neuron_ui.parallel.group import ParallelGroup
@@ -88,10 +87,10 @@ def choose_serving(settings: Settings, launch: Launch | None = None, runtime: Ru
         sys.exit(code)
 
     def lead(loading: LoadingState | None) -> Loaded:
-        """Rank 0: it serves, its lockstep runner drives the followers. Serving notes the start-up (and the restart
-        before it); stopping answers the user in flight and tells the followers to exit."""
+        """Rank 0: it serves, its lockstep runner drives the followers (and torchrun's SIGTERM unwinds from then on, so
+        main's `finally` stops the group in order). Serving notes the start-up (and the restart before it); stopping
+        answers the user in flight and tells the followers to exit."""
         engine = build_engine(settings, rank.form(), rank.lead, loading)
-        rank.handle_signals()  # torchrun's SIGTERM: unwind, so main's `finally` stops the group in order
         return Loaded(engine, start=rank.serving, stop=lambda at_once=False: rank.stop())
 
     return Serving(lead, lambda: rank.health.problem)

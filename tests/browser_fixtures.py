@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from neuron_ui.engine.setup import WARMUP_PROMPT
+from neuron_ui.engine.local import WARMUP_PROMPT
 from runners import RunnerWrapper
 
 DEFAULT_CHROMIUM = "/usr/lib/chromium/chromium"

@@ -46,7 +46,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.processes import free_port
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings, build_parser, settings_from_args
-from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.engine_like import LoadingState
 
 FAST = FetchPolicy(connect_timeout=2.0, read_timeout=0.5, tries=2, backoff=0.05)
 LOCK = {"locks", "locks/bundle-import.lock"}

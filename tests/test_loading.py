@@ -87,7 +87,7 @@ def test_offline_says_so_once_on_a_warm_boot(monkeypatch, tmp_path, caplog):
 
     from neuron_ui.cache.admin import key_for_settings
     from neuron_ui.config.settings import Settings
-    from neuron_ui.engine.setup import load_for
+    from neuron_ui.engine.local import load_for
     from neuron_ui.ui.words import tiny_banner
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

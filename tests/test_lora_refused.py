@@ -23,7 +23,7 @@ from neuron_ui.config.cache_paths import configure_cache_env
 from neuron_ui.config.resolutions import parse_resolutions
 from neuron_ui.config.settings import Settings
 from neuron_ui.contract.errors import EngineError
-from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.engine_like import LoadingState
 from neuron_ui.contract.requests import GenerateRequest
 from neuron_ui.engine.styles import StyleBook
 from neuron_ui.model.loading import LoadedModel

@@ -26,7 +26,7 @@ from neuron_ui.contract.stopping import Phase as StopPhase
 from neuron_ui.contract.stopping import StopToken
 from neuron_ui.replicas.board import REPORT_SECONDS, ReportPacer, StartupStages
 from neuron_ui.replicas.messages import Done, Progress, Started
-from neuron_ui.replicas.routing import NO_KEY, ShapeRouting
+from neuron_ui.replicas.stream import NO_KEY, ShapeRouting
 
 
 def made(request) -> GenerateResult:

@@ -109,7 +109,7 @@ def test_a_tensor_parallel_rank_shards_the_transformer_it_read_from_the_file(fol
 
     from neuron_ui.config.processes import free_port
     from neuron_ui.config.runtime import Launch
-    from neuron_ui.engine.setup import load_for
+    from neuron_ui.engine.local import load_for
     from neuron_ui.parallel.group import init_parallel
 
     path, pipe = folder

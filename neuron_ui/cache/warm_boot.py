@@ -24,7 +24,7 @@ from neuron_ui.cache.bundle_format import BundleError
 from neuron_ui.cache.bundle_import import import_bundle
 from neuron_ui.cache.fetch import FetchPolicy, fetch_bundle, parse_bundle_source
 from neuron_ui.contract.errors import first_line
-from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.engine_like import LoadingState
 
 if TYPE_CHECKING:
     from neuron_ui.cache.bundle_format import BundleInfo

@@ -1,8 +1,10 @@
-"""The seam: the one engine interface the UI and the server use, and the observers an engine tells."""
+"""The seam: the one engine interface the UI and the server use, the observers an engine tells, and what /healthz says
+while the process loads (LoadingState) and once it serves (Health)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,6 +19,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Health = tuple[bool, dict[str, object]]  # /healthz once serving: up?, and the JSON body to send
+
+
+class LoadingState:
+    """What the process does before it serves (fetching a compile cache, ...), for /healthz's loading answer: one
+    phase with its byte counts; the start-up thread writes it, the HTTP server's /healthz reads it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phase: dict = {}
+
+    def set(self, phase: str, done_bytes: int | None = None, total_bytes: int | None = None) -> None:
+        with self._lock:
+            self._phase = {"phase": phase, "done_bytes": done_bytes, "total_bytes": total_bytes}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._phase = {}
+
+    def body(self) -> dict:
+        """`{"status": "loading"}`, with `phase`, `done_bytes` and `total_bytes` (null when unknown) during a phase."""
+        with self._lock:
+            return {"status": "loading", **self._phase}
 
 
 class EngineObserver(Protocol):

@@ -90,20 +90,16 @@ class Engine(Generic[Job]):
         self.max_references = runner.allowed.max_references
         self.reference_sizes: tuple[Resolution, ...] = runner.allowed.reference_sizes
         self.observers = runner.observers  # the runner tells them its compiles; the front, images and failures
+        # Answered as the runner (and its layouts) answer: the layout a request would make (ValueError names what is
+        # allowed), the tokens the text encoder gets for a prompt and how many it reads, /healthz once serving.
+        self.layout = self.allowed.layout
+        self.prompt_tokens = runner.prompt_tokens
+        self.health = runner.health
         self.queue = DeviceQueue(max_queue_per_user, slots=runner.slots)  # visitors take turns (engine.device_queue)
         self._watch = DeviceWatch(runner.compile_left, slots=runner.slots)
         self._lock = threading.Lock()
         self._warmups: list[Layout] = []  # to compile in the background, the one compiling now first
         self._warming: threading.Thread | None = None  # the one thread that compiles them, one after another
-
-    def layout(self, resolution: str, references: int = 0, reference_size: str | None = None,
-               inpaint: bool = False) -> Layout:
-        """The layout a request would make; ValueError names what is allowed."""
-        return self.allowed.layout(resolution, references, reference_size, inpaint)
-
-    def prompt_tokens(self, text: str) -> tuple[int, int]:
-        """The tokens the text encoder gets for `text`, and how many it reads (count_prompt_tokens)."""
-        return self.runner.prompt_tokens(text)
 
     def inpaint(self, request: GenerateRequest, progress: ProgressFn | None = None,
                 stop: StopToken | None = None) -> GenerateResult:
@@ -196,10 +192,6 @@ class Engine(Generic[Job]):
     def _pending(self) -> list[Layout]:
         with self._lock:
             return list(self._warmups)
-
-    def health(self) -> Health:
-        """/healthz once serving: up?, and the body to send."""
-        return self.runner.health()
 
     def drain(self, timeout: float) -> bool:
         """Shutting down: refuse new requests ("the server is shutting down"), tell the waiting ones so (at the front

@@ -1,7 +1,11 @@
 """The local runner: one pipeline on this process's device, compiled lazily per static shape (engine.engine's
 DeviceRunner). The engine's front (engine.engine.Engine) gives it one request at a time; the first request for a shape
 compiles it while the others wait, so concurrent first requests compile exactly once. Under torchrun rank 0's
-lockstep LeaderRunner drives its pipeline (`pipeline`)."""
+lockstep LeaderRunner drives its pipeline (`pipeline`).
+
+The pipeline is made ready here the same way on rank 0 and on every tensor-parallel follower (each builds its
+LocalRunner): loaded (sharded under torchrun), on its device, and compiled lazily for every sequence a request can make.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,16 @@ from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from PIL import Image
 
 from neuron_ui.cache.manifest import CacheManifest
+from neuron_ui.compile import aot
 from neuron_ui.compile.counters import classify_event, read_counters
 from neuron_ui.compile.key import CompileKey
-from neuron_ui.compile.strategies import CompileFolder, backend_name
+from neuron_ui.compile.strategies import CompileFolder, backend_name, compile_transformer, raise_recompile_limit
+from neuron_ui.config.host_memory import keep_freed_memory
+from neuron_ui.config.runtime import Runtime
 from neuron_ui.contract import references as refs
 from neuron_ui.contract.engine_like import Health, Observers
 from neuron_ui.contract.errors import EngineError, ErrorKind, first_line
@@ -26,24 +34,62 @@ from neuron_ui.contract.requests import ValidRequest, count_prompt_tokens, valid
 from neuron_ui.contract.results import EngineStatus, GenerateResult, Mode
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.graphs import GraphBook
-from neuron_ui.engine.setup import load_for, prepare_pipeline, warmup_call
 from neuron_ui.engine.styles import StyleBook
+from neuron_ui.model.loading import choose_model, load_model
 from neuron_ui.model.preview import StepPreviews
 from neuron_ui.model.runner import PipelineCall, PipelineRunner, step_callback, steps_run
+from neuron_ui.model.torch_bridge import share_cpu_kernels_across_thread_counts
 
 if TYPE_CHECKING:
+    from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+
     from neuron_ui.compile.strategies import Backend
     from neuron_ui.config.cache_paths import CachePaths
     from neuron_ui.config.resolutions import Resolution
     from neuron_ui.config.settings import Settings
     from neuron_ui.contract.requests import GenerateRequest
-    from neuron_ui.contract.results import ProgressFn, ShapeStatus
+    from neuron_ui.contract.results import ProgressFn
     from neuron_ui.engine.waiting import DeviceWatch
     from neuron_ui.model.loading import LoadedModel
     from neuron_ui.model.runner import Runner
     from neuron_ui.parallel.group import ParallelGroup
 
 logger = logging.getLogger(__name__)
+
+WARMUP_PROMPT = "warm-up"
+
+
+def load_for(settings: Settings, group: ParallelGroup | None = None) -> tuple[LoadedModel, Runtime]:
+    """Detect the device and load the model on the CPU (this rank's shard under torchrun); this process keeps the
+    host memory its images free (config.host_memory)."""
+    keep_freed_memory()
+    runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
+    if settings.compile == "aot":  # before the model loads: say it at start-up
+        aot.check_runtime(runtime.device, runtime.backend, group.degree if group else 1)
+    choice = choose_model(settings.model, settings.hub_timeout, settings.transformer)
+    loaded = load_model(choice, getattr(torch, runtime.dtype), group.mesh if group else None)
+    logger.info("serving %s on %s in %s, compile %s/%s%s", loaded.name, runtime.device, runtime.dtype,
+                settings.compile, runtime.backend, f", tensor-parallel x{group.degree}" if group else "")
+    return loaded, runtime
+
+
+def not_about_no_modules(record: logging.LogRecord) -> bool:
+    """diffusers 0.42 warns "There are modules in ... that should be kept in float32: []" on every move of a model
+    to a device, even when that list is empty: a warning about nothing, twice in every start's log. Those go."""
+    return "should be kept in float32: []." not in record.getMessage()
+
+
+def warmup_call(layout: Layout, guidance: float) -> PipelineCall:
+    """One step on grey inputs of the layout's sizes: the transformer sees the same sequence as a real call, so
+    compiling this compiles the layout."""
+    def grey(size: Resolution) -> Image.Image:
+        return Image.new("RGB", (size.width, size.height), (128, 128, 128))
+
+    out = layout.resolution
+    image = grey(out) if layout.inpaint else None
+    mask = Image.new("L", (out.width, out.height), 255) if layout.inpaint else None
+    return PipelineCall(WARMUP_PROMPT, out.width, out.height, 1, 0, guidance,
+                        tuple(grey(r) for r in layout.references), image, mask, 1.0)
 
 
 class LocalRunner:
@@ -87,10 +133,29 @@ class LocalRunner:
         self.compile_folder = compile_folder or CompileFolder(cache)
         self._neff_dir = cache.neff if cache is not None and backend == "neuron" else None
         self.graphs = GraphBook(self.key, self.manifest, sum(p.numel() for p in loaded.pipe.transformer.parameters()))
-        self.pipe = prepare_pipeline(loaded.pipe, device=device, compile_mode=compile_mode, backend=backend,
-                                     cache=cache, key=self.key, layouts=self.allowed, tp_degree=tp_degree)
+        # Answered by the graph book: what a layout would compile first, its state, the editing layouts used.
+        self.compile_left = self.graphs.compile_left
+        self.shape = self.graphs.status
+        self.used = self.graphs.used
+        self.pipe = self._prepare(loaded.pipe, cache, tp_degree)
         self.pipeline = pipeline or PipelineRunner(self.pipe)
         self.styles = styles or StyleBook()  # switched between images, in _run (engine/styles.py)
+
+    def _prepare(self, pipe: DiffusionPipeline, cache: CachePaths | None, tp_degree: int) -> DiffusionPipeline:
+        """Move the pipeline to its device and set up compilation: the repeated blocks from AOTInductor packages
+        (--compile aot, made or loaded per shape), else torch.compile, lazily per shape. Dynamo may keep one graph
+        per sequence a request can make: each preset plain or inpainted, with 0..max references of one size."""
+        logging.getLogger("diffusers.models.modeling_utils").addFilter(not_about_no_modules)  # once: a set of filters
+        pipe = pipe.to(self.device)
+        pipe.set_progress_bar_config(disable=True)
+        raise_recompile_limit(len({layout.tokens for layout in self.allowed.all()}))
+        share_cpu_kernels_across_thread_counts()  # one cache for every process, whatever its thread count
+        if self.compile_mode == "aot":
+            aot.check_runtime(self.device, backend_name(self.backend), tp_degree)
+            aot.install(pipe.transformer, aot.PackageStore(aot.package_folder(cache, self.key), self.key))
+        else:
+            compile_transformer(pipe.transformer, self.compile_mode, self.backend)
+        return pipe
 
     @classmethod
     def from_settings(cls, settings: Settings, cache: CachePaths, group: ParallelGroup | None = None,
@@ -207,9 +272,6 @@ class LocalRunner:
         logger.info("compiled %s: %s in %.1f s", layout, event, seconds)
         return seconds
 
-    def compile_left(self, layout: Layout) -> float | None:
-        return self.graphs.compile_left(layout)
-
     def _run(self, valid: ValidRequest, report: ProgressFn, stop: StopToken) -> Image.Image:
         steps = steps_run(valid.steps, valid.strength) if valid.source is not None else valid.steps
         self.styles.use(valid)  # between images: this request's style into the weights, nothing recompiles
@@ -217,12 +279,6 @@ class LocalRunner:
         preview = valid.preview and self.previews
         with closing(StepPreviews(report, steps, call.width, call.height)) if preview else nullcontext() as previews:
             return self.pipeline(call, step_callback(steps, report, stop, previews))
-
-    def shape(self, layout: Layout, warmup: list[Layout]) -> ShapeStatus:
-        return self.graphs.status(layout, warmup)
-
-    def used(self) -> list[Layout]:
-        return self.graphs.used()
 
     def status(self) -> EngineStatus:
         loaded = self.loaded

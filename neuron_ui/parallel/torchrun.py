@@ -43,11 +43,6 @@ class TorchrunRank:
         self._group: ParallelGroup | None = None
         self._restarting = False
 
-    def handle_signals(self) -> None:
-        """torchrun stops rank 0 with SIGTERM: unwind, so the caller's `finally` answers the user in flight and
-        tells the followers (stop); EXIT_RESTART when the break already came (restart_when_broken)."""
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_RESTART if self._restarting else 0))
-
     def form(self) -> ParallelGroup:
         """The process group (rendezvous with every rank); rank 0 starts its heartbeat at once: killed outright it
         notes no break, and the next group bounds its restart by the last beat."""
@@ -66,7 +61,10 @@ class TorchrunRank:
             dist.destroy_process_group()
 
     def lead(self, runner: Runner) -> Runner:
-        """Rank 0's lockstep runner around the engine's own (the engine's `wrap_runner`)."""
+        """Rank 0's lockstep runner around the engine's own (the engine's `wrap_runner`). From now on torchrun's
+        SIGTERM (how it stops rank 0) unwinds, so the caller's `finally` answers the user in flight and tells the
+        followers (stop); EXIT_RESTART when the break already came (restart_when_broken)."""
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_RESTART if self._restarting else 0))
         self.leader = LeaderRunner(runner, self.group, self.health, self.tp_timeout)
         return self.leader
 

@@ -2,9 +2,9 @@
 
     plan        what each replica asks Ray for          launch      Ray, the board, the deployment, the runner
     deployment  a replica: an engine and its lease      runner      ReplicaRunner, the engine front's runner
-    messages    what a replica's stream carries         stream      one call's stream, read at the front
-    board       where replicas report; its watcher      pacing      few messages while an engine runs
-    routing     which replica a call goes to            tp_group    a tensor-parallel replica's ranks
+    messages    what a replica's stream carries         stream      one call's stream, read at the front, and
+    board       where replicas report; its watcher                  which replica a call goes to
+    pacing      few messages while an engine runs       tp_group    a tensor-parallel replica's ranks
     ray_bridge  every read of Ray's internals
 """
 

@@ -31,7 +31,6 @@ from neuron_ui.contract.stopping import Phase, StopToken
 from neuron_ui.replicas.board import ReplicaReport, ReportPacer, StartupStages, find_board
 from neuron_ui.replicas.messages import Compiled, Done, Failed, Message, Progress, Started, Value
 from neuron_ui.replicas.pacing import LinePacer
-from neuron_ui.replicas.plan import describe_devices
 from neuron_ui.replicas.ray_bridge import replica_name
 from neuron_ui.replicas.tp_group import ReplicaGroup
 
@@ -80,6 +79,14 @@ class ShapeLease:
         finally:
             os.close(fd)  # closing drops the probe's lock if it got one
         return False
+
+
+def describe_devices(device: str, threads: int | None) -> str:
+    if device == "neuron":
+        return f"neuron cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '?')}"
+    if device == "cuda":
+        return f"cuda {os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
+    return f"cpu, {threads} thread{'s' if threads != 1 else ''}"
 
 
 class EngineReplica:
@@ -166,7 +173,7 @@ class EngineReplica:
         step. Started goes once the engine's thread has the work (its send then overlaps the image, about 0.3 ms
         sooner), or at once where the request first waits for another replica's compile."""
         started = Started(self.name)
-        # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.routing):
+        # The routing key, or none where the front spilled the call to a free replica (neuron_ui.replicas.stream):
         # either way this replica now holds the graph of `tokens`.
         model_id = serve.get_multiplexed_model_id() or str(tokens)
         waits = self.runner.compile_mode != "eager" and self.lease(int(model_id)).held_elsewhere()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +49,3 @@ def plan_replicas(settings: Settings, resources: dict[str, float]) -> ReplicaPla
     if threads:
         options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
     return ReplicaPlan(settings.replicas, device, threads, options, bundles=[bundle] * tp if tp > 1 else None)
-
-
-def describe_devices(device: str, threads: int | None) -> str:
-    if device == "neuron":
-        return f"neuron cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '?')}"
-    if device == "cuda":
-        return f"cuda {os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
-    return f"cpu, {threads} thread{'s' if threads != 1 else ''}"

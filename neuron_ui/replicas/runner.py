@@ -28,8 +28,7 @@ from neuron_ui.contract.results import GenerateResult
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.replicas.board import (APP_NAME, REPORT_SECONDS, STALE_SECONDS, ReplicaReport, ReplicaWatcher, Reports,
                                       replica_rows)
-from neuron_ui.replicas.routing import ShapeRouting
-from neuron_ui.replicas.stream import StreamCaller
+from neuron_ui.replicas.stream import ShapeRouting, StreamCaller
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -58,10 +57,12 @@ class ReplicaRunner:
         self.manifest_path = Path(settings.cache_dir).expanduser().resolve() / "manifest.json"
         self.observers = Observers()
         self.calls = StreamCaller(handle, self.observers, clock, ShapeRouting(plan.replicas), grpc)
+        self.close = self.calls.close  # shutting down: every call still waiting in Serve's router hears so
         self._last: EngineStatus | None = None
         self._book: tuple[float, GraphBook] | None = None  # when read, and the book of the shared manifest
         self._tokenizer: object = None
         self.watcher = watcher or ReplicaWatcher.on_ray(board, app_name)
+        self.stop = self.watcher.stop  # after the drain, before Ray stops: no more reads of the board
         self.startup: dict[str, float] = {}  # seconds per stage of the launch (neuron_ui.replicas.launch)
 
     def prepare(self, request: GenerateRequest, layout: Layout) -> GenerateRequest:
@@ -94,14 +95,6 @@ class ReplicaRunner:
         if self._tokenizer is None:
             raise EngineError("no replica has shared its tokenizer yet", kind=ErrorKind.NO_REPLICA)
         return count_prompt_tokens(self._tokenizer, text)
-
-    def close(self) -> None:
-        """Every call still waiting in Serve's router hears the server is shutting down."""
-        self.calls.close()
-
-    def stop(self) -> None:
-        """After the drain, before Ray stops: no more reads of the board."""
-        self.watcher.stop()
 
     def reports(self) -> Reports:
         """Each replica's last report and its age in seconds, as the watcher last read them; busy also where a call

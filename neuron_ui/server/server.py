@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.routing import Route
 
 from neuron_ui.contract.files import StoredFiles
-from neuron_ui.contract.loading import LoadingState
+from neuron_ui.contract.engine_like import LoadingState
 from neuron_ui.server.doors import basic_auth_ok
 from neuron_ui.server.gate import SHUTTING_DOWN, Admission, Gate
 from neuron_ui.web import gradio_bridge, gradio_mount
