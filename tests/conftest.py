@@ -17,6 +17,31 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
+
+def _one_certificate() -> str:
+    """A CA file of one certificate for every HTTP client of the run. No test makes a TLS connection (offline; its
+    servers are plain HTTP on loopback), yet httpx loads a CA store each time a client is made, and gradio_client makes
+    one per call (each submit, each stream) and the tests' polls one per request: certifi's ~140 CAs cost 16 ms of
+    CPU each time, one certificate 0.3 ms. A TLS connection in a test would fail its verification, not pass unverified.
+    """
+    import re
+    import tempfile
+    from pathlib import Path
+
+    import certifi
+
+    path = Path(tempfile.gettempdir()) / "neuron-ui-tests-one-ca.pem"
+    if not path.exists():  # both workers may write it: the same text, put in place whole
+        store = Path(certifi.where()).read_text()
+        first = re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n", store, re.S)
+        staged = path.with_name(f"{path.name}.{os.getpid()}")
+        staged.write_text(first.group(0))
+        os.replace(staged, path)
+    return str(path)
+
+
+os.environ["SSL_CERT_FILE"] = _one_certificate()  # over the machine's own (a bundle of ~150 here); children inherit it
+
 import pytest  # noqa: E402
 from runners import local_engine
 import torch  # noqa: E402
