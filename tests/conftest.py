@@ -53,6 +53,9 @@ from neuron_ui.model.loading import LoadedModel
 from neuron_ui.model.runner import PipelineRunner
 from neuron_ui.model.tiny import build_tiny_pipeline
 
+# torch's thread count in a fresh process of this suite before it limits its own: what the processes the tests start
+# run with, the CLI's cold compile (tests/cold_cache.py) among them (tests/test_replicas_cluster.py's premise)
+FRESH_THREADS = torch.get_num_threads()
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Child pytests (own_process.py), the Ray modules' one Ray (ray_session.py), the browser tests' chromium, pages and
@@ -161,9 +164,11 @@ def pytest_collection_finish(session):
 
 
 def shared_folder(tmp_path_factory, name: str):
-    """A folder every pytest-xdist worker of this run shares (their base temps' parent), or this run's own."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    """A folder every pytest process of this run shares: its pytest-xdist workers and its own_process children
+    (own_process.shared_root)."""
+    from own_process import shared_root
+
+    root = shared_root(tmp_path_factory) / name
     root.mkdir(exist_ok=True)
     return root
 

@@ -16,6 +16,9 @@ import pytest
 # and one local Ray (tests/ray_session.py), paying the imports and Ray's start once.
 
 CHILD = "NEURON_UI_TEST_RESULTS"  # set in the child: where it writes one JSON line per test phase
+# Set in the child: the folder its parent shares with every process of the run (shared_root), so the child's
+# session fixtures made once per run (tests/conftest.py's cold compiles) are the parent's, not made again.
+SHARED = "NEURON_UI_TEST_SHARED"
 CHILD_TIMEOUT = 1800  # seconds for one module's process (pytest-timeout still limits each test inside it)
 
 
@@ -27,9 +30,10 @@ class ModuleInChild:
     """One own_process module's (or named group's) selected tests, run once in a child pytest; `outcome` waits for
     the child, which run_in_background started when collection ended."""
 
-    def __init__(self, nodeids: list[str], rootdir: str):
+    def __init__(self, nodeids: list[str], rootdir: str, shared_root: str):
         self.nodeids = nodeids
         self.rootdir = rootdir
+        self.shared_root = shared_root  # the child's SHARED
         self.outcomes: dict[str, tuple[str, str]] = {}
         self.done = threading.Event()
         self.child: subprocess.Popen | None = None
@@ -94,7 +98,8 @@ class ModuleInChild:
             with open(log, "w") as out:
                 # A session of its own, so a timeout kills the child and what it started (Ray's daemons) together.
                 # One process, no workers of its own (-n 0): the Ray modules share one Ray.
-                env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")} | {CHILD: results}
+                env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")} | {
+                    CHILD: results, SHARED: self.shared_root}
                 child = self.child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                                                        "-n", "0", *self.nodeids], cwd=self.rootdir, env=env,
                                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -163,7 +168,8 @@ def pytest_collection_modifyitems(session, config, items):
     for index, item in enumerate(items):
         if marker := item.get_closest_marker("own_process"):
             group = marker.args[0] if marker.args else str(item.path)
-            module = modules.setdefault(group, ModuleInChild([], str(config.rootpath)))
+            module = modules.setdefault(group, ModuleInChild([], str(config.rootpath),
+                                                             str(shared_root(config._tmp_path_factory))))
             module.nodeids.append(item.nodeid)
             items[index] = InChild.from_parent(item.parent, name=item.name, module=module, original=item)
     if not modules:
@@ -181,6 +187,17 @@ def pytest_collection_modifyitems(session, config, items):
             module.runs_here = True
             module.lock().acquire()
     run_in_background(list(modules.values()))
+
+
+def shared_root(tmp_path_factory):
+    """The folder every pytest process of this run shares: the pytest-xdist workers' base temps' parent, this run's
+    own base temp without workers, or in a child the parent's (SHARED)."""
+    from pathlib import Path
+
+    if os.environ.get(SHARED):
+        return Path(os.environ[SHARED])
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def run_in_background(modules: list[ModuleInChild]) -> None:

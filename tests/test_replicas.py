@@ -58,36 +58,6 @@ def test_single_process_app_does_not_import_ray(tmp_path):
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
-def test_sigterm_drains_the_replicas_app_then_stops_serve_and_its_local_ray(tmp_path):
-    """`python app.py --replicas 1` as a process: ray.init had replaced the app's SIGTERM handler (rc -6 idle, rc 1
-    busy, a bare CancelledError for every client, /healthz never "shutting down"). Now it drains as in one process,
-    then stops Serve and the Ray it started. Its own local Ray, started before the Ray modules' one starts (this
-    test comes first in their process), so the two never run at once."""
-    from test_shutdown import _status, one_running_one_waiting, seconds_per_step, start_app, steps_lasting
-
-    process, url = start_app(tmp_path, "--replicas", "1")
-    try:
-        steps = steps_lasting(6.0, seconds_per_step(url, "256x256"))  # running at the signal, done well within 30 s
-        request = ["a slow one", "256x256", steps, 1, None, None, None, None, None]
-        ray_processes = psutil.Process(process.pid).children(recursive=True)
-        running, waiting, results = one_running_one_waiting(url, request)
-        process.send_signal(signal.SIGTERM)
-        wait_until(lambda: _status(url + "/healthz") == 503, "/healthz says shutting down", timeout=10)
-        wait_until(lambda: len(results) == 2, "both requests are answered", timeout=60)
-        assert process.wait(timeout=120) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        output = process.communicate()[0]
-    event, data = results[running]
-    assert event == "complete" and data[1]["steps"] == steps, data
-    event, data = results[waiting]
-    assert event == "error" and "shutting down" in data["error"], data
-    assert "replicas and Ray stopped" in output and "Traceback" not in output, output[-3000:]
-    assert len(ray_processes) > 3  # raylet, GCS, the replica, ...: every one of them ended with the app
-    assert [p.pid for p in ray_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
-
-
 def test_a_failure_crosses_the_stream_as_a_typed_message_and_is_raised_as_the_engines_error():
     """What the replica sends for each error is what the front raises: the caller cannot tell replicas apart."""
     import pickle
