@@ -80,7 +80,9 @@ def test_clients_that_read_nothing_hold_at_most_the_cap_and_the_next_hears_why(t
             client.close()
         wait_until(lambda: gate.downloading == 0, "the stalled downloads ended with their connections")
         served = httpx.get(url + "/gradio_api/file=big.bin", timeout=30)
-        assert served.status_code == 200 and len(served.content) == BIG and gate.downloading == 0
+        assert served.status_code == 200 and len(served.content) == BIG
+        # its place is given back when the app's send returns, which may be just after the client read the last byte
+        wait_until(lambda: gate.downloading == 0, "the served download gave its place back")
 
 
 def test_a_file_the_kernel_takes_whole_frees_its_place_though_unread(tmp_path):
