@@ -3,6 +3,11 @@
 import gc
 import os
 
+# What the imports and the collection make (torch, diffusers, transformers, Gradio, the test modules: about a million
+# objects) lives until the process ends: no collection while they are made (each full one walked all of them, about
+# 0.25 s apiece), one when collection ends, then they leave the collector's view (pytest_collection_finish).
+gc.disable()
+
 # Before anything imports gradio or huggingface_hub: stay offline and exit cleanly.
 for _name, _value in {
     "GRADIO_ANALYTICS_ENABLED": "False",
@@ -155,10 +160,11 @@ def pytest_collection_finish(session):
     tests that read them later find them made instead of waiting a minute or two each (the fixtures wait on the same
     file lock). Not in an own_process child, whose parent made them.
 
-    And what the imports made (torch, diffusers, transformers, Gradio, the test modules: about a million objects,
-    all alive until the process ends) leaves the garbage collector's view: each full collection walked all of them,
-    about 0.25 s apiece, 3.9 of 32 cpu-s in tests/test_api.py, test_http.py and test_stop_api.py run together."""
+    And the garbage collector starts (above): one collection, then what is left leaves its view (gc.freeze). Full
+    collections had taken 3.9 of 32 cpu-s in tests/test_api.py, test_http.py and test_stop_api.py run together."""
+    gc.collect()
     gc.freeze()
+    gc.enable()
     if os.environ.get("NEURON_UI_TEST_RESULTS") or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
     import threading
