@@ -155,6 +155,12 @@ def pytest_collection_modifyitems(items):
                                  rank.get(item.path.name, 0)))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    """pytest-xdist's controller collects no tests (its workers do): its garbage collector starts here instead."""
+    gc.enable()
+
+
 def pytest_collection_finish(session):
     """The cold compiles the collected tests need start now, each in a thread of one worker, beside the suite: the
     tests that read them later find them made instead of waiting a minute or two each (the fixtures wait on the same
