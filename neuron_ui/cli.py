@@ -235,7 +235,8 @@ def check_inputs(args: argparse.Namespace, settings: Settings) -> str | None:
 
 def run_lora(args: argparse.Namespace) -> int:
     """`lora random`: a random LoRA for the model's transformer, written as diffusers writes one."""
-    from neuron_ui.model.loading import choose_model, transformer_layout
+    from neuron_ui.model.hub import choose_model
+    from neuron_ui.model.loading import transformer_layout
     from neuron_ui.model.lora_random import write_random_lora
 
     try:  # only the transformer's layer shapes matter: built from its config, without its weights

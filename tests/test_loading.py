@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_ui.model.loading import TINY, ModelChoice, choose_model, load_model
+from neuron_ui.model.hub import TINY, ModelChoice, choose_model
+from neuron_ui.model.loading import load_model
 from neuron_ui.model.tiny import build_tiny_pipeline
 
 

@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 
 from neuron_ui.config.settings import StartupError, build_parser, settings_from_args
 from neuron_ui.model.flux_layouts import layout_of, layout_words
-from neuron_ui.model.loading import BFL_PREFIX, choose_model, load_model
+from neuron_ui.model.hub import choose_model
+from neuron_ui.model.loading import BFL_PREFIX, load_model
 from neuron_ui.model.tiny import KleinShape, build_random_klein_pipeline, build_tiny_pipeline
 
 from tests.test_loading import image_of

@@ -61,7 +61,7 @@ class ClearResult:
 
 def key_for_settings(settings: Settings) -> CompileKey:
     """This machine's compile key for `settings`, as the engine will compute it, without loading the model."""
-    from neuron_ui.model.loading import choose_model
+    from neuron_ui.model.hub import choose_model
 
     runtime = Runtime.detect(settings.device, settings.dtype, settings.compile_backend)
     name = choose_model(settings.model, settings.hub_timeout).name

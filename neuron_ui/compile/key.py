@@ -39,11 +39,10 @@ class CompileKey:
 
     @classmethod
     def current(cls, model: str, mode: str, backend: Backend, dtype: str, tp_degree: int = 1) -> CompileKey:
-        import diffusers
-        import torch
+        import torch  # loaded already wherever a key is made (the device was chosen); diffusers need not be
 
-        return cls(model, mode, backend_name(backend), dtype, torch.__version__, diffusers.__version__, tp_degree,
-                   torch_neuronx=installed_version(NEURON_PACKAGES["torch_neuronx"]),
+        return cls(model, mode, backend_name(backend), dtype, torch.__version__, metadata.version("diffusers"),
+                   tp_degree, torch_neuronx=installed_version(NEURON_PACKAGES["torch_neuronx"]),
                    neuronx_cc=installed_version(NEURON_PACKAGES["neuronx_cc"]))
 
     def as_dict(self) -> dict[str, str | int]:

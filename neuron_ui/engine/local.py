@@ -35,7 +35,8 @@ from neuron_ui.contract.results import EngineStatus, GenerateResult, Mode
 from neuron_ui.contract.stopping import Phase, Stopped, StopToken
 from neuron_ui.engine.graphs import GraphBook
 from neuron_ui.engine.styles import StyleBook
-from neuron_ui.model.loading import choose_model, load_model
+from neuron_ui.model.hub import choose_model
+from neuron_ui.model.loading import load_model
 from neuron_ui.model.preview import StepPreviews
 from neuron_ui.model.runner import PipelineCall, PipelineRunner, step_callback, steps_run
 from neuron_ui.model.torch_bridge import share_cpu_kernels_across_thread_counts

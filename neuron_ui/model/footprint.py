@@ -26,7 +26,7 @@ def weight_bytes(model: str, dtype: str) -> int | None:
         # from_pretrained casts floating weights to the dtype asked for; others keep their own size
         return sum(math.prod(entry["shape"]) * (DTYPE_BYTES[dtype] if entry["dtype"] in FLOATS else
                                                 FILE_DTYPE_BYTES.get(entry["dtype"], 8)) for entry in entries) or None
-    from neuron_ui.model.loading import RANDOM_KLEIN
+    from neuron_ui.model.hub import RANDOM_KLEIN
 
     if model != RANDOM_KLEIN:
         return None

@@ -24,7 +24,7 @@ import torch
 
 from neuron_ui.contract.errors import first_line
 from neuron_ui.model.flux_layouts import FLUX1_LAYERS, lora_misfit
-from neuron_ui.model.loading import hub_silence
+from neuron_ui.model.hub import hub_silence
 from neuron_ui.model.styles import LoraLayer, Style
 
 HUB_TIMEOUT = 5.0  # seconds the Hub has to answer before a repo id is given up (Settings.hub_timeout)
