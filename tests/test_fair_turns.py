@@ -3,7 +3,8 @@
 Visitor A queues five images, B asks for one, then a browser asks for one: B and the browser each wait for no more
 than the image on the device, A's sixth is refused in one line (--max-queue-per-user 4), and /status says how many
 visitors wait, never who. With a login every session of that user is one visitor (a second app, briefly).
-The device is held (tests/serving.GatedRunner) while the queue fills, so the order does not depend on timing.
+The device is held (tests/serving.GatedRunner) while the queue fills, so the order does not depend on timing; nothing
+is compiled (`--compile eager`), so every call the runner sees is one request's image.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ CHROMIUM = os.environ.get("NEURON_UI_CHROMIUM", "/usr/lib/chromium/chromium")
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    with served(tmp_path_factory.mktemp("cache"), wrap_runner=GatedRunner) as s:
+    with served(tmp_path_factory.mktemp("cache"), "--compile", "eager", wrap_runner=GatedRunner) as s:
         yield s
 
 
@@ -52,7 +53,6 @@ def waiting(app) -> int:
 def test_two_api_sessions_and_a_browser_take_turns(app, page, tmp_path):
     runner = app.runner
     a, b = connect(app.url, tmp_path / "a"), connect(app.url, tmp_path / "b")
-    call(a, "warm", "256x256", 1, 1)  # compiled first, so every request below is one image
     runner.hold()
     jobs = [a.submit("from A", "256x256", 1, 100, api_name="/generate")]
     wait_until(runner.holding.is_set, "A's first image is on the device")
@@ -79,8 +79,7 @@ def test_two_api_sessions_and_a_browser_take_turns(app, page, tmp_path):
     runner.open()
     results = [job.result(timeout=TIMEOUT) for job in jobs]
     page.locator("#info").get_by_text("seed 300").wait_for()
-    seeds = [seed for seed, *_ in runner.calls]  # after the compile's and the warm image's calls
-    assert seeds[seeds.index(100):] == [100, 200, 300, 101, 102, 103, 104]
+    assert [seed for seed, *_ in runner.calls] == [100, 200, 300, 101, 102, 103, 104]  # no compile: each is an image
     # A's last, when it came: the one on the device counted too.
     assert results[4][1]["waited_for"] == "4 images ahead of yours (3 from you)"
     # B waited only for the image on the device; the line under the image names a wait of half a second or more.
@@ -93,8 +92,8 @@ def test_two_api_sessions_and_a_browser_take_turns(app, page, tmp_path):
 
 def test_with_a_login_every_session_of_the_user_is_one_visitor(tmp_path):
     """Two gradio_client sessions logged in as one user share one bound (here 1 waiting)."""
-    with served(tmp_path / "cache", "--max-queue-per-user", "1", environ={"NEURON_UI_AUTH": "me:secret"},
-                wrap_runner=GatedRunner) as s:
+    with served(tmp_path / "cache", "--max-queue-per-user", "1", "--compile", "eager",
+                environ={"NEURON_UI_AUTH": "me:secret"}, wrap_runner=GatedRunner) as s:
         one, two = (connect(s.url, tmp_path / name, auth=("me", "secret")) for name in ("one", "two"))
         s.runner.hold()
         first = one.submit("first", "256x256", 1, 1, api_name="/generate")

@@ -29,15 +29,16 @@ def raw_get(url: str, path: str) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
-    """An image made by one server, then a second server on the same cache folder (a restart): (served, image)."""
+    """An image made by one server, then a second server on the same cache folder (a restart): (served, image).
+    Neither compiles (`--compile eager`): what is kept here is the image store, not the compile cache."""
     root = tmp_path_factory.mktemp("kept")
-    with served(root / "cache") as first:
+    with served(root / "cache", "--compile", "eager") as first:
         client = connect(first.url, root, download_files=False)
         image, _ = call(client, *GENERATE)
         client.close()
         status, before = raw_get(first.url, "/gradio_api/file=" + image["path"])
         assert status == 200 and before.startswith(b"\x89PNG")
-    with served(root / "cache") as again:
+    with served(root / "cache", "--compile", "eager") as again:
         yield again, image, before
 
 
@@ -62,7 +63,7 @@ def test_the_file_route_serves_none_of_the_cache_folders_other_files(kept, tmp_p
     (other / "00001-0123abcd-256x256-seed1.png").write_bytes(b"\x89PNG another's")
     serve_in_place(other)
     try:
-        compiled = cache / "inductor" / "graph.bin"  # the compile cache (eager compiles nothing into it here)
+        compiled = cache / "inductor" / "graph.bin"  # the compile cache (nothing is compiled into it here)
         compiled.write_bytes(b"compiled bytes")
         secrets = ((cache / SECRET_FILE).read_bytes().strip(), b"compiled bytes", b"PNG")
         targets = [f"{link}/../{SECRET_FILE}", f"{link}/../../{SECRET_FILE}", f"{link}/..", link, f"{link}/notes.png",

@@ -25,11 +25,9 @@ GENERATE = ["a fox", "256x256", 1, 1, None, None, None, None, None]  # prompt, r
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
-    """--max-queue 2, 256x256 compiled, and a gate on the device's runner."""
+    """--max-queue 2, no compilation (nothing here reads one), and a gate on the device's runner."""
     folder = tmp_path_factory.mktemp("http")
-    with served(folder / "cache", "--max-queue", "2", wrap_runner=GatedRunner) as s:
-        s.engine.warmup("256x256")
-        s.runner.calls.clear()  # the tests count requests' calls only, not the warmup's
+    with served(folder / "cache", "--max-queue", "2", "--compile", "eager", wrap_runner=GatedRunner) as s:
         yield s
 
 
@@ -311,7 +309,7 @@ def test_the_page_needs_no_component_server_call(gated):
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory):
     folder = tmp_path_factory.mktemp("locked")
-    with served(folder / "cache", environ={"NEURON_UI_AUTH": "ada:lovelace"}) as s:
+    with served(folder / "cache", "--compile", "eager", environ={"NEURON_UI_AUTH": "ada:lovelace"}) as s:
         yield s
 
 

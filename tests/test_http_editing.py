@@ -18,7 +18,7 @@ GIT_LOGO = "/usr/share/gitweb/static/git-logo.png"  # any image on the server's 
 
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
-    with served(tmp_path_factory.mktemp("http-editing") / "cache") as s:
+    with served(tmp_path_factory.mktemp("http-editing") / "cache", "--compile", "eager") as s:  # none read here
         yield s
 
 

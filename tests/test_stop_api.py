@@ -1,5 +1,5 @@
 """Stop through the served app: the /stop endpoint (gradio_client and raw HTTP through the gate), a client's
-job.cancel(), a closed event stream, and a queued request stopped before it ran (tiny model, eager backend)."""
+job.cancel(), a closed event stream, and a queued request stopped before it ran (tiny model, no compilation)."""
 
 import threading
 import time
@@ -18,11 +18,9 @@ from neuron_ui.web.gradio_bridge import current_event
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("stop")
-    with served(folder / "cache", "--max-queue", "4", wrap_runner=GatedRunner) as s:
-        s.engine.warmup("256x256")
+    # No compilation: each stop here is of an image's steps or of a queued request, never of a compile.
+    with served(folder / "cache", "--max-queue", "4", "--compile", "eager", wrap_runner=GatedRunner) as s:
         s.clock = s.runner
-        s.clock.seeds.clear()  # the tests look at requests' seeds and steps only, not the warmup's
-        s.clock.step_ends.clear()
         s.folder = folder
         yield s
 
