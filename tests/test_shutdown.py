@@ -127,6 +127,7 @@ def test_ctrl_c_mid_generation_drains_as_sigterm_does(tmp_path, caplog, capfd):
             seen["steps"] = steps = steps_lasting(6.0, seconds_per_step(url, "256x256"))
             request = [*SLOW[:2], steps, *SLOW[3:]]
             seen["running"], seen["waiting"], seen["results"] = one_running_one_waiting(url, request)
+            seen["collecting"] = gc.isenabled()  # main() turns the collector off for its start-up only
             seen["signalled"] = time.monotonic()
             os.kill(os.getpid(), signal.SIGINT)  # main()'s handler runs in this process's main thread
             wait_until(lambda: _status(url + "/healthz") == 503, "/healthz says shutting down", timeout=10)
@@ -156,6 +157,7 @@ def test_ctrl_c_mid_generation_drains_as_sigterm_does(tmp_path, caplog, capfd):
     if "error" in seen:
         raise seen["error"]
     assert returned - seen["signalled"] < 40  # the bound: 30 s for the image on the device (server.DRAIN_SECONDS)
+    assert seen["collecting"], "the garbage collector was off while serving (a server would keep every cycle)"
     assert seen["refused"].status_code == 503 and "shutting down" in seen["refused"].json()["detail"]
     event, data = seen["results"][seen["running"]]
     assert event == "complete" and data[1]["steps"] == seen["steps"], data  # the running image finished, delivered
