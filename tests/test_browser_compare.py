@@ -1,7 +1,10 @@
 """The Compare panel in a real browser (Debian's chromium via Playwright): a 2x2 grid from the page, its count and
 estimated time before it starts, the sheet and every cell in the history, the grid found again after a reload; a
 Stop mid-grid (the served HeldRunner holds LONG_PROMPT's image after its first step) ends the rest; a reload mid-grid
-finds it still running, then its sheet."""
+finds it still running, then its sheet.
+
+Nothing here reads what compiling does: the app runs with `--compile eager` (no torch.compile, no dynamo trace; the
+runner's hold then holds only the long night's steps, never a compile)."""
 
 import re
 
@@ -15,7 +18,8 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256", wrap_runner=HeldRunner) as served:
+    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", "256x256", "--compile", "eager",
+                        wrap_runner=HeldRunner) as served:
         yield served
 
 
@@ -80,9 +84,8 @@ def test_a_two_by_two_grid_from_the_page_and_again_after_a_reload(page):
     page.locator("#history .thumbnail-item").nth(4).wait_for()
 
 
-def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner):
+def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(page, runner):
     assert LONG_PROMPT == "a long night"  # the second variant below: held after its first step
-    app.engine.warmup("256x256")  # ready before the hold (it holds a compile too)
     page.locator("#prompt textarea").fill("a short night")
     page.locator("#compare").get_by_text("Compare: a grid").click()
     pick_axis(page, 1, "prompts", "short,long")
@@ -102,7 +105,6 @@ def test_stop_mid_grid_ends_the_rest_and_shows_the_cells_made(app, page, runner)
 def test_a_reload_mid_grid_finds_it_still_running_then_its_sheet(app, browser, page, runner):
     """A page that goes away stops only its watch of the grid (the gate's page-gone rule): the reloaded page finds
     the grid still running, with its progress, then its sheet and every cell in the history; a stranger sees none."""
-    app.engine.warmup("256x256")
     page.locator("#prompt textarea").fill("a short night")
     page.locator("#compare").get_by_text("Compare: a grid").click()
     pick_axis(page, 1, "prompts", "short,long")

@@ -25,7 +25,10 @@ STOP_LINE = r"stopped after step \d+/100; no image was made"
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", PRESETS, wrap_runner=HeldRunner) as app:
+    """The module's app: its tests read stops, progress and the page, never what compiling does, so it runs with
+    `--compile eager` (no dynamo trace). The restart test serves its own, compiled: it stops a disk-cache load."""
+    with serving.served(tmp_path_factory.mktemp("cache"), "--resolutions", PRESETS, "--compile", "eager",
+                        wrap_runner=HeldRunner) as app:
         yield app
 
 
