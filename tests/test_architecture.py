@@ -13,7 +13,7 @@ MAX_LINES = 350
 
 @pytest.fixture(scope="module")
 def checked():
-    """Every checker's result (tests/checkers.py started them when collection ended, side by side)."""
+    """Every checker's result (tests/checkers.py started them side by side after a first module, or now)."""
     results = {}
     for name, process in checkers.start().items():
         out, err = process.communicate(timeout=600)
