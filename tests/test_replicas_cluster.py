@@ -122,6 +122,7 @@ def test_sigterm_drains_a_replicas_app_beside_a_running_cluster_then_stops_its_o
     # Ray 2.60.0: ray._private.utils.read_ray_address() reads /tmp/ray/ray_current_cluster, the file Cluster (and
     # `ray start`) writes and a bare ray.init() reads first; no public API reads it.
     from ray._private.utils import read_ray_address
+    from gradio_client import Client
     from test_shutdown import _status, one_running_one_waiting, seconds_per_step, start_app, steps_lasting
 
     assert read_ray_address() == cluster.address  # what a bare ray.init() would join
@@ -133,6 +134,11 @@ def test_sigterm_drains_a_replicas_app_beside_a_running_cluster_then_stops_its_o
         gcs = {arg.split("=", 1)[1] for p in ray_processes if p.name() == "raylet" for arg in p.cmdline()
                if arg.startswith("--gcs-address=")}
         running, waiting, results = one_running_one_waiting(url, request)
+        # busy at the front as the call is sent; started on the replica (what the drain lets finish) a moment later
+        status = Client(url, verbose=False)
+        wait_until(lambda: any(row["busy"] for row in status.predict(api_name="/status")["replicas"]),
+                   "the image started on the replica")
+        status.close()
         process.send_signal(signal.SIGTERM)
         wait_until(lambda: _status(url + "/healthz") == 503, "/healthz says shutting down", timeout=10)
         wait_until(lambda: len(results) == 2, "both requests are answered", timeout=60)
