@@ -139,17 +139,14 @@ def _aot(tmp_path_factory):
 COLD = {"compiled_here": _regional, "aot_compiled_here": _aot}  # fixture name: (folder, report), made once per run
 
 
-# The modules that take longest, longest first (seconds in a full run of a fresh clone of 9d0c620: 220 down to 6;
-# torchrun groups, cold compiles in fresh processes, app processes, browsers). pytest-xdist's loadfile hands a worker
-# whole modules in collection order (`--no-loadscope-reorder`), so starting these first keeps the run from ending on
-# one worker's long module while the other idles: the last minute is the small modules'. The Ray modules go last: they
-# only wait for their child pytest, which runs from the start.
-LONGEST_FIRST = ["test_parallel.py", "test_bundle_fetch.py", "test_real_size.py", "test_reliability.py",
-                 "test_browser_studio.py", "test_browser_session.py", "test_bench_scripts.py", "test_aot.py",
-                 "test_engine.py", "test_shutdown.py", "test_browser_editing.py", "test_browser_compare.py",
-                 "test_editing.py", "test_styles.py", "test_browser.py", "test_load.py", "test_fair_turns.py",
-                 "test_accounting.py", "test_browser_styles.py", "test_api.py", "test_http_uploads.py",
-                 "test_bundles.py", "test_ui.py", "test_grid_api.py", "test_browser_preview.py", "test_stop.py"]
+# The modules that take longest, longest first (each a minute or more on 2 cores: torchrun groups, cold compiles in
+# fresh processes, app processes, browsers). pytest-xdist's loadfile hands a worker whole modules in collection order
+# (`--no-loadscope-reorder`), so starting these first keeps the run from ending on one worker's long module while the
+# other idles. The Ray modules go last: they only wait for their child pytest, which runs from the start.
+LONGEST_FIRST = ["test_parallel.py", "test_bundle_fetch.py", "test_real_size.py", "test_editing.py",
+                 "test_reliability.py", "test_styles.py", "test_aot.py", "test_bundles.py", "test_browser_studio.py",
+                 "test_browser_session.py", "test_browser_compare.py", "test_accounting.py", "test_inductor.py",
+                 "test_browser_preview.py", "test_shutdown.py", "test_ui.py", "test_http.py"]
 
 
 def pytest_collection_modifyitems(items):
