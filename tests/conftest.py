@@ -20,6 +20,11 @@ for _name, _value in {
     # two busy processes: 104 cpu-s spinning, 57 sleeping (alike, 55-58, on an idle machine). Every process the
     # tests start inherits it.
     "OMP_WAIT_POLICY": "PASSIVE",
+    # Inductor proves each vector ISA the CPU announces by building and loading a probe library in its cache folder
+    # (g++ and a python child per ISA), once per folder: the suite's many fresh folders each paid it again, 6.6 of
+    # a cold `python -m neuron_ui generate`'s 27 cpu-s. This is torch's documented switch to take the announced ISAs
+    # as buildable (the AVX-512 bf16 and VNNI probes still run); the kernels built are the same.
+    "TORCHINDUCTOR_VEC_ISA_OK": "1",
 }.items():
     os.environ.setdefault(_name, _value)
 
