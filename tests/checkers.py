@@ -1,9 +1,8 @@
-"""A pytest plugin: the checkers (import-linter, mypy, ruff) start beside the suite once worker gw0 has run its first
-module, and tests/test_architecture.py reads their results. mypy from a cold cache takes most of a minute on 2 cores:
-started early, it runs while other tests do instead of before the architecture tests. Not at once: the run's first
-minutes (its heaviest modules first, tests/conftest.py's LONGEST_FIRST, the Ray children and the cold compiles) keep
-both cores full, the later ones leave part of one free (a fresh clone of 0805688 here: 2.0-2.15 cores busy in the
-first 300 s, 1.6-1.9 after; mypy had run from collection to 487 s)."""
+"""A pytest plugin: the checkers (import-linter, mypy, ruff) start beside the suite when worker gw0 reaches the short
+modules (the first one not in tests/conftest.py's LONGEST_FIRST), and tests/test_architecture.py, ordered after the
+short modules, reads their results. Not sooner: the run's first minutes (its longest modules, the Ray children, the
+cold compiles) keep both cores full, and the short modules, in-process, leave part of one free (a fresh clone of
+d0f0041 here: 2.0-2.1 cores busy to 400 s, 1.5-1.9 after), which a cold mypy's 23 cpu-s can take."""
 
 import os
 import subprocess
@@ -31,8 +30,10 @@ def start() -> dict[str, subprocess.Popen]:
 
 
 def pytest_runtest_teardown(item, nextitem):
-    if nextitem is not None and nextitem.path == item.path or RUNNING:  # not the end of a module, or started
-        return
+    from conftest import LONGEST_FIRST
+
+    if nextitem is None or nextitem.path == item.path or nextitem.path.name in LONGEST_FIRST or RUNNING:
+        return  # not the end of a module, or not yet the short modules, or started
     if not os.environ.get("NEURON_UI_TEST_RESULTS") and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0" and any(
             test.path.name == "test_architecture.py" for test in item.session.items):  # not in an own_process child
         start()

@@ -145,18 +145,22 @@ COLD = {"compiled_here": _regional, "aot_compiled_here": _aot}  # fixture name: 
 
 
 # The modules that take longest, longest first (each a minute or more on 2 cores: torchrun groups, cold compiles in
-# fresh processes, app processes, browsers). pytest-xdist's loadfile hands a worker whole modules in collection order
-# (`--no-loadscope-reorder`), so starting these first keeps the run from ending on one worker's long module while the
-# other idles. The Ray modules go last: they only wait for their child pytest, which runs from the start.
+# fresh processes, app processes, browsers, the bench scripts' children). pytest-xdist's loadfile hands a worker whole
+# modules in collection order (`--no-loadscope-reorder`), so starting these first keeps the run from ending on one
+# worker's long module while the other idles; what they wait for (children, servers, a browser) is waited beside the
+# Ray child and the cold compiles, which keep both cores full then. The short modules follow, in-process and busy,
+# then the architecture tests (they read the checkers, started when the short modules begin: tests/checkers.py), and
+# the Ray modules last: they only wait for their child pytest, which runs from the start.
 LONGEST_FIRST = ["test_parallel.py", "test_bundle_fetch.py", "test_real_size.py", "test_editing.py",
-                 "test_reliability.py", "test_styles.py", "test_aot.py", "test_bundles.py", "test_browser_studio.py",
-                 "test_browser_session.py", "test_browser_compare.py", "test_accounting.py", "test_inductor.py",
-                 "test_browser_preview.py", "test_shutdown.py", "test_ui.py", "test_http.py"]
+                 "test_reliability.py", "test_styles.py", "test_aot.py", "test_bundles.py", "test_bench_scripts.py",
+                 "test_browser_studio.py", "test_browser_session.py", "test_browser_compare.py", "test_accounting.py",
+                 "test_inductor.py", "test_browser_preview.py", "test_shutdown.py", "test_ui.py", "test_http.py"]
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: (2 if item.get_closest_marker("own_process") else 0 if item.path.name in rank else 1,
+    items.sort(key=lambda item: (3 if item.get_closest_marker("own_process") else 2 if item.path.name ==
+                                 "test_architecture.py" else 0 if item.path.name in rank else 1,
                                  rank.get(item.path.name, 0)))
 
 

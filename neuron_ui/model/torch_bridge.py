@@ -127,7 +127,7 @@ def allow_cpu_tensor_parallelism() -> Iterator[None]:
     from diffusers.hooks import tensor_parallel
 
     supported, device_count = tensor_parallel._SUPPORTED_TP_DEVICES, torch.accelerator.device_count
-    tensor_parallel._SUPPORTED_TP_DEVICES = (*supported, "cpu")  # type: ignore[assignment]  # inferred: 4 names
+    tensor_parallel._SUPPORTED_TP_DEVICES = (*supported, "cpu")
     torch.accelerator.device_count = lambda: max(device_count(), 1)
     try:
         yield
