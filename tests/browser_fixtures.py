@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from neuron_ui.engine.local import WARMUP_PROMPT
 from runners import RunnerWrapper
 
 DEFAULT_CHROMIUM = "/usr/lib/chromium/chromium"
@@ -158,6 +157,8 @@ class HeldRunner(RunnerWrapper):
         self._open.set()
 
     def __call__(self, call, callback=None):
+        from neuron_ui.engine.local import WARMUP_PROMPT  # here: the plugin loads in pytest-xdist's controller too
+
         if call.prompt == WARMUP_PROMPT:
             assert self._open.wait(WAIT_MS / 1000), "the held compile was never released"
         if call.prompt == LONG_PROMPT and callback is not None:

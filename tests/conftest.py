@@ -55,19 +55,23 @@ os.environ["SSL_CERT_FILE"] = _one_certificate()  # over the machine's own (a bu
 
 import pytest  # noqa: E402
 from runners import local_engine
-import torch  # noqa: E402
-
-from neuron_ui.cache.manifest import CacheManifest
-from neuron_ui.config.cache_paths import configure_cache_env
-from neuron_ui.config.resolutions import parse_resolutions
-from neuron_ui.model.loading import LoadedModel
-from neuron_ui.model.runner import PipelineRunner
-from neuron_ui.model.tiny import build_tiny_pipeline
 
 # torch's thread count in a fresh process of this suite before it limits its own: what the processes the tests start
-# run with, the CLI's cold compile (tests/cold_cache.py) among them (tests/test_replicas_cluster.py's premise)
-FRESH_THREADS = torch.get_num_threads()
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# run with, the CLI's cold compile (tests/cold_cache.py) among them (tests/test_replicas_cluster.py's premise). Set by
+# pytest_configure in each process that runs tests.
+FRESH_THREADS = 0
+
+
+def pytest_configure(config):
+    """torch, and what the fixtures below use, load in the processes that run tests: not in pytest-xdist's controller,
+    which runs none and starts its workers only once its plugins are loaded (6 s of imports sooner)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    global FRESH_THREADS
+    import torch
+
+    FRESH_THREADS = torch.get_num_threads()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Child pytests (own_process.py), the Ray modules' one Ray (ray_session.py), the browser tests' chromium, pages and
 # held runner (browser_fixtures.py), the checkers started early (checkers.py).
@@ -88,6 +92,15 @@ def environ():
 @pytest.fixture
 def make_engine(tmp_path):
     """Build engines on the tiny model; dynamo is reset so no engine reuses another's graphs."""
+
+    import torch
+
+    from neuron_ui.cache.manifest import CacheManifest
+    from neuron_ui.config.cache_paths import configure_cache_env
+    from neuron_ui.config.resolutions import parse_resolutions
+    from neuron_ui.model.loading import LoadedModel
+    from neuron_ui.model.runner import PipelineRunner
+    from neuron_ui.model.tiny import build_tiny_pipeline
 
     def make(presets: str = SMALL_PRESETS, compile_mode: str = "regional", backend="eager", cache_dir=None,
              wrap_runner=None):
@@ -188,6 +201,13 @@ def pytest_collection_finish(session):
     for name, make in COLD.items():
         if name in wanted:
             threading.Thread(target=make, args=(session.config._tmp_path_factory,), name=name, daemon=True).start()
+
+
+def pytest_unconfigure(config):
+    """What the tests made lives until the process ends, and the interpreter's exit need not collect it, as main() does
+    on its way out (neuron_ui/main.py): each worker had spent 10 s of CPU on that collection after a full run's last
+    test."""
+    gc.freeze()
 
 
 def shared_folder(tmp_path_factory, name: str):
