@@ -1,8 +1,8 @@
-"""A pytest plugin: the checkers (import-linter, mypy, ruff) start beside the suite when worker gw0 reaches the short
-modules (the first one not in tests/conftest.py's LONGEST_FIRST), and tests/test_architecture.py, ordered after the
-short modules, reads their results. Not sooner: the run's first minutes (its longest modules, the Ray children, the
-cold compiles) keep both cores full, and the short modules, in-process, leave part of one free (a fresh clone of
-d0f0041 here: 2.0-2.1 cores busy to 400 s, 1.5-1.9 after), which a cold mypy's 23 cpu-s can take."""
+"""A pytest plugin: the checkers (import-linter, mypy, ruff) start beside the suite when worker gw0 has collected, at
+a lower priority (nice 10), and tests/test_architecture.py, ordered after the short modules, reads their results.
+Niced, they take the cycles the suite leaves (its waits, the ends of its modules) and a tenth of a core otherwise,
+so a cold mypy's 23 cpu-s is done long before the architecture tests ask; started when the short modules began
+(a fresh clone of f0407b5 here, gw0 there at 479 s), mypy had still run to the suite's last second."""
 
 import os
 import subprocess
@@ -25,17 +25,13 @@ def start() -> dict[str, subprocess.Popen]:
     for name, args in CHECKERS.items():
         if name not in RUNNING:
             RUNNING[name] = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)
+                                             stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(10))
     return RUNNING
 
 
-def pytest_runtest_teardown(item, nextitem):
-    from conftest import LONGEST_FIRST
-
-    if nextitem is None or nextitem.path == item.path or nextitem.path.name in LONGEST_FIRST or RUNNING:
-        return  # not the end of a module, or not yet the short modules, or started
+def pytest_collection_finish(session):
     if not os.environ.get("NEURON_UI_TEST_RESULTS") and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0" and any(
-            test.path.name == "test_architecture.py" for test in item.session.items):  # not in an own_process child
+            test.path.name == "test_architecture.py" for test in session.items):  # not in an own_process child
         start()
 
 

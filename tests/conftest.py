@@ -162,7 +162,7 @@ COLD = {"compiled_here": _regional, "aot_compiled_here": _aot}  # fixture name: 
 # modules in collection order (`--no-loadscope-reorder`), so starting these first keeps the run from ending on one
 # worker's long module while the other idles; what they wait for (children, servers, a browser) is waited beside the
 # Ray child and the cold compiles, which keep both cores full then. The short modules follow, in-process and busy,
-# then the architecture tests (they read the checkers, started when the short modules begin: tests/checkers.py), and
+# then the architecture tests (they read the checkers, started niced once gw0 has collected: tests/checkers.py), and
 # the Ray modules last: they only wait for their child pytest, which runs from the start.
 LONGEST_FIRST = ["test_parallel.py", "test_bundle_fetch.py", "test_real_size.py", "test_editing.py",
                  "test_reliability.py", "test_styles.py", "test_aot.py", "test_bundles.py", "test_bench_scripts.py",
