@@ -16,6 +16,7 @@ from concurrent.futures import CancelledError
 from contextlib import contextmanager
 from pathlib import Path
 
+import app_forks
 import httpx
 import numpy as np
 import psutil
@@ -95,16 +96,17 @@ def torchrun_app(tmp_path, *torchrun_flags: str, app_flags: list[str] = FLAGS, c
 
 @contextmanager
 def two_ranks_by_hand(tmp_path, *app_flags: str, script: Path = ROOT / "app.py", **env_extra: str):
-    """Both ranks started as torchrun would, without its agent, so a death is ours to notice."""
+    """Both ranks started as torchrun would, without its agent, so a death is ours to notice. Forked from a server that
+    imported the libraries (tests/app_forks.py): each rank is a process of its own, ready in seconds, as what is
+    tested is how a running rank dies, fails or hangs; the torchrun group above starts and ends real interpreters."""
     port, master, log = free_port(), free_port(), tmp_path / "ranks.log"
+    log.write_text("")
     procs = []
-    with open(log, "w") as out:
-        for rank in (0, 1):
-            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "OMP_NUM_THREADS": "1",
-                   "NEURON_UI_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), **env_extra}
-            procs.append(subprocess.Popen([sys.executable, str(script), *EAGER_FLAGS, *app_flags, "--port", str(port)],
-                                          env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "OMP_NUM_THREADS": "1",
+               "NEURON_UI_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), **env_extra}
+        procs.append(app_forks.start([*EAGER_FLAGS, *app_flags, "--port", str(port)], env, log, script=script))
     try:
         yield procs, wait_for_client(f"http://127.0.0.1:{port}", procs, log), log, f"http://127.0.0.1:{port}"
     finally:

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import app_forks
 import gradio as gr
 import httpx
 import pytest
@@ -383,15 +384,14 @@ def test_killed_mid_compilation_then_restarted_the_manifest_is_valid_and_the_sha
     key = CompileKey.current("tiny", "regional", "inductor", "float32")
     CacheManifest(cache / "manifest.json").record(key, "256x256", 256, 12.5, "compiled")  # an earlier run's
     port = free_port()
-    flags = [sys.executable, str(ROOT / "app.py"), "--model", "tiny", "--device", "cpu", "--compile-backend",
-             "inductor", "--resolutions", "256x256,512x512", "--port", str(port)]
+    flags = ["--model", "tiny", "--device", "cpu", "--compile-backend", "inductor", "--resolutions", "256x256,512x512",
+             "--port", str(port)]
     env = {**os.environ, "NEURON_UI_CACHE_DIR": str(cache)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
-    def start(*more, log):
-        with open(log, "w") as out:  # its own session: the kill reaches inductor's compile workers too
-            return subprocess.Popen([*flags, *more], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                    start_new_session=True)
+    def start(*more, log):  # forked ready to serve (tests/app_forks.py): what is tested is a kill mid-compile
+        log.write_text("")  # its own session: the kill reaches inductor's compile workers too
+        return app_forks.start([*flags, *more], env, log, cwd=tmp_path, new_session=True)
 
     def healthz() -> int:
         try:
