@@ -29,19 +29,23 @@ PRELOAD = ["torch", "gradio", "transformers", "diffusers.pipelines.flux2.pipelin
 _context = None
 
 
-def _run(script: str, argv: list[str], environ: dict[str, str], log: str, cwd: str, new_session: bool) -> None:
-    """The child: `python script *argv` in `cwd` with `environ`, both streams appended to `log`."""
+def _run(script: str, argv: list[str], environ: dict[str, str], log: str, cwd: str, new_session: bool,
+         code: str | None = None, err: str | None = None) -> None:
+    """The child: `python script *argv` (or `python -c code *argv`) in `cwd` with `environ`, its output appended to
+    `log` (its errors to `err`, if given, else to `log` too)."""
     if new_session:
         os.setsid()
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
+    os.dup2(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), 1)
+    os.dup2(os.open(err or log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), 2)
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
-    sys.argv = [script, *argv]
+    sys.argv = ["-c" if code else script, *argv]
     try:
-        runpy.run_path(script, run_name="__main__")
+        if code:
+            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            runpy.run_path(script, run_name="__main__")
     finally:
         atexit._run_exitfuncs()  # the product's clean-ups (its private folders), as an interpreter's exit runs them
 
@@ -75,13 +79,30 @@ class AppProcess:
 
 
 def start(argv: list[str], environ: dict[str, str], log: Path, cwd: Path = ROOT, script: Path = APP,
-          new_session: bool = False) -> AppProcess:
-    """`python script *argv` forked from this pytest process's server (started on first use, once)."""
+          new_session: bool = False, code: str | None = None, err: Path | None = None) -> AppProcess:
+    """`python script *argv` (or `python -c code *argv`) forked from this pytest process's server (started on first
+    use, once)."""
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
-    process = _context.Process(target=_run, args=(str(script), argv, dict(environ), str(log), str(cwd), new_session),
-                               name=f"app {Path(script).name}")
+    process = _context.Process(target=_run, name=f"app {Path(script).name}",
+                               args=(str(script), argv, dict(environ), str(log), str(cwd), new_session, code,
+                                     str(err) if err else None))
     process.start()
     return AppProcess(process)
+
+
+def run_code(code: str, argv: list[str], environ: dict[str, str], folder: Path, timeout: float,
+             cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python -c code *argv` forked, waited for: its exit code and its output and errors, as subprocess.run with
+    capture_output=True and text=True gives them (both kept in `folder`)."""
+    out, err = folder / "child.out", folder / "child.err"
+    out.write_text("")
+    err.write_text("")
+    child = start(argv, environ, out, cwd, code=code, err=err)
+    try:
+        returncode = child.wait(timeout)
+    finally:
+        child.kill()
+    return subprocess.CompletedProcess(["-c", code, *argv], returncode, out.read_text(), err.read_text())

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import app_forks
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,9 +61,10 @@ def child_env() -> dict[str, str]:
 
 def run_aot_child(cache_dir: Path, image: Path) -> dict:
     """AOT_CHILD in a new process on `cache_dir`: AOT_REQUEST twice, the first image written to `image`; what it
-    printed (the two cache events, the first's compile seconds, what dynamo traced, the control's frames)."""
-    done = subprocess.run([sys.executable, "-c", AOT_CHILD, str(cache_dir), str(image), json.dumps(AOT_REQUEST)],
-                          capture_output=True, text=True, env=child_env(), timeout=900, cwd=REPO)
+    printed (the two cache events, the first's compile seconds, what dynamo traced, the control's frames). Forked from
+    tests/app_forks.py's server: torch imported, nothing traced or compiled, as in a fresh interpreter."""
+    done = app_forks.run_code(AOT_CHILD, [str(cache_dir), str(image), json.dumps(AOT_REQUEST)], child_env(),
+                              image.parent, timeout=900)  # forked: a process of its own that has compiled nothing
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
