@@ -9,19 +9,14 @@ is compiled (`--compile eager`), so every call the runner sees is one request's 
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from gradio_client.exceptions import AppError
 
 from neuron_ui.engine.waiting import WAIT_WORTH_TELLING
+from browser_fixtures import chromium
 from serving import TIMEOUT, GatedRunner, call, connect, served, wait_until
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = os.environ.get("NEURON_UI_CHROMIUM", "/usr/lib/chromium/chromium")
-
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
@@ -31,12 +26,10 @@ def app(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(app):
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"no chromium at {CHROMIUM}: `apt-get install chromium` (or set NEURON_UI_CHROMIUM)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+        browser = playwright.chromium.launch(executable_path=chromium(), headless=True,
                                              args=["--disable-gpu", "--disable-quic"])
         page = browser.new_page()
         page.set_default_timeout(TIMEOUT * 1000)

@@ -24,6 +24,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
+from browser_fixtures import chromium
 from runners import local_engine
 from serving import TIMEOUT, call, connect, served, wait_until
 
@@ -232,9 +233,8 @@ def test_the_form_in_a_browser_tells_an_empty_prompt_then_makes_the_next_image(s
     from playwright.sync_api import sync_playwright
 
     s, _ = server
-    chromium = os.environ.get("NEURON_UI_CHROMIUM", "/usr/lib/chromium/chromium")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True,
+        browser = playwright.chromium.launch(executable_path=chromium(), headless=True,
                                              args=["--disable-gpu", "--disable-quic"])
         try:
             page = browser.new_page()
