@@ -51,15 +51,11 @@ def _run(script: str, argv: list[str], environ: dict[str, str], log: str, cwd: s
 
 
 class AppProcess:
-    """What the tests use of subprocess.Popen, over a forked multiprocessing.Process."""
+    """What the tests use of subprocess.Popen (poll, wait, send_signal, kill), over a forked multiprocessing.Process."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess):
         self.process = process
         self.pid = process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
 
     def poll(self) -> int | None:
         return self.process.exitcode
@@ -93,14 +89,14 @@ def start(argv: list[str], environ: dict[str, str], log: Path, cwd: Path = ROOT,
     return AppProcess(process)
 
 
-def run_code(code: str, argv: list[str], environ: dict[str, str], folder: Path, timeout: float,
-             cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_code(code: str, argv: list[str], environ: dict[str, str], folder: Path,
+             timeout: float) -> subprocess.CompletedProcess:
     """`python -c code *argv` forked, waited for: its exit code and its output and errors, as subprocess.run with
     capture_output=True and text=True gives them (both kept in `folder`)."""
     out, err = folder / "child.out", folder / "child.err"
     out.write_text("")
     err.write_text("")
-    child = start(argv, environ, out, cwd, code=code, err=err)
+    child = start(argv, environ, out, code=code, err=err)
     try:
         returncode = child.wait(timeout)
     finally:
