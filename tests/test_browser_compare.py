@@ -11,6 +11,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 import serving
+from serving import wait_until
 from browser_fixtures import LONG_PROMPT, HeldRunner, open_page, shot
 
 pytestmark = pytest.mark.browser
@@ -127,8 +128,30 @@ def test_a_reload_mid_grid_finds_it_still_running_then_its_sheet(app, browser, p
     assert stranger.locator("#grid-line").inner_text().strip() == ""
     stranger.context.close()
 
+    # The race CI met once: a line tick answered while the grid ran, its words reaching the page after the watch's
+    # finished line. Playwright holds the page's quick answers (/run/predict) so that this is the order: the late
+    # tick's words replace the line; then the watch's end, which shows its line once more, puts it back.
+    held: dict[str, list] = {"ticked": [], "settled": []}
+
+    def hold(route):
+        answer = route.fetch()
+        kind = "ticked" if "Your grid of 2 images" in answer.text() else \
+            "settled" if "**Grid** of 2 images" in answer.text() else None
+        route.fulfill(response=answer) if kind is None else held[kind].append((route, answer))
+
+    page.route("**/gradio_api/run/predict", hold)
+    wait_until(lambda: page.wait_for_timeout(20) or held["ticked"], "a line tick answered while the grid ran")
     runner.release()
-    line.get_by_text(re.compile(r"Grid of 2 images at 256x256 · [\d.]+ s")).wait_for()
+    finished = line.get_by_text(re.compile(r"Grid of 2 images at 256x256 · [\d.]+ s"))
+    finished.wait_for()  # the watch's line
+    wait_until(lambda: page.wait_for_timeout(20) or held["settled"], "the watch's end asked for its line again")
+    for route, answer in held.pop("ticked"):
+        route.fulfill(response=answer)
+    line.get_by_text(re.compile(running)).wait_for()  # the late tick's words, as they stayed on CI's page
+    for route, answer in held["settled"]:
+        route.fulfill(response=answer)
+    finished.wait_for()
+    page.unroute("**/gradio_api/run/predict")
     page.locator("#grid-image img").wait_for()
     page.locator("#history .thumbnail-item").nth(1).wait_for()
     assert page.locator("#history .thumbnail-item").count() == 2

@@ -180,7 +180,7 @@ class CompareHandlers:
     def on_line(self, session: BrowserSession | None):
         """The line timer's tick, active while a grid from before this page's load runs: its line follows the grid
         (how many made, the time left counting down); once it ends the timer stops (the watch shows the sheet and
-        its line). Outputs: line, line timer."""
+        its line, then on_restore its line again, over a tick answered as the grid ended). Outputs: line, line timer."""
         job = self.jobs.find(owner(session))
         if job is None or not job.running:
             return gr.skip(), gr.Timer(active=False)
@@ -259,6 +259,7 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
     # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
     made.then(handlers.on_cells, [session, history], [history, gallery], **HIDDEN)
     watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **HIDDEN)
+    watched.success(handlers.on_restore, [session], [*shown, timer, line_timer], **HIDDEN)  # over a late line tick
     for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
         event.failure(lambda: gr.Timer(active=True), None, timer, **HIDDEN)
     stop.click(handlers.on_stop, [session], None, **TOLD)
