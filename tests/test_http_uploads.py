@@ -143,6 +143,7 @@ def test_files_that_are_never_read_hold_at_most_the_cap_gradios_own_files_too(s)
         "a moment"
     for client in clients:
         client.close()
+
     def whole() -> httpx.Response | None:  # the file, once a stalled send has ended and left its place
         answer = httpx.get(s.url + path, timeout=TIMEOUT)  # (a probe's own send may hold the other a moment)
         return answer if answer.status_code == 200 else None
