@@ -26,7 +26,6 @@ from runners import RunnerWrapper
 # test_browser_studio.py where chromium took 113 (each run twice here, chromium's processes and Playwright's driver).
 SHELL, FULL = "/usr/lib/chromium/chromium-headless-shell", "/usr/lib/chromium/chromium"
 DEFAULT_CHROMIUM = SHELL if Path(SHELL).is_file() else FULL
-CHROMIUM = os.environ.get("NEURON_UI_CHROMIUM", DEFAULT_CHROMIUM)  # for a test that launches chromium itself
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 WAIT_MS = int(os.environ.get("NEURON_UI_BROWSER_WAIT_MS", "60000"))  # a first compile here is about 3 s
 LONG_PROMPT = "a long night"  # an image HeldRunner can hold after its first step

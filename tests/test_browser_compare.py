@@ -136,16 +136,19 @@ def test_a_reload_mid_grid_finds_it_still_running_then_its_sheet(app, browser, p
 
     def hold(route):
         answer = route.fetch()
-        kind = "ticked" if "Your grid of 2 images" in answer.text() else \
-            "settled" if "**Grid** of 2 images" in answer.text() else None
+        text = answer.text()
+        kind = "ticked" if "Your grid of 2 images" in text else "settled" if "**Grid** of 2 images" in text else None
         route.fulfill(response=answer) if kind is None else held[kind].append((route, answer))
 
+    def until_held(kind: str, what: str) -> None:  # Playwright's loop runs (and calls hold) while the page waits
+        wait_until(lambda: page.wait_for_timeout(20) or held[kind], what)
+
     page.route("**/gradio_api/run/predict", hold)
-    wait_until(lambda: page.wait_for_timeout(20) or held["ticked"], "a line tick answered while the grid ran")
+    until_held("ticked", "a line tick answered while the grid ran")
     runner.release()
     finished = line.get_by_text(re.compile(r"Grid of 2 images at 256x256 · [\d.]+ s"))
     finished.wait_for()  # the watch's line
-    wait_until(lambda: page.wait_for_timeout(20) or held["settled"], "the watch's end asked for its line again")
+    until_held("settled", "the watch's end asked for its line again")
     for route, answer in held.pop("ticked"):
         route.fulfill(response=answer)
     line.get_by_text(re.compile(running)).wait_for()  # the late tick's words, as they stayed on CI's page

@@ -229,10 +229,10 @@ def test_the_front_keeps_the_images_in_the_cache_folder(deployment, tmp_path):
 def test_the_browser_shows_both_replicas(deployment):
     """The same UI over the deployment: the activity line counts the replicas, the table says where each size is."""
     from playwright.sync_api import sync_playwright
-    from browser_fixtures import CHROMIUM
+    from browser_fixtures import chromium
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-gpu"])
+        browser = playwright.chromium.launch(executable_path=chromium(), headless=True, args=["--disable-gpu"])
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1000})
             page.set_default_timeout(60_000)

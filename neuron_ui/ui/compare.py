@@ -259,7 +259,7 @@ def add_compare_panel(handlers: CompareHandlers, styles: list[str], form: list[g
     # The cells join the history as it is once the grid ends (read then: images made meanwhile stay).
     made.then(handlers.on_cells, [session, history], [history, gallery], **HIDDEN)
     watched.then(handlers.on_cells, [session, history, followed], [history, gallery], **HIDDEN)
-    watched.success(handlers.on_restore, [session], [*shown, timer, line_timer], **HIDDEN)  # over a late line tick
+    watched.success(lambda s: handlers.on_restore(s)[1::2], [session], [line, line_timer], **HIDDEN)  # over a late tick
     for event in (made, watched):  # a cancel (the form's Stop) ends the event first: the poll shows the sheet
         event.failure(lambda: gr.Timer(active=True), None, timer, **HIDDEN)
     stop.click(handlers.on_stop, [session], None, **TOLD)
